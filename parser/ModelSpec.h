@@ -1,0 +1,158 @@
+//===- ModelSpec.h - a model's architecture, normalised ---------*- C++ -*-===//
+//
+// The config reader turns any `config.json` (whatever its family spells a key)
+// into this one normalised description; the IR importer turns it into the
+// `adapt` dialect. Plain data with no MLIR in it, so parsers and their fuzz
+// targets build fast.
+//
+//===----------------------------------------------------------------------===//
+#ifndef ADAPT_PARSER_MODELSPEC_H
+#define ADAPT_PARSER_MODELSPEC_H
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace adapt {
+
+/// The token mixer of one decoder layer.
+enum class MixerKind {
+  Attention,       ///< Softmax attention, MHA/GQA/MQA.
+  MLA,             ///< Multi-head latent attention (DeepSeek, Kimi).
+  GatedDeltaNet,   ///< Gated delta rule linear attention (Qwen3-Next, Qwen3.5).
+  KimiDelta,       ///< Kimi Delta Attention: per-channel gated delta rule.
+  Lightning,       ///< MiniMax lightning attention (decayed linear attention).
+};
+
+/// Rotary position embedding as the config describes it.
+struct RopeSpec {
+  std::string type = "default"; ///< default|yarn|llama3|dynamic|ntk_alpha|mrope|none|...
+  double theta = 10000.0;
+  double factor = 1.0;
+  double partialFactor = 1.0;   ///< Fraction of head_dim that is rotated.
+  int64_t originalMaxPositions = 0;
+  bool interleaved = false;
+};
+
+/// Everything needed to know the shape and semantics of one token mixer.
+struct MixerSpec {
+  MixerKind kind = MixerKind::Attention;
+  int64_t numHeads = 0;
+  int64_t numKvHeads = 0;
+  int64_t headDim = 0;        ///< q/k head dim (MLA: nope + rope).
+  int64_t vHeadDim = 0;       ///< v head dim.
+  // MLA.
+  int64_t qLoraRank = 0;      ///< 0: q is a plain projection.
+  int64_t kvLoraRank = 0;
+  int64_t qkNopeDim = 0;
+  int64_t qkRopeDim = 0;
+  // Windowing: "none", "sliding" or "chunked".
+  std::string window = "none";
+  int64_t windowSize = 0;
+  bool sinks = false;         ///< Learned per-head attention sinks (gpt-oss).
+  bool outputGate = false;    ///< Sigmoid output gate (Qwen3-Next, MiniMax-M1).
+  bool qkNorm = false;        ///< RMSNorm on q and k.
+  bool qkvBias = false;
+  bool outBias = false;
+  // Linear attention.
+  int64_t linearKeyHeads = 0;
+  int64_t linearValueHeads = 0;
+  int64_t linearKeyDim = 0;
+  int64_t linearValueDim = 0;
+  int64_t convKernel = 0;     ///< Short causal conv width; 0 when none.
+  // DeepSeek sparse attention (lightning indexer + top-k).
+  int64_t indexHeads = 0;
+  int64_t indexHeadDim = 0;
+  int64_t indexTopK = 0;      ///< 0: dense attention.
+  RopeSpec rope;
+};
+
+/// Feed-forward part of a layer: dense MLP or mixture of experts.
+struct FfnSpec {
+  bool isMoe = false;
+  int64_t intermediate = 0;        ///< Dense MLP width.
+  int64_t numExperts = 0;          ///< Routed experts.
+  int64_t topK = 0;
+  int64_t expertIntermediate = 0;
+  int64_t numShared = 0;           ///< Shared experts (fused into one MLP).
+  int64_t sharedIntermediate = 0;  ///< Width of each shared expert.
+  bool sharedGate = false;         ///< Sigmoid gate on the shared expert (Qwen).
+  std::string scoring = "softmax"; ///< softmax|sigmoid
+  int64_t numGroups = 1;           ///< Group-limited top-k: expert groups.
+  int64_t topKGroups = 1;          ///< Groups kept per token.
+  bool biasCorrection = false;     ///< e_score_correction_bias (aux-loss-free).
+  bool routerBias = false;         ///< Router linear has a bias (gpt-oss).
+  bool normTopK = false;           ///< Renormalise the top-k weights.
+  double routedScaling = 1.0;
+  double swigluLimit = 0.0;        ///< gpt-oss clamped SwiGLU; 0 when plain.
+  bool expertBias = false;         ///< Expert linears have biases (gpt-oss).
+  std::string activation = "silu";
+};
+
+/// One decoder layer.
+struct LayerSpec {
+  int64_t index = 0;
+  MixerSpec mixer;
+  FfnSpec ffn;
+  bool postNorm = false; ///< DeepNorm-style scaled residual (MiniMax-M1).
+};
+
+/// An encoder for another modality (coarse: enough to count and match it).
+struct EncoderSpec {
+  std::string modality;   ///< "vision" or "audio".
+  std::string type;       ///< The encoder config's model_type or a description.
+  int64_t depth = 0;
+  int64_t hidden = 0;
+  int64_t intermediate = 0;
+  int64_t numHeads = 0;
+  int64_t patchSize = 0;
+  int64_t temporalPatch = 1;
+  int64_t inChannels = 3;
+  int64_t spatialMerge = 1;
+  int64_t numPositions = 0;  ///< Learned position embeddings.
+  int64_t outHidden = 0;     ///< Width after the merger/projector.
+  std::vector<int64_t> deepstackLayers;
+};
+
+/// Weight quantization as the checkpoint stores it.
+struct QuantSpec {
+  std::string method;       ///< ""|fp8|mxfp4|nvfp4|compressed-tensors|...
+  std::string format;       ///< e.g. e4m3, pack-quantized.
+  int64_t blockRows = 0;    ///< Block size for block-scaled formats.
+  int64_t blockCols = 0;
+  int64_t groupSize = 0;
+  int64_t bits = 0;
+  std::vector<std::string> excluded; ///< modules_to_not_convert / ignore.
+};
+
+/// A config key that nothing in adapt understands: reported, never ignored.
+struct UnknownKey {
+  std::string path;  ///< Dotted JSON path, e.g. "text_config.foo".
+  std::string value; ///< The value, abbreviated.
+};
+
+/// The normalised model.
+struct ModelSpec {
+  std::string configFile;   ///< Where the config came from.
+  std::string modelType;    ///< config's model_type (may be unseen).
+  std::string architecture; ///< architectures[0], informational.
+  std::string family;       ///< Weight-layout family recognised by features.
+  std::vector<std::string> features; ///< Recognised features, for `inspect`.
+  int64_t hidden = 0;
+  int64_t vocab = 0;
+  int64_t maxPositions = 0;
+  bool tieEmbeddings = false;
+  double normEps = 1e-6;
+  std::string dtype = "bfloat16";
+  std::string weightPrefix = "model."; ///< Prefix of decoder tensor names.
+  std::vector<LayerSpec> layers;
+  int64_t numMtpLayers = 0; ///< Multi-token-prediction layers after the stack.
+  std::vector<EncoderSpec> encoders;
+  QuantSpec quant;
+  std::vector<UnknownKey> unknownKeys;
+  std::vector<std::string> notes; ///< Things the reader assumed, for the report.
+};
+
+} // namespace adapt
+
+#endif // ADAPT_PARSER_MODELSPEC_H
