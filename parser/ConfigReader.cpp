@@ -231,8 +231,8 @@ MixerSpec readAttention(ConfigObject &cfg, int64_t hidden) {
                   .value_or(false);
   m.qkvBias = bias;
   m.outBias = cfg.getBool({"attention_bias"}).value_or(false);
-  m.qkNorm = cfg.getBool({"use_qk_norm"}).value_or(false) ||
-             cfg.getString({"qk_norm_type"}).has_value();
+  bool perLayerQkNorm = cfg.getString({"qk_norm_type"}).has_value();
+  m.qkNorm = cfg.getBool({"use_qk_norm"}).value_or(false) || perLayerQkNorm;
   m.outputGate = cfg.getBool({"attn_output_gate"}).value_or(false);
   m.rope = readRope(cfg, m.kind == MixerKind::MLA ? m.qkRopeDim : m.headDim);
   if (m.kind == MixerKind::MLA && cfg.getBool({"mla_use_nope"}).value_or(false))

@@ -25,14 +25,19 @@ namespace {
 /// Deepest nesting accepted in metadata values and unknown top-level keys.
 constexpr int kMaxDepth = 64;
 
-/// \p text made safe for a one-line message: control bytes become \xNN and
-/// long text is cut, so a hostile name cannot forge or flood the output.
-std::string printable(std::string_view text, size_t max = 200) {
+/// \p text made safe for a one-line message: control bytes (and with
+/// \p asciiOnly all non-ASCII bytes) become \xNN and long text is cut, so a
+/// hostile name cannot forge or flood the output.
+std::string printable(std::string_view text, size_t max = 200,
+                      bool asciiOnly = false) {
   static const char kHex[] = "0123456789abcdef";
+  size_t cut = std::min(text.size(), max);
+  while (cut > 0 && cut < text.size() && (text[cut] & 0xc0) == 0x80)
+    --cut; // Never split a UTF-8 sequence.
   std::string out;
-  for (size_t i = 0; i < text.size() && i < max; ++i) {
+  for (size_t i = 0; i < cut; ++i) {
     unsigned char c = static_cast<unsigned char>(text[i]);
-    if (c < 0x20 || c == 0x7f) {
+    if (c < 0x20 || c == 0x7f || (asciiOnly && c >= 0x80)) {
       out += "\\x";
       out += kHex[c >> 4];
       out += kHex[c & 15];
@@ -40,7 +45,7 @@ std::string printable(std::string_view text, size_t max = 200) {
       out += static_cast<char>(c);
     }
   }
-  if (text.size() > max)
+  if (cut < text.size())
     out += "...";
   return out;
 }
@@ -54,14 +59,14 @@ std::string jsonErrorText(const std::exception &ex) {
     if (close != std::string_view::npos)
       what.remove_prefix(close + 2);
   }
-  return printable(what, 300);
+  return printable(what, 300, /*asciiOnly=*/true);
 }
 
 /// A shard name of the form PREFIX-XXXXX-of-YYYYY.safetensors, split up.
 struct NumberedName {
-  std::string_view prefix;
-  uint64_t index = 0;
-  uint64_t count = 0;
+  std::string_view prefix; ///< PREFIX, e.g. "model".
+  uint64_t index = 0;      ///< XXXXX.
+  uint64_t count = 0;      ///< YYYYY.
 };
 
 /// Parses a run of 1 to 18 decimal digits (so it cannot overflow).
@@ -117,7 +122,8 @@ std::optional<std::string> badShardName(std::string_view shard) {
 
 /// Checks tensor names and shard names of \p m, fills m.shards and the shard
 /// numbering fields. \p where prefixes tensor names in error fields.
-std::optional<InputError> finishManifest(Manifest &m, const std::string &where) {
+std::optional<InputError> finishManifest(Manifest &m,
+                                         const std::string &where) {
   std::unordered_set<std::string_view> names;
   names.reserve(m.tensors.size());
   std::unordered_set<std::string_view> shards;
@@ -216,8 +222,8 @@ public:
   }
 
 private:
-  std::vector<nlohmann::json> stack;
-  std::vector<std::string> keys;
+  std::vector<nlohmann::json> stack; ///< Open containers, outermost first.
+  std::vector<std::string> keys;     ///< Pending key of each open container.
 };
 
 /// SAX consumer filling a Manifest in one pass over the index JSON.
@@ -230,14 +236,20 @@ public:
   /// Whether a weight_map object was seen.
   bool sawWeightMap = false;
 
-  // nlohmann SAX interface (names fixed by the library).
+  // nlohmann SAX interface below; the library fixes the names.
+
+  /// A JSON null: "no metadata", an ignored value or an error.
   bool null() { return value(nullptr, "null"); }
+  /// A JSON boolean: kept in metadata, ignored or an error.
   bool boolean(bool v) { return value(v, "a boolean"); }
+  /// A negative integer (nlohmann reports non-negative ones as unsigned,
+  /// except "-0", which is forwarded).
   bool number_integer(int64_t v) {
     if (v >= 0)
       return number_unsigned(static_cast<uint64_t>(v));
     return value(v, "the negative number " + std::to_string(v));
   }
+  /// A non-negative integer, e.g. total_size.
   bool number_unsigned(uint64_t v) {
     if (where == Where::Metadata && metaKey == "total_size") {
       m.hasTotalSize = true;
@@ -246,6 +258,7 @@ public:
     }
     return value(v, "the number " + std::to_string(v));
   }
+  /// A number with a fraction or exponent.
   bool number_float(double v, const std::string &text) {
     // Some writers print total_size as a float such as 1.5e10.
     if (where == Where::Metadata && metaKey == "total_size" && v >= 0 &&
@@ -253,9 +266,11 @@ public:
       return number_unsigned(static_cast<uint64_t>(v));
     return value(v, "the number " + printable(text, 40));
   }
+  /// Binary values only exist in binary formats; listed for completeness.
   bool binary(nlohmann::json::binary_t &) {
     return value(nullptr, "binary data");
   }
+  /// A string: a shard file name (the hot path) or a metadata value.
   bool string(std::string &v) {
     if (where == Where::WeightMap) {
       m.tensors.emplace_back(std::move(tensorName), v);
@@ -264,9 +279,12 @@ public:
     return value(v, "the string \"" + printable(v, 40) + "\"");
   }
 
+  /// `{` anywhere.
   bool start_object(std::size_t) { return open(nlohmann::json::object()); }
+  /// `[` anywhere.
   bool start_array(std::size_t) { return open(nlohmann::json::array()); }
 
+  /// An object key: top-level, tensor name, metadata field or nested.
   bool key(std::string &k) {
     switch (where) {
     case Where::Root:
@@ -292,9 +310,12 @@ public:
     }
   }
 
+  /// `}` anywhere.
   bool end_object() { return close(); }
+  /// `]` anywhere.
   bool end_array() { return close(); }
 
+  /// Malformed JSON: reported with the byte offset, line and column.
   bool parse_error(std::size_t position, const std::string &,
                    const nlohmann::detail::exception &ex) {
     return fail("JSON", "expected valid JSON but byte " +
@@ -419,20 +440,21 @@ private:
     }
   }
 
+  /// Reports nesting deeper than kMaxDepth at \p field.
   bool tooDeep(std::string field) {
     return fail(std::move(field), "expected at most " +
                                       std::to_string(kMaxDepth) +
                                       " levels of nesting");
   }
 
-  Manifest &m;
-  Where where = Where::Top;
-  RootKey rootKey = RootKey::Other;
-  bool sawMetadata = false;
-  std::string tensorName;
-  std::string metaKey;
-  JsonBuilder builder;
-  int skipDepth = 0;
+  Manifest &m;                      ///< Receives tensors and metadata.
+  Where where = Where::Top;         ///< Current position.
+  RootKey rootKey = RootKey::Other; ///< Top-level key being read.
+  bool sawMetadata = false;         ///< Whether a metadata object was seen.
+  std::string tensorName;           ///< weight_map key awaiting its value.
+  std::string metaKey;              ///< Metadata field being read.
+  JsonBuilder builder;              ///< Rebuilds nested metadata values.
+  int skipDepth = 0;                ///< Nesting inside an ignored value.
 };
 
 } // namespace

@@ -1,9 +1,8 @@
-//===- OnnxModel.cpp - read an ONNX model, map it onto library ops --------===//
+//===- OnnxModel.cpp - read an ONNX model into plain data -----------------===//
 //
-// Two halves: the reader turns a serialized ModelProto into OnnxGraph and
-// checks every initializer's storage (inline sizes, external data location
-// and bounds), and the mapper sorts the graph's nodes into library component
-// kinds. The mapping rules are the table above mapOnnxGraph below.
+// Turns a serialized ModelProto into OnnxGraph and checks every initializer's
+// storage: inline sizes, external data location and bounds (without reading
+// external bytes). The component mapping lives in OnnxComponents.cpp.
 //
 //===----------------------------------------------------------------------===//
 #include "parser/OnnxModel.h"
@@ -257,9 +256,10 @@ Check Converter::external(const onnx::TensorProto &t, const std::string &field,
                      "-D tensor, found length " + std::to_string(out.length));
   if (out.offset > size || out.length > size - out.offset)
     return error(where + ".offset",
-                 "offset " + std::to_string(out.offset) + " + length " +
-                     std::to_string(out.length) + " runs past the end of '" +
-                     full.string() + "' (" + std::to_string(size) + " bytes)");
+                 "expected offset + length to fit in '" + full.string() +
+                     "' (" + std::to_string(size) + " bytes); found offset " +
+                     std::to_string(out.offset) + " + length " +
+                     std::to_string(out.length) + ", past its end");
   out.externalFile = location;
   out.external = true;
   return std::nullopt;

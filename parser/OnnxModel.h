@@ -121,10 +121,10 @@ struct OnnxComponent {
   std::string reason;
 };
 
-/// Maps the graph's nodes onto library component kinds (rules in
-/// OnnxModel.cpp). Every node lands in exactly one component; components come
-/// in the graph order of their first node. Never throws; tolerates graphs
-/// that are not well formed (cycles, dangling names).
+/// Maps the graph's nodes onto library component kinds (rules table in
+/// OnnxComponents.cpp). Every node lands in exactly one component;
+/// components come in the graph order of their first node. Never throws;
+/// tolerates graphs that are not well formed (cycles, dangling names).
 std::vector<OnnxComponent> mapOnnxGraph(const OnnxGraph &graph);
 
 } // namespace adapt

@@ -31,8 +31,8 @@ constexpr size_t kMaxQuoted = 200;
 
 /// A dtype name and its element width in bits.
 struct DtypeInfo {
-  std::string_view name;
-  int64_t bits;
+  std::string_view name; ///< As spelled in headers.
+  int64_t bits;          ///< Width of one element.
 };
 
 /// Every dtype of the safetensors format (Rust crate 0.6+: MX formats F4,
@@ -48,14 +48,19 @@ constexpr DtypeInfo kDtypes[] = {
     {"U64", 64},
 };
 
-/// \p text made safe for a one-line message: control bytes become \xNN and
-/// long text is cut, so a hostile name cannot forge or flood the output.
-std::string printable(std::string_view text, size_t max = kMaxQuoted) {
+/// \p text made safe for a one-line message: control bytes (and with
+/// \p asciiOnly all non-ASCII bytes) become \xNN and long text is cut, so a
+/// hostile name cannot forge or flood the output.
+std::string printable(std::string_view text, size_t max = kMaxQuoted,
+                      bool asciiOnly = false) {
   static const char kHex[] = "0123456789abcdef";
+  size_t cut = std::min(text.size(), max);
+  while (cut > 0 && cut < text.size() && (text[cut] & 0xc0) == 0x80)
+    --cut; // Never split a UTF-8 sequence.
   std::string out;
-  for (size_t i = 0; i < text.size() && i < max; ++i) {
+  for (size_t i = 0; i < cut; ++i) {
     unsigned char c = static_cast<unsigned char>(text[i]);
-    if (c < 0x20 || c == 0x7f) {
+    if (c < 0x20 || c == 0x7f || (asciiOnly && c >= 0x80)) {
       out += "\\x";
       out += kHex[c >> 4];
       out += kHex[c & 15];
@@ -63,7 +68,7 @@ std::string printable(std::string_view text, size_t max = kMaxQuoted) {
       out += static_cast<char>(c);
     }
   }
-  if (text.size() > max)
+  if (cut < text.size())
     out += "...";
   return out;
 }
@@ -77,7 +82,7 @@ std::string jsonErrorText(const std::exception &ex) {
     if (close != std::string_view::npos)
       what.remove_prefix(close + 2);
   }
-  return printable(what, 300);
+  return printable(what, 300, /*asciiOnly=*/true);
 }
 
 /// "[2, 3, 4]" for error messages.
@@ -128,14 +133,20 @@ public:
   /// Tensors and metadata in file order.
   ShardHeader shard;
 
-  // nlohmann SAX interface (names fixed by the library).
+  // nlohmann SAX interface below; the library fixes the names.
+
+  /// A JSON null; only valid as the value of `__metadata__`.
   bool null() { return scalar("null"); }
+  /// A JSON boolean; never valid except inside an unknown field.
   bool boolean(bool) { return scalar("a boolean"); }
+  /// A negative integer (nlohmann reports non-negative ones as unsigned,
+  /// except "-0", which is forwarded).
   bool number_integer(int64_t v) {
     if (v >= 0)
       return number_unsigned(static_cast<uint64_t>(v));
     return scalar("the negative number " + std::to_string(v));
   }
+  /// A non-negative integer: a shape dimension or a data offset.
   bool number_unsigned(uint64_t v) {
     if (where == Where::Shape) {
       if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
@@ -153,10 +164,13 @@ public:
     }
     return scalar("the number " + std::to_string(v));
   }
+  /// A number with a fraction or exponent; never a valid size.
   bool number_float(double, const std::string &text) {
     return scalar("the number " + printable(text, 40));
   }
+  /// Binary values only exist in binary formats; listed for completeness.
   bool binary(nlohmann::json::binary_t &) { return scalar("binary data"); }
+  /// A string: a dtype or a metadata value.
   bool string(std::string &v) {
     if (where == Where::Metadata) {
       shard.metadata.emplace_back(std::move(pendingKey), std::move(v));
@@ -169,6 +183,7 @@ public:
     return scalar("the string \"" + printable(v, 40) + "\"");
   }
 
+  /// `{`: the header, a tensor entry, `__metadata__` or an unknown field.
   bool start_object(std::size_t) {
     switch (where) {
     case Where::Top:
@@ -195,6 +210,7 @@ public:
     }
   }
 
+  /// `[`: a shape, data_offsets or an unknown field.
   bool start_array(std::size_t) {
     if (where == Where::Tensor && field == Field::Shape) {
       where = Where::Shape;
@@ -212,6 +228,7 @@ public:
     return wrongType("an array");
   }
 
+  /// An object key: a tensor name, a metadata key or a tensor field.
   bool key(std::string &k) {
     if (where == Where::Root) {
       if (!names.insert(k).second)
@@ -242,6 +259,7 @@ public:
     return true;
   }
 
+  /// `}`: completes a tensor entry (checking its fields) or the header.
   bool end_object() {
     switch (where) {
     case Where::Metadata:
@@ -266,6 +284,7 @@ public:
     }
   }
 
+  /// `]`: completes a shape or data_offsets (checking the count).
   bool end_array() {
     if (where == Where::Shape) {
       where = Where::Tensor;
@@ -282,6 +301,7 @@ public:
     return shallowerSkip();
   }
 
+  /// Malformed JSON: reported with the byte offset, line and column.
   bool parse_error(std::size_t position, const std::string &,
                    const nlohmann::detail::exception &ex) {
     return fail("header JSON", "expected valid JSON but byte " +
@@ -361,6 +381,7 @@ private:
     skipDepth = 1;
     return true;
   }
+  /// Enters a nested container inside a skipped value, up to the cap.
   bool deeperSkip() {
     if (++skipDepth > kMaxSkipDepth)
       return fail(fieldName("<unknown field>"),
@@ -368,21 +389,24 @@ private:
                       " levels of nesting");
     return true;
   }
+  /// Leaves a container inside a skipped value.
   bool shallowerSkip() {
     if (--skipDepth == 0)
       where = Where::Tensor;
     return true;
   }
 
-  const std::string &file;
-  Where where = Where::Top;
-  Field field = Field::Other;
-  std::string pendingKey;
-  TensorHeader current;
-  bool seenDtype = false, seenShape = false, seenOffsets = false;
-  int offsetCount = 0;
-  int skipDepth = 0;
-  std::unordered_set<std::string> names;
+  const std::string &file;           ///< Named in every error.
+  Where where = Where::Top;          ///< Current position.
+  Field field = Field::Other;        ///< Tensor field being read.
+  std::string pendingKey;            ///< Last top-level or metadata key.
+  TensorHeader current;              ///< Tensor entry being read.
+  bool seenDtype = false;            ///< Whether `current` has a dtype,
+  bool seenShape = false;            ///< a shape
+  bool seenOffsets = false;          ///< and data_offsets.
+  int offsetCount = 0;               ///< Offsets read so far (<= 2).
+  int skipDepth = 0;                 ///< Nesting inside a skipped value.
+  std::unordered_set<std::string> names; ///< Top-level keys seen.
 };
 
 /// Checks dtype, size and range of every tensor and that no two byte ranges

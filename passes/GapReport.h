@@ -73,6 +73,13 @@ struct ParameterCounts {
   int64_t mtp = 0;            ///< Multi-token-prediction layers.
   int64_t encoders = 0;       ///< Vision/audio towers and projectors.
   int64_t activeWithMtp = 0;
+  /// Active minus the embedding lookup (a gather, not a matmul): how OpenAI
+  /// and MiniMax count active parameters.
+  int64_t activeWithoutEmbedding = 0;
+  /// Active minus embedding and LM head: how Qwen counts activated ones.
+  int64_t activeNonEmbedding = 0;
+  /// Decoder total minus embedding and LM head.
+  int64_t decoderNonEmbedding = 0;
   std::map<std::string, int64_t> byComponent; ///< Component kind -> total.
 };
 

@@ -1,21 +1,23 @@
-//===- ReportWriter.cpp - gaps.json, gaps.md and gaps.html writers -*- C++ -*-===//
+//===- ReportWriter.cpp - gaps.json, gaps.md and file writing --*- C++ -*-===//
 //
-// Three renderers over one GapReport plus an atomic writer. All report
-// strings come from user files (config keys, tensor names), so each format
-// escapes them fully: JSON through nlohmann with invalid UTF-8 replaced,
-// Markdown with backslash escapes and no raw newlines in table cells, HTML
-// with the five entity escapes. Nothing here reads the clock or the
-// environment, so output depends on the report alone.
+// The JSON and Markdown renderers, the shared text helpers and the atomic
+// writer (the HTML page lives in ReportWriterHtml.cpp). All report strings
+// come from user files (config keys, tensor names), so each format escapes
+// them fully: JSON through nlohmann with invalid UTF-8 replaced, Markdown
+// with backslash escapes or code spans and no raw newline in a table cell.
+// Nothing here reads the clock or the environment, so output depends on
+// the report alone.
 //
 //===----------------------------------------------------------------------===//
 
 #include "passes/ReportWriter.h"
+#include "passes/ReportWriterInternal.h"
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
-#include <cinttypes>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -23,25 +25,15 @@
 #include <iterator>
 #include <map>
 #include <system_error>
-#include <tuple>
 
 #include <fcntl.h>
 #include <unistd.h>
 
 namespace adapt {
-namespace {
-
-using Json = nlohmann::ordered_json;
-
-/// Most manifest issues listed in gaps.md; gaps.json keeps all of them.
-constexpr size_t kMarkdownIssueRows = 50;
-/// Most manifest issues listed in gaps.html, to keep the page light.
-constexpr size_t kHtmlIssueRows = 1000;
-/// Lists longer than this are folded into a closed <details> in gaps.html.
-constexpr size_t kHtmlFoldRows = 20;
+namespace report_detail {
 
 /// Appends code point `cp` to `out` as UTF-8.
-void appendUtf8(std::string &out, uint32_t cp) {
+static void appendUtf8(std::string &out, uint32_t cp) {
   if (cp < 0x80) {
     out += static_cast<char>(cp);
   } else if (cp < 0x800) {
@@ -87,7 +79,9 @@ std::string sanitizeText(const std::string &text) {
                     : lead >= 0xE0 ? 3
                     : lead >= 0xC0 ? 2
                                    : 0;
-    uint32_t cp = length == 4 ? lead & 0x07 : length == 3 ? lead & 0x0F : lead & 0x1F;
+    uint32_t cp = length == 4   ? lead & 0x07
+                  : length == 3 ? lead & 0x0F
+                                : lead & 0x1F;
     bool valid = length != 0 && i + length <= size;
     for (size_t k = 1; valid && k < length; ++k) {
       valid = (bytes[i + k] & 0xC0) == 0x80;
@@ -105,49 +99,6 @@ std::string sanitizeText(const std::string &text) {
     i += length;
   }
   return out;
-}
-
-/// Escapes `text` for HTML text and quoted attribute values.
-std::string htmlEscape(const std::string &text) {
-  std::string out;
-  for (char c : sanitizeText(text)) {
-    switch (c) {
-    case '&': out += "&amp;"; break;
-    case '<': out += "&lt;"; break;
-    case '>': out += "&gt;"; break;
-    case '"': out += "&quot;"; break;
-    case '\'': out += "&#39;"; break;
-    default: out += c;
-    }
-  }
-  return out;
-}
-
-/// Escapes `text` for one line of Markdown (a table cell or a list item):
-/// inline-markup characters get a backslash, newlines become <br> so a cell
-/// never spans lines, and a leading character that would start a block
-/// (heading, list, quote) is escaped.
-std::string markdownEscape(const std::string &text) {
-  std::string clean = sanitizeText(text);
-  std::string out;
-  for (size_t i = 0; i < clean.size(); ++i) {
-    char c = clean[i];
-    if (c == '\n') {
-      out += "<br>";
-      continue;
-    }
-    if (std::strchr("\\`*_[]<>|&~#!", c) ||
-        (i == 0 && std::strchr("+-=", c)))
-      out += '\\';
-    out += c;
-  }
-  size_t digits = 0;
-  while (digits < out.size() && out[digits] >= '0' && out[digits] <= '9')
-    ++digits;
-  if (digits > 0 && digits < out.size() &&
-      (out[digits] == '.' || out[digits] == ')'))
-    out.insert(digits, "\\");
-  return out.empty() ? std::string(" ") : out;
 }
 
 /// "1,234,567": the exact count with thousands separators.
@@ -233,6 +184,104 @@ std::string issueKindSummary(const ManifestCheck &manifest) {
   return out;
 }
 
+} // namespace report_detail
+
+using namespace report_detail;
+
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+/// Most manifest issues listed in gaps.md; gaps.json keeps all of them.
+constexpr size_t kMarkdownIssueRows = 50;
+
+/// Appends `value` as JSON indented by `depth` levels of two spaces, like
+/// nlohmann's dump(2) except that an array holding only numbers or booleans
+/// (layer lists) stays on one line. Scalars go through nlohmann, which
+/// escapes strings and replaces invalid UTF-8 with U+FFFD.
+void appendJson(const Json &value, size_t depth, std::string &out) {
+  if (!value.is_structured() || value.empty()) {
+    out += value.dump(-1, ' ', false, Json::error_handler_t::replace);
+    return;
+  }
+  bool flat = value.is_array() &&
+              std::all_of(value.begin(), value.end(), [](const Json &item) {
+                return item.is_number() || item.is_boolean();
+              });
+  if (flat) {
+    out += '[';
+    for (size_t i = 0; i < value.size(); ++i)
+      out += (i ? ", " : "") + value[i].dump();
+    out += ']';
+    return;
+  }
+  std::string inner(2 * (depth + 1), ' ');
+  out += value.is_array() ? "[\n" : "{\n";
+  bool first = true;
+  for (auto it = value.begin(); it != value.end(); ++it) {
+    out += (first ? "" : ",\n") + inner;
+    first = false;
+    if (value.is_object())
+      out += Json(it.key()).dump(-1, ' ', false,
+                                 Json::error_handler_t::replace) +
+             ": ";
+    appendJson(*it, depth + 1, out);
+  }
+  out += "\n" + std::string(2 * depth, ' ') + (value.is_array() ? "]" : "}");
+}
+
+/// Escapes `text` for one line of Markdown (a table cell or a list item):
+/// inline-markup characters get a backslash, newlines become <br> so a cell
+/// never spans lines, and a leading character that would start a block
+/// (heading, list, quote) is escaped. An underscore between two ASCII
+/// letters or digits stays bare: CommonMark never reads it as emphasis.
+std::string markdownEscape(const std::string &text) {
+  std::string clean = sanitizeText(text);
+  std::string out;
+  for (size_t i = 0; i < clean.size(); ++i) {
+    char c = clean[i];
+    if (c == '\n') {
+      out += "<br>";
+      continue;
+    }
+    auto isWord = [&](size_t at) {
+      return at < clean.size() &&
+             std::isalnum(static_cast<unsigned char>(clean[at]));
+    };
+    bool intraword = c == '_' && i > 0 && isWord(i - 1) && isWord(i + 1);
+    if ((std::strchr("\\`*_[]<>|&~#!", c) && !intraword) ||
+        (i == 0 && std::strchr("+-=", c)))
+      out += '\\';
+    out += c;
+  }
+  size_t digits = 0;
+  while (digits < out.size() && out[digits] >= '0' && out[digits] <= '9')
+    ++digits;
+  if (digits > 0 && digits < out.size() &&
+      (out[digits] == '.' || out[digits] == ')'))
+    out.insert(digits, "\\");
+  return out.empty() ? std::string(" ") : out;
+}
+
+/// Renders `text` as a Markdown code span, for identifiers (ids, ops, tensor
+/// names, keys, shapes) that read badly with backslashes. Inside a span
+/// nothing is markup, so only a table pipe needs a backslash (GFM strips it
+/// before reading the span); `inTable` false leaves pipes alone. Text with
+/// angle brackets, backticks or line breaks is escaped as prose instead, so
+/// no raw tag ever reaches the file.
+std::string markdownCode(const std::string &text, bool inTable = true) {
+  std::string clean = sanitizeText(text);
+  if (clean.find_first_of("<>`\n\t") != std::string::npos)
+    return markdownEscape(text);
+  if (clean.empty())
+    return " ";
+  std::string body;
+  for (char c : clean)
+    body += (c == '|' && inTable) ? std::string("\\|") : std::string(1, c);
+  bool pad = body.front() == ' ' || body.back() == ' ';
+  return pad ? "` " + body + " `" : "`" + body + "`";
+}
+
 } // namespace
 
 std::string formatLayerRanges(const std::vector<int64_t> &layers) {
@@ -306,6 +355,9 @@ std::string renderGapsJson(const GapReport &report) {
   params["mtp"] = p.mtp;
   params["encoders"] = p.encoders;
   params["active_with_mtp"] = p.activeWithMtp;
+  params["active_without_embedding"] = p.activeWithoutEmbedding;
+  params["active_non_embedding"] = p.activeNonEmbedding;
+  params["decoder_non_embedding"] = p.decoderNonEmbedding;
   Json byComponent = Json::object();
   for (const auto &[kind, count] : p.byComponent)
     byComponent[kind] = count;
@@ -367,7 +419,9 @@ std::string renderGapsJson(const GapReport &report) {
   manifest["issues"] = issues;
   root["manifest"] = manifest;
   root["notes"] = report.notes;
-  return root.dump(2, ' ', false, Json::error_handler_t::replace) + "\n";
+  std::string out;
+  appendJson(root, 0, out);
+  return out + "\n";
 }
 
 std::string renderGapsMarkdown(const GapReport &report) {
@@ -377,18 +431,24 @@ std::string renderGapsMarkdown(const GapReport &report) {
   md += report.hasGaps() ? "**Gaps found.** " : "**No gaps.** ";
   md += markdownEscape(report.summary.empty() ? std::string("(no summary)")
                                                : report.summary) + "\n\n";
-  md += "- Source: " + markdownEscape(report.source) + "\n";
-  md += "- Model type: " + markdownEscape(report.modelType) +
-        "; architecture: " + markdownEscape(report.architecture) +
-        "; family: " + markdownEscape(report.family) + "\n";
+  md += "- Source: " + markdownCode(report.source, false) + "\n";
+  md += "- Model type: " + markdownCode(report.modelType, false) +
+        "; architecture: " + markdownCode(report.architecture, false) +
+        "; family: " + markdownCode(report.family, false) + "\n";
   md += "- Schema version: " + markdownEscape(report.schemaVersion) + "\n\n";
 
   md += "## Parameters\n\n| Part | Parameters | Exact |\n|---|---:|---:|\n";
   const std::pair<const char *, int64_t> rows[] = {
-      {"Total", p.total},         {"Active per token", p.active},
+      {"Total", p.total},
+      {"Active per token", p.active},
       {"Active with MTP", p.activeWithMtp},
-      {"Decoder", p.decoder},     {"Embedding", p.embedding},
-      {"LM head", p.lmHead},      {"MTP", p.mtp},
+      {"Active without embedding", p.activeWithoutEmbedding},
+      {"Active non-embedding", p.activeNonEmbedding},
+      {"Decoder", p.decoder},
+      {"Decoder non-embedding", p.decoderNonEmbedding},
+      {"Embedding", p.embedding},
+      {"LM head", p.lmHead},
+      {"MTP", p.mtp},
       {"Encoders", p.encoders}};
   for (const auto &[name, count] : rows)
     md += std::string("| ") + name + " | " + formatParameterCount(count) +
@@ -396,7 +456,7 @@ std::string renderGapsMarkdown(const GapReport &report) {
   if (!p.byComponent.empty()) {
     md += "\n| Component kind | Parameters | Exact |\n|---|---:|---:|\n";
     for (const auto &[kind, count] : p.byComponent)
-      md += "| " + markdownEscape(kind) + " | " + formatParameterCount(count) +
+      md += "| " + markdownCode(kind) + " | " + formatParameterCount(count) +
             " | " + groupThousands(count) + " |\n";
   }
 
@@ -420,8 +480,8 @@ std::string renderGapsMarkdown(const GapReport &report) {
       std::string params = formatParameterCount(c->parameters);
       if (c->activeParameters != c->parameters)
         params += " (" + formatParameterCount(c->activeParameters) + " active)";
-      md += "| " + status + " | " + markdownEscape(c->id) + " | " +
-            markdownEscape(c->op) + " | " + markdownEscape(c->variant) +
+      md += "| " + status + " | " + markdownCode(c->id) + " | " +
+            markdownCode(c->op) + " | " + markdownEscape(c->variant) +
             " | " + (layers.empty() ? "-" : layers) + " | " + params + " | " +
             (blocked.empty() ? "-" : blocked) + " | " +
             (why.empty() ? "-" : why) + " |\n";
@@ -434,7 +494,7 @@ std::string renderGapsMarkdown(const GapReport &report) {
   } else {
     md += "| Key | Value |\n|---|---|\n";
     for (const auto &[path, value] : report.unknownConfigKeys)
-      md += "| " + markdownEscape(path) + " | " + markdownEscape(value) +
+      md += "| " + markdownCode(path) + " | " + markdownCode(value) +
             " |\n";
   }
 
@@ -443,7 +503,7 @@ std::string renderGapsMarkdown(const GapReport &report) {
   if (!m.checked) {
     md += "Not checked (no weight index found).\n";
   } else {
-    md += "- File: " + markdownEscape(m.file) + "\n";
+    md += "- File: " + markdownCode(m.file, false) + "\n";
     md += "- Tensors: " + groupThousands(m.tensors) + " in manifest, " +
           groupThousands(m.expectedTensors) + " implied by the config\n";
     md += "- Shards: " + groupThousands(m.shards) + " (" +
@@ -458,9 +518,9 @@ std::string renderGapsMarkdown(const GapReport &report) {
       for (size_t i = 0; i < shown; ++i) {
         const ManifestIssue &issue = m.issues[i];
         md += "| " + markdownEscape(issue.kind) + " | " +
-              markdownEscape(issue.tensor) + " | " +
-              markdownEscape(issue.expected) + " | " +
-              markdownEscape(issue.found) + " |\n";
+              markdownCode(issue.tensor) + " | " +
+              markdownCode(issue.expected) + " | " +
+              markdownCode(issue.found) + " |\n";
       }
       if (m.issues.size() > shown)
         md += "\n... and " + std::to_string(m.issues.size() - shown) +
@@ -474,378 +534,6 @@ std::string renderGapsMarkdown(const GapReport &report) {
       md += "- " + markdownEscape(note) + "\n";
   }
   return md;
-}
-
-namespace {
-
-/// The page's stylesheet: system fonts only, light theme, status colours
-/// shared by badges, layer cells and bars.
-const char *const kHtmlStyle = R"css(
-:root{--missing:#cf222e;--partial:#d4a72c;--supported:#2da44e;--none:#d0d7de;
---ink:#1f2328;--muted:#59636e;--line:#d1d9e0;--panel:#f6f8fa}
-*{box-sizing:border-box}
-body{margin:0;background:#fff;color:var(--ink);font:14px/1.5 -apple-system,
-"Segoe UI",Roboto,"Helvetica Neue",Arial,sans-serif}
-main{max-width:1320px;margin:0 auto;padding:28px 32px 48px}
-header{border-bottom:1px solid var(--line);padding-bottom:18px;margin-bottom:22px}
-h1{font-size:26px;margin:0 0 6px;display:flex;align-items:center;gap:12px;flex-wrap:wrap}
-h2{font-size:18px;margin:32px 0 12px;padding-bottom:6px;border-bottom:1px solid var(--line)}
-h3{font-size:14px;margin:16px 0 8px;color:var(--muted);font-weight:600}
-.meta{color:var(--muted);margin:2px 0}.meta b{color:var(--ink);font-weight:600}
-.summary{font-size:15px;margin:10px 0 0}
-code,.mono{font:12.5px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,monospace}
-.badge{display:inline-block;border-radius:999px;padding:1px 10px;font-size:12px;
-font-weight:600;color:#fff;white-space:nowrap;line-height:20px}
-.badge.missing{background:var(--missing)}.badge.partial{background:var(--partial);color:#3b2300}
-.badge.supported{background:var(--supported)}
-.verdict{font-size:13px;padding:3px 12px}.verdict.ok{background:var(--supported)}
-.verdict.gaps{background:var(--missing)}
-.cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(190px,1fr));gap:12px}
-.card{border:1px solid var(--line);border-radius:8px;padding:12px 14px;background:var(--panel)}
-.card .label{color:var(--muted);font-size:12px;text-transform:uppercase;letter-spacing:.04em}
-.card .value{font-size:22px;font-weight:600;margin-top:2px}
-.card .sub{color:var(--muted);font-size:12px}
-.bar{display:flex;height:26px;border-radius:6px;overflow:hidden;border:1px solid var(--line);
-background:var(--panel)}
-.bar span{display:block;height:100%;border-right:1px solid rgba(255,255,255,.7)}
-.bar span:last-child{border-right:0}
-.legend{display:flex;flex-wrap:wrap;gap:6px 18px;margin:8px 0 4px;font-size:13px}
-.legend i{display:inline-block;width:11px;height:11px;border-radius:3px;margin-right:6px;
-vertical-align:-1px}
-.legend .num{color:var(--muted)}
-.missing-bg{background:var(--missing)}.partial-bg{background:var(--partial)}
-.supported-bg{background:var(--supported)}.none-bg{background:var(--none)}
-.layers{display:grid;gap:2px;align-items:center}
-.layers .name{font-size:12px;white-space:nowrap;overflow:hidden;text-overflow:ellipsis;
-padding-right:10px}
-.layers .cell{height:18px;border-radius:2px}
-.layers .cell.empty{background:#f0f2f4}
-.layers .tick{font-size:10px;color:var(--muted);overflow:visible;white-space:nowrap;height:14px}
-.layers .overall{height:26px}
-.layers .sep{grid-column:1/-1;height:6px}
-table{border-collapse:collapse;width:100%;font-size:13px}
-th{text-align:left;background:var(--panel);font-weight:600;color:var(--muted);font-size:12px;
-text-transform:uppercase;letter-spacing:.03em}
-th,td{border-bottom:1px solid var(--line);padding:7px 10px;vertical-align:top}
-td.num,th.num{text-align:right;white-space:nowrap}
-tr.missing td:first-child{box-shadow:inset 3px 0 var(--missing)}
-tr.partial td:first-child{box-shadow:inset 3px 0 var(--partial)}
-tr.supported td:first-child{box-shadow:inset 3px 0 var(--supported)}
-td ul{margin:0;padding-left:18px}
-.chip{display:inline-block;background:#eef1f4;border:1px solid var(--line);border-radius:4px;
-padding:0 5px;margin:1px 2px 1px 0;font-size:11.5px;white-space:nowrap}
-.chip.block{background:#ffebe9;border-color:#ffcecb;color:#82071e}
-.sub{color:var(--muted);font-size:12px}
-.wrap{word-break:break-all}
-details{border:1px solid var(--line);border-radius:8px;padding:8px 12px}
-summary{cursor:pointer;font-weight:600}
-.notes li{margin:4px 0}
-footer{margin-top:36px;color:var(--muted);font-size:12px;border-top:1px solid var(--line);
-padding-top:10px}
-)css";
-
-/// Colours for component kinds in the parameter bar, in order of size.
-const char *const kPalette[] = {"#0969da", "#8250df", "#bf3989", "#1a7f37",
-                                "#bc4c00", "#0598bc", "#9a6700", "#57606a",
-                                "#6639ba", "#116329", "#a40e26", "#0550ae"};
-
-/// A coloured status badge.
-std::string htmlBadge(GapStatus status) {
-  std::string name = gapStatusName(status);
-  return "<span class=\"badge " + name + "\">" + name + "</span>";
-}
-
-/// One stacked bar with a legend; `parts` are (label, value, css colour).
-std::string htmlStackedBar(
-    const std::vector<std::tuple<std::string, int64_t, std::string>> &parts) {
-  double total = 0;
-  for (const auto &part : parts)
-    total += static_cast<double>(std::max<int64_t>(std::get<1>(part), 0));
-  if (total <= 0)
-    return "<p class=\"sub\">No parameters counted.</p>\n";
-  std::string bar = "<div class=\"bar\">";
-  std::string legend = "<div class=\"legend\">";
-  for (const auto &[label, value, colour] : parts) {
-    double share = static_cast<double>(std::max<int64_t>(value, 0)) / total;
-    std::string percent = formatFixed(100.0 * share, 1) + "%";
-    std::string tip = htmlEscape(label) + ": " + formatParameterCount(value) +
-                      " (" + percent + ")";
-    if (share > 0)
-      bar += "<span style=\"width:" + formatFixed(100.0 * share, 3) +
-             "%;background:" + colour + "\" title=\"" + tip + "\"></span>";
-    legend += "<span title=\"" + groupThousands(value) + "\"><i style=\"background:" +
-              colour + "\"></i>" + htmlEscape(label) + " <span class=\"num\">" +
-              formatParameterCount(value) + " &middot; " + percent +
-              "</span></span>";
-  }
-  return bar + "</div>\n" + legend + "</div>\n";
-}
-
-/// The per-layer strip (worst status per decoder layer) and the layer map
-/// (one row per component), so the layer pattern is visible at a glance.
-std::string htmlLayerMap(const GapReport &report) {
-  int64_t layers = decoderLayerCount(report);
-  if (layers <= 0)
-    return "<p class=\"sub\">No component names a decoder layer.</p>\n";
-  std::vector<int> worst(static_cast<size_t>(layers), -1);
-  std::vector<std::string> tips(static_cast<size_t>(layers));
-  for (const ComponentGap &c : report.components) {
-    for (int64_t layer : c.layers) {
-      if (layer < 0)
-        continue;
-      int rank = static_cast<int>(c.status);
-      int &slot = worst[static_cast<size_t>(layer)];
-      slot = slot < 0 ? rank : std::min(slot, rank);
-      tips[static_cast<size_t>(layer)] +=
-          "\n" + htmlEscape(c.id) + ": " + gapStatusName(c.status);
-    }
-  }
-  auto cellClass = [](int rank) {
-    return rank < 0 ? std::string("empty")
-                    : std::string(gapStatusName(static_cast<GapStatus>(rank))) +
-                          "-bg";
-  };
-  std::string html = "<div class=\"layers\" style=\"grid-template-columns:"
-                     "200px repeat(" + std::to_string(layers) +
-                     ",minmax(0,1fr))\">\n<div class=\"name\"></div>";
-  for (int64_t l = 0; l < layers; ++l)
-    html += "<div class=\"tick\">" +
-            (l % 5 == 0 ? std::to_string(l) : std::string()) + "</div>";
-  html += "\n<div class=\"name\"><b>All components</b></div>";
-  for (int64_t l = 0; l < layers; ++l) {
-    int rank = worst[static_cast<size_t>(l)];
-    html += "<div class=\"cell overall " + cellClass(rank) + "\" title=\"Layer " +
-            std::to_string(l) + ": " +
-            (rank < 0 ? "no component"
-                      : gapStatusName(static_cast<GapStatus>(rank))) +
-            tips[static_cast<size_t>(l)] + "\"></div>";
-  }
-  html += "\n<div class=\"sep\"></div>\n";
-  for (const ComponentGap &c : report.components) {
-    std::vector<bool> used(static_cast<size_t>(layers), false);
-    bool any = false;
-    for (int64_t layer : c.layers)
-      if (layer >= 0)
-        used[static_cast<size_t>(layer)] = any = true;
-    if (!any)
-      continue;
-    std::string id = htmlEscape(c.id);
-    html += "<div class=\"name\" title=\"" + id + "\">" + id + "</div>";
-    for (int64_t l = 0; l < layers; ++l)
-      html += used[static_cast<size_t>(l)]
-                  ? "<div class=\"cell " + cellClass(int(c.status)) +
-                        "\" title=\"Layer " + std::to_string(l) + ": " + id +
-                        " (" + gapStatusName(c.status) + ")\"></div>"
-                  : std::string("<div class=\"cell empty\"></div>");
-    html += "\n";
-  }
-  return html + "</div>\n";
-}
-
-/// Wraps `body` in a closed <details> when `rows` is long, else returns it.
-std::string htmlFold(const std::string &body, size_t rows,
-                     const std::string &label) {
-  if (rows <= kHtmlFoldRows)
-    return body;
-  return "<details><summary>" + label + "</summary>\n" + body + "</details>\n";
-}
-
-/// The components table, worst status first.
-std::string htmlComponents(const GapReport &report) {
-  if (report.components.empty())
-    return "<p class=\"sub\">No components.</p>\n";
-  std::string html =
-      "<table>\n<tr><th>Status</th><th>Component</th><th>Variant</th>"
-      "<th>Layers</th><th class=\"num\">Parameters</th><th>Blocks</th>"
-      "<th>Why</th></tr>\n";
-  for (const ComponentGap *c : worstFirst(report)) {
-    std::string status = gapStatusName(c->status);
-    html += "<tr class=\"" + status + "\"><td>" + htmlBadge(c->status) +
-            "</td><td><code>" + htmlEscape(c->id) + "</code><div class=\"sub\">" +
-            htmlEscape(c->op) + (c->registryEntry.empty()
-                                     ? std::string(" &middot; no registry entry")
-                                     : " &middot; registry: " +
-                                           htmlEscape(c->registryEntry)) +
-            "</div></td><td>" + htmlEscape(c->variant);
-    if (!c->features.empty()) {
-      html += "<div>";
-      for (const auto &[key, value] : c->features)
-        html += "<span class=\"chip\">" + htmlEscape(key) + "=" +
-                htmlEscape(value) + "</span>";
-      html += "</div>";
-    }
-    std::string layers = formatLayerRanges(c->layers);
-    html += "</td><td class=\"mono wrap\">" +
-            (layers.empty() ? std::string("&ndash;") : layers) +
-            "</td><td class=\"num\" title=\"" + groupThousands(c->parameters) +
-            "\">" + formatParameterCount(c->parameters);
-    if (c->activeParameters != c->parameters)
-      html += "<div class=\"sub\">" + formatParameterCount(c->activeParameters) +
-              " active</div>";
-    html += "</td><td>";
-    std::vector<std::string> words = blockedWords(c->blocks);
-    for (const std::string &word : words)
-      html += "<span class=\"chip block\">" + htmlEscape(word) + "</span>";
-    if (words.empty())
-      html += "<span class=\"sub\">nothing</span>";
-    html += "</td><td>";
-    if (c->reasons.empty()) {
-      html += "<span class=\"sub\">&ndash;</span>";
-    } else {
-      html += "<ul>";
-      for (const std::string &reason : c->reasons)
-        html += "<li>" + htmlEscape(reason) + "</li>";
-      html += "</ul>";
-    }
-    html += "</td></tr>\n";
-  }
-  return html + "</table>\n";
-}
-
-/// The manifest section: what was compared, then the disagreements.
-std::string htmlManifest(const ManifestCheck &m) {
-  if (!m.checked)
-    return "<p class=\"sub\">Not checked: no weight index was found.</p>\n";
-  std::string html = "<p class=\"meta\"><b>" + htmlEscape(m.file) + "</b> &middot; " +
-                     groupThousands(m.tensors) + " tensors in manifest, " +
-                     groupThousands(m.expectedTensors) +
-                     " implied by the config &middot; " + groupThousands(m.shards) +
-                     " shards, " + groupThousands(m.headersRead) +
-                     " headers read</p>\n";
-  if (m.issues.empty())
-    return html + "<p>No disagreements between config and manifest.</p>\n";
-  std::string table = "<table>\n<tr><th>Kind</th><th>Tensor</th><th>Expected"
-                      "</th><th>Found</th></tr>\n";
-  size_t shown = std::min(m.issues.size(), kHtmlIssueRows);
-  for (size_t i = 0; i < shown; ++i) {
-    const ManifestIssue &issue = m.issues[i];
-    table += "<tr><td><span class=\"chip block\">" + htmlEscape(issue.kind) +
-             "</span></td><td><code class=\"wrap\">" + htmlEscape(issue.tensor) +
-             "</code></td><td class=\"mono\">" + htmlEscape(issue.expected) +
-             "</td><td class=\"mono\">" + htmlEscape(issue.found) + "</td></tr>\n";
-  }
-  table += "</table>\n";
-  if (m.issues.size() > shown)
-    table += "<p class=\"sub\">&hellip; and " +
-             std::to_string(m.issues.size() - shown) +
-             " more, all listed in gaps.json.</p>\n";
-  std::string label = std::to_string(m.issues.size()) + " issues (" +
-                      htmlEscape(issueKindSummary(m)) + ")";
-  if (m.issues.size() <= kHtmlFoldRows)
-    html += "<p>" + label + "</p>\n";
-  return html + htmlFold(table, m.issues.size(), label);
-}
-
-} // namespace
-
-std::string renderGapsHtml(const GapReport &report) {
-  const ParameterCounts &p = report.parameters;
-  std::vector<int64_t> counts = statusCounts(report);
-  std::string title = htmlEscape(modelTitle(report));
-  std::string html = "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n"
-                     "<meta charset=\"utf-8\">\n<meta name=\"viewport\" "
-                     "content=\"width=device-width,initial-scale=1\">\n"
-                     "<title>adapt gaps: " + title + "</title>\n<style>" +
-                     kHtmlStyle + "</style>\n</head>\n<body>\n<main>\n<header>\n";
-  html += "<h1>" + title +
-          (report.hasGaps()
-               ? std::string(" <span class=\"badge verdict gaps\">gaps found</span>")
-               : std::string(" <span class=\"badge verdict ok\">no gaps</span>")) +
-          "</h1>\n";
-  html += "<p class=\"meta\">model_type <b>" + htmlEscape(report.modelType) +
-          "</b> &middot; family <b>" + htmlEscape(report.family) +
-          "</b> &middot; source <code>" + htmlEscape(report.source) + "</code></p>\n";
-  html += "<p class=\"summary\">" + htmlEscape(report.summary) + "</p>\n</header>\n";
-
-  html += "<section class=\"cards\">\n";
-  auto card = [&](const std::string &label, const std::string &value,
-                  const std::string &sub) {
-    html += "<div class=\"card\"><div class=\"label\">" + label +
-            "</div><div class=\"value\">" + value + "</div><div class=\"sub\">" +
-            sub + "</div></div>\n";
-  };
-  card("Total parameters", formatParameterCount(p.total), groupThousands(p.total));
-  card("Active per token", formatParameterCount(p.active),
-       formatParameterCount(p.activeWithMtp) + " with MTP");
-  std::string statusLine;
-  for (GapStatus status :
-       {GapStatus::Missing, GapStatus::Partial, GapStatus::Supported})
-    statusLine += std::to_string(counts[static_cast<size_t>(status)]) + " " +
-                  htmlBadge(status) + " ";
-  card("Components", std::to_string(report.components.size()), statusLine);
-  card("Manifest",
-       report.manifest.checked ? std::to_string(report.manifest.issues.size()) +
-                                     " issues"
-                               : std::string("not checked"),
-       report.manifest.checked
-           ? groupThousands(report.manifest.tensors) + " tensors, " +
-                 groupThousands(report.manifest.shards) + " shards"
-           : std::string("no weight index"));
-  card("Unknown config keys", std::to_string(report.unknownConfigKeys.size()),
-       "keys the parser did not interpret");
-  html += "</section>\n";
-
-  html += "<h2>Parameters</h2>\n<h3>By component kind</h3>\n";
-  std::vector<std::pair<std::string, int64_t>> kinds(p.byComponent.begin(),
-                                                     p.byComponent.end());
-  std::stable_sort(kinds.begin(), kinds.end(),
-                   [](const auto &a, const auto &b) { return a.second > b.second; });
-  std::vector<std::tuple<std::string, int64_t, std::string>> parts;
-  for (size_t i = 0; i < kinds.size(); ++i)
-    parts.emplace_back(kinds[i].first, kinds[i].second,
-                       kPalette[i % std::size(kPalette)]);
-  html += htmlStackedBar(parts);
-  html += "<h3>By support status (component parameters)</h3>\n";
-  std::vector<int64_t> byStatus(3, 0);
-  for (const ComponentGap &c : report.components)
-    byStatus[static_cast<size_t>(c.status)] += c.parameters;
-  parts.clear();
-  for (GapStatus status :
-       {GapStatus::Missing, GapStatus::Partial, GapStatus::Supported})
-    parts.emplace_back(gapStatusName(status), byStatus[static_cast<size_t>(status)],
-                       std::string("var(--") + gapStatusName(status) + ")");
-  html += htmlStackedBar(parts);
-  html += "<p class=\"sub\">Decoder " + formatParameterCount(p.decoder) +
-          " (embedding " + formatParameterCount(p.embedding) + ", LM head " +
-          formatParameterCount(p.lmHead) + ") &middot; MTP " +
-          formatParameterCount(p.mtp) + " &middot; encoders " +
-          formatParameterCount(p.encoders) + "</p>\n";
-
-  html += "<h2>Decoder layers</h2>\n<p class=\"sub\">One cell per layer, "
-          "coloured by the worst status of the components in it; hover a cell "
-          "for details.</p>\n" + htmlLayerMap(report);
-  html += "<div class=\"legend\"><span><i class=\"missing-bg\"></i>missing</span>"
-          "<span><i class=\"partial-bg\"></i>partial</span><span><i "
-          "class=\"supported-bg\"></i>supported</span></div>\n";
-
-  html += "<h2>Components</h2>\n" + htmlComponents(report);
-
-  html += "<h2>Unknown config keys</h2>\n";
-  if (report.unknownConfigKeys.empty()) {
-    html += "<p class=\"sub\">None: every config key was understood.</p>\n";
-  } else {
-    std::string table = "<table>\n<tr><th>Key</th><th>Value</th></tr>\n";
-    for (const auto &[path, value] : report.unknownConfigKeys)
-      table += "<tr><td><code>" + htmlEscape(path) +
-               "</code></td><td class=\"mono wrap\">" + htmlEscape(value) +
-               "</td></tr>\n";
-    table += "</table>\n";
-    html += htmlFold(table, report.unknownConfigKeys.size(),
-                     std::to_string(report.unknownConfigKeys.size()) +
-                         " unknown keys");
-  }
-
-  html += "<h2>Manifest</h2>\n" + htmlManifest(report.manifest);
-  if (!report.notes.empty()) {
-    html += "<h2>Notes</h2>\n<ul class=\"notes\">\n";
-    for (const std::string &note : report.notes)
-      html += "<li>" + htmlEscape(note) + "</li>\n";
-    html += "</ul>\n";
-  }
-  html += "<footer>Generated by <code>adapt gaps</code> &middot; "
-          "gaps.json schema_version " + htmlEscape(report.schemaVersion) +
-          "</footer>\n</main>\n</body>\n</html>\n";
-  return html;
 }
 
 namespace {

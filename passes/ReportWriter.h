@@ -1,4 +1,4 @@
-//===- ReportWriter.h - gaps.json, gaps.md and gaps.html writers -*- C++ -*-===//
+//===- ReportWriter.h - gaps.json, gaps.md and gaps.html writer -*- C++ -*-===//
 //
 // Turns a GapReport into the three files `adapt gaps --out DIR` leaves:
 // gaps.json (stable schema, docs/gaps-schema.md, read by tools and agents),
@@ -32,8 +32,9 @@ std::string formatLayerRanges(const std::vector<int64_t> &layers);
 std::string formatParameterCount(int64_t count);
 
 /// Renders the report as gaps.json: 2-space indented, keys in the fixed
-/// order of docs/gaps-schema.md, invalid UTF-8 replaced by U+FFFD, ending in
-/// a newline. Same report, same bytes.
+/// order of docs/gaps-schema.md, arrays of numbers (layer lists) on one
+/// line, invalid UTF-8 replaced by U+FFFD, ending in a newline. Same report,
+/// same bytes.
 std::string renderGapsJson(const GapReport &report);
 
 /// Renders the report as gaps.md: summary, parameter table, components

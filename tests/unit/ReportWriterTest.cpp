@@ -1,4 +1,4 @@
-//===- ReportWriterTest.cpp - tests of the gaps.* report writers -*- C++ -*-===//
+//===- ReportWriterTest.cpp - tests of the gaps.* writers ------*- C++ -*-===//
 //
 // Builds a DeepSeek-V3-like GapReport (61 decoder layers, MLA attention,
 // three dense layers then sigmoid-routed MoE that the library lacks) and
@@ -85,6 +85,9 @@ GapReport deepSeekReport() {
   r.parameters.total = kDecoder + kMtp;
   r.parameters.active = kActive;
   r.parameters.activeWithMtp = kActive + 1'000'000'000;
+  r.parameters.activeWithoutEmbedding = kActive - kEmbedding;
+  r.parameters.activeNonEmbedding = kActive - 2 * kEmbedding;
+  r.parameters.decoderNonEmbedding = kDecoder - 2 * kEmbedding;
   r.parameters.byComponent = {{"attention", kLayers * kMla},
                               {"embedding", kEmbedding},
                               {"lm_head", kEmbedding},
@@ -133,7 +136,8 @@ GapReport deepSeekReport() {
   r.manifest.expectedTensors = 91990;
   r.manifest.shards = 163;
   r.manifest.headersRead = 2;
-  r.manifest.issues = {{"extra", "model.layers.61.eh_proj.weight", "", "[7168, 14336]"},
+  r.manifest.issues = {{"extra", "model.layers.61.eh_proj.weight", "",
+                        "[7168, 14336]"},
                        {"dtype", "model.layers.3.mlp.experts.0.up_proj.weight",
                         "bf16", "f8_e4m3"}};
   r.notes = {"layer 61 is the MTP module; counted under parameters.mtp"};
@@ -150,7 +154,8 @@ std::string slurp(const fs::path &path) {
 
 /// A fresh empty directory under the system temp folder.
 fs::path freshDir() {
-  std::string pattern = (fs::temp_directory_path() / "adapt-rw-XXXXXX").string();
+  std::string pattern =
+      (fs::temp_directory_path() / "adapt-rw-XXXXXX").string();
   char *made = ::mkdtemp(pattern.data());
   EXPECT_NE(made, nullptr);
   return fs::path(pattern);
@@ -206,6 +211,14 @@ TEST(ReportWriterTest, JsonRoundTripsDocumentedFields) {
   EXPECT_EQ(text.back(), '\n');
   EXPECT_EQ(text.rfind("{\n  \"schema_version\": \"1\",\n", 0), 0u);
   nlohmann::ordered_json j = nlohmann::ordered_json::parse(text);
+  // Layer lists stay on one line; everything else is nlohmann's dump(2).
+  EXPECT_NE(text.find("\"layers\": [0, 1, 2],"), std::string::npos);
+  EXPECT_NE(text.find("      \"layers\": [-1],\n"), std::string::npos);
+  GapReport noLayers = report;
+  for (ComponentGap &c : noLayers.components)
+    c.layers.clear();
+  std::string plain = renderGapsJson(noLayers);
+  EXPECT_EQ(plain, nlohmann::ordered_json::parse(plain).dump(2) + "\n");
 
   std::vector<std::string> keys;
   for (const auto &item : j.items())
@@ -233,6 +246,11 @@ TEST(ReportWriterTest, JsonRoundTripsDocumentedFields) {
   EXPECT_EQ(p["mtp"].get<int64_t>(), kMtp);
   EXPECT_EQ(p["encoders"].get<int64_t>(), 0);
   EXPECT_EQ(p["active_with_mtp"].get<int64_t>(), kActive + 1'000'000'000);
+  EXPECT_EQ(p["active_without_embedding"].get<int64_t>(),
+            kActive - kEmbedding);
+  EXPECT_EQ(p["active_non_embedding"].get<int64_t>(), kActive - 2 * kEmbedding);
+  EXPECT_EQ(p["decoder_non_embedding"].get<int64_t>(),
+            kDecoder - 2 * kEmbedding);
   EXPECT_EQ(p["by_component"]["moe"].get<int64_t>(), kMoeLayers * kMoe);
   EXPECT_EQ(p["by_component"].size(), 6u);
   // The real model: about 671B in the decoder, about 37B active.
@@ -310,10 +328,7 @@ TEST(ReportWriterTest, HostileStringsAreEscaped) {
   std::string md = renderGapsMarkdown(report);
   EXPECT_EQ(md.find("</script>"), std::string::npos);
   EXPECT_EQ(md.find("<b>"), std::string::npos);
-  EXPECT_NE(md.find("\\<\\/script\\>") == std::string::npos
-                ? md.find("\\</script\\>")
-                : 0,
-            std::string::npos);
+  EXPECT_NE(md.find("\\</script\\>\\<b\\>\"\\&'\\|"), std::string::npos);
   EXPECT_EQ(md.find("\n# not a heading"), std::string::npos);
   EXPECT_EQ(md.find("line one\n"), std::string::npos);
   // Every components row keeps exactly nine unescaped pipes (eight cells).
@@ -351,6 +366,10 @@ TEST(ReportWriterTest, MarkdownLayoutAndCaps) {
   EXPECT_EQ(md.rfind("# adapt gaps: DeepseekV3ForCausalLM\n", 0), 0u);
   EXPECT_NE(md.find("| Total | 682.53B |"), std::string::npos) << md;
   EXPECT_NE(md.find("| 3-60 |"), std::string::npos);
+  EXPECT_NE(md.find("| `moe.sigmoid.grouped.bias` | `adapt.moe` |"),
+            std::string::npos);
+  EXPECT_NE(md.find("`deepseek_v3`"), std::string::npos);
+  EXPECT_NE(md.find("q_lora_rank 1536"), std::string::npos);
   EXPECT_NE(md.find("| 0-60 |"), std::string::npos);
   EXPECT_NE(md.find("... and 72 more"), std::string::npos);
   // Worst status first: the missing MoE row precedes the partial MLA row.
@@ -363,7 +382,8 @@ TEST(ReportWriterTest, MarkdownLayoutAndCaps) {
 TEST(ReportWriterTest, HtmlIsSelfContained) {
   GapReport report = deepSeekReport();
   for (int i = 0; i < 40; ++i)
-    report.manifest.issues.push_back({"shape", "t" + std::to_string(i), "[2]", "[3]"});
+    report.manifest.issues.push_back(
+        {"shape", "t" + std::to_string(i), "[2]", "[3]"});
   std::string html = renderGapsHtml(report);
   EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
   for (const char *external : {"http://", "https://", "<script", "<link",
@@ -405,7 +425,8 @@ TEST(ReportWriterTest, UnwritableDirectoryIsAnError) {
   fs::path file = root / "plain-file";
   std::ofstream(file) << "x";
   std::string error;
-  EXPECT_FALSE(writeGapReport(deepSeekReport(), (file / "out").string(), error));
+  EXPECT_FALSE(
+      writeGapReport(deepSeekReport(), (file / "out").string(), error));
   EXPECT_NE(error.find("plain-file"), std::string::npos) << error;
   size_t entries = 0;
   for (const auto &entry : fs::directory_iterator(root)) {

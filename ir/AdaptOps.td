@@ -1,0 +1,198 @@
+//===- AdaptOps.td - adapt dialect operations --------------*- tablegen -*-===//
+#ifndef ADAPT_OPS_TD
+#define ADAPT_OPS_TD
+
+include "ir/AdaptDialect.td"
+
+//===----------------------------------------------------------------------===//
+// Structure
+//===----------------------------------------------------------------------===//
+
+def Adapt_ModelOp : Adapt_Op<"model", [
+    Symbol, SymbolTable, IsolatedFromAbove, NoTerminator,
+    SingleBlock]> {
+  let summary = "A whole model: its weights and its component graph";
+  let arguments = (ins SymbolNameAttr:$sym_name,
+                       StrAttr:$model_type,
+                       StrAttr:$family,
+                       PositiveI64Attr:$hidden,
+                       PositiveI64Attr:$vocab);
+  let regions = (region SizedRegion<1>:$body);
+  let assemblyFormat = "$sym_name attr-dict-with-keyword $body";
+}
+
+def Adapt_WeightOp : Adapt_Op<"weight", [Symbol, HasParent<"ModelOp">]> {
+  let summary = "A checkpoint tensor, named by its manifest name";
+  let description = [{
+    The symbol is the tensor's name in the checkpoint. Routed experts are one
+    symbol whose type leads with the expert count: with `per_expert`, the
+    checkpoint holds one tensor per expert and `{e}` in the name stands for
+    the expert number; without it, one fused tensor. `shard` and
+    `disk_dtype` are attached by the manifest check.
+  }];
+  let arguments = (ins SymbolNameAttr:$sym_name,
+                       TypeAttrOf<AnyRankedTensor>:$type,
+                       StrAttr:$role,
+                       UnitAttr:$per_expert,
+                       UnitAttr:$routed,
+                       UnitAttr:$linear,
+                       OptionalAttr<StrAttr>:$shard,
+                       OptionalAttr<StrAttr>:$disk_dtype);
+  let assemblyFormat = "$sym_name `:` $type attr-dict";
+  let hasVerifier = 1;
+  let extraClassDeclaration = [{
+    /// Number of elements over all experts.
+    int64_t getNumElements();
+  }];
+}
+
+def Adapt_OutputOp : Adapt_Op<"output", [HasParent<"ModelOp">]> {
+  let summary = "The model's results (logits, encoder features)";
+  let arguments = (ins Variadic<AnyRankedTensor>:$values);
+  let assemblyFormat = "($values^ `:` type($values))? attr-dict";
+}
+
+def Adapt_AddOp : Adapt_Op<"add", [Pure, SameOperandsAndResultType]> {
+  let summary = "Residual connection";
+  let arguments = (ins AnyRankedTensor:$lhs, AnyRankedTensor:$rhs);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat = "$lhs `,` $rhs attr-dict `:` type($result)";
+}
+
+//===----------------------------------------------------------------------===//
+// Components
+//===----------------------------------------------------------------------===//
+
+/// Every component names the decoder layer it belongs to (-1: none) and the
+/// weights it reads, and verifies them against its hyper-parameters.
+class Adapt_ComponentOp<string mnemonic, dag componentArgs,
+                        list<Trait> traits = []>
+    : Adapt_Op<mnemonic, !listconcat(traits, [
+        DeclareOpInterfaceMethods<SymbolUserOpInterface>])> {
+  let arguments = !con((ins Variadic<AnyRankedTensor>:$inputs,
+                            DefaultValuedAttr<I64Attr, "-1">:$layer,
+                            FlatSymbolRefArrayAttr:$weights),
+                       componentArgs);
+  let results = (outs AnyRankedTensor:$result);
+  let assemblyFormat =
+      "$inputs attr-dict `:` functional-type($inputs, $result)";
+}
+
+def Adapt_EmbeddingOp : Adapt_ComponentOp<"embedding", (ins)> {
+  let summary = "Token embedding lookup";
+}
+
+def Adapt_RMSNormOp : Adapt_ComponentOp<"rms_norm",
+    (ins DefaultValuedAttr<F64Attr, "1e-6">:$eps)> {
+  let summary = "RMS normalisation with a learned scale";
+}
+
+def Adapt_AttentionOp : Adapt_ComponentOp<"attention", (ins
+    StrAttr:$kind,
+    PositiveI64Attr:$num_heads, PositiveI64Attr:$num_kv_heads,
+    PositiveI64Attr:$head_dim, PositiveI64Attr:$v_head_dim,
+    DefaultValuedAttr<NonNegativeI64Attr, "0">:$q_lora_rank,
+    DefaultValuedAttr<NonNegativeI64Attr, "0">:$kv_lora_rank,
+    DefaultValuedAttr<NonNegativeI64Attr, "0">:$qk_rope_head_dim,
+    StrAttr:$rope, DefaultValuedAttr<F64Attr, "1.0">:$rope_partial,
+    DefaultValuedAttr<StrAttr, "\"none\"">:$window,
+    DefaultValuedAttr<NonNegativeI64Attr, "0">:$window_size,
+    UnitAttr:$sinks, UnitAttr:$output_gate, UnitAttr:$qk_norm,
+    UnitAttr:$qkv_bias)> {
+  let summary = "Softmax attention: MHA, GQA or MLA";
+  let description = [{
+    `kind` is `mha`, `gqa` or `mla`. GQA: q_proj is
+    [num_heads * head_dim * (output_gate ? 2 : 1), hidden], k/v_proj are
+    [num_kv_heads * head_dim, hidden]. MLA: kv_b_proj is
+    [num_heads * (head_dim - qk_rope_head_dim + v_head_dim), kv_lora_rank].
+  }];
+  let hasVerifier = 1;
+}
+
+def Adapt_SparseAttentionOp : Adapt_ComponentOp<"sparse_attention", (ins
+    PositiveI64Attr:$num_heads, PositiveI64Attr:$head_dim,
+    PositiveI64Attr:$v_head_dim,
+    DefaultValuedAttr<NonNegativeI64Attr, "0">:$q_lora_rank,
+    PositiveI64Attr:$kv_lora_rank, PositiveI64Attr:$qk_rope_head_dim,
+    StrAttr:$rope,
+    PositiveI64Attr:$index_heads, PositiveI64Attr:$index_head_dim,
+    PositiveI64Attr:$top_k)> {
+  let summary = "DeepSeek sparse attention: lightning indexer, top-k, MLA";
+  let description = [{
+    Each query attends to the `top_k` keys its indexer scores highest:
+    out = MLA(q, K[topk(indexer(q, K))]). The indexer's wq_b is
+    [index_heads * index_head_dim, q_lora_rank].
+  }];
+  let hasVerifier = 1;
+}
+
+def Adapt_LinearAttentionOp : Adapt_ComponentOp<"linear_attention", (ins
+    StrAttr:$kind,
+    PositiveI64Attr:$key_heads, PositiveI64Attr:$value_heads,
+    PositiveI64Attr:$key_head_dim, PositiveI64Attr:$value_head_dim,
+    DefaultValuedAttr<NonNegativeI64Attr, "0">:$conv_kernel,
+    UnitAttr:$output_gate)> {
+  let summary = "Linear attention: gated delta rule, Kimi delta, lightning";
+  let description = [{
+    `kind` is `gated_delta_rule` (S_t = a_t S_{t-1}(I - b_t k_t k_t^T) +
+    b_t v_t k_t^T), `kimi_delta` (the same with per-channel decay) or
+    `lightning` (decayed linear attention in blocks).
+  }];
+  let hasVerifier = 1;
+}
+
+def Adapt_MoEOp : Adapt_ComponentOp<"moe", (ins
+    PositiveI64Attr:$num_experts, PositiveI64Attr:$top_k,
+    PositiveI64Attr:$expert_intermediate,
+    DefaultValuedAttr<NonNegativeI64Attr, "0">:$num_shared,
+    DefaultValuedAttr<NonNegativeI64Attr, "0">:$shared_intermediate,
+    StrAttr:$scoring,
+    DefaultValuedAttr<PositiveI64Attr, "1">:$num_groups,
+    DefaultValuedAttr<PositiveI64Attr, "1">:$topk_groups,
+    UnitAttr:$bias_correction, UnitAttr:$norm_topk, UnitAttr:$router_bias,
+    UnitAttr:$shared_gate,
+    DefaultValuedAttr<F64Attr, "1.0">:$routed_scaling,
+    DefaultValuedAttr<F64Attr, "0.0">:$swiglu_limit,
+    StrAttr:$activation)> {
+  let summary = "Mixture of experts: router, routed experts, shared experts";
+  let description = [{
+    y = sum_{e in topk(score(W_r x))} w_e * E_e(x) + S(x), with `scoring`
+    softmax or sigmoid, group-limited top-k over `num_groups` groups keeping
+    `topk_groups`, optional bias correction of the selection scores, and
+    `routed_scaling` on the routed sum.
+  }];
+  let hasVerifier = 1;
+}
+
+def Adapt_MLPOp : Adapt_ComponentOp<"mlp", (ins
+    PositiveI64Attr:$intermediate, StrAttr:$activation)> {
+  let summary = "Dense gated MLP";
+  let hasVerifier = 1;
+}
+
+def Adapt_MTPOp : Adapt_ComponentOp<"mtp", (ins PositiveI64Attr:$depth)> {
+  let summary = "Multi-token-prediction module (one extra decoder block)";
+}
+
+def Adapt_EncoderOp : Adapt_ComponentOp<"encoder", (ins
+    StrAttr:$modality, StrAttr:$encoder_type, PositiveI64Attr:$depth,
+    PositiveI64Attr:$width, PositiveI64Attr:$num_heads,
+    PositiveI64Attr:$intermediate)> {
+  let summary = "Encoder of another modality (vision, audio), coarse";
+}
+
+def Adapt_LMHeadOp : Adapt_ComponentOp<"lm_head", (ins UnitAttr:$tied)> {
+  let summary = "Projection to vocabulary logits";
+}
+
+def Adapt_UnmappedOp : Adapt_ComponentOp<"unmapped", (ins
+    StrAttr:$domain, StrAttr:$op_type, PositiveI64Attr:$count)> {
+  let summary = "An imported operator with no library op (a gap)";
+}
+
+def Adapt_GenericComponentOp : Adapt_ComponentOp<"component", (ins
+    StrAttr:$kind, PositiveI64Attr:$count)> {
+  let summary = "Glue imported from ONNX that maps onto simple library ops";
+}
+
+#endif // ADAPT_OPS_TD

@@ -1,0 +1,213 @@
+//===- ComponentOps.cpp - verifiers of the component ops ------------------===//
+//
+// Each component checks its weights' shapes against its hyper-parameters,
+// so an importer bug or a hand-edited IR file cannot describe a model that
+// does not exist.
+//
+//===----------------------------------------------------------------------===//
+
+#include "ir/AdaptDialect.h"
+
+using namespace mlir;
+
+namespace adapt {
+namespace {
+constexpr int64_t kAny = ShapedType::kDynamic;
+
+/// The shared part of every component's symbol verification.
+template <typename OpT>
+FailureOr<llvm::StringMap<WeightOp>> weightsOf(OpT op,
+                                               SymbolTableCollection &symbols) {
+  return lookupComponentWeights(op.getOperation(), op.getWeights(), symbols);
+}
+
+/// Ops without shape rules beyond "every weight exists".
+template <typename OpT>
+LogicalResult verifyWeightsExist(OpT op, SymbolTableCollection &symbols) {
+  return failure(failed(weightsOf(op, symbols)));
+}
+} // namespace
+
+LogicalResult EmbeddingOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  auto weights = weightsOf(*this, symbols);
+  if (failed(weights))
+    return failure();
+  auto model = (*this)->getParentOfType<ModelOp>();
+  return expectWeightShape(*this, *weights, "embed_tokens",
+                           {model ? model.getVocab() : kAny,
+                            model ? model.getHidden() : kAny});
+}
+
+LogicalResult RMSNormOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  return verifyWeightsExist(*this, symbols);
+}
+
+LogicalResult AttentionOp::verify() {
+  StringRef kind = getKind();
+  if (kind != "mha" && kind != "gqa" && kind != "mla")
+    return emitOpError("kind must be mha, gqa or mla, got '") << kind << "'";
+  if (getNumHeads() % getNumKvHeads() != 0)
+    return emitOpError("num_heads must be a multiple of num_kv_heads");
+  if (kind == "mla" && getKvLoraRank() == 0)
+    return emitOpError("mla needs kv_lora_rank > 0");
+  if (getWindow() != "none" && getWindow() != "sliding" &&
+      getWindow() != "chunked")
+    return emitOpError("window must be none, sliding or chunked");
+  return success();
+}
+
+LogicalResult AttentionOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  auto w = weightsOf(*this, symbols);
+  if (failed(w))
+    return failure();
+  int64_t h = componentHidden(*this);
+  int64_t heads = getNumHeads(), hd = getHeadDim(), vd = getVHeadDim();
+  if (getKind() == "mla") {
+    int64_t nope = hd - getQkRopeHeadDim();
+    return success(
+        succeeded(expectWeightShape(*this, *w, "kv_b_proj",
+                                    {heads * (nope + vd), getKvLoraRank()})) &&
+        succeeded(expectWeightShape(
+            *this, *w, "kv_a_proj_with_mqa",
+            {getKvLoraRank() + getQkRopeHeadDim(), h})) &&
+        succeeded(expectWeightShape(*this, *w, "q_b_proj",
+                                    {heads * hd, getQLoraRank()})) &&
+        succeeded(expectWeightShape(*this, *w, "o_proj", {h, heads * vd})));
+  }
+  int64_t qOut = heads * hd * (getOutputGate() ? 2 : 1);
+  int64_t kvOut = getNumKvHeads() * hd;
+  return success(
+      succeeded(expectWeightShape(*this, *w, "q_proj", {qOut, h})) &&
+      succeeded(expectWeightShape(*this, *w, "k_proj", {kvOut, h})) &&
+      succeeded(expectWeightShape(*this, *w, "v_proj", {kvOut, h})) &&
+      succeeded(expectWeightShape(*this, *w, "o_proj", {h, heads * vd})) &&
+      succeeded(expectWeightShape(*this, *w, "sinks", {heads})));
+}
+
+LogicalResult SparseAttentionOp::verify() {
+  if (getQkRopeHeadDim() >= getHeadDim())
+    return emitOpError("qk_rope_head_dim must be smaller than head_dim");
+  return success();
+}
+
+LogicalResult
+SparseAttentionOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  auto w = weightsOf(*this, symbols);
+  if (failed(w))
+    return failure();
+  int64_t h = componentHidden(*this);
+  int64_t heads = getNumHeads(), nope = getHeadDim() - getQkRopeHeadDim();
+  int64_t qIn = getQLoraRank() > 0 ? getQLoraRank() : h;
+  return success(
+      succeeded(expectWeightShape(*this, *w, "kv_b_proj",
+                                  {heads * (nope + getVHeadDim()),
+                                   getKvLoraRank()})) &&
+      succeeded(expectWeightShape(*this, *w, "indexer.wq_b",
+                                  {getIndexHeads() * getIndexHeadDim(), qIn})) &&
+      succeeded(expectWeightShape(*this, *w, "indexer.wk",
+                                  {getIndexHeadDim(), h})) &&
+      succeeded(expectWeightShape(*this, *w, "indexer.weights_proj",
+                                  {getIndexHeads(), h})));
+}
+
+LogicalResult LinearAttentionOp::verify() {
+  StringRef kind = getKind();
+  if (kind != "gated_delta_rule" && kind != "kimi_delta" && kind != "lightning")
+    return emitOpError("kind must be gated_delta_rule, kimi_delta or "
+                       "lightning, got '")
+           << kind << "'";
+  if (getValueHeads() % getKeyHeads() != 0)
+    return emitOpError("value_heads must be a multiple of key_heads");
+  return success();
+}
+
+LogicalResult
+LinearAttentionOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  auto w = weightsOf(*this, symbols);
+  if (failed(w))
+    return failure();
+  int64_t h = componentHidden(*this);
+  int64_t keyDim = getKeyHeads() * getKeyHeadDim();
+  int64_t valueDim = getValueHeads() * getValueHeadDim();
+  if (getKind() == "lightning")
+    return success(
+        succeeded(expectWeightShape(*this, *w, "qkv_proj", {3 * valueDim, h})) &&
+        succeeded(expectWeightShape(*this, *w, "out_proj", {h, valueDim})));
+  if (getKind() == "gated_delta_rule")
+    return success(
+        succeeded(expectWeightShape(*this, *w, "in_proj_qkvz",
+                                    {2 * keyDim + 2 * valueDim, h})) &&
+        succeeded(expectWeightShape(*this, *w, "in_proj_qkv",
+                                    {2 * keyDim + valueDim, h})) &&
+        succeeded(expectWeightShape(*this, *w, "out_proj", {h, valueDim})));
+  return success(
+      succeeded(expectWeightShape(*this, *w, "q_proj", {keyDim, h})) &&
+      succeeded(expectWeightShape(*this, *w, "o_proj", {h, valueDim})));
+}
+
+LogicalResult MoEOp::verify() {
+  if (getTopK() > getNumExperts())
+    return emitOpError("top_k (") << getTopK() << ") exceeds num_experts ("
+                                  << getNumExperts() << ")";
+  if (getNumExperts() % getNumGroups() != 0)
+    return emitOpError("num_experts must be divisible by num_groups");
+  if (getTopkGroups() > getNumGroups())
+    return emitOpError("topk_groups exceeds num_groups");
+  if (getScoring() != "softmax" && getScoring() != "sigmoid")
+    return emitOpError("scoring must be softmax or sigmoid");
+  return success();
+}
+
+LogicalResult MoEOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  auto w = weightsOf(*this, symbols);
+  if (failed(w))
+    return failure();
+  int64_t h = componentHidden(*this);
+  for (auto &entry : *w) {
+    WeightOp weight = entry.second;
+    if (!weight.getRouted())
+      continue;
+    auto type = llvm::cast<RankedTensorType>(weight.getType());
+    if (type.getShape().front() != getNumExperts())
+      return emitOpError() << "routed weight " << weight.getSymName()
+                           << " has " << type.getShape().front()
+                           << " experts but num_experts is "
+                           << getNumExperts();
+  }
+  return success(
+      succeeded(expectWeightShape(*this, *w, "gate", {getNumExperts(), h})) &&
+      succeeded(expectWeightShape(*this, *w, "router", {getNumExperts(), h})));
+}
+
+LogicalResult MLPOp::verify() { return success(); }
+
+LogicalResult MLPOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  auto w = weightsOf(*this, symbols);
+  if (failed(w))
+    return failure();
+  int64_t h = componentHidden(*this);
+  return success(
+      succeeded(expectWeightShape(*this, *w, "gate_proj",
+                                  {getIntermediate(), h})) &&
+      succeeded(expectWeightShape(*this, *w, "down_proj",
+                                  {h, getIntermediate()})));
+}
+
+LogicalResult MTPOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  return verifyWeightsExist(*this, symbols);
+}
+LogicalResult EncoderOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  return verifyWeightsExist(*this, symbols);
+}
+LogicalResult LMHeadOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  return verifyWeightsExist(*this, symbols);
+}
+LogicalResult UnmappedOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  return verifyWeightsExist(*this, symbols);
+}
+LogicalResult
+GenericComponentOp::verifySymbolUses(SymbolTableCollection &symbols) {
+  return verifyWeightsExist(*this, symbols);
+}
+
+} // namespace adapt

@@ -1,0 +1,221 @@
+//===- ImportModel.cpp - ModelSpec into the adapt dialect -----------------===//
+
+#include "ir/ImportModel.h"
+#include "ir/AdaptDialect.h"
+#include "parser/ConfigReader.h"
+
+#include "mlir/IR/Builders.h"
+
+using namespace mlir;
+
+namespace adapt {
+namespace {
+
+/// Builds the model body; one instance per import.
+class ModelImporter {
+public:
+  ModelImporter(MLIRContext &context, const ModelSpec &spec)
+      : context(context), spec(spec), builder(&context),
+        loc(FileLineColLoc::get(&context, spec.configFile, 1, 1)) {
+    if (spec.dtype == "float32")
+      elementType = builder.getF32Type();
+    else if (spec.dtype == "float16")
+      elementType = builder.getF16Type();
+    else
+      elementType = builder.getBF16Type();
+  }
+
+  OwningOpRef<ModuleOp> run(const std::vector<ComponentDecl> &components) {
+    OwningOpRef<ModuleOp> module = ModuleOp::create(loc);
+    builder.setInsertionPointToEnd(module->getBody());
+    std::string name = spec.modelType.empty() ? "model" : spec.modelType;
+    auto model = builder.create<ModelOp>(
+        loc, name, spec.modelType, spec.family, spec.hidden, spec.vocab);
+    model->setAttr("adapt.dtype", builder.getStringAttr(spec.dtype));
+    if (!spec.quant.method.empty()) {
+      const QuantSpec &q = spec.quant;
+      llvm::SmallVector<Attribute> excluded;
+      for (const std::string &e : q.excluded)
+        excluded.push_back(builder.getStringAttr(e));
+      NamedAttrList quant;
+      quant.append("method", builder.getStringAttr(q.method));
+      quant.append("format", builder.getStringAttr(q.format));
+      quant.append("block", builder.getDenseI64ArrayAttr({q.blockRows, q.blockCols}));
+      quant.append("group_size", builder.getI64IntegerAttr(q.groupSize));
+      quant.append("bits", builder.getI64IntegerAttr(q.bits));
+      quant.append("excluded", builder.getArrayAttr(excluded));
+      model->setAttr("adapt.quant", builder.getDictionaryAttr(quant));
+    }
+    Block *body = builder.createBlock(&model.getBody());
+    body->addArgument(RankedTensorType::get({ShapedType::kDynamic},
+                                            builder.getI64Type()),
+                      loc);
+    builder.setInsertionPointToStart(body);
+    declareWeights(components);
+    buildGraph(components, body->getArgument(0));
+    return module;
+  }
+
+private:
+  RankedTensorType activation(int64_t width) {
+    return RankedTensorType::get({ShapedType::kDynamic, width}, elementType);
+  }
+
+  /// One adapt.weight per declared tensor (per-expert ones stacked).
+  void declareWeights(const std::vector<ComponentDecl> &components) {
+    for (const ComponentDecl &component : components)
+      for (const WeightDecl &w : component.weights) {
+        llvm::SmallVector<int64_t> shape;
+        if (w.experts > 0)
+          shape.push_back(w.experts);
+        shape.append(w.shape.begin(), w.shape.end());
+        auto type = RankedTensorType::get(shape, elementType);
+        builder.create<WeightOp>(loc, w.name, type, w.role,
+                                 w.experts > 0, w.routed, w.linear,
+                                 StringAttr(), StringAttr());
+      }
+  }
+
+  ArrayAttr refs(const ComponentDecl &c, llvm::function_ref<bool(StringRef)> keep) {
+    llvm::SmallVector<Attribute> out;
+    for (const WeightDecl &w : c.weights)
+      if (keep(w.role))
+        out.push_back(FlatSymbolRefAttr::get(&context, w.name));
+    return builder.getArrayAttr(out);
+  }
+  ArrayAttr allRefs(const ComponentDecl &c) {
+    return refs(c, [](StringRef) { return true; });
+  }
+
+  Value norm(Value x, const ComponentDecl &c, StringRef role) {
+    auto op = builder.create<RMSNormOp>(
+        loc, x.getType(), ValueRange{x}, c.layer,
+        refs(c, [&](StringRef r) { return r == role; }),
+        llvm::APFloat(spec.normEps));
+    return op.getResult();
+  }
+
+  const LayerSpec *layerSpec(int64_t index) {
+    if (index < 0 || index >= (int64_t)spec.layers.size())
+      return nullptr;
+    return &spec.layers[index];
+  }
+
+  Value mixer(Value x, const ComponentDecl &c) {
+    const MixerSpec &m = layerSpec(c.layer)->mixer;
+    auto flag = [](bool b) { return b; };
+    if (c.kind == "attention" || (c.kind == "mla" && m.indexTopK == 0)) {
+      bool mla = c.kind == "mla";
+      std::string kind = mla ? "mla" : m.numKvHeads == m.numHeads ? "mha" : "gqa";
+      return builder.create<AttentionOp>(
+          loc, x.getType(), ValueRange{x}, c.layer, allRefs(c), kind,
+          m.numHeads, m.numKvHeads, m.headDim, m.vHeadDim, m.qLoraRank,
+          m.kvLoraRank, m.qkRopeDim, m.rope.type, llvm::APFloat(m.rope.partialFactor),
+          m.window, m.windowSize, flag(m.sinks), flag(m.outputGate),
+          flag(m.qkNorm), flag(m.qkvBias));
+    }
+    if (c.kind == "mla")
+      return builder.create<SparseAttentionOp>(
+          loc, x.getType(), ValueRange{x}, c.layer, allRefs(c), m.numHeads,
+          m.headDim, m.vHeadDim, m.qLoraRank, m.kvLoraRank, m.qkRopeDim,
+          m.rope.type, m.indexHeads, m.indexHeadDim, m.indexTopK);
+    std::string kind = m.kind == MixerKind::GatedDeltaNet ? "gated_delta_rule"
+                       : m.kind == MixerKind::KimiDelta   ? "kimi_delta"
+                                                          : "lightning";
+    int64_t keyHeads = m.linearKeyHeads ? m.linearKeyHeads : m.numHeads;
+    int64_t valueHeads = m.linearValueHeads ? m.linearValueHeads : m.numHeads;
+    int64_t keyDim = m.linearKeyDim ? m.linearKeyDim : m.headDim;
+    int64_t valueDim = m.linearValueDim ? m.linearValueDim : m.headDim;
+    return builder.create<LinearAttentionOp>(
+        loc, x.getType(), ValueRange{x}, c.layer, allRefs(c), kind, keyHeads,
+        valueHeads, keyDim, valueDim, m.convKernel, flag(m.outputGate));
+  }
+
+  Value ffn(Value x, const ComponentDecl &c) {
+    const FfnSpec &f = layerSpec(c.layer)->ffn;
+    auto flag = [](bool b) { return b; };
+    if (c.kind == "mlp")
+      return builder.create<MLPOp>(loc, x.getType(), ValueRange{x}, c.layer,
+                                   allRefs(c), f.intermediate, f.activation);
+    return builder.create<MoEOp>(
+        loc, x.getType(), ValueRange{x}, c.layer, allRefs(c), f.numExperts,
+        f.topK, f.expertIntermediate, f.numShared, f.sharedIntermediate,
+        f.scoring, f.numGroups, f.topKGroups, flag(f.biasCorrection),
+        flag(f.normTopK), flag(f.routerBias), flag(f.sharedGate),
+        llvm::APFloat(f.routedScaling),
+        llvm::APFloat(f.swigluLimit), f.activation);
+  }
+
+  /// The dataflow: embedding, per layer pre-norm mixer and FFN with
+  /// residual adds, final norm, LM head, then MTP and encoders.
+  void buildGraph(const std::vector<ComponentDecl> &components, Value tokens) {
+    Value x, logits;
+    llvm::SmallVector<Value> outputs;
+    const ComponentDecl *pendingNorm = nullptr;
+    for (const ComponentDecl &c : components) {
+      if (c.kind == "embedding") {
+        x = builder.create<EmbeddingOp>(loc, activation(spec.hidden),
+                                        ValueRange{tokens}, c.layer,
+                                        allRefs(c));
+      } else if (c.kind == "norm" && c.layer >= 0) {
+        pendingNorm = &c;
+      } else if (c.kind == "norm") {
+        x = norm(x, c, "norm");
+      } else if (c.kind == "attention" || c.kind == "mla" ||
+                 c.kind == "gated_delta_net" || c.kind == "kimi_delta" ||
+                 c.kind == "lightning") {
+        Value h = norm(x, *pendingNorm, "input_layernorm");
+        x = builder.create<AddOp>(loc, x, mixer(h, c));
+      } else if (c.kind == "moe" || c.kind == "mlp") {
+        Value h = norm(x, *pendingNorm, "post_attention_layernorm");
+        x = builder.create<AddOp>(loc, x, ffn(h, c));
+      } else if (c.kind == "lm_head") {
+        logits = builder.create<LMHeadOp>(loc, activation(spec.vocab),
+                                          ValueRange{x}, c.layer, allRefs(c),
+                                          false);
+      } else if (c.kind == "mtp") {
+        outputs.push_back(builder.create<MTPOp>(
+            loc, activation(spec.vocab), ValueRange{x}, c.layer, allRefs(c),
+            c.layer - (int64_t)spec.layers.size() + 1));
+      } else if (c.kind == "vision_encoder" || c.kind == "audio_encoder") {
+        const EncoderSpec *e = nullptr;
+        for (const EncoderSpec &candidate : spec.encoders)
+          if (c.kind == candidate.modality + "_encoder")
+            e = &candidate;
+        outputs.push_back(builder.create<EncoderOp>(
+            loc, activation(e->outHidden), ValueRange{}, c.layer, allRefs(c),
+            e->modality, e->type, e->depth, e->hidden, e->numHeads,
+            e->intermediate));
+      }
+    }
+    if (!logits) {
+      // Tied embeddings: the head reads the embedding table.
+      llvm::SmallVector<Attribute> table;
+      for (const ComponentDecl &c : components)
+        if (c.kind == "embedding")
+          table.push_back(FlatSymbolRefAttr::get(&context, c.weights[0].name));
+      logits = builder.create<LMHeadOp>(loc, activation(spec.vocab),
+                                        ValueRange{x}, -1,
+                                        builder.getArrayAttr(table),
+                                        true);
+    }
+    outputs.insert(outputs.begin(), logits);
+    builder.create<OutputOp>(loc, outputs);
+  }
+
+  MLIRContext &context;
+  const ModelSpec &spec;
+  OpBuilder builder;
+  Location loc;
+  Type elementType;
+};
+
+} // namespace
+
+OwningOpRef<ModuleOp> importModel(MLIRContext &context, const ModelSpec &spec,
+                                  const std::vector<ComponentDecl> &components) {
+  context.getOrLoadDialect<AdaptDialect>();
+  return ModelImporter(context, spec).run(components);
+}
+
+} // namespace adapt

@@ -1,0 +1,22 @@
+//===- ImportOnnx.h - an ONNX graph into the adapt dialect ------*- C++ -*-===//
+#ifndef ADAPT_IR_IMPORTONNX_H
+#define ADAPT_IR_IMPORTONNX_H
+
+#include "parser/InputError.h"
+#include "passes/GapReport.h"
+
+#include "mlir/IR/BuiltinOps.h"
+#include "mlir/IR/OwningOpRef.h"
+
+namespace adapt {
+
+/// Reads \p path and maps its operators onto library components: matched
+/// ones become component ops, the rest `adapt.unmapped` (reported as gaps).
+/// Fills the model facts of \p report.
+Result<mlir::OwningOpRef<mlir::ModuleOp>>
+importOnnxModel(mlir::MLIRContext &context, const std::string &path,
+                GapReport &report);
+
+} // namespace adapt
+
+#endif // ADAPT_IR_IMPORTONNX_H

@@ -1,0 +1,136 @@
+//===- CountParameters.cpp - total and active parameters ------------------===//
+
+#include "ir/AdaptDialect.h"
+#include "passes/Passes.h"
+
+#include "mlir/IR/BuiltinOps.h"
+
+namespace adapt {
+#define GEN_PASS_DEF_COUNTPARAMETERSPASS
+#include "passes/Passes.h.inc"
+} // namespace adapt
+
+using namespace mlir;
+
+namespace adapt {
+namespace {
+
+/// Where a component's parameters are booked.
+std::string bucketOf(Operation *op) {
+  if (isa<EmbeddingOp>(op))
+    return "embedding";
+  if (isa<LMHeadOp>(op))
+    return "lm_head";
+  if (isa<MTPOp>(op))
+    return "mtp";
+  if (auto encoder = dyn_cast<EncoderOp>(op))
+    return encoder.getModality().str() + "_encoder";
+  if (isa<AttentionOp, SparseAttentionOp, LinearAttentionOp>(op))
+    return "attention";
+  if (isa<MoEOp>(op))
+    return "moe";
+  if (isa<MLPOp>(op))
+    return "mlp";
+  if (isa<RMSNormOp>(op))
+    return "norm";
+  return "other";
+}
+
+/// Sums a component's weights; routed ones count top_k / num_experts active.
+std::pair<int64_t, int64_t> countComponent(Operation *op, ArrayAttr weights,
+                                           SymbolTable &symbols) {
+  int64_t total = 0, active = 0;
+  int64_t topK = 0, experts = 1;
+  if (auto moe = dyn_cast<MoEOp>(op)) {
+    topK = moe.getTopK();
+    experts = moe.getNumExperts();
+  } else if (auto mtp = dyn_cast<MTPOp>(op)) {
+    // MTP blocks reuse the decoder's routing: find any MoE for top_k.
+    if (auto moe = *op->getParentOp()->getRegion(0).getOps<MoEOp>().begin()) {
+      topK = moe.getTopK();
+      experts = moe.getNumExperts();
+    }
+  }
+  for (Attribute attr : weights) {
+    auto weight = symbols.lookup<WeightOp>(
+        llvm::cast<FlatSymbolRefAttr>(attr).getValue());
+    if (!weight)
+      continue;
+    int64_t n = weight.getNumElements();
+    total += n;
+    active += weight.getRouted() && experts > 0 ? n / experts * topK : n;
+  }
+  return {total, active};
+}
+
+struct CountParametersPass
+    : impl::CountParametersPassBase<CountParametersPass> {
+  CountParametersPass() = default;
+  explicit CountParametersPass(AnalysisContext context) : context(context) {}
+
+  void runOnOperation() override {
+    for (ModelOp model : getOperation().getOps<ModelOp>())
+      countModel(model);
+  }
+
+  void countModel(ModelOp model) {
+    SymbolTable symbols(model);
+    Builder b(model.getContext());
+    ParameterCounts counts;
+    int64_t mtpActive = 0, headActive = 0;
+    model.walk([&](Operation *op) {
+      auto weights = op->getAttrOfType<ArrayAttr>("weights");
+      if (!weights || isa<ModelOp>(op))
+        return;
+      auto [total, active] = countComponent(op, weights, symbols);
+      std::string bucket = bucketOf(op);
+      if (auto head = dyn_cast<LMHeadOp>(op); head && head.getTied())
+        total = 0; // The embedding owns the table; the matmul is still active.
+      op->setAttr("params", b.getI64IntegerAttr(total));
+      op->setAttr("active_params", b.getI64IntegerAttr(active));
+      counts.byComponent[bucket] += total;
+      counts.total += total;
+      if (bucket == "mtp") {
+        counts.mtp += total;
+        mtpActive += active;
+      } else if (bucket.find("_encoder") != std::string::npos) {
+        counts.encoders += total;
+      } else {
+        counts.decoder += total;
+        counts.active += active;
+        if (bucket == "embedding")
+          counts.embedding += total;
+        if (bucket == "lm_head") {
+          counts.lmHead += total;
+          headActive += active;
+        }
+      }
+    });
+    counts.activeWithMtp = counts.active + mtpActive;
+    counts.activeWithoutEmbedding = counts.active - counts.embedding;
+    counts.activeNonEmbedding = counts.activeWithoutEmbedding - headActive;
+    counts.decoderNonEmbedding =
+        counts.decoder - counts.embedding - counts.lmHead;
+    NamedAttrList summary;
+    summary.append("total", b.getI64IntegerAttr(counts.total));
+    summary.append("active", b.getI64IntegerAttr(counts.active));
+    summary.append("decoder", b.getI64IntegerAttr(counts.decoder));
+    summary.append("embedding", b.getI64IntegerAttr(counts.embedding));
+    summary.append("lm_head", b.getI64IntegerAttr(counts.lmHead));
+    summary.append("mtp", b.getI64IntegerAttr(counts.mtp));
+    summary.append("encoders", b.getI64IntegerAttr(counts.encoders));
+    model->setAttr("adapt.params", b.getDictionaryAttr(summary));
+    if (context.report)
+      context.report->parameters = counts;
+  }
+
+  AnalysisContext context;
+};
+
+} // namespace
+
+std::unique_ptr<Pass> createCountParametersPass(AnalysisContext context) {
+  return std::make_unique<CountParametersPass>(context);
+}
+
+} // namespace adapt

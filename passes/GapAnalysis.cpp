@@ -1,0 +1,214 @@
+//===- GapAnalysis.cpp - components against the operator registry ---------===//
+
+#include "ir/AdaptDialect.h"
+#include "passes/Passes.h"
+
+#include "mlir/IR/BuiltinOps.h"
+
+#include <map>
+
+namespace adapt {
+#define GEN_PASS_DEF_GAPANALYSISPASS
+#include "passes/Passes.h.inc"
+} // namespace adapt
+
+using namespace mlir;
+
+namespace adapt {
+namespace {
+
+using Features = std::map<std::string, std::string>;
+
+const char *yesNo(bool value) { return value ? "yes" : "no"; }
+
+/// The features that select a library variant for one component op.
+Features featuresOf(Operation *op) {
+  Features f;
+  if (auto a = dyn_cast<AttentionOp>(op)) {
+    f["kind"] = a.getKind().str();
+    f["rope"] = a.getRope().str();
+    f["window"] = a.getWindow().str();
+    f["sinks"] = yesNo(a.getSinks());
+    f["output_gate"] = yesNo(a.getOutputGate());
+    f["qk_norm"] = yesNo(a.getQkNorm());
+    f["qkv_bias"] = yesNo(a.getQkvBias());
+  } else if (auto s = dyn_cast<SparseAttentionOp>(op)) {
+    f["indexer"] = "lightning";
+    f["rope"] = s.getRope().str();
+  } else if (auto l = dyn_cast<LinearAttentionOp>(op)) {
+    f["kind"] = l.getKind().str();
+  } else if (auto m = dyn_cast<MoEOp>(op)) {
+    f["scoring"] = m.getScoring().str();
+    f["grouped"] = yesNo(m.getNumGroups() > 1 && m.getTopkGroups() < m.getNumGroups());
+    f["bias_correction"] = yesNo(m.getBiasCorrection());
+    f["shared"] = yesNo(m.getNumShared() > 0);
+    f["shared_gate"] = yesNo(m.getSharedGate());
+    f["router_bias"] = yesNo(m.getRouterBias());
+    f["swiglu"] = m.getSwigluLimit().convertToDouble() > 0 ? "clamped" : "plain";
+  } else if (auto m = dyn_cast<MLPOp>(op)) {
+    f["activation"] = m.getActivation().str();
+  } else if (auto e = dyn_cast<EncoderOp>(op)) {
+    f["modality"] = e.getModality().str();
+    f["type"] = e.getEncoderType().str();
+  } else if (auto u = dyn_cast<UnmappedOp>(op)) {
+    f["domain"] = u.getDomain().str();
+    f["op_type"] = u.getOpType().str();
+  } else if (auto g = dyn_cast<GenericComponentOp>(op)) {
+    f["kind"] = g.getKind().str();
+  }
+  return f;
+}
+
+/// A stable id: op name plus the features that differ from the plain case.
+std::string variantId(Operation *op, const Features &f) {
+  std::string id = op->getName().stripDialect().str();
+  for (const auto &[key, value] : f) {
+    if (value == "no" || value == "none" || value == "plain" || value == "default")
+      continue;
+    id += "." + (value == "yes" ? key : value);
+  }
+  return id;
+}
+
+std::string describe(const Features &f) {
+  std::string out;
+  for (const auto &[key, value] : f)
+    out += (out.empty() ? "" : ", ") + key + "=" + value;
+  return out;
+}
+
+/// Whether the registry entry allows LoRA on every linear weight role.
+bool loraCovered(const RegistryEntry &entry, ArrayAttr weights, SymbolTable &symbols,
+                 std::string &uncovered) {
+  for (Attribute a : weights) {
+    auto w = symbols.lookup<WeightOp>(llvm::cast<FlatSymbolRefAttr>(a).getValue());
+    if (!w || !w.getLinear() || w.getRole() == "gate" || w.getRole() == "router")
+      continue;
+    if (std::find(entry.loraTargets.begin(), entry.loraTargets.end(),
+                  w.getRole().str()) == entry.loraTargets.end()) {
+      uncovered = w.getRole().str();
+      return false;
+    }
+  }
+  return true;
+}
+
+struct GapAnalysisPass : impl::GapAnalysisPassBase<GapAnalysisPass> {
+  using GapAnalysisPassBase::GapAnalysisPassBase;
+  explicit GapAnalysisPass(AnalysisContext context) : context(context) {}
+
+  void runOnOperation() override {
+    const OpRegistry *registry = context.registry;
+    std::optional<OpRegistry> owned;
+    if (!registry && !registryPath.empty()) {
+      Result<OpRegistry> read = readOpRegistry(registryPath);
+      if (!read) {
+        getOperation().emitError(read.error().message());
+        return signalPassFailure();
+      }
+      owned = std::move(read.value());
+      registry = &*owned;
+    }
+    if (!registry)
+      registry = &builtinOpRegistry();
+    for (ModelOp model : getOperation().getOps<ModelOp>())
+      analyse(model, *registry);
+  }
+
+  void analyse(ModelOp model, const OpRegistry &registry) {
+    SymbolTable symbols(model);
+    Builder b(model.getContext());
+    std::map<std::string, ComponentGap> byId;
+    std::vector<std::string> order;
+    model.walk([&](Operation *op) {
+      auto weights = op->getAttrOfType<ArrayAttr>("weights");
+      if (!weights || isa<ModelOp>(op))
+        return;
+      Features features = featuresOf(op);
+      std::string id = variantId(op, features);
+      ComponentGap gap;
+      gap.id = id;
+      gap.op = op->getName().getStringRef().str();
+      gap.variant = describe(features);
+      gap.features = features;
+      std::string nearMiss;
+      const RegistryEntry *entry =
+          registry.match(gap.op, features, nearMiss);
+      bool hasLinear = false;
+      for (Attribute a : weights)
+        if (auto w = symbols.lookup<WeightOp>(llvm::cast<FlatSymbolRefAttr>(a).getValue()))
+          hasLinear |= w.getLinear();
+      std::vector<std::string> layouts = {"data_parallel", "tensor_parallel", "pipeline_parallel"};
+      if (isa<MoEOp>(op))
+        layouts.push_back("expert_parallel");
+      if (isa<AttentionOp, SparseAttentionOp, LinearAttentionOp>(op))
+        layouts.push_back("context_parallel");
+      if (!entry) {
+        gap.status = GapStatus::Missing;
+        gap.reasons.push_back(
+            "no library op variant covers " + gap.op + " with " + gap.variant +
+            (nearMiss.empty() ? "" : "; closest: " + nearMiss));
+        gap.blocks = {true, true, hasLinear, layouts};
+      } else {
+        gap.registryEntry = entry->id;
+        std::string uncovered;
+        bool lora = !hasLinear || loraCovered(*entry, weights, symbols, uncovered);
+        gap.blocks.forward = !entry->forward;
+        gap.blocks.backward = !entry->backward;
+        gap.blocks.lora = !lora || !entry->backward;
+        for (const std::string &layout : layouts)
+          if (std::find(entry->parallel.begin(), entry->parallel.end(), layout) ==
+              entry->parallel.end())
+            gap.blocks.parallelLayouts.push_back(layout);
+        if (!entry->forward)
+          gap.reasons.push_back("library variant " + entry->id + " is " +
+                                entry->status + (entry->tracking.empty() ? "" : " (" + entry->tracking + ")") +
+                                ": no forward yet");
+        else if (!entry->backward)
+          gap.reasons.push_back("library variant " + entry->id + " has no backward yet");
+        if (!lora)
+          gap.reasons.push_back("LoRA not available on " + uncovered);
+        gap.status = entry->forward && entry->backward && lora
+                         ? GapStatus::Supported
+                     : entry->forward ? GapStatus::Partial
+                                      : GapStatus::Missing;
+      }
+      op->setAttr("status", b.getStringAttr(gapStatusName(gap.status)));
+      op->setAttr("variant", b.getStringAttr(id));
+      if (!gap.reasons.empty()) {
+        llvm::SmallVector<Attribute> reasons;
+        for (const std::string &r : gap.reasons)
+          reasons.push_back(b.getStringAttr(r));
+        op->setAttr("gap_reasons", b.getArrayAttr(reasons));
+      }
+      int64_t layer = op->getAttrOfType<IntegerAttr>("layer").getInt();
+      int64_t params = 0, active = 0;
+      if (auto p = op->getAttrOfType<IntegerAttr>("params"))
+        params = p.getInt();
+      if (auto p = op->getAttrOfType<IntegerAttr>("active_params"))
+        active = p.getInt();
+      auto [it, inserted] = byId.emplace(id, gap);
+      if (inserted)
+        order.push_back(id);
+      ComponentGap &group = it->second;
+      if (layer >= 0 && (group.layers.empty() || group.layers.back() != layer))
+        group.layers.push_back(layer);
+      group.parameters += params;
+      group.activeParameters += active;
+    });
+    if (!context.report)
+      return;
+    for (const std::string &id : order)
+      context.report->components.push_back(std::move(byId[id]));
+  }
+
+  AnalysisContext context;
+};
+
+} // namespace
+
+std::unique_ptr<Pass> createGapAnalysisPass(AnalysisContext context) {
+  return std::make_unique<GapAnalysisPass>(context);
+}
+
+} // namespace adapt

@@ -1,0 +1,51 @@
+//===- OpRegistry.h - the operator library's registry -----------*- C++ -*-===//
+//
+// runtime/registry/ops.json is the one list of op variants the runtime
+// provides (or plans): nothing else keeps a second list. It is compiled into
+// the binary and can be overridden with --registry for development.
+//
+//===----------------------------------------------------------------------===//
+#ifndef ADAPT_PASSES_OPREGISTRY_H
+#define ADAPT_PASSES_OPREGISTRY_H
+
+#include "parser/InputError.h"
+
+#include <map>
+#include <string>
+#include <vector>
+
+namespace adapt {
+
+/// One op variant of the library.
+struct RegistryEntry {
+  std::string id;  ///< "attention.gqa"
+  std::string op;  ///< "adapt.attention"
+  std::map<std::string, std::vector<std::string>> match; ///< feature → allowed
+  bool forward = false;
+  bool backward = false;
+  std::vector<std::string> dtypes, devices, loraTargets, parallel;
+  std::string status;   ///< validated|implemented|planned
+  std::string tracking; ///< where the work is tracked
+};
+
+/// The registry.
+struct OpRegistry {
+  std::vector<RegistryEntry> entries;
+  /// The first entry for \p op whose constraints admit all \p features, or
+  /// null; \p nearMiss gets the closest entry's first failing feature.
+  const RegistryEntry *match(const std::string &op,
+                             const std::map<std::string, std::string> &features,
+                             std::string &nearMiss) const;
+};
+
+/// Parses registry JSON.
+Result<OpRegistry> parseOpRegistry(const std::string &json,
+                                   const std::string &fileForErrors);
+/// The registry compiled into this binary.
+const OpRegistry &builtinOpRegistry();
+/// Reads a registry file (--registry).
+Result<OpRegistry> readOpRegistry(const std::string &path);
+
+} // namespace adapt
+
+#endif // ADAPT_PASSES_OPREGISTRY_H

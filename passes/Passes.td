@@ -1,0 +1,54 @@
+//===- Passes.td - adapt analysis passes -------------------*- tablegen -*-===//
+#ifndef ADAPT_PASSES_TD
+#define ADAPT_PASSES_TD
+
+include "mlir/Pass/PassBase.td"
+
+//===----------------------------------------------------------------------===//
+// Checks of the files
+//===----------------------------------------------------------------------===//
+
+def CheckManifestPass : Pass<"adapt-check-manifest", "::mlir::ModuleOp"> {
+  let summary = "Compare the weights the config implies with the manifest";
+  let description = [{
+    For every adapt.weight, expands it to its on-disk tensors (per expert,
+    with quantization scales) and looks each one up in the manifest:
+    missing(w) = disk(w) \ manifest, extra = manifest \ U_w disk(w). Attaches
+    `shard` (and `disk_dtype` when shard headers were read) to each weight and
+    a summary `adapt.manifest` to the model. When shard headers are present,
+    compares shape and dtype tensor by tensor.
+  }];
+  let options = [
+    Option<"manifestPath", "manifest", "std::string", "",
+           "model.safetensors.index.json to compare against">,
+  ];
+}
+
+//===----------------------------------------------------------------------===//
+// Accounting and gaps
+//===----------------------------------------------------------------------===//
+
+def CountParametersPass : Pass<"adapt-count-parameters", "::mlir::ModuleOp"> {
+  let summary = "Count total and per-token active parameters per component";
+  let description = [{
+    params(op) = sum over its weights of numel; active(moe) = params -
+    routed + routed * top_k / num_experts; a tied LM head has no parameters
+    of its own but is active. Attaches `params` / `active_params` to every
+    component and the totals as `adapt.params` on the model.
+  }];
+}
+
+def GapAnalysisPass : Pass<"adapt-gap-analysis", "::mlir::ModuleOp"> {
+  let summary = "Match every component against the operator library registry";
+  let description = [{
+    status(op) = supported if a registry entry for the op covers all its
+    features with forward, backward and LoRA; partial if one covers it with
+    less; missing otherwise. Attaches `status`, `variant` and `gap_reasons`.
+  }];
+  let options = [
+    Option<"registryPath", "registry", "std::string", "",
+           "operator registry JSON (default: the one built in)">,
+  ];
+}
+
+#endif // ADAPT_PASSES_TD
