@@ -403,6 +403,19 @@ std::string chooseDecoderPrefix(const ModelSpec &spec, const NameProbe &probe) {
 
 } // namespace
 
+void refineWithManifest(ModelSpec &spec, const NameProbe &probe) {
+  if (!probe)
+    return;
+  std::string prefix = chooseDecoderPrefix(spec, probe);
+  for (LayerSpec &layer : spec.layers) {
+    std::string attn = prefix + "layers." + std::to_string(layer.index) + ".self_attn.";
+    // Qwen3-style QK-norm is not spelled in the config; its tensors say so.
+    if (layer.mixer.kind == MixerKind::Attention && !layer.mixer.qkNorm &&
+        probe(attn + "q_norm.weight") && probe(attn + "k_norm.weight"))
+      layer.mixer.qkNorm = true;
+  }
+}
+
 std::vector<ComponentDecl> declareModel(const ModelSpec &spec,
                                         const NameProbe &probe) {
   std::vector<ComponentDecl> out;

@@ -41,6 +41,10 @@ struct ComponentDecl {
 /// Answers whether the manifest names a tensor; null when there is none.
 using NameProbe = std::function<bool(const std::string &)>;
 
+/// Turns on features the config leaves implicit but the manifest's tensor
+/// names show (QK-norm in Qwen3). Recognition by tensors, not by name.
+void refineWithManifest(ModelSpec &spec, const NameProbe &probe);
+
 /// Declares every component and weight of \p spec. \p probe, when given,
 /// picks between the family's alternative layouts.
 std::vector<ComponentDecl> declareModel(const ModelSpec &spec,

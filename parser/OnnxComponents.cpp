@@ -247,7 +247,8 @@ std::string Mapper::joinOps(std::vector<size_t> nodes) const {
 
 void Mapper::matchRmsNorm(size_t pow) {
   const OnnxNode &p = g.nodes[pow];
-  if (owner[pow] >= 0 || !isStd(p, "Pow") || p.inputs.empty())
+  if (owner[pow] >= 0 || !isStd(p, "Pow") || p.inputs.size() != 2 ||
+      !isConstant(p.inputs[1]))
     return;
   const std::string &x = p.inputs[0];
   std::vector<size_t> match{pow};

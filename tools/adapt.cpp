@@ -145,7 +145,7 @@ int analyse(mlir::MLIRContext &context, const Options &opts, bool runPasses,
     if (!files)
       return reportInputError(files.error());
     out.files = std::move(files.value());
-    const ModelSpec &spec = out.files->spec;
+    ModelSpec &spec = out.files->spec;
     NameProbe probe;
     std::unordered_set<std::string> names;
     if (out.files->manifest) {
@@ -153,6 +153,7 @@ int analyse(mlir::MLIRContext &context, const Options &opts, bool runPasses,
         names.insert(entry.first);
       probe = [&names](const std::string &n) { return names.count(n) > 0; };
     }
+    refineWithManifest(spec, probe);
     std::vector<ComponentDecl> components = declareModel(spec, probe);
     out.module = importModel(context, spec, components);
     out.report.modelType = spec.modelType;

@@ -399,6 +399,31 @@ TEST(OnnxModelTest, MapsLibraryOpsAndTiedEmbeddings) {
   EXPECT_EQ(totalParameters(all), 800 + 64 + 8 + 8 + 64 + 8);
 }
 
+TEST(OnnxModelTest, RecognisesRmsNormThroughCasts) {
+  OnnxGraph g;
+  g.initializers = {weight("w16", {8}), weight("two", {}), weight("eps", {})};
+  g.nodes = {node("up", "Cast", {"x"}, {"xf"}),
+             node("pow", "Pow", {"xf", "two"}, {"p"}),
+             node("mean", "ReduceMean", {"p"}, {"m"}),
+             node("add", "Add", {"m", "eps"}, {"a"}),
+             node("sqrt", "Sqrt", {"a"}, {"s"}),
+             node("inv", "Reciprocal", {"s"}, {"r"}),
+             node("norm", "Mul", {"xf", "r"}, {"n"}),
+             node("down", "Cast", {"n"}, {"n16"}),
+             node("wcast", "Cast", {"w16"}, {"w"}),
+             node("scale", "Mul", {"w", "n16"}, {"y"}),
+             node("pow2", "Pow", {"y", "y"}, {"z"}),
+             node("mean2", "ReduceMean", {"z"}, {"zm"})};
+  std::vector<OnnxComponent> all = mapOnnxGraph(g);
+  std::vector<OnnxComponent> norms = ofKind(all, "rms_norm");
+  ASSERT_EQ(norms.size(), 1u);
+  EXPECT_EQ(norms[0].opType, "Pow+ReduceMean+Add+Sqrt+Reciprocal+Mul+Cast+Mul");
+  EXPECT_EQ(norms[0].nodes.size(), 9u); // Also the weight's Cast "wcast".
+  EXPECT_EQ(norms[0].weights, (std::vector<std::string>{"two", "eps", "w16"}));
+  EXPECT_EQ(norms[0].parameters, 10);
+  EXPECT_EQ(ofKind(all, "unmapped").size(), 2u); // Pow by a non-constant.
+}
+
 TEST(OnnxModelTest, AggregatesGlueAndSkipsResidualHeads) {
   OnnxGraph g;
   g.initializers = {weight("W", {8, 8})};

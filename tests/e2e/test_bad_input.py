@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Bad inputs: exit 2 with one message naming the file and the field; never
+a crash, a hang or another exit code."""
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import unittest
+
+ADAPT = sys.argv[1] if len(sys.argv) > 1 else "build/bin/adapt"
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = os.path.join(ROOT, "models", "tiny-qwen3-moe")
+
+
+def gaps(path, out):
+    return subprocess.run([ADAPT, "gaps", path, "--out", out], capture_output=True,
+                          text=True, timeout=60)
+
+
+class BadInput(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp()
+        self.model = os.path.join(self.tmp, "model")
+        shutil.copytree(TINY, self.model)
+        self.out = os.path.join(self.tmp, "out")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp)
+
+    def expect_bad(self, *needles):
+        proc = gaps(self.model, self.out)
+        self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+        self.assertEqual(len(proc.stderr.strip().splitlines()), 1, proc.stderr)
+        for needle in needles:
+            self.assertIn(needle, proc.stderr)
+
+    def edit_config(self, fn):
+        path = os.path.join(self.model, "config.json")
+        with open(path) as f:
+            config = json.load(f)
+        fn(config)
+        with open(path, "w") as f:
+            json.dump(config, f)
+
+    def test_tiny_model_is_fine(self):
+        proc = gaps(self.model, self.out)
+        self.assertIn(proc.returncode, (0, 3), proc.stderr)
+        with open(os.path.join(self.out, "gaps.json")) as f:
+            report = json.load(f)
+        self.assertEqual(report["manifest"]["issues"], [])
+        self.assertEqual(report["manifest"]["headers_read"], 2)
+
+    def test_malformed_config_json(self):
+        with open(os.path.join(self.model, "config.json"), "w") as f:
+            f.write('{"hidden_size": 64,')
+        self.expect_bad("config.json", "valid JSON")
+
+    def test_missing_config(self):
+        os.remove(os.path.join(self.model, "config.json"))
+        self.expect_bad("config.json")
+
+    def test_wrong_type(self):
+        self.edit_config(lambda c: c.update(num_experts="many"))
+        self.expect_bad("config.json", "num_experts", "integer")
+
+    def test_manifest_disagrees_with_config(self):
+        self.edit_config(lambda c: c.update(moe_intermediate_size=48))
+        self.expect_bad("model.safetensors.index.json")
+
+    def test_missing_shard(self):
+        os.remove(os.path.join(self.model, "model-00002-of-00002.safetensors"))
+        self.expect_bad("model-00002-of-00002.safetensors")
+
+    def test_truncated_header(self):
+        path = os.path.join(self.model, "model-00001-of-00002.safetensors")
+        with open(path, "r+b") as f:
+            f.truncate(20)
+        self.expect_bad("model-00001-of-00002.safetensors")
+
+    def test_header_length_past_end_of_file(self):
+        path = os.path.join(self.model, "model-00001-of-00002.safetensors")
+        with open(path, "r+b") as f:
+            f.write(struct.pack("<Q", 1 << 40))
+        self.expect_bad("model-00001-of-00002.safetensors")
+
+    def test_unknown_dtype(self):
+        path = os.path.join(self.model, "model-00001-of-00002.safetensors")
+        with open(path, "rb") as f:
+            data = f.read()
+        n = struct.unpack("<Q", data[:8])[0]
+        header = data[8:8 + n].replace(b'"BF16"', b'"Q7"', 1)
+        with open(path, "wb") as f:
+            f.write(data[:8] + header + data[8 + n:])
+        self.expect_bad("model-00001-of-00002.safetensors", "Q7")
+
+    def test_malformed_manifest(self):
+        with open(os.path.join(self.model, "model.safetensors.index.json"), "w") as f:
+            f.write('{"weight_map": [1, 2]}')
+        self.expect_bad("model.safetensors.index.json", "weight_map")
+
+    def test_nonexistent_path_and_bad_usage(self):
+        proc = gaps(os.path.join(self.tmp, "nothing"), self.out)
+        self.assertEqual(proc.returncode, 2)
+        proc = subprocess.run([ADAPT, "gaps", self.model], capture_output=True, text=True)
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("--out", proc.stderr)
+        proc = subprocess.run([ADAPT, "frobnicate", self.model], capture_output=True, text=True)
+        self.assertEqual(proc.returncode, 2)
+
+
+if __name__ == "__main__":
+    unittest.main(argv=[sys.argv[0]], verbosity=2)

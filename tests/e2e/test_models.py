@@ -1,0 +1,121 @@
+#!/usr/bin/env python3
+"""Runs `adapt gaps` on every model under ../shared/models, as a user would.
+
+Checks: exit code 0 or 3; totals against the owners' published figures
+(total within 2 %, active within 10 %), naming which part each figure counts;
+the four real manifests agree with their configs tensor by tensor.
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+ADAPT = sys.argv[1] if len(sys.argv) > 1 else "build/bin/adapt"
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MODELS = os.environ.get("ADAPT_SHARED_MODELS", os.path.join(ROOT, "..", "shared", "models"))
+
+# folder: (published total, which part it counts, published active, which part)
+# Parts are gaps.json `parameters` fields; "decoder+mtp" and
+# "decoder+encoders" are sums. Owners count differently: OpenAI and MiniMax
+# leave the embedding lookup out of "active", Qwen's hybrid and Kimi-Linear
+# leave embedding and LM head out of both; see docs/parameters.md.
+PUBLISHED = {
+    "DeepSeek-V3-Base": (671e9, "decoder", 37e9, "active"),
+    "DeepSeek-R1": (671e9, "decoder", 37e9, "active"),
+    "DeepSeek-V3.1_nvidia-NVFP4": (671e9, "decoder", 37e9, "active"),
+    "DeepSeek-V3.2": (671e9, "decoder", 37e9, "active"),
+    "Kimi-K2-Instruct": (1.04e12, "decoder", 32e9, "active"),
+    # K2.5 publishes "~1T"; its text model is K2's (1.04T, checked above).
+    "Kimi-K2.5": (1.04e12, "decoder", 32e9, "active"),
+    "Kimi-Linear-48B-A3B": (48e9, "decoder_non_embedding", 3e9, "active_non_embedding"),
+    "Qwen3-Next-80B-A3B-Thinking": (80e9, "decoder", 3e9, "active_non_embedding"),
+    "Qwen3-30B-A3B": (30.5e9, "decoder", 3.3e9, "active"),
+    "Qwen3-235B-A22B": (235e9, "decoder", 22e9, "active"),
+    "Qwen3-Coder-480B-A35B-Instruct": (480e9, "decoder", 35e9, "active"),
+    "Qwen3-VL-30B-A3B-Instruct": (31e9, "decoder+encoders", 3e9, "active_without_embedding"),
+    "Qwen3-VL-235B-A22B-Instruct": (236e9, "decoder+encoders", 22e9, "active"),
+    "MiniMax-M1": (456e9, "decoder", 45.9e9, "active"),
+    "MiniMax-M2.7": (230e9, "decoder", 10e9, "active_without_embedding"),
+    "MiniMax-M2.5": (230e9, "decoder", 10e9, "active_without_embedding"),
+    "gpt-oss-20b": (21e9, "decoder", 3.6e9, "active_without_embedding"),
+    "gpt-oss-120b": (117e9, "decoder", 5.1e9, "active_without_embedding"),
+    "Mixtral-8x7B-v0.1": (46.7e9, "decoder", 12.9e9, "active"),
+    "Mixtral-8x22B-v0.1": (141e9, "decoder", 39e9, "active"),
+    "WizardLM-2-8x22B": (141e9, "decoder", 39e9, "active"),
+    "Llama-4-Scout-17B-16E-Instruct": (109e9, "decoder", 17e9, "active"),
+    "Llama-4-Maverick-17B-128E-Instruct": (400e9, "decoder", 17e9, "active"),
+    "GLM-4.5": (355e9, "decoder+mtp", 32e9, "active"),
+    "Hunyuan-A13B": (80e9, "decoder", 13e9, "active"),
+    # Ming publishes its LLM (Ling-flash-2.0) figures.
+    "Ming-flash-omni-2.0": (100e9, "decoder_non_embedding", 6.1e9, "active"),
+}
+REAL_MANIFESTS = {"MiniMax-M1": 8243, "Qwen3.5-25B-REAP-A3B": 22213,
+                  "WizardLM-2-8x22B": 1739, "gpt-oss-20b": 459}
+
+
+def part(params, name):
+    return sum(params[p] for p in name.split("+"))
+
+
+class EveryModel(unittest.TestCase):
+    reports = {}
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+        for model in sorted(os.listdir(MODELS)):
+            path = os.path.join(MODELS, model)
+            if not os.path.isdir(path):
+                continue
+            out = os.path.join(cls.tmp.name, model)
+            proc = subprocess.run([ADAPT, "gaps", path, "--out", out],
+                                  capture_output=True, text=True, timeout=120)
+            report = None
+            if os.path.exists(os.path.join(out, "gaps.json")):
+                with open(os.path.join(out, "gaps.json")) as f:
+                    report = json.load(f)
+            cls.reports[model] = (proc, report)
+
+    def test_every_model_exits_0_or_3_with_a_report(self):
+        self.assertGreaterEqual(len(self.reports), 28)
+        for model, (proc, report) in self.reports.items():
+            with self.subTest(model=model):
+                self.assertIn(proc.returncode, (0, 3), proc.stderr)
+                self.assertIsNotNone(report)
+                self.assertGreater(len(report["components"]), 3)
+                for c in report["components"]:
+                    self.assertIn(c["status"], ("supported", "partial", "missing"))
+
+    def test_totals_match_published_figures(self):
+        for model, (total, total_part, active, active_part) in PUBLISHED.items():
+            with self.subTest(model=model):
+                params = self.reports[model][1]["parameters"]
+                ours = part(params, total_part)
+                self.assertLess(abs(ours - total) / total, 0.02,
+                                f"{total_part} {ours:.4g} vs published {total:.4g}")
+                ours = part(params, active_part)
+                self.assertLess(abs(ours - active) / active, 0.10,
+                                f"{active_part} {ours:.4g} vs published {active:.4g}")
+
+    def test_real_manifests_agree_tensor_by_tensor(self):
+        for model, tensors in REAL_MANIFESTS.items():
+            with self.subTest(model=model):
+                manifest = self.reports[model][1]["manifest"]
+                self.assertTrue(manifest["checked"])
+                self.assertEqual(manifest["tensors"], tensors)
+                self.assertEqual(manifest["issues"], [])
+                self.assertEqual(manifest["expected_tensors"], tensors)
+
+    def test_unknown_keys_are_reported_not_dropped(self):
+        keys = [k["path"] for k in self.reports["Hunyuan-A13B"][1]["unknown_config_keys"]]
+        self.assertIn("cla_share_factor", keys)
+
+    def test_mtp_absent_from_a_pruned_checkpoint_is_a_note(self):
+        notes = " ".join(self.reports["Qwen3.5-25B-REAP-A3B"][1]["notes"])
+        self.assertIn("mtp", notes)
+
+
+if __name__ == "__main__":
+    unittest.main(argv=[sys.argv[0]], verbosity=2)

@@ -1,0 +1,133 @@
+//===- ConfigReaderTest.cpp - config recognition and weight schema --------===//
+
+#include "models/WeightSchema.h"
+#include "parser/ConfigReader.h"
+
+#include <gtest/gtest.h>
+
+using namespace adapt;
+
+namespace {
+std::string modelsDir() {
+  if (const char *env = std::getenv("ADAPT_SHARED_MODELS"))
+    return env;
+  return std::string(ADAPT_SOURCE_DIR) + "/../shared/models";
+}
+
+ModelSpec read(const std::string &model) {
+  Result<ModelSpec> spec = readModelConfig(modelsDir() + "/" + model + "/config.json");
+  EXPECT_TRUE(spec.ok()) << (spec.ok() ? "" : spec.error().message());
+  return spec.ok() ? spec.value() : ModelSpec{};
+}
+} // namespace
+
+TEST(ConfigReader, DeepSeekV32HasMlaSparseAttentionAndDenseLead) {
+  ModelSpec s = read("DeepSeek-V3.2");
+  ASSERT_EQ(s.layers.size(), 61u);
+  EXPECT_EQ(s.family, "deepseek_v3");
+  EXPECT_FALSE(s.layers[2].ffn.isMoe);
+  EXPECT_TRUE(s.layers[3].ffn.isMoe);
+  EXPECT_EQ(s.layers[3].mixer.kind, MixerKind::MLA);
+  EXPECT_EQ(s.layers[3].mixer.indexTopK, 2048);
+  EXPECT_EQ(s.layers[3].ffn.numGroups, 8);
+  EXPECT_TRUE(s.layers[3].ffn.biasCorrection);
+  EXPECT_EQ(s.layers[3].mixer.rope.type, "yarn");
+  EXPECT_EQ(s.quant.method, "fp8");
+  EXPECT_EQ(s.numMtpLayers, 1);
+}
+
+TEST(ConfigReader, LayerPatternKeysAllResolve) {
+  // full_attention_interval (Qwen3-Next), attn_type_list (MiniMax-M1),
+  // linear_attn_config with 1-based layers (Kimi-Linear), layer_types.
+  ModelSpec next = read("Qwen3-Next-80B-A3B-Thinking");
+  EXPECT_EQ(next.layers[3].mixer.kind, MixerKind::Attention);
+  EXPECT_EQ(next.layers[0].mixer.kind, MixerKind::GatedDeltaNet);
+  ModelSpec m1 = read("MiniMax-M1");
+  EXPECT_EQ(m1.layers[7].mixer.kind, MixerKind::Attention);
+  EXPECT_EQ(m1.layers[6].mixer.kind, MixerKind::Lightning);
+  ModelSpec kimi = read("Kimi-Linear-48B-A3B");
+  EXPECT_EQ(kimi.layers[3].mixer.kind, MixerKind::MLA);  // layer 4, 1-based
+  EXPECT_EQ(kimi.layers[0].mixer.kind, MixerKind::KimiDelta);
+  ModelSpec oss = read("gpt-oss-20b");
+  EXPECT_EQ(oss.layers[0].mixer.window, "sliding");
+  EXPECT_EQ(oss.layers[1].mixer.window, "none");
+  EXPECT_TRUE(oss.layers[0].mixer.sinks);
+  ModelSpec maverick = read("Llama-4-Maverick-17B-128E-Instruct");
+  EXPECT_FALSE(maverick.layers[0].ffn.isMoe);
+  EXPECT_TRUE(maverick.layers[1].ffn.isMoe);
+  EXPECT_EQ(maverick.layers[0].mixer.window, "chunked");
+}
+
+TEST(ConfigReader, HunyuanPerLayerListsAndNtkAlpha) {
+  ModelSpec s = read("Hunyuan-A13B");
+  EXPECT_EQ(s.layers[5].ffn.topK, 8);
+  EXPECT_EQ(s.layers[5].ffn.numShared, 1);
+  EXPECT_EQ(s.layers[0].mixer.rope.type, "ntk_alpha");
+  // Its vit_* keys describe a tower adapt does not model: reported.
+  bool sawVit = false;
+  for (const UnknownKey &k : s.unknownKeys)
+    sawVit |= k.path.rfind("vit_", 0) == 0;
+  EXPECT_TRUE(sawVit);
+}
+
+TEST(ConfigReader, UnseenModelTypeIsRecognisedByItsKeys) {
+  std::string text = R"({"model_type": "brand_new_moe", "hidden_size": 64,
+    "num_hidden_layers": 2, "vocab_size": 100, "num_attention_heads": 4,
+    "kv_lora_rank": 16, "q_lora_rank": 32, "qk_nope_head_dim": 8,
+    "qk_rope_head_dim": 8, "v_head_dim": 8, "n_routed_experts": 8,
+    "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+    "intermediate_size": 128, "scoring_func": "sigmoid", "mystery_knob": 3})";
+  Result<ModelSpec> spec = parseModelConfig(text, "new/config.json");
+  ASSERT_TRUE(spec.ok()) << spec.error().message();
+  EXPECT_EQ(spec->family, "deepseek_v3");
+  ASSERT_EQ(spec->unknownKeys.size(), 1u);
+  EXPECT_EQ(spec->unknownKeys[0].path, "mystery_knob");
+}
+
+TEST(ConfigReader, BadValuesNameFileAndField) {
+  Result<ModelSpec> r = parseModelConfig(
+      R"({"hidden_size": "big", "num_hidden_layers": 2})", "x/config.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message().find("x/config.json"), std::string::npos);
+  EXPECT_NE(r.error().message().find("hidden_size"), std::string::npos);
+  r = parseModelConfig("{\"hidden_size\": 4,", "y/config.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message().find("valid JSON"), std::string::npos);
+  r = parseModelConfig(R"({"hidden_size": 64, "num_hidden_layers": 2,
+    "vocab_size": 10, "num_attention_heads": 4, "num_key_value_heads": 3,
+    "intermediate_size": 8})", "z/config.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().field.find("num_key_value_heads"), std::string::npos);
+}
+
+TEST(WeightSchema, Qwen35ManifestParameterTotalMatchesItsMetadataExactly) {
+  // The REAP index states metadata.total_parameters = 25,091,371,648.
+  ModelSpec s = read("Qwen3.5-25B-REAP-A3B");
+  int64_t decoder = 0;
+  for (const ComponentDecl &c : declareModel(s))
+    if (c.kind != "mtp")
+      for (const WeightDecl &w : c.weights)
+        decoder += weightElements(w);
+  EXPECT_EQ(decoder, 25091371648);
+}
+
+TEST(WeightSchema, Fp8BlockScalesAndMxfp4BlocksExpand) {
+  QuantSpec fp8;
+  fp8.method = "fp8";
+  fp8.blockRows = fp8.blockCols = 128;
+  WeightDecl w{"q_b_proj", "l.q_b_proj.weight", {24576, 1536}, 0, true, false};
+  std::vector<DiskTensor> disk;
+  expandToDisk(w, 0, fp8, "BF16", disk);
+  ASSERT_EQ(disk.size(), 2u);
+  EXPECT_EQ(disk[0].dtype, "F8_E4M3");
+  EXPECT_EQ(disk[1].name, "l.q_b_proj.weight_scale_inv");
+  EXPECT_EQ(disk[1].shape, (std::vector<int64_t>{192, 12}));
+  QuantSpec mx;
+  mx.method = "mxfp4";
+  WeightDecl e{"experts.gate_up_proj", "l.experts.gate_up_proj", {32, 5760, 2880}, 0, true, true};
+  disk.clear();
+  expandToDisk(e, 0, mx, "BF16", disk);
+  ASSERT_EQ(disk.size(), 2u);
+  EXPECT_EQ(disk[0].name, "l.experts.gate_up_proj_blocks");
+  EXPECT_EQ(disk[0].shape, (std::vector<int64_t>{32, 5760, 90, 16}));
+}
