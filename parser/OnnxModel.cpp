@@ -7,19 +7,21 @@
 //===----------------------------------------------------------------------===//
 #include "parser/OnnxModel.h"
 
+#ifndef ONNX_ML
+#error "build with -DONNX_ML=1 -DONNX_NAMESPACE=onnx (ONNX::onnx_proto's flags)"
+#endif
 #include <onnx/onnx_pb.h>
 
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
 
-#include <algorithm>
+#include <cctype>
 #include <climits>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
 #include <optional>
-#include <unordered_map>
 #include <unordered_set>
 
 using namespace adapt;
@@ -86,7 +88,8 @@ std::string locationProblem(const std::string &location) {
   if (location.find('\0') != std::string::npos)
     return "contains a NUL byte";
   if (location[0] == '/' || location[0] == '\\' ||
-      (location.size() >= 2 && location[1] == ':'))
+      (location.size() >= 2 && std::isalpha((unsigned char)location[0]) &&
+       location[1] == ':'))
     return "is absolute";
   size_t start = 0;
   while (start <= location.size()) {

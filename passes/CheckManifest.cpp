@@ -133,8 +133,10 @@ struct CheckManifestPass : impl::CheckManifestPassBase<CheckManifestPass> {
           ++expected;
           auto it = index.find(t.name);
           if (it == index.end()) {
-            if (optional)
+            if (optional) {
               ++absentOptional[owner];
+              --expected;
+            }
             else
               result.issues.push_back({"missing", t.name, shapeText(t.shape) + " " + t.dtype, "not in manifest"});
             continue;

@@ -91,10 +91,10 @@ class BadInput(unittest.TestCase):
         with open(path, "rb") as f:
             data = f.read()
         n = struct.unpack("<Q", data[:8])[0]
-        header = data[8:8 + n].replace(b'"BF16"', b'"Q7"', 1)
+        header = data[8:8 + n].replace(b'"BF16"', b'"Q777"', 1)
         with open(path, "wb") as f:
             f.write(data[:8] + header + data[8 + n:])
-        self.expect_bad("model-00001-of-00002.safetensors", "Q7")
+        self.expect_bad("model-00001-of-00002.safetensors", "Q777")
 
     def test_malformed_manifest(self):
         with open(os.path.join(self.model, "model.safetensors.index.json"), "w") as f:

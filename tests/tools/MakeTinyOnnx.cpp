@@ -12,6 +12,9 @@
 // Weights are seeded pseudo-random floats, so reruns give the same bytes.
 //
 //===----------------------------------------------------------------------===//
+#ifndef ONNX_ML
+#error "build with -DONNX_ML=1 -DONNX_NAMESPACE=onnx (ONNX::onnx_proto's flags)"
+#endif
 #include <onnx/onnx_pb.h>
 
 #include <algorithm>

@@ -7,6 +7,9 @@
 //===----------------------------------------------------------------------===//
 #include "parser/OnnxModel.h"
 
+#ifndef ONNX_ML
+#error "build with -DONNX_ML=1 -DONNX_NAMESPACE=onnx (ONNX::onnx_proto's flags)"
+#endif
 #include <onnx/onnx_pb.h>
 
 #include <gtest/gtest.h>

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Installs every dependency of adapt on Debian 12 (as root) and builds it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PKGS="cmake ninja-build g++ python3 libmlir-19-dev mlir-19-tools llvm-19-dev llvm-19-tools \
+  libonnx-dev libprotobuf-dev protobuf-compiler libfmt-dev nlohmann-json3-dev libgtest-dev \
+  clang-19 libclang-rt-19-dev"
+missing=$(for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)
+if [ -n "$missing" ]; then
+  echo "== installing: $missing"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing
+fi
+echo "== configuring and building (build/)"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLIR_DIR=/usr/lib/llvm-19/lib/cmake/mlir
+cmake --build build -j "$(nproc)"
+echo "== built build/bin/adapt and build/bin/adapt-opt"
