@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -17,21 +18,31 @@
 
 namespace {
 
+/// Deletes baseDir() when the fuzzer exits.
+void removeBaseDir();
+
 /// A temporary folder, made once per process, to anchor external data. It
 /// holds a 64 KiB `tiny-decoder.onnx.data` so that the seed model's external
-/// weights resolve and mutations of it reach the component mapping.
+/// weights resolve and mutations of it reach the component mapping. Never
+/// destroyed, so the exit handler can still read it.
 const std::string &baseDir() {
-  static const std::string dir = [] {
+  static const std::string *dir = [] {
     char pattern[] = "/tmp/adapt-fuzz-onnx-XXXXXX";
     const char *made = mkdtemp(pattern);
     if (!made)
-      return std::string("/nonexistent-adapt-fuzz-dir");
+      return new std::string("/nonexistent-adapt-fuzz-dir");
     std::ofstream(std::string(made) + "/tiny-decoder.onnx.data",
                   std::ios::binary)
         << std::string(64 * 1024, '\0');
-    return std::string(made);
+    std::atexit(removeBaseDir);
+    return new std::string(made);
   }();
-  return dir;
+  return *dir;
+}
+
+void removeBaseDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(baseDir(), ec);
 }
 
 /// Drops protobuf's log lines, which would only slow the fuzzer down.
