@@ -11,6 +11,13 @@ if [ -n "$missing" ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $missing
 fi
+# LibTorch (the runtime) and the reference implementations (transformers +
+# PEFT) come from PyTorch's pinned wheel, in a virtual environment of ours.
+if ! .venv/bin/python -c 'import torch, transformers, peft' >/dev/null 2>&1; then
+  echo "== creating .venv with torch, transformers and peft (pinned; a few GB)"
+  python3 -m venv .venv
+  .venv/bin/pip install -q --disable-pip-version-check -r scripts/requirements.txt
+fi
 echo "== configuring and building (build/)"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DMLIR_DIR=/usr/lib/llvm-19/lib/cmake/mlir
 cmake --build build -j "$(nproc)"

@@ -1,0 +1,146 @@
+//===- Layers.cpp - modules with weights: linear+LoRA, attention, FFN -----===//
+
+#include "runtime/Layers.h"
+
+#include <cmath>
+
+namespace adapt::rt {
+
+torch::Tensor LoraLinear::forward(const torch::Tensor &x, bool training) const {
+  torch::Tensor y = torch::linear(x, weight, bias);
+  if (!hasLora())
+    return y;
+  torch::Tensor in = x;
+  if (training && dropout > 0.0)
+    in = torch::dropout(in, dropout, /*train=*/true);
+  torch::Tensor a = loraA.to(x.scalar_type()), b = loraB.to(x.scalar_type());
+  return y + torch::linear(torch::linear(in, a), b) * scale;
+}
+
+torch::Tensor ExpertLinear::forward(const torch::Tensor &x, const ExpertGroups &groups) const {
+  torch::Tensor y = groupedLinear(x, weight, groups);
+  if (bias.defined())
+    y = y + bias.index_select(0, groups.expertOfRow);
+  if (!hasLora())
+    return y;
+  // PEFT's layout: A [E*r, in] (expert-major rows), B [out, r*E] (expert-minor
+  // columns); as grouped weights A [E, r, in] and B [E, out, r].
+  const int64_t experts = weight.size(0), rank = loraA.size(0) / experts;
+  torch::Tensor a = loraA.to(x.scalar_type()).view({experts, rank, loraA.size(1)});
+  torch::Tensor b = loraB.to(x.scalar_type()).view({loraB.size(0), rank, experts}).permute({2, 0, 1});
+  return y + groupedLinear(groupedLinear(x, a, groups), b, groups) * scale;
+}
+
+double AttentionLayer::softmaxScale() const {
+  if (def.softmaxScale > 0.0)
+    return def.softmaxScale;
+  double scale = 1.0 / std::sqrt(static_cast<double>(def.headDim));
+  if (def.kind == AttentionKind::Mla && def.rope.scaling == "yarn" && def.rope.mscaleAllDim != 0.0 &&
+      def.rope.factor > 1.0) {
+    double m = 0.1 * def.rope.mscaleAllDim * std::log(def.rope.factor) + 1.0;
+    scale *= m * m;
+  }
+  return scale;
+}
+
+namespace {
+
+/// Llama-4's attention temperature for NoPE layers: one factor per position.
+torch::Tensor temperatureScales(int64_t seqLen, double floorScale, double attnScale,
+                                torch::Device device) {
+  torch::Tensor pos = torch::arange(seqLen, torch::TensorOptions().dtype(torch::kFloat32).device(device));
+  return torch::log1p(torch::floor((pos + 1.0) / floorScale)) * attnScale + 1.0;
+}
+
+} // namespace
+
+torch::Tensor AttentionLayer::forward(const torch::Tensor &x, const RopeTables &rope,
+                                      bool training) const {
+  const int64_t batch = x.size(0), seqLen = x.size(1);
+  AttentionMask mask{def.slidingWindow, def.chunkSize};
+  torch::Tensor query, key, value;
+  if (def.kind == AttentionKind::Mla) {
+    const int64_t heads = def.heads;
+    torch::Tensor qs = def.qLoraRank > 0
+                           ? qB.forward(rmsNorm(qA.forward(x, training), qANorm, normEps), training)
+                           : q.forward(x, training);
+    qs = qs.view({batch, seqLen, heads, def.qkNopeDim + def.qkRopeDim}).transpose(1, 2);
+    torch::Tensor qPass = qs.narrow(-1, 0, def.qkNopeDim);
+    torch::Tensor qRot = qs.narrow(-1, def.qkNopeDim, def.qkRopeDim);
+    torch::Tensor kv = kvA.forward(x, training);
+    torch::Tensor latent = kv.narrow(-1, 0, def.kvLoraRank);
+    torch::Tensor kRot = kv.narrow(-1, def.kvLoraRank, def.qkRopeDim).view({batch, 1, seqLen, def.qkRopeDim});
+    torch::Tensor kvFull = kvB.forward(rmsNorm(latent, kvANorm, normEps), training)
+                               .view({batch, seqLen, heads, def.qkNopeDim + def.vHeadDim})
+                               .transpose(1, 2);
+    torch::Tensor kPass = kvFull.narrow(-1, 0, def.qkNopeDim);
+    value = kvFull.narrow(-1, def.qkNopeDim, def.vHeadDim);
+    qRot = applyRope(qRot, rope, def.rope.interleaved);
+    kRot = applyRope(kRot, rope, def.rope.interleaved).expand({batch, heads, seqLen, def.qkRopeDim});
+    query = torch::cat({qPass, qRot}, -1);
+    key = torch::cat({kPass, kRot}, -1);
+  } else {
+    torch::Tensor qs = q.forward(x, training), ks = k.forward(x, training);
+    value = v.forward(x, training).view({batch, seqLen, def.kvHeads, def.vHeadDim}).transpose(1, 2);
+    if (def.qkNorm == "full") {
+      qs = rmsNorm(qs, qNorm, normEps);
+      ks = rmsNorm(ks, kNorm, normEps);
+    }
+    query = qs.view({batch, seqLen, def.heads, def.headDim});
+    key = ks.view({batch, seqLen, def.kvHeads, def.headDim});
+    if (def.qkNorm == "head") {
+      query = rmsNorm(query, qNorm, normEps);
+      key = rmsNorm(key, kNorm, normEps);
+    }
+    query = query.transpose(1, 2);
+    key = key.transpose(1, 2);
+    if (def.rope.enabled) {
+      query = applyRope(query, rope, def.rope.interleaved);
+      key = applyRope(key, rope, def.rope.interleaved);
+    }
+    if (def.qkNorm == "l2") {
+      query = rmsNorm(query, {}, normEps);
+      key = rmsNorm(key, {}, normEps);
+    }
+    if (def.temperatureTuning && !def.rope.enabled)
+      query = (query * temperatureScales(seqLen, def.floorScale, def.attnScale, x.device())
+                           .view({1, 1, seqLen, 1}))
+                  .to(query.scalar_type());
+  }
+  torch::Tensor out = attention(query, key, value, softmaxScale(), mask, sinks);
+  out = out.transpose(1, 2).reshape({batch, seqLen, def.heads * def.vHeadDim});
+  return o.forward(out, training);
+}
+
+torch::Tensor FfnLayer::forward(const torch::Tensor &x, bool training, torch::Tensor *load) const {
+  if (!isMoe())
+    return down.forward(torch::silu(gate.forward(x, training)) * up.forward(x, training), training);
+  const auto shape = x.sizes().vec();
+  torch::Tensor flat = x.reshape({-1, x.size(-1)});
+  // Router in fp32, as the references compute it.
+  torch::Tensor logits = router.forward(flat.to(torch::kFloat32), training);
+  Routing routing = route(logits, def, correctionBias);
+  ExpertGroups groups = groupByExpert(routing, def.experts);
+  if (load)
+    *load = groups.counts;
+  torch::Tensor rows = flat.index_select(0, groups.tokenOfRow);
+  torch::Tensor rowWeights = groups.weightOfRow.to(x.scalar_type()).unsqueeze(1);
+  const bool scaleInput = def.router == RouterKind::TopKSigmoidInput;
+  if (scaleInput)
+    rows = rows * rowWeights;
+  torch::Tensor hidden = gatedActivation(gateUp.forward(rows, groups), interleavedGateUp, def);
+  torch::Tensor out = expertDown.forward(hidden, groups);
+  if (!scaleInput)
+    out = out * rowWeights;
+  torch::Tensor y = torch::zeros_like(flat).index_add(0, groups.tokenOfRow, out.to(flat.scalar_type()));
+  if (def.sharedIntermediate > 0) {
+    torch::Tensor shared = sharedDown.forward(
+        torch::silu(sharedGate.forward(flat, training)) * sharedUp.forward(flat, training), training);
+    if (def.sharedGate)
+      shared = shared * torch::sigmoid(sharedExpertGate.forward(flat, training));
+    y = y + shared;
+  }
+  return y.view(shape);
+}
+
+} // namespace adapt::rt

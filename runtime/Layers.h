@@ -1,0 +1,84 @@
+//===- Layers.h - modules with weights: linear+LoRA, attention, FFN -*- C++ -*-===//
+//
+// Each module holds frozen base tensors (never requiring gradients) and,
+// where a LoRA target matched, fp32 adapter tensors that do. Adapters are
+// applied in the activation dtype (cast per forward) so that bf16 training
+// keeps using bf16 matmuls and grouped GEMMs, while the optimizer updates the
+// fp32 master copies.
+//
+//===----------------------------------------------------------------------===//
+#ifndef ADAPT_RUNTIME_LAYERS_H
+#define ADAPT_RUNTIME_LAYERS_H
+
+#include "runtime/ModelDef.h"
+#include "runtime/Ops.h"
+
+#include <torch/torch.h>
+
+#include <string>
+
+namespace adapt::rt {
+
+/// A frozen nn.Linear-like layer with an optional LoRA adapter:
+/// y = x W^T + b + scale * dropout(x) A^T B^T.
+struct LoraLinear {
+  torch::Tensor weight;   ///< [out, in], frozen.
+  torch::Tensor bias;     ///< [out] or undefined.
+  torch::Tensor loraA;    ///< [r, in] fp32, trainable; undefined without LoRA.
+  torch::Tensor loraB;    ///< [out, r] fp32, trainable, zero-initialised.
+  double scale = 0.0;
+  double dropout = 0.0;
+  std::string hfPath;     ///< Module path in the HF model ("model.layers.0.self_attn.q_proj").
+  std::string checkpointName; ///< The weight's checkpoint name.
+
+  bool hasLora() const { return loraA.defined(); }
+  torch::Tensor forward(const torch::Tensor &x, bool training) const;
+};
+
+/// One fused tensor of all routed experts, [E, out, in], with grouped LoRA
+/// (A [E, r, in], B [E, out, r]) applied inside the grouped GEMM path.
+struct ExpertLinear {
+  torch::Tensor weight;   ///< [E, out, in], frozen.
+  torch::Tensor bias;     ///< [E, out] or undefined.
+  torch::Tensor loraA;    ///< [E*r, in] fp32, PEFT layout (row e*r + k).
+  torch::Tensor loraB;    ///< [out, r*E] fp32, PEFT layout (column k*E + e).
+  double scale = 0.0;
+  std::string hfParam;    ///< "model.layers.0.mlp.experts.gate_up_proj".
+
+  bool hasLora() const { return loraA.defined(); }
+  /// \p x rows sorted by expert as \p groups says; returns [rows, out].
+  torch::Tensor forward(const torch::Tensor &x, const ExpertGroups &groups) const;
+};
+
+/// Attention (GQA/MHA or MLA) of one layer.
+struct AttentionLayer {
+  AttentionDef def;
+  double normEps = 1e-6;
+  LoraLinear q, k, v, o;                 ///< GQA; MLA uses q (no q-LoRA) and o.
+  LoraLinear qA, qB, kvA, kvB;           ///< MLA projections.
+  torch::Tensor qNorm, kNorm, sinks;     ///< GQA extras.
+  torch::Tensor qANorm, kvANorm;         ///< MLA norms.
+
+  torch::Tensor forward(const torch::Tensor &x, const RopeTables &rope, bool training) const;
+  /// Softmax scale, including YaRN's mscale^2 for MLA.
+  double softmaxScale() const;
+};
+
+/// Dense gated MLP or mixture of experts.
+struct FfnLayer {
+  FfnDef def;
+  LoraLinear gate, up, down;             ///< Dense MLP.
+  LoraLinear router;
+  torch::Tensor correctionBias;          ///< [E] or undefined.
+  ExpertLinear gateUp, expertDown;       ///< Routed experts.
+  LoraLinear sharedGate, sharedUp, sharedDown, sharedExpertGate;
+  bool interleavedGateUp = false;
+
+  bool isMoe() const { return def.experts > 0; }
+  /// \p load receives tokens per expert when this is a MoE layer.
+  torch::Tensor forward(const torch::Tensor &x, bool training, torch::Tensor *load) const;
+};
+
+} // namespace adapt::rt
+
+#endif // ADAPT_RUNTIME_LAYERS_H

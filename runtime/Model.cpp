@@ -1,0 +1,571 @@
+//===- Model.cpp - a decoder assembled from the operator library ----------===//
+
+#include "runtime/Model.h"
+
+#include "runtime/Errors.h"
+#include "runtime/Layers.h"
+#include "runtime/SafetensorsIO.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+#include <sstream>
+
+namespace adapt::rt {
+
+namespace {
+
+/// One decoder layer's modules.
+struct Layer {
+  torch::Tensor inputNorm, postAttentionNorm;
+  AttentionLayer attention;
+  FfnLayer ffn;
+};
+
+bool endsWith(const std::string &s, const std::string &suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+/// Whether \p pattern is a run of whole dotted components of \p path
+/// ("q_proj" and "self_attn" match "model.layers.0.self_attn.q_proj";
+/// "experts" does not match "shared_experts").
+bool matchesComponents(const std::string &path, const std::string &pattern) {
+  std::string padded = "." + path + ".";
+  return padded.find("." + pattern + ".") != std::string::npos;
+}
+
+std::string jsonString(const std::string &s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\')
+      out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+std::string expertName(const std::string &pattern, int64_t e) {
+  std::string out = pattern;
+  size_t at = out.find("{e}");
+  if (at != std::string::npos)
+    out.replace(at, 3, std::to_string(e));
+  return out;
+}
+
+std::string shapeText(torch::IntArrayRef shape) {
+  std::ostringstream os;
+  os << "[";
+  for (size_t i = 0; i < shape.size(); ++i)
+    os << (i ? ", " : "") << shape[i];
+  os << "]";
+  return os.str();
+}
+
+} // namespace
+
+class ModelImpl {
+public:
+  ModelDef def;
+  ModelOptions options;
+  std::string modelDir;
+  std::unique_ptr<CheckpointReader> reader;
+  torch::Tensor embedding, finalNorm, lmHead;
+  std::vector<Layer> layers;
+  std::vector<torch::Tensor> lastLoad;
+  int64_t loaded = 0, toLoad = 0;
+  torch::Generator generator;
+
+  ModelImpl(const ModelDef &d, const std::string &dir, const ModelOptions &o)
+      : def(d), options(o), modelDir(dir) {
+    reader = std::make_unique<CheckpointReader>(dir);
+    generator = at::detail::createCPUGenerator(o.seed);
+    toLoad = countTensors();
+    embedding = load(def.embedding, {def.vocab, def.hidden});
+    finalNorm = load(def.finalNorm, {def.hidden});
+    lmHead = def.tieEmbeddings || def.lmHead.empty() ? embedding : load(def.lmHead, {def.vocab, def.hidden});
+    for (const LayerDef &l : def.layers)
+      layers.push_back(buildLayer(l));
+    lastLoad.resize(layers.size());
+  }
+
+  /// Tensors the loader will read, for the progress callback.
+  int64_t countTensors() const {
+    int64_t n = 3;
+    for (const LayerDef &l : def.layers)
+      n += 2 + l.attention.weights.size() + l.ffn.weights.size();
+    return n;
+  }
+
+  void progress() {
+    ++loaded;
+    if (options.progress)
+      options.progress(std::min(loaded, toLoad), toLoad);
+  }
+
+  /// Loads \p name converted to the model dtype (or \p dtype), checking its
+  /// shape when \p shape is given.
+  torch::Tensor load(const std::string &name, std::vector<int64_t> shape,
+                     std::optional<torch::ScalarType> dtype = std::nullopt) {
+    torch::Tensor t = reader->load(name, dtype.value_or(options.dtype));
+    if (!shape.empty() && t.sizes().vec() != shape)
+      throw LoadError(modelDir, name,
+                      "expected shape " + shapeText(shape) + " from config.json, found " + shapeText(t.sizes()));
+    progress();
+    return t.to(options.device);
+  }
+
+  const std::string &name(const std::map<std::string, std::string> &weights, const std::string &role,
+                          const LayerDef &layer) const {
+    auto it = weights.find(role);
+    if (it == weights.end())
+      throw LoadError(modelDir, "layer " + std::to_string(layer.index) + " " + role,
+                      "expected the generated model to name this weight (regenerate with adapt build)");
+    return it->second;
+  }
+
+  std::optional<std::string> optionalName(const std::map<std::string, std::string> &weights,
+                                          std::initializer_list<const char *> roles) const {
+    for (const char *r : roles) {
+      auto it = weights.find(r);
+      if (it != weights.end())
+        return it->second;
+    }
+    return std::nullopt;
+  }
+
+  /// The module path in the HF model for a checkpoint weight of \p layer.
+  std::string hfPath(const LayerDef &layer, const std::string &checkpointName) const {
+    std::string layerPrefix = layer.inputNorm.substr(0, layer.inputNorm.size() - std::string("input_layernorm.weight").size());
+    std::string rel = checkpointName.substr(layerPrefix.size());
+    for (const char *suffix : {".weight", ".bias"})
+      if (endsWith(rel, suffix))
+        rel = rel.substr(0, rel.size() - std::strlen(suffix));
+    for (const char *module : {"block_sparse_moe.", "feed_forward.", "mlp."})
+      if (rel.rfind(module, 0) == 0)
+        rel = layer.hfFfn + rel.substr(std::strlen(module));
+    return layer.hfPrefix + rel;
+  }
+
+  LoraLinear linear(const LayerDef &layer, const std::map<std::string, std::string> &weights,
+                    const std::string &role, int64_t out, int64_t in, bool bias,
+                    std::optional<torch::ScalarType> dtype = std::nullopt) {
+    LoraLinear l;
+    l.checkpointName = name(weights, role, layer);
+    l.weight = load(l.checkpointName, {out, in}, dtype);
+    if (bias) {
+      auto b = optionalName(weights, {(role + ".bias").c_str()});
+      if (!b)
+        throw LoadError(modelDir, "layer " + std::to_string(layer.index) + " " + role + ".bias",
+                        "expected a bias name for this projection");
+      l.bias = load(*b, {out}, dtype);
+    }
+    l.hfPath = hfPath(layer, l.checkpointName);
+    return l;
+  }
+
+  Layer buildLayer(const LayerDef &l) {
+    Layer layer;
+    layer.inputNorm = load(l.inputNorm, {def.hidden});
+    layer.postAttentionNorm = load(l.postAttentionNorm, {def.hidden});
+    buildAttention(l, layer.attention);
+    buildFfn(l, layer.ffn);
+    return layer;
+  }
+
+  void buildAttention(const LayerDef &l, AttentionLayer &a) {
+    const AttentionDef &d = l.attention;
+    const auto &w = d.weights;
+    a.def = d;
+    a.normEps = def.normEps;
+    const int64_t h = def.hidden;
+    if (d.kind == AttentionKind::Mla) {
+      const int64_t qHead = d.qkNopeDim + d.qkRopeDim;
+      if (d.qLoraRank > 0) {
+        a.qA = linear(l, w, "q_a_proj", d.qLoraRank, h, false);
+        a.qANorm = load(name(w, "q_a_layernorm", l), {d.qLoraRank});
+        a.qB = linear(l, w, "q_b_proj", d.heads * qHead, d.qLoraRank, false);
+      } else {
+        a.q = linear(l, w, "q_proj", d.heads * qHead, h, false);
+      }
+      a.kvA = linear(l, w, "kv_a_proj_with_mqa", d.kvLoraRank + d.qkRopeDim, h, false);
+      a.kvANorm = load(name(w, "kv_a_layernorm", l), {d.kvLoraRank});
+      a.kvB = linear(l, w, "kv_b_proj", d.heads * (d.qkNopeDim + d.vHeadDim), d.kvLoraRank, false);
+      a.o = linear(l, w, "o_proj", h, d.heads * d.vHeadDim, d.outBias);
+    } else {
+      a.q = linear(l, w, "q_proj", d.heads * d.headDim, h, d.qkvBias);
+      a.k = linear(l, w, "k_proj", d.kvHeads * d.headDim, h, d.qkvBias);
+      a.v = linear(l, w, "v_proj", d.kvHeads * d.vHeadDim, h, d.qkvBias);
+      a.o = linear(l, w, "o_proj", h, d.heads * d.vHeadDim, d.outBias);
+      if (d.qkNorm == "head" || d.qkNorm == "full") {
+        bool full = d.qkNorm == "full";
+        a.qNorm = load(name(w, "q_norm", l), {full ? d.heads * d.headDim : d.headDim});
+        a.kNorm = load(name(w, "k_norm", l), {full ? d.kvHeads * d.headDim : d.headDim});
+      }
+      if (d.sinks)
+        a.sinks = load(name(w, "sinks", l), {d.heads}, torch::kFloat32);
+    }
+  }
+
+  /// Loads per-expert tensors "{e}" stacked to [E, rows, cols].
+  torch::Tensor stackExperts(const std::string &pattern, int64_t experts, int64_t rows, int64_t cols) {
+    std::vector<torch::Tensor> parts;
+    for (int64_t e = 0; e < experts; ++e)
+      parts.push_back(load(expertName(pattern, e), {rows, cols}));
+    return torch::stack(parts);
+  }
+
+  void buildFfn(const LayerDef &l, FfnLayer &f) {
+    const FfnDef &d = l.ffn;
+    const auto &w = d.weights;
+    const int64_t h = def.hidden, width = d.intermediate, e = d.experts;
+    f.def = d;
+    if (e == 0) {
+      f.gate = linear(l, w, "gate_proj", width, h, false);
+      f.up = linear(l, w, "up_proj", width, h, false);
+      f.down = linear(l, w, "down_proj", h, width, false);
+      return;
+    }
+    f.router = linear(l, w, "router", e, h, d.routerBias, torch::kFloat32);
+    if (d.correctionBias)
+      f.correctionBias = load(name(w, "correction_bias", l), {e}, torch::kFloat32);
+    std::string experts = l.hfPrefix + l.hfFfn + "experts";
+    f.gateUp.hfParam = experts + ".gate_up_proj";
+    f.expertDown.hfParam = experts + ".down_proj";
+    f.interleavedGateUp = d.fusedLayout == "interleaved_in_out";
+    if (d.fusedLayout.empty()) {
+      torch::Tensor gate = stackExperts(name(w, "gate_proj", l), e, width, h);
+      torch::Tensor up = stackExperts(name(w, "up_proj", l), e, width, h);
+      f.gateUp.weight = torch::cat({gate, up}, 1).contiguous();
+      f.expertDown.weight = stackExperts(name(w, "down_proj", l), e, h, width);
+    } else if (d.fusedLayout == "concat_out_in") {
+      f.gateUp.weight = load(name(w, "gate_up_proj", l), {e, 2 * width, h});
+      f.expertDown.weight = load(name(w, "down_proj", l), {e, h, width});
+    } else {
+      // [E, in, out] on disk (gpt-oss, Llama-4): keep [E, out, in] in memory.
+      f.gateUp.weight = load(name(w, "gate_up_proj", l), {e, h, 2 * width}).transpose(1, 2).contiguous();
+      f.expertDown.weight = load(name(w, "down_proj", l), {e, width, h}).transpose(1, 2).contiguous();
+    }
+    if (d.expertBias) {
+      auto gb = optionalName(w, {"gate_up_proj.bias", "gate_up_proj_bias"});
+      auto db = optionalName(w, {"down_proj.bias", "down_proj_bias"});
+      if (!gb || !db)
+        throw LoadError(modelDir, "layer " + std::to_string(l.index) + " expert biases",
+                        "expected gate_up_proj_bias and down_proj_bias names");
+      f.gateUp.bias = load(*gb, {e, 2 * width});
+      f.expertDown.bias = load(*db, {e, h});
+    }
+    if (d.sharedIntermediate > 0) {
+      f.sharedGate = linear(l, w, "shared.gate_proj", d.sharedIntermediate, h, false);
+      f.sharedUp = linear(l, w, "shared.up_proj", d.sharedIntermediate, h, false);
+      f.sharedDown = linear(l, w, "shared.down_proj", h, d.sharedIntermediate, false);
+      if (d.sharedGate)
+        f.sharedExpertGate = linear(l, w, "shared_gate", 1, h, false);
+    }
+  }
+
+  // -- LoRA ---------------------------------------------------------------
+
+  bool targeted(const std::string &path) const {
+    for (const std::string &p : def.lora.targets)
+      if (p == "all-linear" || matchesComponents(path, p))
+        return true;
+    return false;
+  }
+
+  double loraScale() const {
+    const double r = static_cast<double>(def.lora.rank);
+    return def.lora.rslora ? def.lora.alpha / std::sqrt(r) : def.lora.alpha / r;
+  }
+
+  /// Kaiming-uniform(a=sqrt(5)) on [rows, fanIn], as PEFT initialises lora_A.
+  torch::Tensor initA(int64_t rows, int64_t fanIn) {
+    double bound = 1.0 / std::sqrt(static_cast<double>(fanIn));
+    torch::Tensor a = torch::empty({rows, fanIn}, torch::kFloat32);
+    a.uniform_(-bound, bound, generator);
+    return a.to(options.device).requires_grad_(true);
+  }
+
+  void addLora(LoraLinear &l) {
+    if (!l.weight.defined())
+      return;
+    const int64_t r = def.lora.rank;
+    l.loraA = initA(r, l.weight.size(1));
+    l.loraB = torch::zeros({l.weight.size(0), r}, torch::TensorOptions().dtype(torch::kFloat32).device(options.device))
+                  .requires_grad_(true);
+    l.scale = loraScale();
+    l.dropout = def.lora.dropout;
+  }
+
+  /// Expert LoRA kept in PEFT's file layout: A [E*r, in], B [out, r*E].
+  void addLora(ExpertLinear &x) {
+    const int64_t e = x.weight.size(0), out = x.weight.size(1), in = x.weight.size(2), r = def.lora.rank;
+    x.loraA = initA(e * r, in);
+    x.loraB = torch::zeros({out, r * e}, torch::TensorOptions().dtype(torch::kFloat32).device(options.device))
+                  .requires_grad_(true);
+    x.scale = loraScale();
+  }
+
+  void injectLora() {
+    for (Layer &layer : layers) {
+      AttentionLayer &a = layer.attention;
+      for (LoraLinear *l : {&a.q, &a.k, &a.v, &a.o, &a.qA, &a.qB, &a.kvA, &a.kvB})
+        if (l->weight.defined() && targeted(l->hfPath))
+          addLora(*l);
+      FfnLayer &f = layer.ffn;
+      for (LoraLinear *l : {&f.gate, &f.up, &f.down, &f.sharedGate, &f.sharedUp, &f.sharedDown})
+        if (l->weight.defined() && targeted(l->hfPath))
+          addLora(*l);
+      if (f.isMoe()) {
+        if (def.lora.router && f.router.weight.defined())
+          addLora(f.router);
+        std::string experts = f.gateUp.hfParam.substr(0, f.gateUp.hfParam.rfind('.'));
+        for (ExpertLinear *x : {&f.gateUp, &f.expertDown})
+          if (targeted(x->hfParam) || targeted(experts))
+            addLora(*x);
+      }
+    }
+  }
+
+  // -- forward -------------------------------------------------------------
+
+  torch::Tensor hidden(const torch::Tensor &ids, bool training) {
+    torch::Tensor x = torch::embedding(embedding, ids.to(options.device));
+    const int64_t seqLen = ids.size(1);
+    std::map<std::string, RopeTables> tables;
+    for (size_t i = 0; i < layers.size(); ++i) {
+      Layer &layer = layers[i];
+      const RopeDef &rope = layer.attention.def.rope;
+      std::ostringstream key;
+      key.precision(17);
+      key << rope.rotaryDim << '/' << rope.theta << '/' << rope.interleaved << '/' << rope.scaling << '/'
+          << rope.factor << '/' << rope.originalMaxPositions << '/' << rope.betaFast << '/' << rope.betaSlow
+          << '/' << rope.mscale << '/' << rope.mscaleAllDim << '/' << rope.truncate << '/' << rope.lowFreqFactor
+          << '/' << rope.highFreqFactor;
+      auto it = tables.find(key.str());
+      if (it == tables.end() && rope.rotaryDim > 0)
+        it = tables.emplace(key.str(), ropeTables(rope, seqLen, x.device())).first;
+      RopeTables none;
+      const RopeTables &t = it == tables.end() ? none : it->second;
+      x = x + layer.attention.forward(rmsNorm(x, layer.inputNorm, def.normEps), t, training);
+      torch::Tensor load;
+      x = x + layer.ffn.forward(rmsNorm(x, layer.postAttentionNorm, def.normEps), training, &load);
+      lastLoad[i] = load.defined() ? load.detach() : torch::Tensor();
+    }
+    return rmsNorm(x, finalNorm, def.normEps);
+  }
+};
+
+Model::Model(const ModelDef &def, const std::string &modelDir, const ModelOptions &options)
+    : impl(std::make_unique<ModelImpl>(def, modelDir, options)) {
+  impl->injectLora();
+}
+
+Model::~Model() = default;
+
+const ModelDef &Model::def() const { return impl->def; }
+
+torch::Tensor Model::logits(const torch::Tensor &ids) {
+  torch::Tensor h = impl->hidden(ids, /*training=*/false);
+  return torch::linear(h, impl->lmHead).to(torch::kFloat32);
+}
+
+torch::Tensor Model::loss(const torch::Tensor &ids, const torch::Tensor &labels) {
+  torch::Tensor h = impl->hidden(ids, /*training=*/true);
+  torch::Tensor logits = torch::linear(h, impl->lmHead).to(torch::kFloat32);
+  const int64_t seqLen = ids.size(1);
+  torch::Tensor shifted = logits.narrow(1, 0, seqLen - 1).reshape({-1, logits.size(-1)});
+  torch::Tensor targets = labels.to(logits.device()).narrow(1, 1, seqLen - 1).reshape({-1});
+  return torch::nn::functional::cross_entropy(
+      shifted, targets, torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
+}
+
+std::vector<AdapterTensor> Model::adapters() const {
+  std::vector<AdapterTensor> out;
+  const std::string base = "base_model.model.";
+  auto addLinear = [&](const LoraLinear &l) {
+    if (!l.hasLora())
+      return;
+    out.push_back({base + l.hfPath + ".lora_A.weight", l.loraA});
+    out.push_back({base + l.hfPath + ".lora_B.weight", l.loraB});
+  };
+  for (const Layer &layer : impl->layers) {
+    const AttentionLayer &a = layer.attention;
+    for (const LoraLinear *l : {&a.q, &a.k, &a.v, &a.o, &a.qA, &a.qB, &a.kvA, &a.kvB})
+      addLinear(*l);
+    const FfnLayer &f = layer.ffn;
+    for (const LoraLinear *l : {&f.router, &f.gate, &f.up, &f.down, &f.sharedGate, &f.sharedUp, &f.sharedDown})
+      addLinear(*l);
+    // PEFT nests one ParamWrapper per targeted parameter of the experts
+    // module; with both targeted, gate_up_proj is the inner (base_layer) one.
+    if (f.gateUp.hasLora() || f.expertDown.hasLora()) {
+      std::string experts = base + f.gateUp.hfParam.substr(0, f.gateUp.hfParam.rfind('.'));
+      bool both = f.gateUp.hasLora() && f.expertDown.hasLora();
+      if (f.gateUp.hasLora()) {
+        std::string p = experts + (both ? ".base_layer" : "");
+        out.push_back({p + ".lora_A.weight", f.gateUp.loraA});
+        out.push_back({p + ".lora_B.weight", f.gateUp.loraB});
+      }
+      if (f.expertDown.hasLora()) {
+        out.push_back({experts + ".lora_A.weight", f.expertDown.loraA});
+        out.push_back({experts + ".lora_B.weight", f.expertDown.loraB});
+      }
+    }
+  }
+  return out;
+}
+
+std::string Model::peftConfigJson(const std::string &baseModelPath) const {
+  std::set<std::string> modules, parameters;
+  for (size_t i = 0; i < impl->layers.size(); ++i) {
+    const Layer &layer = impl->layers[i];
+    const std::string &prefix = impl->def.layers[i].hfPrefix;
+    auto rel = [&](const std::string &path) { return path.substr(prefix.size()); };
+    const AttentionLayer &a = layer.attention;
+    for (const LoraLinear *l : {&a.q, &a.k, &a.v, &a.o, &a.qA, &a.qB, &a.kvA, &a.kvB})
+      if (l->hasLora())
+        modules.insert(rel(l->hfPath));
+    const FfnLayer &f = layer.ffn;
+    for (const LoraLinear *l : {&f.gate, &f.up, &f.down, &f.sharedGate, &f.sharedUp, &f.sharedDown})
+      if (l->hasLora())
+        modules.insert(rel(l->hfPath));
+    if (f.router.hasLora())
+      parameters.insert(rel(f.router.hfPath) + ".weight");
+    for (const ExpertLinear *x : {&f.gateUp, &f.expertDown})
+      if (x->hasLora())
+        parameters.insert(rel(x->hfParam));
+  }
+  auto list = [](const std::set<std::string> &items) {
+    std::string s = "[";
+    for (const std::string &i : items)
+      s += (s.size() > 1 ? ", " : "") + jsonString(i);
+    return s + "]";
+  };
+  const LoraDef &lora = impl->def.lora;
+  std::ostringstream os;
+  os.precision(17);
+  // PEFT refuses dropout on expert parameters; dropout only acts in training.
+  double dropout = parameters.empty() ? lora.dropout : 0.0;
+  os << "{\n"
+     << "  \"base_model_name_or_path\": " << jsonString(baseModelPath) << ",\n"
+     << "  \"bias\": \"none\",\n"
+     << "  \"fan_in_fan_out\": false,\n"
+     << "  \"inference_mode\": true,\n"
+     << "  \"init_lora_weights\": true,\n"
+     << "  \"lora_alpha\": " << lora.alpha << ",\n"
+     << "  \"lora_bias\": false,\n"
+     << "  \"lora_dropout\": " << dropout << ",\n"
+     << "  \"modules_to_save\": null,\n"
+     << "  \"peft_type\": \"LORA\",\n"
+     << "  \"r\": " << lora.rank << ",\n"
+     << "  \"target_modules\": " << list(modules) << ",\n"
+     << "  \"target_parameters\": " << (parameters.empty() ? std::string("null") : list(parameters)) << ",\n"
+     << "  \"task_type\": \"CAUSAL_LM\",\n"
+     << "  \"use_dora\": false,\n"
+     << "  \"use_rslora\": " << (lora.rslora ? "true" : "false") << "\n"
+     << "}\n";
+  return os.str();
+}
+
+namespace {
+
+/// W + scale * B A for a linear adapter, in fp32.
+torch::Tensor mergedLinear(const LoraLinear &l) {
+  torch::Tensor w = l.weight.to(torch::kFloat32);
+  return w + l.scale * torch::matmul(l.loraB.detach(), l.loraA.detach()).to(w.device());
+}
+
+/// W[e] + scale * B_e A_e for every expert, [E, out, in] in fp32.
+torch::Tensor mergedExperts(const ExpertLinear &x) {
+  const int64_t e = x.weight.size(0), out = x.weight.size(1), in = x.weight.size(2);
+  const int64_t r = x.loraA.size(0) / e;
+  torch::Tensor a = x.loraA.detach().view({e, r, in});
+  torch::Tensor b = x.loraB.detach().view({out, r, e}).permute({2, 0, 1});
+  return x.weight.to(torch::kFloat32) + x.scale * torch::bmm(b, a);
+}
+
+} // namespace
+
+std::vector<std::pair<std::string, torch::Tensor>> Model::mergedWeights() const {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  auto dtypeOf = [&](const std::string &name) { return impl->options.dtype; };
+  auto emit = [&](const std::string &name, const torch::Tensor &t) {
+    out.push_back({name, t.to(dtypeOf(name)).cpu().contiguous()});
+  };
+  for (size_t i = 0; i < impl->layers.size(); ++i) {
+    const Layer &layer = impl->layers[i];
+    const AttentionLayer &a = layer.attention;
+    const FfnLayer &f = layer.ffn;
+    for (const LoraLinear *l : {&a.q, &a.k, &a.v, &a.o, &a.qA, &a.qB, &a.kvA, &a.kvB, &f.router, &f.gate,
+                                &f.up, &f.down, &f.sharedGate, &f.sharedUp, &f.sharedDown})
+      if (l->hasLora())
+        emit(l->checkpointName, mergedLinear(*l));
+    const auto &w = f.def.weights;
+    const int64_t width = f.def.intermediate;
+    if (f.gateUp.hasLora()) {
+      torch::Tensor m = mergedExperts(f.gateUp);
+      if (f.def.fusedLayout.empty()) {
+        for (int64_t e = 0; e < m.size(0); ++e) {
+          emit(expertName(w.at("gate_proj"), e), m[e].narrow(0, 0, width));
+          emit(expertName(w.at("up_proj"), e), m[e].narrow(0, width, width));
+        }
+      } else {
+        emit(w.at("gate_up_proj"), f.def.fusedLayout == "concat_out_in" ? m : m.transpose(1, 2));
+      }
+    }
+    if (f.expertDown.hasLora()) {
+      torch::Tensor m = mergedExperts(f.expertDown);
+      if (f.def.fusedLayout.empty()) {
+        for (int64_t e = 0; e < m.size(0); ++e)
+          emit(expertName(w.at("down_proj"), e), m[e]);
+      } else {
+        emit(w.at("down_proj"), f.def.fusedLayout == "concat_out_in" ? m : m.transpose(1, 2));
+      }
+    }
+  }
+  return out;
+}
+
+ExpertLoad Model::expertLoad() const {
+  ExpertLoad out;
+  for (const torch::Tensor &t : impl->lastLoad) {
+    std::vector<int64_t> counts;
+    if (t.defined()) {
+      torch::Tensor c = t.to(torch::kCPU, torch::kInt64).contiguous();
+      counts.assign(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+    }
+    out.push_back(std::move(counts));
+  }
+  return out;
+}
+
+double Model::flopsPerToken(int64_t seqLen) const {
+  // 2 FLOPs per multiply-add of every weight a token meets, plus attention.
+  const ModelDef &d = impl->def;
+  double flops = 2.0 * d.vocab * d.hidden;
+  for (const LayerDef &l : d.layers) {
+    const AttentionDef &a = l.attention;
+    double proj;
+    if (a.kind == AttentionKind::Mla) {
+      double qHead = a.qkNopeDim + a.qkRopeDim;
+      double q = a.qLoraRank > 0 ? a.qLoraRank * (d.hidden + a.heads * qHead) : d.hidden * a.heads * qHead;
+      proj = q + d.hidden * (a.kvLoraRank + a.qkRopeDim) + a.kvLoraRank * a.heads * (a.qkNopeDim + a.vHeadDim) +
+             a.heads * a.vHeadDim * d.hidden;
+    } else {
+      proj = d.hidden * (a.heads * a.headDim + a.kvHeads * (a.headDim + a.vHeadDim)) + a.heads * a.vHeadDim * d.hidden;
+    }
+    double span = seqLen / 2.0;
+    if (a.slidingWindow > 0)
+      span = std::min<double>(span, a.slidingWindow);
+    if (a.chunkSize > 0)
+      span = std::min<double>(span, a.chunkSize / 2.0);
+    flops += 2.0 * proj + 2.0 * a.heads * (a.headDim + a.vHeadDim) * span;
+    const FfnDef &f = l.ffn;
+    double ffn = f.experts > 0 ? 3.0 * d.hidden * f.intermediate * f.topK + d.hidden * f.experts +
+                                     3.0 * d.hidden * f.sharedIntermediate
+                               : 3.0 * d.hidden * f.intermediate;
+    flops += 2.0 * ffn;
+  }
+  return flops;
+}
+
+} // namespace adapt::rt

@@ -1,0 +1,81 @@
+//===- Model.h - a decoder assembled from the operator library --*- C++ -*-===//
+//
+// The runtime's model: built from a ModelDef, base weights loaded from the
+// checkpoint's safetensors (frozen, never given gradients), LoRA adapters
+// created for the targets the ModelDef names. The trainer only sees this
+// interface.
+//
+//===----------------------------------------------------------------------===//
+#ifndef ADAPT_RUNTIME_MODEL_H
+#define ADAPT_RUNTIME_MODEL_H
+
+#include "runtime/ModelDef.h"
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace adapt::rt {
+
+/// Where and in which precision the model lives.
+struct ModelOptions {
+  torch::Device device = torch::kCPU;
+  torch::ScalarType dtype = torch::kFloat32; ///< Base weights and activations.
+  uint64_t seed = 0;                         ///< LoRA A initialisation.
+  /// Called while loading: (tensors done, tensors in all). May be empty.
+  std::function<void(int64_t, int64_t)> progress;
+};
+
+/// One trainable adapter tensor with the key PEFT's adapter_model.safetensors
+/// uses for it ("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight").
+struct AdapterTensor {
+  std::string peftKey;
+  torch::Tensor value; ///< requires_grad; fp32 master copy.
+};
+
+/// Per decoder layer, how many tokens each routed expert received in the last
+/// forward (empty for dense layers).
+using ExpertLoad = std::vector<std::vector<int64_t>>;
+
+class ModelImpl;
+
+/// A decoder-only model, frozen base weights plus LoRA adapters.
+class Model {
+public:
+  /// Builds \p def and loads its base weights from \p modelDir (config.json's
+  /// folder). Throws adapt::rt::LoadError naming the file and tensor on a
+  /// missing or mismatched tensor.
+  Model(const ModelDef &def, const std::string &modelDir, const ModelOptions &options);
+  ~Model();
+  Model(const Model &) = delete;
+  Model &operator=(const Model &) = delete;
+
+  /// Logits [B, T, vocab] (fp32) for token ids [B, T] (int64).
+  torch::Tensor logits(const torch::Tensor &ids);
+  /// Mean next-token cross-entropy: position t predicts ids[t+1]; labels
+  /// equal to -100 are ignored. A scalar with a graph back to the adapters.
+  torch::Tensor loss(const torch::Tensor &ids, const torch::Tensor &labels);
+
+  /// Every adapter tensor, in a fixed order (layer, module, A before B).
+  std::vector<AdapterTensor> adapters() const;
+  /// The adapter_config.json PEFT needs to load adapters() (as a JSON text).
+  std::string peftConfigJson(const std::string &baseModelPath) const;
+  /// Base tensors with the adapters folded in, under their checkpoint names
+  /// (per-expert names split back out), for `merge`. CPU, checkpoint dtype.
+  std::vector<std::pair<std::string, torch::Tensor>> mergedWeights() const;
+  /// Token counts per routed expert from the last forward.
+  ExpertLoad expertLoad() const;
+  /// Forward FLOPs per token (matmuls, attention at \p seqLen), for MFU.
+  double flopsPerToken(int64_t seqLen) const;
+  const ModelDef &def() const;
+
+private:
+  std::unique_ptr<ModelImpl> impl;
+};
+
+} // namespace adapt::rt
+
+#endif // ADAPT_RUNTIME_MODEL_H

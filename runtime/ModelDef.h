@@ -1,0 +1,144 @@
+//===- ModelDef.h - what a generated trainer tells the runtime --*- C++ -*-===//
+//
+// The contract between code generation and the runtime. A generated training
+// program fills one ModelDef (plain data: numbers, flags and the checkpoint's
+// own tensor names) and hands it to the runtime, which assembles the model
+// from its operator library. No LibTorch here, so the code generator and its
+// tests can include it cheaply.
+//
+// Tensor names are the checkpoint's. Per-expert tensors carry "{e}" for the
+// expert number; the loader stacks them into one grouped tensor [E, out, in].
+//
+//===----------------------------------------------------------------------===//
+#ifndef ADAPT_RUNTIME_MODELDEF_H
+#define ADAPT_RUNTIME_MODELDEF_H
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace adapt::rt {
+
+/// Rotary position embedding of one attention layer.
+struct RopeDef {
+  bool enabled = true;        ///< false: NoPE layer (Llama-4's global layers).
+  int64_t rotaryDim = 0;      ///< Leading head dims that rotate (partial RoPE).
+  double theta = 10000.0;
+  bool interleaved = false;   ///< Pairs (2i, 2i+1) rotate; else halves (rotate_half).
+  std::string scaling;        ///< ""|"yarn"|"llama3"
+  double factor = 1.0;
+  int64_t originalMaxPositions = 0;
+  double betaFast = 32.0, betaSlow = 1.0;          ///< YaRN.
+  double mscale = 1.0, mscaleAllDim = 0.0;         ///< YaRN (DeepSeek form).
+  bool truncate = true;                            ///< YaRN: round the ramp bounds.
+  double lowFreqFactor = 1.0, highFreqFactor = 4.0; ///< llama3.
+};
+
+/// Which attention computation a layer uses.
+enum class AttentionKind { Gqa, Mla };
+
+/// One attention layer: GQA/MHA (with QK-norm, biases, sinks, windows) or
+/// DeepSeek's multi-head latent attention.
+struct AttentionDef {
+  AttentionKind kind = AttentionKind::Gqa;
+  int64_t heads = 0, kvHeads = 0;
+  int64_t headDim = 0;        ///< q/k head dim (MLA: nope + rope).
+  int64_t vHeadDim = 0;       ///< v head dim.
+  /// "" none, "head": RMSNorm over each head (Qwen3, GLM), "full": RMSNorm
+  /// over all heads' width before the split (MiniMax-M2), "l2": weightless L2
+  /// norm after RoPE (Llama-4).
+  std::string qkNorm;
+  bool qkvBias = false, outBias = false;
+  bool sinks = false;         ///< Learned per-head sink logits (gpt-oss).
+  int64_t slidingWindow = 0;  ///< >0: attend to the last N positions only.
+  int64_t chunkSize = 0;      ///< >0: attend within fixed chunks (Llama-4).
+  double softmaxScale = 0.0;  ///< 0: 1/sqrt(headDim).
+  /// Llama-4 NoPE layers: q scaled by log1p(floor((pos+1)/floorScale))*attnScale+1.
+  bool temperatureTuning = false;
+  double floorScale = 8192.0, attnScale = 0.1;
+  // MLA.
+  int64_t qLoraRank = 0, kvLoraRank = 0, qkNopeDim = 0, qkRopeDim = 0;
+  RopeDef rope;
+  /// Role -> checkpoint name: q_proj, k_proj, v_proj, o_proj (+ ".bias"),
+  /// q_norm, k_norm, sinks; MLA: q_a_proj, q_a_layernorm, q_b_proj,
+  /// kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj.
+  std::map<std::string, std::string> weights;
+};
+
+/// How a MoE layer picks experts and weighs their outputs.
+enum class RouterKind {
+  SoftmaxTopK,   ///< softmax over all, top-k, optional renormalise (Qwen, Mixtral).
+  SigmoidTopK,   ///< sigmoid, (+bias) group-limited top-k, renormalise, scale (DeepSeek, MiniMax-M2).
+  TopKSoftmax,   ///< top-k of logits, softmax over the k (gpt-oss).
+  TopKSigmoidInput, ///< top-k of logits, sigmoid scales the expert input (Llama-4).
+};
+
+/// Expert activation.
+enum class ExpertAct { SwiGLU, ClampedSwiGLU };
+
+/// Mixture of experts, or (experts == 0) a dense gated MLP.
+struct FfnDef {
+  int64_t experts = 0, topK = 0;
+  int64_t intermediate = 0;       ///< Per-expert width, or the dense MLP's.
+  RouterKind router = RouterKind::SoftmaxTopK;
+  bool normTopK = false;
+  double routedScaling = 1.0;
+  bool correctionBias = false;    ///< e_score_correction_bias used for selection.
+  int64_t groups = 1, topKGroups = 1;
+  bool routerBias = false;
+  ExpertAct act = ExpertAct::SwiGLU;
+  double swigluAlpha = 1.702, swigluLimit = 7.0; ///< ClampedSwiGLU.
+  bool expertBias = false;
+  /// Checkpoint stores fused gate_up: "" per-expert split tensors,
+  /// "concat_out_in" [E, 2I, H] gate then up, "interleaved_in_out" [E, H, 2I]
+  /// gate/up alternating (gpt-oss), "concat_in_out" [E, H, 2I] (Llama-4).
+  std::string fusedLayout;
+  int64_t sharedIntermediate = 0; ///< Shared expert width (all shared fused).
+  bool sharedGate = false;        ///< Sigmoid gate on the shared expert.
+  /// Role -> checkpoint name. Dense: gate_proj, up_proj, down_proj.
+  /// MoE: router (+ .bias), correction_bias, gate_proj/up_proj/down_proj with
+  /// "{e}" or gate_up_proj/down_proj fused (+ _bias), shared.gate_proj,
+  /// shared.up_proj, shared.down_proj, shared_gate.
+  std::map<std::string, std::string> weights;
+};
+
+/// One decoder layer: pre-norm attention and pre-norm FFN, residuals.
+struct LayerDef {
+  int64_t index = 0;
+  AttentionDef attention;
+  FfnDef ffn;
+  std::string inputNorm, postAttentionNorm; ///< RMSNorm weight names.
+  /// Module path of this layer in the Hugging Face model, for PEFT keys:
+  /// "model.layers.3." The FFN's module is "mlp." there in every family.
+  std::string hfPrefix;
+  std::string hfAttention = "self_attn.", hfFfn = "mlp.";
+};
+
+/// A LoRA target: modules whose Hugging Face path matches one of these
+/// patterns get adapters ("q_proj", "experts", "self_attn.*", ...).
+struct LoraDef {
+  int64_t rank = 8;
+  double alpha = 16.0;
+  double dropout = 0.0;
+  bool rslora = false;
+  std::vector<std::string> targets;
+  bool router = false;   ///< Adapt the router too (off by default).
+};
+
+/// The whole decoder-only model.
+struct ModelDef {
+  std::string family;       ///< adapt's family id, e.g. "qwen3_moe".
+  std::string modelType;    ///< config.json's model_type, for the adapter config.
+  std::string architecture; ///< architectures[0].
+  int64_t vocab = 0, hidden = 0;
+  double normEps = 1e-6;
+  bool tieEmbeddings = false;
+  std::string embedding, finalNorm, lmHead; ///< Weight names.
+  std::vector<LayerDef> layers;
+  LoraDef lora;
+};
+
+} // namespace adapt::rt
+
+#endif // ADAPT_RUNTIME_MODELDEF_H

@@ -1,0 +1,252 @@
+//===- Ops.cpp - the operator library's stateless kernels -----------------===//
+
+#include "runtime/Ops.h"
+
+#include <cmath>
+
+namespace adapt::rt {
+
+torch::Tensor rmsNorm(const torch::Tensor &x, const torch::Tensor &weight, double eps) {
+  torch::Tensor h = x.to(torch::kFloat32);
+  h = h * torch::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  if (!weight.defined())
+    return h.to(x.scalar_type());
+  return weight * h.to(x.scalar_type());
+}
+
+namespace {
+
+/// YaRN's mscale: 0.1 * mscale * ln(factor) + 1 (1 when factor <= 1).
+double yarnMscale(double factor, double mscale) {
+  return factor <= 1.0 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0;
+}
+
+/// Dimension index at which a wavelength completes \p rotations over the
+/// original context (YaRN's correction dim).
+double yarnCorrectionDim(double rotations, int64_t dim, double base, double maxPos) {
+  return (dim * std::log(maxPos / (rotations * 2.0 * M_PI))) / (2.0 * std::log(base));
+}
+
+} // namespace
+
+double ropeAttentionFactor(const RopeDef &rope) {
+  if (rope.scaling != "yarn")
+    return 1.0;
+  if (rope.mscale != 0.0 && rope.mscaleAllDim != 0.0)
+    return yarnMscale(rope.factor, rope.mscale) / yarnMscale(rope.factor, rope.mscaleAllDim);
+  return yarnMscale(rope.factor, 1.0);
+}
+
+torch::Tensor ropeInverseFrequencies(const RopeDef &rope) {
+  const int64_t dim = rope.rotaryDim;
+  // base^(2i/dim) in fp32, computed as the reference does.
+  torch::Tensor exponents = torch::arange(0, dim, 2, torch::kInt64).to(torch::kFloat32) / dim;
+  torch::Tensor posFreqs = torch::pow(rope.theta, exponents);
+  torch::Tensor inv = 1.0 / posFreqs;
+  if (rope.scaling == "yarn") {
+    double maxPos = static_cast<double>(rope.originalMaxPositions);
+    double low = yarnCorrectionDim(rope.betaFast, dim, rope.theta, maxPos);
+    double high = yarnCorrectionDim(rope.betaSlow, dim, rope.theta, maxPos);
+    if (rope.truncate) {
+      low = std::floor(low);
+      high = std::ceil(high);
+    }
+    low = std::max(low, 0.0);
+    high = std::min(high, static_cast<double>(dim - 1));
+    if (low == high)
+      high += 0.001;
+    torch::Tensor ramp = ((torch::arange(dim / 2, torch::kFloat32) - low) / (high - low)).clamp(0, 1);
+    torch::Tensor extrapolationFactor = 1 - ramp;
+    torch::Tensor interpolation = 1.0 / (rope.factor * posFreqs);
+    inv = interpolation * (1 - extrapolationFactor) + inv * extrapolationFactor;
+  } else if (rope.scaling == "llama3") {
+    double oldContext = static_cast<double>(rope.originalMaxPositions);
+    double lowWavelen = oldContext / rope.lowFreqFactor;
+    double highWavelen = oldContext / rope.highFreqFactor;
+    torch::Tensor wavelen = 2 * M_PI / inv;
+    torch::Tensor scaled = torch::where(wavelen > lowWavelen, inv / rope.factor, inv);
+    torch::Tensor smooth = (oldContext / wavelen - rope.lowFreqFactor) /
+                           (rope.highFreqFactor - rope.lowFreqFactor);
+    torch::Tensor smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled;
+    torch::Tensor medium = (wavelen >= highWavelen).logical_and(wavelen <= lowWavelen);
+    inv = torch::where(medium, smoothed, scaled);
+  }
+  return inv;
+}
+
+RopeTables ropeTables(const RopeDef &rope, int64_t seqLen, torch::Device device) {
+  torch::Tensor inv = ropeInverseFrequencies(rope).to(device);
+  torch::Tensor pos = torch::arange(seqLen, torch::TensorOptions().dtype(torch::kFloat32).device(device));
+  torch::Tensor freqs = torch::outer(pos, inv); // [T, dim/2]
+  torch::Tensor emb = rope.interleaved ? freqs.repeat_interleave(2, -1) : torch::cat({freqs, freqs}, -1);
+  double factor = ropeAttentionFactor(rope);
+  return {emb.cos() * factor, emb.sin() * factor};
+}
+
+torch::Tensor applyRope(const torch::Tensor &x, const RopeTables &t, bool interleaved) {
+  const int64_t rot = t.cos.size(-1);
+  torch::Tensor xr = x.narrow(-1, 0, rot);
+  torch::Tensor rotated;
+  if (interleaved) {
+    // (x0, x1) -> (-x1, x0) for each pair.
+    torch::Tensor pairs = xr.unflatten(-1, {rot / 2, 2});
+    rotated = torch::stack({-pairs.select(-1, 1), pairs.select(-1, 0)}, -1).flatten(-2);
+  } else {
+    rotated = torch::cat({-xr.narrow(-1, rot / 2, rot / 2), xr.narrow(-1, 0, rot / 2)}, -1);
+  }
+  torch::Tensor cos = t.cos.to(x.scalar_type()), sin = t.sin.to(x.scalar_type());
+  torch::Tensor out = xr * cos + rotated * sin;
+  if (rot == x.size(-1))
+    return out;
+  return torch::cat({out, x.narrow(-1, rot, x.size(-1) - rot)}, -1);
+}
+
+namespace {
+
+/// [T, T] boolean: true where query i may attend to key j.
+torch::Tensor visibility(int64_t seqLen, const AttentionMask &mask, torch::Device device) {
+  auto opts = torch::TensorOptions().dtype(torch::kInt64).device(device);
+  torch::Tensor i = torch::arange(seqLen, opts).unsqueeze(1);
+  torch::Tensor j = torch::arange(seqLen, opts).unsqueeze(0);
+  torch::Tensor ok = j <= i;
+  if (mask.slidingWindow > 0)
+    ok = ok.logical_and((i - j) < mask.slidingWindow);
+  if (mask.chunkSize > 0)
+    ok = ok.logical_and(torch::div(i, mask.chunkSize, "floor") == torch::div(j, mask.chunkSize, "floor"));
+  return ok;
+}
+
+} // namespace
+
+torch::Tensor attention(const torch::Tensor &q, const torch::Tensor &k,
+                        const torch::Tensor &v, double scale,
+                        const AttentionMask &mask, const torch::Tensor &sinks) {
+  const int64_t seqLen = q.size(2);
+  const bool plainCausal = mask.slidingWindow <= 0 && mask.chunkSize <= 0;
+  if (!sinks.defined()) {
+    std::optional<torch::Tensor> bias;
+    if (!plainCausal)
+      bias = visibility(seqLen, mask, q.device());
+    return at::scaled_dot_product_attention(q, k, v, bias, 0.0, /*is_causal=*/plainCausal,
+                                            scale, /*enable_gqa=*/true);
+  }
+  // Sinks: an extra logit per head that takes probability mass and no value.
+  const int64_t groups = q.size(1) / k.size(1);
+  torch::Tensor kk = groups > 1 ? k.repeat_interleave(groups, 1) : k;
+  torch::Tensor vv = groups > 1 ? v.repeat_interleave(groups, 1) : v;
+  torch::Tensor scores = torch::matmul(q, kk.transpose(-2, -1)).to(torch::kFloat32) * scale;
+  scores = scores.masked_fill(visibility(seqLen, mask, q.device()).logical_not(),
+                              -std::numeric_limits<float>::infinity());
+  torch::Tensor sinkCol = sinks.to(torch::kFloat32).view({1, -1, 1, 1}).expand({q.size(0), -1, seqLen, 1});
+  torch::Tensor all = torch::cat({scores, sinkCol}, -1);
+  all = all - std::get<0>(all.max(-1, true)).detach();
+  torch::Tensor probs = torch::softmax(all, -1).narrow(-1, 0, seqLen);
+  return torch::matmul(probs.to(v.scalar_type()), vv);
+}
+
+Routing route(const torch::Tensor &logits, const FfnDef &ffn, const torch::Tensor &bias) {
+  const int64_t k = ffn.topK;
+  torch::Tensor l = logits.to(torch::kFloat32);
+  switch (ffn.router) {
+  case RouterKind::SoftmaxTopK: {
+    torch::Tensor probs = torch::softmax(l, -1);
+    auto [w, idx] = probs.topk(k, -1);
+    if (ffn.normTopK)
+      w = w / w.sum(-1, true);
+    return {idx, w * ffn.routedScaling};
+  }
+  case RouterKind::SigmoidTopK: {
+    torch::Tensor scores = torch::sigmoid(l);
+    torch::Tensor choice = bias.defined() ? scores + bias.to(torch::kFloat32) : scores;
+    if (ffn.groups > 1) {
+      const int64_t n = l.size(0), perGroup = l.size(1) / ffn.groups;
+      torch::Tensor grouped = choice.view({n, ffn.groups, perGroup});
+      torch::Tensor groupScores = std::get<0>(grouped.topk(2, -1)).sum(-1);
+      torch::Tensor keep = std::get<1>(groupScores.topk(ffn.topKGroups, -1));
+      torch::Tensor groupMask = torch::zeros_like(groupScores).scatter_(1, keep, 1.0);
+      torch::Tensor expertMask = groupMask.unsqueeze(-1).expand({n, ffn.groups, perGroup}).reshape({n, -1});
+      choice = choice.masked_fill(expertMask.logical_not(), 0.0);
+    }
+    torch::Tensor idx = std::get<1>(choice.topk(k, -1));
+    torch::Tensor w = scores.gather(1, idx);
+    if (ffn.normTopK)
+      w = w / (w.sum(-1, true) + 1e-20);
+    return {idx, w * ffn.routedScaling};
+  }
+  case RouterKind::TopKSoftmax: {
+    auto [top, idx] = l.topk(k, -1);
+    return {idx, torch::softmax(top, -1)};
+  }
+  case RouterKind::TopKSigmoidInput: {
+    auto [top, idx] = l.topk(k, -1);
+    return {idx, torch::sigmoid(top)};
+  }
+  }
+  throw std::logic_error("unknown router kind");
+}
+
+ExpertGroups groupByExpert(const Routing &routing, int64_t experts) {
+  const int64_t k = routing.experts.size(1);
+  torch::Tensor flat = routing.experts.reshape({-1});
+  torch::Tensor order = std::get<1>(flat.sort(/*stable=*/true, 0, false));
+  ExpertGroups g;
+  g.expertOfRow = flat.index_select(0, order);
+  g.tokenOfRow = torch::div(order, k, "floor");
+  g.weightOfRow = routing.weights.reshape({-1}).index_select(0, order);
+  g.counts = torch::bincount(flat, {}, experts);
+  g.offsets = g.counts.cumsum(0).to(torch::kInt32);
+  return g;
+}
+
+namespace {
+
+/// Whether LibTorch has a grouped-GEMM kernel for this device and dtype.
+bool hasGroupedMm(const torch::Tensor &x) {
+  if (x.device().is_cpu())
+    return x.scalar_type() == torch::kFloat32 || x.scalar_type() == torch::kBFloat16;
+  return x.device().is_cuda() && x.scalar_type() == torch::kBFloat16;
+}
+
+} // namespace
+
+torch::Tensor groupedLinear(const torch::Tensor &x, const torch::Tensor &w,
+                            const ExpertGroups &groups) {
+  // w is [E, N, K]; the grouped GEMM wants [E, K, N]: a transposed view.
+  torch::Tensor wt = w.contiguous().transpose(-2, -1);
+  if (hasGroupedMm(x) && x.size(0) > 0)
+    return at::_grouped_mm(x.contiguous(), wt, groups.offsets);
+  // Fallback: one matmul per expert over its contiguous row range.
+  std::vector<torch::Tensor> parts;
+  torch::Tensor counts = groups.counts.cpu();
+  int64_t begin = 0;
+  for (int64_t e = 0; e < w.size(0); ++e) {
+    int64_t n = counts[e].item<int64_t>();
+    if (n > 0)
+      parts.push_back(torch::matmul(x.narrow(0, begin, n), wt[e]));
+    begin += n;
+  }
+  if (parts.empty())
+    return torch::zeros({0, w.size(1)}, x.options());
+  return torch::cat(parts, 0);
+}
+
+torch::Tensor gatedActivation(const torch::Tensor &gateUp, bool interleaved, const FfnDef &ffn) {
+  const int64_t width = gateUp.size(-1) / 2;
+  torch::Tensor gate, up;
+  if (interleaved) {
+    gate = gateUp.slice(-1, 0, 2 * width, 2);
+    up = gateUp.slice(-1, 1, 2 * width, 2);
+  } else {
+    gate = gateUp.narrow(-1, 0, width);
+    up = gateUp.narrow(-1, width, width);
+  }
+  if (ffn.act == ExpertAct::ClampedSwiGLU) {
+    gate = gate.clamp_max(ffn.swigluLimit);
+    up = up.clamp(-ffn.swigluLimit, ffn.swigluLimit);
+    torch::Tensor glu = gate * torch::sigmoid(gate * ffn.swigluAlpha);
+    return (up + 1) * glu;
+  }
+  return torch::silu(gate) * up;
+}
+
+} // namespace adapt::rt

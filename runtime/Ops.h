@@ -1,0 +1,91 @@
+//===- Ops.h - the operator library's stateless kernels ---------*- C++ -*-===//
+//
+// Pure functions over tensors: norms, rotary embeddings, attention, routing,
+// grouped expert GEMMs and activations. Each composes ATen operators whose
+// backward LibTorch's autograd derives, so every op has forward and backward
+// in fp32 and bf16 on CPU and CUDA. Modules with weights (Layers.h) call
+// these; numerics follow the Hugging Face reference implementations (norms,
+// softmax and routing computed in fp32).
+//
+//===----------------------------------------------------------------------===//
+#ifndef ADAPT_RUNTIME_OPS_H
+#define ADAPT_RUNTIME_OPS_H
+
+#include "runtime/ModelDef.h"
+
+#include <torch/torch.h>
+
+namespace adapt::rt {
+
+/// RMSNorm over the last dim, computed in fp32; \p weight may be undefined
+/// (weightless, Llama-4's QK norm).
+torch::Tensor rmsNorm(const torch::Tensor &x, const torch::Tensor &weight, double eps);
+
+/// Rotary tables for positions 0..T-1: cos and sin [T, rotaryDim] in fp32,
+/// already multiplied by YaRN's attention factor.
+struct RopeTables {
+  torch::Tensor cos, sin;
+};
+
+/// Inverse frequencies [rotaryDim/2] for \p rope (default, YaRN, llama3).
+torch::Tensor ropeInverseFrequencies(const RopeDef &rope);
+/// YaRN's cos/sin multiplier (1 for other scalings).
+double ropeAttentionFactor(const RopeDef &rope);
+/// Tables for \p seqLen positions on \p device.
+RopeTables ropeTables(const RopeDef &rope, int64_t seqLen, torch::Device device);
+/// Rotates the first rotaryDim dims of \p x [B, H, T, D]: halves
+/// (rotate_half) or interleaved pairs (2i, 2i+1).
+torch::Tensor applyRope(const torch::Tensor &x, const RopeTables &tables, bool interleaved);
+
+/// Which keys each query may see, beyond causality.
+struct AttentionMask {
+  int64_t slidingWindow = 0; ///< key j visible from i when i - j < window.
+  int64_t chunkSize = 0;     ///< key j visible when j / chunk == i / chunk.
+};
+
+/// Scaled dot-product attention. q [B, H, T, Dq], k [B, KV, T, Dq],
+/// v [B, KV, T, Dv] (H a multiple of KV). \p sinks [H] adds one learned
+/// logit per head to the softmax denominator (gpt-oss). Returns [B, H, T, Dv].
+torch::Tensor attention(const torch::Tensor &q, const torch::Tensor &k,
+                        const torch::Tensor &v, double scale,
+                        const AttentionMask &mask, const torch::Tensor &sinks);
+
+/// Expert choice of a router for N tokens.
+struct Routing {
+  torch::Tensor experts; ///< [N, k] int64 expert ids.
+  torch::Tensor weights; ///< [N, k] fp32 combine weights (Llama-4: input scales).
+};
+
+/// Picks experts from router logits [N, E] (fp32) per \p ffn's router kind.
+/// \p correctionBias [E] biases selection only (DeepSeek's aux-loss-free).
+Routing route(const torch::Tensor &logits, const FfnDef &ffn,
+              const torch::Tensor &correctionBias);
+
+/// Tokens grouped by expert: the permutation and group offsets that the
+/// grouped GEMMs use.
+struct ExpertGroups {
+  torch::Tensor tokenOfRow;  ///< [N*k] int64: source token of each sorted row.
+  torch::Tensor weightOfRow; ///< [N*k] fp32 routing weight of each row.
+  torch::Tensor expertOfRow; ///< [N*k] int64 expert of each row.
+  torch::Tensor offsets;     ///< [E] int32 cumulative row counts.
+  torch::Tensor counts;      ///< [E] int64 rows per expert.
+};
+/// Sorts the N*k (token, expert) pairs of \p routing by expert.
+ExpertGroups groupByExpert(const Routing &routing, int64_t experts);
+
+/// Row-grouped matmul: rows of \p x [R, K] in group g (by \p groups.offsets)
+/// are multiplied by \p w [E, N, K] transposed, giving [R, N]. Uses
+/// at::_grouped_mm where LibTorch has a kernel for the device and dtype, and
+/// a per-expert loop otherwise.
+torch::Tensor groupedLinear(const torch::Tensor &x, const torch::Tensor &w,
+                            const ExpertGroups &groups);
+
+/// SwiGLU on a fused gate/up projection [.., 2I]: "concat" halves (gate
+/// first) or "interleaved" (gate at even columns). Clamped form when
+/// \p ffn.act is ClampedSwiGLU (gpt-oss: (up + 1) * gate * sigmoid(alpha gate)).
+torch::Tensor gatedActivation(const torch::Tensor &gateUp, bool interleaved,
+                              const FfnDef &ffn);
+
+} // namespace adapt::rt
+
+#endif // ADAPT_RUNTIME_OPS_H
