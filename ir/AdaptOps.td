@@ -16,7 +16,8 @@ def Adapt_ModelOp : Adapt_Op<"model", [
                        StrAttr:$model_type,
                        StrAttr:$family,
                        PositiveI64Attr:$hidden,
-                       PositiveI64Attr:$vocab);
+                       PositiveI64Attr:$vocab,
+                       DefaultValuedAttr<StrAttr, "\"\"">:$architecture);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = "$sym_name attr-dict-with-keyword $body";
 }
@@ -28,7 +29,9 @@ def Adapt_WeightOp : Adapt_Op<"weight", [Symbol, HasParent<"ModelOp">]> {
     symbol whose type leads with the expert count: with `per_expert`, the
     checkpoint holds one tensor per expert and `{e}` in the name stands for
     the expert number; without it, one fused tensor. `shard` and
-    `disk_dtype` are attached by the manifest check.
+    `disk_dtype` are attached by the manifest check; `lora` ({rank, alpha,
+    module}: the adapter and the Hugging Face module it adapts) by
+    adapt-inject-lora.
   }];
   let arguments = (ins SymbolNameAttr:$sym_name,
                        TypeAttrOf<AnyRankedTensor>:$type,
@@ -37,7 +40,8 @@ def Adapt_WeightOp : Adapt_Op<"weight", [Symbol, HasParent<"ModelOp">]> {
                        UnitAttr:$routed,
                        UnitAttr:$linear,
                        OptionalAttr<StrAttr>:$shard,
-                       OptionalAttr<StrAttr>:$disk_dtype);
+                       OptionalAttr<StrAttr>:$disk_dtype,
+                       OptionalAttr<DictionaryAttr>:$lora);
   let assemblyFormat = "$sym_name `:` $type attr-dict";
   let hasVerifier = 1;
   let extraClassDeclaration = [{
@@ -98,13 +102,41 @@ def Adapt_AttentionOp : Adapt_ComponentOp<"attention", (ins
     DefaultValuedAttr<StrAttr, "\"none\"">:$window,
     DefaultValuedAttr<NonNegativeI64Attr, "0">:$window_size,
     UnitAttr:$sinks, UnitAttr:$output_gate, UnitAttr:$qk_norm,
-    UnitAttr:$qkv_bias)> {
+    UnitAttr:$qkv_bias,
+    // Rotary embedding parameters (config's rope_theta / rope_scaling).
+    DefaultValuedAttr<F64Attr, "10000.0">:$rope_theta,
+    UnitAttr:$rope_interleaved,
+    DefaultValuedAttr<F64Attr, "1.0">:$rope_factor,
+    DefaultValuedAttr<NonNegativeI64Attr, "0">:$rope_original_max_positions,
+    DefaultValuedAttr<F64Attr, "32.0">:$rope_beta_fast,
+    DefaultValuedAttr<F64Attr, "1.0">:$rope_beta_slow,
+    DefaultValuedAttr<F64Attr, "1.0">:$rope_mscale,
+    DefaultValuedAttr<F64Attr, "0.0">:$rope_mscale_all_dim,
+    DefaultValuedAttr<BoolAttr, "true">:$rope_truncate,
+    DefaultValuedAttr<F64Attr, "1.0">:$rope_low_freq_factor,
+    DefaultValuedAttr<F64Attr, "4.0">:$rope_high_freq_factor,
+    DefaultValuedAttr<StrAttr, "\"head\"">:$qk_norm_kind,
+    UnitAttr:$out_bias,
+    DefaultValuedAttr<F64Attr, "0.0">:$softmax_scale,
+    UnitAttr:$temperature_tuning,
+    DefaultValuedAttr<F64Attr, "8192.0">:$floor_scale,
+    DefaultValuedAttr<F64Attr, "0.1">:$attn_scale)> {
   let summary = "Softmax attention: MHA, GQA or MLA";
   let description = [{
     `kind` is `mha`, `gqa` or `mla`. GQA: q_proj is
     [num_heads * head_dim * (output_gate ? 2 : 1), hidden], k/v_proj are
     [num_kv_heads * head_dim, hidden]. MLA: kv_b_proj is
     [num_heads * (head_dim - qk_rope_head_dim + v_head_dim), kv_lora_rank].
+
+    RoPE rotates the first head_dim * rope_partial dims (MLA:
+    qk_rope_head_dim) with base `rope_theta`, adjacent pairs when
+    `rope_interleaved`, else halves; `rope` names the scaling (`yarn`:
+    factor, original_max_positions, beta_fast/slow, mscale, mscale_all_dim,
+    truncate; `llama3`: factor, low/high_freq_factor; `none`: NoPE).
+    `qk_norm_kind`: `head` (RMSNorm per head), `full` (over all heads'
+    width) or `l2` (weightless). `softmax_scale` 0 means 1/sqrt(head_dim).
+    `temperature_tuning` scales q by
+    log1p(floor((pos + 1) / floor_scale)) * attn_scale + 1 (Llama-4 NoPE).
   }];
   let hasVerifier = 1;
 }
@@ -153,13 +185,24 @@ def Adapt_MoEOp : Adapt_ComponentOp<"moe", (ins
     UnitAttr:$shared_gate,
     DefaultValuedAttr<F64Attr, "1.0">:$routed_scaling,
     DefaultValuedAttr<F64Attr, "0.0">:$swiglu_limit,
-    StrAttr:$activation)> {
+    StrAttr:$activation,
+    DefaultValuedAttr<StrAttr, "\"score_topk\"">:$routing,
+    DefaultValuedAttr<F64Attr, "1.702">:$swiglu_alpha,
+    UnitAttr:$expert_bias,
+    DefaultValuedAttr<StrAttr, "\"\"">:$fused_layout)> {
   let summary = "Mixture of experts: router, routed experts, shared experts";
   let description = [{
     y = sum_{e in topk(score(W_r x))} w_e * E_e(x) + S(x), with `scoring`
     softmax or sigmoid, group-limited top-k over `num_groups` groups keeping
     `topk_groups`, optional bias correction of the selection scores, and
     `routed_scaling` on the routed sum.
+
+    `routing`: `score_topk` (score all experts, then top-k), `topk_score`
+    (top-k of the logits, then score the k: gpt-oss) or `topk_score_input`
+    (the same, the score scaling the expert's input: Llama-4).
+    `swiglu_limit` > 0 clamps SwiGLU (gpt-oss, slope `swiglu_alpha`).
+    `fused_layout` says how a fused gate_up tensor is stored: empty for
+    per-expert tensors, `interleaved_in_out` or `concat_in_out`.
   }];
   let hasVerifier = 1;
 }

@@ -53,6 +53,10 @@ LogicalResult AttentionOp::verify() {
   if (getWindow() != "none" && getWindow() != "sliding" &&
       getWindow() != "chunked")
     return emitOpError("window must be none, sliding or chunked");
+  StringRef norm = getQkNormKind();
+  if (norm != "head" && norm != "full" && norm != "l2")
+    return emitOpError("qk_norm_kind must be head, full or l2, got '")
+           << norm << "'";
   return success();
 }
 
@@ -155,6 +159,18 @@ LogicalResult MoEOp::verify() {
     return emitOpError("topk_groups exceeds num_groups");
   if (getScoring() != "softmax" && getScoring() != "sigmoid")
     return emitOpError("scoring must be softmax or sigmoid");
+  StringRef routing = getRouting();
+  if (routing != "score_topk" && routing != "topk_score" &&
+      routing != "topk_score_input")
+    return emitOpError("routing must be score_topk, topk_score or "
+                       "topk_score_input, got '")
+           << routing << "'";
+  StringRef layout = getFusedLayout();
+  if (!layout.empty() && layout != "interleaved_in_out" &&
+      layout != "concat_in_out" && layout != "concat_out_in")
+    return emitOpError("fused_layout must be empty, interleaved_in_out, "
+                       "concat_in_out or concat_out_in, got '")
+           << layout << "'";
   return success();
 }
 

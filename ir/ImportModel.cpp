@@ -29,8 +29,9 @@ public:
     OwningOpRef<ModuleOp> module = ModuleOp::create(loc);
     builder.setInsertionPointToEnd(module->getBody());
     std::string name = spec.modelType.empty() ? "model" : spec.modelType;
-    auto model = builder.create<ModelOp>(
-        loc, name, spec.modelType, spec.family, spec.hidden, spec.vocab);
+    auto model = builder.create<ModelOp>(loc, name, spec.modelType,
+                                         spec.family, spec.hidden, spec.vocab,
+                                         spec.architecture);
     model->setAttr("adapt.dtype", builder.getStringAttr(spec.dtype));
     if (!spec.quant.method.empty()) {
       const QuantSpec &q = spec.quant;
@@ -72,7 +73,7 @@ private:
         auto type = RankedTensorType::get(shape, elementType);
         builder.create<WeightOp>(loc, w.name, type, w.role,
                                  w.experts > 0, w.routed, w.linear,
-                                 StringAttr(), StringAttr());
+                                 StringAttr(), StringAttr(), DictionaryAttr());
       }
   }
 
@@ -107,12 +108,19 @@ private:
     if (c.kind == "attention" || (c.kind == "mla" && m.indexTopK == 0)) {
       bool mla = c.kind == "mla";
       std::string kind = mla ? "mla" : m.numKvHeads == m.numHeads ? "mha" : "gqa";
+      const RopeSpec &r = m.rope;
+      auto f64 = [](double v) { return llvm::APFloat(v); };
       return builder.create<AttentionOp>(
           loc, x.getType(), ValueRange{x}, c.layer, allRefs(c), kind,
           m.numHeads, m.numKvHeads, m.headDim, m.vHeadDim, m.qLoraRank,
-          m.kvLoraRank, m.qkRopeDim, m.rope.type, llvm::APFloat(m.rope.partialFactor),
+          m.kvLoraRank, m.qkRopeDim, r.type, f64(r.partialFactor),
           m.window, m.windowSize, flag(m.sinks), flag(m.outputGate),
-          flag(m.qkNorm), flag(m.qkvBias));
+          flag(m.qkNorm), flag(m.qkvBias), f64(r.theta), flag(r.interleaved),
+          f64(r.factor), r.originalMaxPositions, f64(r.betaFast),
+          f64(r.betaSlow), f64(r.mscale), f64(r.mscaleAllDim), r.truncate,
+          f64(r.lowFreqFactor), f64(r.highFreqFactor), m.qkNormKind,
+          flag(m.outBias), f64(m.softmaxScale), flag(m.temperatureTuning),
+          f64(m.floorScale), f64(m.attnScale));
     }
     if (c.kind == "mla")
       return builder.create<SparseAttentionOp>(
@@ -143,7 +151,8 @@ private:
         f.scoring, f.numGroups, f.topKGroups, flag(f.biasCorrection),
         flag(f.normTopK), flag(f.routerBias), flag(f.sharedGate),
         llvm::APFloat(f.routedScaling),
-        llvm::APFloat(f.swigluLimit), f.activation);
+        llvm::APFloat(f.swigluLimit), f.activation, f.routing,
+        llvm::APFloat(f.swigluAlpha), flag(f.expertBias), f.fusedLayout);
   }
 
   /// The dataflow: embedding, per layer pre-norm mixer and FFN with

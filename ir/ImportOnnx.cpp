@@ -79,7 +79,7 @@ Result<OwningOpRef<ModuleOp>> importOnnxModel(MLIRContext &context,
         auto type = RankedTensorType::get(t->shape, elementTypeFor(b, t->dtype));
         b.create<WeightOp>(loc, name, type, role, false, false,
                            c.kind == "linear" || c.kind == "lm_head",
-                           StringAttr(), StringAttr());
+                           StringAttr(), StringAttr(), DictionaryAttr());
       }
       refs.push_back(FlatSymbolRefAttr::get(&context, name));
     }

@@ -69,7 +69,9 @@ void declareAttention(const ModelSpec &spec, const MixerSpec &m,
   b.linear("k_proj", kvOut, h, m.qkvBias);
   b.linear("v_proj", kvOut, h, m.qkvBias);
   b.linear("o_proj", h, m.numHeads * m.headDim, oBias);
-  if (m.qkNorm) {
+  // Llama-4's QK-norm is a parameter-free L2 norm (transformers'
+  // Llama4TextL2Norm): no tensors.
+  if (m.qkNorm && spec.family != "llama4") {
     if (spec.family == "minimax_m2") {
       b.add("q_norm", "q_norm.weight", {m.numHeads * m.headDim});
       b.add("k_norm", "k_norm.weight", {kvOut});
@@ -198,10 +200,12 @@ void declareMoe(const ModelSpec &spec, const FfnSpec &f, ComponentBuilder &b) {
     return;
   }
   if (spec.family == "llama4") {
+    // Logical [E, out, in] like every linear; stored [E, in, out] (see
+    // expandToDisk).
     b.linear("router", e, h);
     b.fusedExperts("experts.gate_up_proj", "experts.gate_up_proj",
-                   {e, h, 2 * w}, true);
-    b.fusedExperts("experts.down_proj", "experts.down_proj", {e, w, h}, true);
+                   {e, 2 * w, h}, true);
+    b.fusedExperts("experts.down_proj", "experts.down_proj", {e, h, w}, true);
     declareGatedMlp(spec, b, "shared_expert.", f.sharedIntermediate);
     return;
   }
@@ -535,6 +539,15 @@ void expandToDisk(const WeightDecl &weight, int64_t expert,
                    {shape[0], ceilDiv(shape[1], quant.groupSize > 0 ? quant.groupSize : 1)},
                    "BF16"});
     out.push_back({base + "weight_shape", {2}, "I32"});
+    return;
+  }
+  if (weight.linear && weight.routed && weight.experts == 0 &&
+      shape.size() == 3) {
+    // Fused expert matmuls (gpt-oss, Llama-4) are stored unquantized as
+    // [E, in, out], the layout transformers multiplies with (x @ W[e]); the
+    // logical shape is [E, out, in] like every linear, and the MXFP4 blocks
+    // above keep that order.
+    out.push_back({name, {shape[0], shape[2], shape[1]}, dtype});
     return;
   }
   out.push_back({name, shape, dtype});

@@ -12,6 +12,7 @@
 #include "parser/ConfigKeys.h"
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -93,9 +94,21 @@ RopeSpec readRope(ConfigObject &cfg, int64_t headDim) {
     }
     if (scaling->has({"mrope_section"}))
       rope.type = "mrope";
-    scaling->markRead({"beta_fast", "beta_slow", "mscale", "mscale_all_dim",
-                       "truncate", "low_freq_factor", "high_freq_factor",
-                       "mrope_section", "mrope_interleaved"});
+    if (auto v = scaling->getDouble({"beta_fast"}))
+      rope.betaFast = *v;
+    if (auto v = scaling->getDouble({"beta_slow"}))
+      rope.betaSlow = *v;
+    if (auto v = scaling->getDouble({"mscale"}))
+      rope.mscale = *v;
+    if (auto v = scaling->getDouble({"mscale_all_dim"}))
+      rope.mscaleAllDim = *v;
+    if (auto v = scaling->getBool({"truncate"}))
+      rope.truncate = *v;
+    if (auto v = scaling->getDouble({"low_freq_factor"}))
+      rope.lowFreqFactor = *v;
+    if (auto v = scaling->getDouble({"high_freq_factor"}))
+      rope.highFreqFactor = *v;
+    scaling->markRead({"mrope_section", "mrope_interleaved"});
   }
   if (auto interleave = cfg.getBool({"rope_interleave"}))
     rope.interleaved = *interleave;
@@ -231,12 +244,36 @@ MixerSpec readAttention(ConfigObject &cfg, int64_t hidden) {
                   .value_or(false);
   m.qkvBias = bias;
   m.outBias = cfg.getBool({"attention_bias"}).value_or(false);
-  bool perLayerQkNorm = cfg.getString({"qk_norm_type"}).has_value();
-  m.qkNorm = cfg.getBool({"use_qk_norm"}).value_or(false) || perLayerQkNorm;
+  std::optional<std::string> qkNormType = cfg.getString({"qk_norm_type"});
+  m.qkNorm = cfg.getBool({"use_qk_norm"}).value_or(false) || qkNormType;
+  // MiniMax-M2's "per_layer" norms q and k over all heads at once.
+  if (qkNormType && *qkNormType == "per_layer")
+    m.qkNormKind = "full";
   m.outputGate = cfg.getBool({"attn_output_gate"}).value_or(false);
   m.rope = readRope(cfg, m.kind == MixerKind::MLA ? m.qkRopeDim : m.headDim);
   if (m.kind == MixerKind::MLA && cfg.getBool({"mla_use_nope"}).value_or(false))
     m.rope.type = "none";
+  if (m.kind == MixerKind::MLA) {
+    // DeepSeek rotates adjacent pairs (transformers' rope_interleave, on by
+    // default for MLA) and folds YaRN's mscale_all_dim into the softmax scale.
+    m.rope.interleaved = cfg.getBool({"rope_interleave"}).value_or(true);
+    if (m.rope.mscaleAllDim != 0 && m.rope.factor > 1) {
+      double mscale = 0.1 * m.rope.mscaleAllDim * std::log(m.rope.factor) + 1.0;
+      m.softmaxScale = mscale * mscale / std::sqrt(double(m.headDim));
+    }
+  }
+  // Llama-4's attention temperature tuning (its NoPE layers only); the
+  // config class defaults apply when the keys are absent.
+  if (const nlohmann::json *tuning = cfg.raw("attn_temperature_tuning"))
+    m.temperatureTuning = tuning->is_boolean() ? tuning->get<bool>()
+                          : tuning->is_number() ? tuning->get<double>() != 0
+                                                : true;
+  else
+    m.temperatureTuning = true;
+  if (auto floorScale = cfg.getDouble({"floor_scale"}))
+    m.floorScale = *floorScale;
+  if (auto attnScale = cfg.getDouble({"attn_scale"}))
+    m.attnScale = *attnScale;
   if (auto topK = cfg.getInt({"index_topk"})) {
     m.indexTopK = *topK;
     m.indexHeads = cfg.requireInt({"index_n_heads"});
@@ -264,7 +301,18 @@ FfnSpec readMoe(ConfigObject &cfg, int64_t numExperts) {
   if (f.numGroups < 1 || numExperts % f.numGroups != 0)
     cfg.fail("n_group", "expected a divisor of the expert count " +
                             std::to_string(numExperts));
-  std::string topkMethod = cfg.getString({"topk_method"}).value_or("");
+  // Configs that copy DeepSeek-V3's router keys (n_routed_experts, n_group,
+  // routed_scaling_factor) without spelling its method get its router:
+  // GLM-4.5 has no scoring_func/topk_method, and transformers' Glm4Moe router
+  // is DeepSeek-V3's (sigmoid, aux-loss-free e_score_correction_bias).
+  bool deepseekRouter =
+      !cfg.has({"scoring_func", "moe_router_activation_func", "topk_method"}) &&
+      cfg.has({"n_routed_experts"}) && cfg.has({"n_group"}) &&
+      cfg.has({"routed_scaling_factor"});
+  if (deepseekRouter)
+    f.scoring = "sigmoid";
+  std::string topkMethod =
+      cfg.getString({"topk_method"}).value_or(deepseekRouter ? "noaux_tc" : "");
   f.biasCorrection = topkMethod == "noaux_tc" ||
                      cfg.getBool({"use_routing_bias"}).value_or(false) ||
                      cfg.getBool({"use_moe_router_bias"}).value_or(false) ||
@@ -484,6 +532,19 @@ void readDecoder(ConfigObject &cfg, ModelSpec &spec) {
       cfg.getInt({"shared_expert_intermediate_size", "shared_intermediate_size",
                   "share_expert_dim"});
   bool llama4 = cfg.has({"interleave_moe_layer_step"}) || chunk > 0;
+  // Llama-4: no_rope_layers[i] = 1 means layer i uses RoPE (and is chunked);
+  // absent, every fourth layer is a global NoPE layer.
+  std::optional<std::vector<int64_t>> ropeLayers =
+      cfg.getIntList({"no_rope_layers"});
+  if (ropeLayers && !ropeLayers->empty() &&
+      (int64_t)ropeLayers->size() != numLayers)
+    cfg.fail("no_rope_layers", "expected " + std::to_string(numLayers) +
+                                   " entries (num_hidden_layers), found " +
+                                   std::to_string(ropeLayers->size()));
+  auto usesRope = [&](int64_t i) {
+    return ropeLayers && !ropeLayers->empty() ? (*ropeLayers)[i] != 0
+                                              : (i + 1) % 4 != 0;
+  };
   bool mixedShared = cfg.getBool({"use_mixed_mlp_moe"}).value_or(false);
 
   for (int64_t i = 0; i < numLayers; ++i) {
@@ -494,7 +555,7 @@ void readDecoder(ConfigObject &cfg, ModelSpec &spec) {
     if (type == "sliding_attention" && useSliding) {
       layer.mixer.window = "sliding";
       layer.mixer.windowSize = slidingWindow;
-    } else if (chunk > 0 && (type == "chunked_attention" || (i + 1) % 4 != 0)) {
+    } else if (chunk > 0 && (type == "chunked_attention" || usesRope(i))) {
       // Llama-4: chunked local attention with RoPE on three of every four
       // layers, global NoPE attention on the fourth.
       layer.mixer.window = "chunked";
@@ -589,6 +650,33 @@ std::string recogniseFamily(const ModelSpec &spec, ConfigObject &cfg) {
 void applyFamilyFeatures(ModelSpec &spec) {
   for (LayerSpec &layer : spec.layers) {
     MixerSpec &m = layer.mixer;
+    FfnSpec &f = layer.ffn;
+    bool llama4 = spec.family == "llama4";
+    if (llama4 && m.kind == MixerKind::Attention) {
+      // Complex-number RoPE on adjacent pairs; a weightless L2 QK-norm on the
+      // RoPE layers only; temperature tuning on the NoPE layers only.
+      m.rope.interleaved = true;
+      if (m.rope.type == "none")
+        m.qkNorm = false;
+      if (m.qkNorm)
+        m.qkNormKind = "l2";
+    }
+    if (!llama4 || m.rope.type != "none")
+      m.temperatureTuning = false;
+    if (llama4 && f.isMoe) {
+      // Top-1 of the logits; the sigmoid of its logit scales the input.
+      f.scoring = "sigmoid";
+      f.routing = "topk_score_input";
+      f.fusedLayout = "concat_in_out";
+    }
+    if (spec.family == "gpt_oss" && f.isMoe) {
+      f.routing = "topk_score"; // softmax over the top-k logits
+      f.fusedLayout = "interleaved_in_out";
+    }
+    // Mixtral's and MiniMax's routers renormalise the top-k weights always.
+    if ((spec.family == "mixtral" || spec.family == "minimax_m1" ||
+         spec.family == "minimax_m2") && f.isMoe)
+      f.normTopK = true;
     if (spec.family == "gpt_oss" && m.kind == MixerKind::Attention) {
       m.sinks = true;
       m.outBias = true;

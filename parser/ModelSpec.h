@@ -31,7 +31,13 @@ struct RopeSpec {
   double factor = 1.0;
   double partialFactor = 1.0;   ///< Fraction of head_dim that is rotated.
   int64_t originalMaxPositions = 0;
-  bool interleaved = false;
+  bool interleaved = false;     ///< Pairs (2i, 2i+1) rotate (GPT-J style).
+  // YaRN (rope_scaling keys; defaults are transformers').
+  double betaFast = 32.0, betaSlow = 1.0;
+  double mscale = 1.0, mscaleAllDim = 0.0;
+  bool truncate = true;         ///< Round the correction range (gpt-oss: false).
+  // llama3.
+  double lowFreqFactor = 1.0, highFreqFactor = 4.0;
 };
 
 /// Everything needed to know the shape and semantics of one token mixer.
@@ -52,6 +58,14 @@ struct MixerSpec {
   bool sinks = false;         ///< Learned per-head attention sinks (gpt-oss).
   bool outputGate = false;    ///< Sigmoid output gate (Qwen3-Next, MiniMax-M1).
   bool qkNorm = false;        ///< RMSNorm on q and k.
+  /// "head": RMSNorm per head (Qwen3, GLM, Hunyuan), "full": over all heads'
+  /// width (MiniMax-M2), "l2": weightless L2 norm (Llama-4).
+  std::string qkNormKind = "head";
+  double softmaxScale = 0.0;  ///< 0: 1/sqrt(head_dim); else as given (DeepSeek YaRN).
+  /// Llama-4 NoPE layers scale q by log1p(floor((pos+1)/floorScale))*attnScale+1.
+  bool temperatureTuning = false;
+  double floorScale = 8192.0;
+  double attnScale = 0.1;
   bool qkvBias = false;
   bool outBias = false;
   // Linear attention.
@@ -78,6 +92,11 @@ struct FfnSpec {
   int64_t sharedIntermediate = 0;  ///< Width of each shared expert.
   bool sharedGate = false;         ///< Sigmoid gate on the shared expert (Qwen).
   std::string scoring = "softmax"; ///< softmax|sigmoid
+  /// "score_topk": score every expert, then top-k (Qwen, Mixtral, DeepSeek);
+  /// "topk_score": top-k of the logits, then score the k (gpt-oss);
+  /// "topk_score_input": like topk_score, the score scales the expert's
+  /// input instead of its output (Llama-4).
+  std::string routing = "score_topk";
   int64_t numGroups = 1;           ///< Group-limited top-k: expert groups.
   int64_t topKGroups = 1;          ///< Groups kept per token.
   bool biasCorrection = false;     ///< e_score_correction_bias (aux-loss-free).
@@ -85,6 +104,11 @@ struct FfnSpec {
   bool normTopK = false;           ///< Renormalise the top-k weights.
   double routedScaling = 1.0;
   double swigluLimit = 0.0;        ///< gpt-oss clamped SwiGLU; 0 when plain.
+  double swigluAlpha = 1.702;      ///< Clamped SwiGLU's sigmoid slope.
+  /// How a fused gate_up tensor is stored: "" per-expert split tensors,
+  /// "interleaved_in_out" [E, H, 2I] gate/up alternating (gpt-oss),
+  /// "concat_in_out" [E, H, 2I] gate then up (Llama-4).
+  std::string fusedLayout;
   bool expertBias = false;         ///< Expert linears have biases (gpt-oss).
   std::string activation = "silu";
 };

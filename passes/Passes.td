@@ -51,4 +51,35 @@ def GapAnalysisPass : Pass<"adapt-gap-analysis", "::mlir::ModuleOp"> {
   ];
 }
 
+//===----------------------------------------------------------------------===//
+// Training
+//===----------------------------------------------------------------------===//
+
+def InjectLoraPass : Pass<"adapt-inject-lora", "::mlir::ModuleOp"> {
+  let summary = "Mark the linear weights that get LoRA adapters";
+  let description = [{
+    PEFT-style targets: a pattern matches a linear weight whose Hugging Face
+    module path (transformers 5: per-expert tensors belong to the fused
+    `mlp.experts.gate_up_proj` / `down_proj`) ends with the pattern's dotted
+    components, or whose parent module does (`experts`, `self_attn`, `mlp`).
+    `all-linear` (the default) is every attention projection, dense MLP,
+    routed and shared expert, never the router, embedding or LM head.
+    Routers (`gate`, `router`) need `router=true`, which adapts them all and
+    warns. A pattern that matches nothing is an error listing the modules.
+    Each chosen adapt.weight gets `lora = {alpha, module, rank}`; the model
+    gets `adapt.lora` with every setting and the patterns as given.
+  }];
+  let options = [
+    ListOption<"targets", "targets", "std::string",
+               "target patterns (default: all-linear)">,
+    Option<"rank", "rank", "int64_t", "8", "adapter rank r">,
+    Option<"alpha", "alpha", "double", "16.0", "scaling numerator: alpha / r "
+           "(alpha / sqrt(r) with rslora)">,
+    Option<"dropout", "dropout", "double", "0.0", "dropout on the adapter input">,
+    Option<"rslora", "rslora", "bool", "false", "rank-stabilised scaling">,
+    Option<"router", "router", "bool", "false",
+           "also adapt the MoE router (disturbs the load balance)">,
+  ];
+}
+
 #endif // ADAPT_PASSES_TD

@@ -17,17 +17,23 @@ torch::Tensor LoraLinear::forward(const torch::Tensor &x, bool training) const {
   return y + torch::linear(torch::linear(in, a), b) * scale;
 }
 
+std::pair<torch::Tensor, torch::Tensor> ExpertLinear::groupedFactors(torch::ScalarType dtype) const {
+  const int64_t experts = weight.size(0), rank = loraA.size(0) / experts;
+  torch::Tensor a = loraA.to(dtype), b = loraB.to(dtype);
+  if (peftSwapped) // A [E*r, out] rows e*r+k, B [in, r*E] columns k*E+e.
+    return {b.view({b.size(0), rank, experts}).permute({2, 1, 0}),
+            a.view({experts, rank, a.size(1)}).transpose(1, 2)};
+  // A [E*r, in] rows e*r+k, B [out, r*E] columns k*E+e.
+  return {a.view({experts, rank, a.size(1)}), b.view({b.size(0), rank, experts}).permute({2, 0, 1})};
+}
+
 torch::Tensor ExpertLinear::forward(const torch::Tensor &x, const ExpertGroups &groups) const {
   torch::Tensor y = groupedLinear(x, weight, groups);
   if (bias.defined())
     y = y + bias.index_select(0, groups.expertOfRow);
   if (!hasLora())
     return y;
-  // PEFT's layout: A [E*r, in] (expert-major rows), B [out, r*E] (expert-minor
-  // columns); as grouped weights A [E, r, in] and B [E, out, r].
-  const int64_t experts = weight.size(0), rank = loraA.size(0) / experts;
-  torch::Tensor a = loraA.to(x.scalar_type()).view({experts, rank, loraA.size(1)});
-  torch::Tensor b = loraB.to(x.scalar_type()).view({loraB.size(0), rank, experts}).permute({2, 0, 1});
+  auto [a, b] = groupedFactors(x.scalar_type());
   return y + groupedLinear(groupedLinear(x, a, groups), b, groups) * scale;
 }
 

@@ -44,6 +44,15 @@ struct ExpertLinear {
   torch::Tensor loraB;    ///< [out, r*E] fp32, PEFT layout (column k*E + e).
   double scale = 0.0;
   std::string hfParam;    ///< "model.layers.0.mlp.experts.gate_up_proj".
+  /// PEFT reads a 3-D expert parameter as [E, out, in] unless its module says
+  /// it is transposed; transformers' Llama-4 experts hold [E, in, out] without
+  /// saying so, and PEFT's lora_A then spans our outputs and lora_B our
+  /// inputs: A [E*r, out], B [in, r*E].
+  bool peftSwapped = false;
+
+  /// The adapter as grouped weights: A [E, r, in] and B [E, out, r], in
+  /// \p dtype, from the PEFT-layout tensors.
+  std::pair<torch::Tensor, torch::Tensor> groupedFactors(torch::ScalarType dtype) const;
 
   bool hasLora() const { return loraA.defined(); }
   /// \p x rows sorted by expert as \p groups says; returns [rows, out].

@@ -90,9 +90,12 @@ public:
 
   /// Tensors the loader will read, for the progress callback.
   int64_t countTensors() const {
-    int64_t n = 3;
-    for (const LayerDef &l : def.layers)
-      n += 2 + l.attention.weights.size() + l.ffn.weights.size();
+    int64_t n = def.tieEmbeddings || def.lmHead.empty() ? 2 : 3;
+    for (const LayerDef &l : def.layers) {
+      n += 2 + l.attention.weights.size();
+      for (const auto &[role, name] : l.ffn.weights)
+        n += name.find("{e}") != std::string::npos ? l.ffn.experts : 1;
+    }
     return n;
   }
 
@@ -232,6 +235,7 @@ public:
     f.gateUp.hfParam = experts + ".gate_up_proj";
     f.expertDown.hfParam = experts + ".down_proj";
     f.interleavedGateUp = d.fusedLayout == "interleaved_in_out";
+    f.gateUp.peftSwapped = f.expertDown.peftSwapped = d.fusedLayout == "concat_in_out";
     if (d.fusedLayout.empty()) {
       torch::Tensor gate = stackExperts(name(w, "gate_proj", l), e, width, h);
       torch::Tensor up = stackExperts(name(w, "up_proj", l), e, width, h);
@@ -298,7 +302,9 @@ public:
 
   /// Expert LoRA kept in PEFT's file layout: A [E*r, in], B [out, r*E].
   void addLora(ExpertLinear &x) {
-    const int64_t e = x.weight.size(0), out = x.weight.size(1), in = x.weight.size(2), r = def.lora.rank;
+    int64_t e = x.weight.size(0), out = x.weight.size(1), in = x.weight.size(2), r = def.lora.rank;
+    if (x.peftSwapped)
+      std::swap(out, in);
     x.loraA = initA(e * r, in);
     x.loraB = torch::zeros({out, r * e}, torch::TensorOptions().dtype(torch::kFloat32).device(options.device))
                   .requires_grad_(true);
@@ -425,9 +431,22 @@ std::string Model::peftConfigJson(const std::string &baseModelPath) const {
       if (l->hasLora())
         modules.insert(rel(l->hfPath));
     const FfnLayer &f = layer.ffn;
-    for (const LoraLinear *l : {&f.gate, &f.up, &f.down, &f.sharedGate, &f.sharedUp, &f.sharedDown})
-      if (l->hasLora())
+    for (const LoraLinear *l : {&f.gate, &f.up, &f.down, &f.sharedGate, &f.sharedUp, &f.sharedDown}) {
+      if (!l->hasLora())
+        continue;
+      // PEFT 0.21 under transformers 5 rewrites target_modules entries whose
+      // leaf is a pre-v5 expert name (gate_proj/up_proj/down_proj, w1/w2/w3)
+      // into fused-expert targets for MoE families, which would drop the dense
+      // and shared MLP adapters. As target_parameters (a 2-D ParamWrapper:
+      // same keys, same function) they load as trained.
+      std::string leaf = l->hfPath.substr(l->hfPath.rfind('.') + 1);
+      bool remapped = leaf == "gate_proj" || leaf == "up_proj" || leaf == "down_proj" || leaf == "w1" ||
+                      leaf == "w2" || leaf == "w3";
+      if (remapped)
+        parameters.insert(rel(l->hfPath) + ".weight");
+      else
         modules.insert(rel(l->hfPath));
+    }
     if (f.router.hasLora())
       parameters.insert(rel(f.router.hfPath) + ".weight");
     for (const ExpertLinear *x : {&f.gateUp, &f.expertDown})
@@ -476,18 +495,21 @@ torch::Tensor mergedLinear(const LoraLinear &l) {
 
 /// W[e] + scale * B_e A_e for every expert, [E, out, in] in fp32.
 torch::Tensor mergedExperts(const ExpertLinear &x) {
-  const int64_t e = x.weight.size(0), out = x.weight.size(1), in = x.weight.size(2);
-  const int64_t r = x.loraA.size(0) / e;
-  torch::Tensor a = x.loraA.detach().view({e, r, in});
-  torch::Tensor b = x.loraB.detach().view({out, r, e}).permute({2, 0, 1});
-  return x.weight.to(torch::kFloat32) + x.scale * torch::bmm(b, a);
+  auto [a, b] = x.groupedFactors(torch::kFloat32);
+  return x.weight.to(torch::kFloat32) + x.scale * torch::bmm(b.detach(), a.detach());
 }
 
 } // namespace
 
 std::vector<std::pair<std::string, torch::Tensor>> Model::mergedWeights() const {
   std::vector<std::pair<std::string, torch::Tensor>> out;
-  auto dtypeOf = [&](const std::string &name) { return impl->options.dtype; };
+  // The checkpoint's own dtype; quantized tensors come back as bf16.
+  auto dtypeOf = [&](const std::string &name) {
+    std::string stored = impl->reader->has(name) ? impl->reader->info(name).dtype : "";
+    if (stored == "F32" || stored == "F16" || stored == "BF16")
+      return *scalarTypeOf(stored);
+    return torch::kBFloat16;
+  };
   auto emit = [&](const std::string &name, const torch::Tensor &t) {
     out.push_back({name, t.to(dtypeOf(name)).cpu().contiguous()});
   };

@@ -14,19 +14,15 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <unordered_set>
 
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-namespace fs = std::filesystem;
 
 namespace adapt::rt {
 
@@ -43,27 +39,19 @@ struct DtypeEntry {
 };
 
 const DtypeEntry kDtypes[] = {
-    {"BOOL", 8, torch::kBool},
-    {"U8", 8, torch::kByte},
-    {"I8", 8, torch::kChar},
-    {"I16", 16, torch::kShort},
-    {"U16", 16, torch::kUInt16},
-    {"I32", 32, torch::kInt},
-    {"U32", 32, torch::kUInt32},
-    {"I64", 64, torch::kLong},
-    {"U64", 64, torch::kUInt64},
-    {"F16", 16, torch::kHalf},
-    {"BF16", 16, torch::kBFloat16},
-    {"F32", 32, torch::kFloat},
-    {"F64", 64, torch::kDouble},
-    {"C64", 64, torch::kComplexFloat},
+    {"BOOL", 8, torch::kBool},       {"U8", 8, torch::kByte},
+    {"I8", 8, torch::kChar},         {"I16", 16, torch::kShort},
+    {"U16", 16, torch::kUInt16},     {"I32", 32, torch::kInt},
+    {"U32", 32, torch::kUInt32},     {"I64", 64, torch::kLong},
+    {"U64", 64, torch::kUInt64},     {"F16", 16, torch::kHalf},
+    {"BF16", 16, torch::kBFloat16},  {"F32", 32, torch::kFloat},
+    {"F64", 64, torch::kDouble},     {"C64", 64, torch::kComplexFloat},
     {"F8_E4M3", 8, torch::kFloat8_e4m3fn},
     {"F8_E5M2", 8, torch::kFloat8_e5m2},
     {"F8_E4M3FNUZ", 8, torch::kFloat8_e4m3fnuz},
     {"F8_E5M2FNUZ", 8, torch::kFloat8_e5m2fnuz},
     {"F8_E8M0", 8, torch::kFloat8_e8m0fnu},
-    {"F4", 4, std::nullopt},
-    {"F6_E2M3", 6, std::nullopt},
+    {"F4", 4, std::nullopt},         {"F6_E2M3", 6, std::nullopt},
     {"F6_E3M2", 6, std::nullopt},
 };
 
@@ -461,14 +449,12 @@ torch::Tensor dequantizeMxfp4(const torch::Tensor &blocksIn,
 //===----------------------------------------------------------------------===//
 
 CheckpointReader::CheckpointReader(const std::string &dir) : modelDir(dir) {
-  fs::path root(dir);
-  std::error_code ec;
-  if (!fs::is_directory(root, ec))
+  if (!isDirectory(dir))
     throw LoadError(dir, "model folder", "expected a folder with the checkpoint");
-  fs::path index = root / "model.safetensors.index.json";
-  fs::path single = root / "model.safetensors";
-  if (fs::exists(index, ec)) {
-    indexFile = index.string();
+  std::string index = joinPath(dir, "model.safetensors.index.json");
+  std::string single = joinPath(dir, "model.safetensors");
+  if (pathExists(index)) {
+    indexFile = index;
     JsonValue json = readJsonFile(indexFile);
     const JsonValue *map = json.find("weight_map");
     if (!map || !map->isObject())
@@ -482,18 +468,18 @@ CheckpointReader::CheckpointReader(const std::string &dir) : modelDir(dir) {
                             file.kindName());
       auto it = shardIndex.find(file.asString());
       if (it == shardIndex.end()) {
-        fs::path shardPath = root / file.asString();
-        if (!fs::is_regular_file(shardPath, ec))
+        std::string shardPath = joinPath(dir, file.asString());
+        if (!isRegularFile(shardPath))
           throw LoadError(indexFile, "weight_map." + tensor,
-                          "expected the shard " + shardPath.string() +
+                          "expected the shard " + shardPath +
                               " to exist but it is missing");
         it = shardIndex.emplace(file.asString(), shardFiles.size()).first;
-        shardFiles.push_back(shardPath.string());
+        shardFiles.push_back(shardPath);
       }
       shardOf[tensor] = it->second;
     }
-  } else if (fs::exists(single, ec)) {
-    indexFile = single.string();
+  } else if (pathExists(single)) {
+    indexFile = single;
     shardFiles.push_back(indexFile);
     const SafetensorsFile &file = shard(indexFile);
     for (const TensorInfo &t : file.tensors())
@@ -503,16 +489,16 @@ CheckpointReader::CheckpointReader(const std::string &dir) : modelDir(dir) {
                     "expected model.safetensors.index.json or model.safetensors "
                     "in the model folder");
   }
-  fs::path config = root / "config.json";
-  if (fs::exists(config, ec)) {
-    JsonValue json = readJsonFile(config.string());
+  std::string config = joinPath(dir, "config.json");
+  if (pathExists(config)) {
+    JsonValue json = readJsonFile(config);
     const JsonValue *quant = json.find("quantization_config");
     const JsonValue *blockSize = quant ? quant->find("weight_block_size") : nullptr;
     if (blockSize) {
       if (!blockSize->isArray() || blockSize->asArray().size() != 2 ||
           !blockSize->asArray()[0].isInt() || !blockSize->asArray()[1].isInt() ||
           blockSize->asArray()[0].asInt() <= 0 || blockSize->asArray()[1].asInt() <= 0)
-        throw LoadError(config.string(), "quantization_config.weight_block_size",
+        throw LoadError(config, "quantization_config.weight_block_size",
                         "expected [rows, cols] with positive integers but found " +
                             blockSize->dump());
       fp8Block = {blockSize->asArray()[0].asInt(), blockSize->asArray()[1].asInt()};
@@ -647,96 +633,6 @@ CheckpointReader::loadAll(const std::vector<std::string> &names,
 // Writing
 //===----------------------------------------------------------------------===//
 
-namespace {
-
-std::atomic<int64_t> gFailWritesAfter{-1};
-
-/// Writes one temp file; every failure removes it and throws exit code 6
-/// naming the final path.
-class TempFileWriter {
-public:
-  explicit TempFileWriter(std::string finalPath)
-      : finalPath(std::move(finalPath)), tempPath(this->finalPath + ".tmp") {
-    fd = ::open(tempPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0)
-      throw writeError(this->finalPath, "create " + tempPath, errno);
-  }
-  ~TempFileWriter() {
-    if (fd >= 0)
-      ::close(fd);
-    if (!committed)
-      ::unlink(tempPath.c_str());
-  }
-
-  void write(const void *data, size_t size) {
-    const char *p = static_cast<const char *>(data);
-    while (size > 0) {
-      size_t chunk = std::min<size_t>(size, size_t(1) << 28);
-      int64_t budget = gFailWritesAfter.load();
-      if (budget >= 0) {
-        if (budget == 0)
-          fail("write", ENOSPC);
-        chunk = std::min<size_t>(chunk, static_cast<size_t>(budget));
-        gFailWritesAfter.store(budget - static_cast<int64_t>(chunk));
-      }
-      ssize_t n = ::write(fd, p, chunk);
-      if (n < 0) {
-        if (errno == EINTR)
-          continue;
-        fail("write", errno);
-      }
-      p += n;
-      size -= static_cast<size_t>(n);
-    }
-  }
-
-  /// fsync, close and rename over the final path, then fsync the folder.
-  void commit() {
-    if (::fsync(fd) != 0)
-      fail("fsync", errno);
-    int rc = ::close(fd);
-    fd = -1;
-    if (rc != 0)
-      fail("close", errno);
-    if (::rename(tempPath.c_str(), finalPath.c_str()) != 0)
-      fail("rename", errno);
-    committed = true;
-    fs::path parent = fs::path(finalPath).parent_path();
-    fsyncDirectory(parent.empty() ? "." : parent.string());
-  }
-
-private:
-  [[noreturn]] void fail(const std::string &operation, int err) {
-    throw writeError(finalPath, operation + " " + tempPath, err);
-  }
-
-  std::string finalPath, tempPath;
-  int fd = -1;
-  bool committed = false;
-};
-
-} // namespace
-
-void failWritesAfterForTesting(int64_t bytes) { gFailWritesAfter.store(bytes); }
-
-void fsyncDirectory(const std::string &dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0)
-    throw writeError(dir, "open folder for fsync", errno);
-  int rc = ::fsync(fd);
-  int err = errno;
-  ::close(fd);
-  // Some file systems cannot fsync folders (EINVAL); that is not a failure.
-  if (rc != 0 && err != EINVAL && err != EROFS)
-    throw writeError(dir, "fsync folder", err);
-}
-
-void writeFileAtomic(const std::string &path, std::string_view bytes) {
-  TempFileWriter writer(path);
-  writer.write(bytes.data(), bytes.size());
-  writer.commit();
-}
-
 void writeSafetensors(const std::string &path,
                       const std::vector<std::pair<std::string, torch::Tensor>> &tensors,
                       const std::vector<std::pair<std::string, std::string>> &metadata) {
@@ -777,7 +673,7 @@ void writeSafetensors(const std::string &path,
   for (int i = 0; i < 8; ++i)
     length[i] = static_cast<uint8_t>(n >> (8 * i));
 
-  TempFileWriter writer(path);
+  AtomicFileWriter writer(path);
   writer.write(length, sizeof(length));
   writer.write(headerText.data(), headerText.size());
   for (const torch::Tensor &t : data)
@@ -789,10 +685,7 @@ std::vector<std::string>
 writeShardedCheckpoint(const std::string &dir,
                        const std::vector<std::pair<std::string, torch::Tensor>> &tensors,
                        uint64_t maxShardBytes) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec)
-    throw writeError(dir, "create folder", ec.value());
+  createDirectories(dir);
   // Greedy split in order: a shard closes when the next tensor would
   // overflow it.
   std::vector<std::vector<size_t>> shards;
@@ -825,14 +718,14 @@ writeShardedCheckpoint(const std::string &dir,
                            kExitInternal);
       weightMap.asObject().emplace_back(tensors[i].first, std::string(name));
     }
-    writeSafetensors((fs::path(dir) / name).string(), part, {{"format", "pt"}});
+    writeSafetensors(joinPath(dir, name), part, {{"format", "pt"}});
     files.push_back(name);
   }
   JsonValue index = JsonValue::object({
       {"metadata", JsonValue::object({{"total_size", static_cast<int64_t>(total)}})},
       {"weight_map", std::move(weightMap)},
   });
-  writeFileAtomic((fs::path(dir) / "model.safetensors.index.json").string(),
+  writeFileAtomic(joinPath(dir, "model.safetensors.index.json"),
                   index.dump(2) + "\n");
   return files;
 }

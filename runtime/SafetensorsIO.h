@@ -7,15 +7,16 @@
 // FP8 block-scaled weights and gpt-oss MXFP4 expert weights on the way.
 //
 // Writing: writeSafetensors and writeShardedCheckpoint write atomically
-// (temp file, fsync, rename, fsync of the folder), so a crash or a full disk
-// never leaves a half-written file under the final name. writeFileAtomic is
-// the same for any bytes (JSON files).
+// through AtomicFileWriter (FileSystem.h: temp file, fsync, rename, fsync of
+// the folder), so a crash or a full disk never leaves a half-written file
+// under the final name.
 //
 //===----------------------------------------------------------------------===//
 #ifndef ADAPT_RUNTIME_SAFETENSORSIO_H
 #define ADAPT_RUNTIME_SAFETENSORSIO_H
 
 #include "runtime/Errors.h"
+#include "runtime/FileSystem.h"
 
 #include <torch/types.h>
 
@@ -103,7 +104,7 @@ enum class TensorEncoding {
 
 /// A model folder's weights: `model.safetensors.index.json` (its weight_map
 /// names each tensor's shard) or one `model.safetensors`. Shards open lazily,
-/// once each.
+/// once each. Not thread-safe.
 class CheckpointReader {
 public:
   /// Reads the index (or finds the single file) in \p modelDir and checks
@@ -187,12 +188,7 @@ torch::Tensor dequantizeFp8Blocks(const torch::Tensor &weight,
 // Writing
 //===----------------------------------------------------------------------===//
 
-/// Writes \p bytes to \p path atomically: `path.tmp`, fsync, rename, fsync
-/// of the folder. On failure the temp file is removed, an existing \p path
-/// is left intact and a RuntimeError with exit code 6 names the path.
-void writeFileAtomic(const std::string &path, std::string_view bytes);
-
-/// Writes a safetensors file at \p path atomically (as writeFileAtomic):
+/// Writes a safetensors file at \p path atomically (AtomicFileWriter):
 /// header padded with spaces to a multiple of 8, tensors in the given order
 /// (moved to CPU and made contiguous as needed), dtypes BF16, F16, F32, F64,
 /// I64, I32, I16, I8, U8, BOOL, F8_E4M3, F8_E5M2.
@@ -209,14 +205,6 @@ std::vector<std::string>
 writeShardedCheckpoint(const std::string &dir,
                        const std::vector<std::pair<std::string, torch::Tensor>> &tensors,
                        uint64_t maxShardBytes);
-
-/// fsyncs the folder \p dir so that renames in it are durable; exit code 6
-/// on failure.
-void fsyncDirectory(const std::string &dir);
-
-/// Test hook: after \p bytes more bytes, every write made by the atomic
-/// writers fails with ENOSPC, as on a full disk; negative disables.
-void failWritesAfterForTesting(int64_t bytes);
 
 } // namespace adapt::rt
 

@@ -2,6 +2,7 @@
 //
 //   adapt inspect PATH [--emit summary|mlir|analysed]
 //   adapt gaps PATH --out DIR [--registry FILE]
+//   adapt tiny FAMILY --out DIR [--seed N] [--layers N] [--quant fp8|mxfp4]
 //
 // Exit codes (docs/exit-codes.md): 0 ok / nothing missing, 2 bad input or
 // usage, 3 gaps found. Nothing else on any input: every failure is caught
@@ -11,17 +12,23 @@
 
 #include "ir/AdaptDialect.h"
 #include "ir/ImportModel.h"
+#include "models/TinyModel.h"
 #include "models/WeightSchema.h"
 #include "parser/ConfigReader.h"
 #include "parser/ModelFolder.h"
 #include "passes/Passes.h"
 #include "passes/ReportWriter.h"
+#include "tools/BuildCommand.h"
 
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/IR/Verifier.h"
 #include "mlir/Pass/PassManager.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <iostream>
@@ -39,13 +46,23 @@ namespace {
 constexpr const char *kUsage = R"(usage:
   adapt inspect PATH [--emit summary|mlir|analysed] [--registry FILE]
   adapt gaps PATH --out DIR [--registry FILE]
+  adapt tiny FAMILY --out DIR [--seed N] [--layers N] [--quant fp8|mxfp4]
+  adapt build PATH --out DIR [--lora-targets a,b] [--lora-rank R]
+              [--lora-alpha A] [--lora-dropout P] [--rslora] [--lora-router]
+              [--no-compile] [--runtime-dir DIR] [--allow-gaps] [--registry FILE]
   adapt --help | --version
 
 PATH is a model folder (config.json, optionally model.safetensors.index.json
 and shards), a config.json file, or an .onnx file.
 
+tiny writes a tiny random-weight model of FAMILY (qwen3_moe, mixtral,
+deepseek_v3, kimi_k2, gpt_oss, glm4_moe, minimax_m2, llama4): config.json,
+index and two BF16 shards; --quant fp8 for deepseek_v3/kimi_k2, mxfp4 for
+gpt_oss. The same arguments write the same bytes.
+
 exit codes: 0 success (gaps: nothing missing), 2 bad input or usage,
-            3 gaps found (gaps)
+            3 gaps found (gaps; build: the runtime cannot run the model),
+            4 the generated trainer did not compile (build)
 )";
 
 /// Parsed command line.
@@ -107,6 +124,81 @@ bool parseArgs(int argc, char **argv, Options &opts, std::string &error) {
     return false;
   }
   return true;
+}
+
+/// `adapt tiny FAMILY --out DIR [--seed N] [--layers N] [--quant Q]`.
+int runTiny(int argc, char **argv) {
+  TinyModelOptions options;
+  std::string error;
+  auto number = [&](const std::string &flag, const char *text,
+                    uint64_t &into) {
+    std::string s = text;
+    errno = 0;
+    char *end = nullptr;
+    unsigned long long value = std::strtoull(s.c_str(), &end, 10);
+    if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos ||
+        *end != '\0' || errno == ERANGE) {
+      error = flag + " expects an integer in 0.." +
+              std::to_string(UINT64_MAX) + ", found \"" + s + "\"";
+      return false;
+    }
+    into = value;
+    return true;
+  };
+  for (int i = 2; i < argc && error.empty(); ++i) {
+    std::string arg = argv[i];
+    bool hasValue = i + 1 < argc;
+    if ((arg == "--out" || arg == "-o" || arg == "--seed" ||
+         arg == "--layers" || arg == "--quant") &&
+        !hasValue) {
+      error = arg + " expects a value";
+    } else if (arg == "--out" || arg == "-o") {
+      options.outDir = argv[++i];
+    } else if (arg == "--seed") {
+      number(arg, argv[++i], options.seed);
+    } else if (arg == "--layers") {
+      uint64_t layers = 0;
+      if (number(arg, argv[++i], layers)) {
+        if (layers < 2 || layers > 64)
+          error = "--layers expects 2..64, found " + std::to_string(layers);
+        options.layers = int64_t(layers);
+      }
+    } else if (arg == "--quant") {
+      options.quant = argv[++i];
+      if (options.quant != "fp8" && options.quant != "mxfp4")
+        error = "--quant expects fp8 or mxfp4, found \"" + options.quant + "\"";
+    } else if (!arg.empty() && arg[0] == '-') {
+      error = "unknown option " + arg;
+    } else if (options.family.empty()) {
+      options.family = arg;
+    } else {
+      error = "unexpected argument " + arg;
+    }
+  }
+  if (error.empty() && options.family.empty())
+    error = "tiny expects a FAMILY";
+  if (error.empty() && options.outDir.empty())
+    error = "tiny expects --out DIR";
+  if (!error.empty()) {
+    std::cerr << "adapt: error: " << error << "\n" << kUsage;
+    return kExitBadInput;
+  }
+  const std::vector<std::string> &families = tinyModelFamilies();
+  if (std::find(families.begin(), families.end(), options.family) ==
+      families.end()) {
+    std::cerr << "adapt: error: unknown family '" << options.family
+              << "'; known families:";
+    for (const std::string &f : families)
+      std::cerr << " " << f;
+    std::cerr << "\n";
+    return kExitBadInput;
+  }
+  Result<std::vector<std::string>> written = writeTinyModel(options);
+  if (!written)
+    return reportInputError(written.error());
+  std::cout << "wrote tiny " << options.family << " model to " << options.outDir
+            << " (" << written->size() << " files)\n";
+  return kExitOk;
 }
 
 /// The model as IR plus what the passes found.
@@ -265,6 +357,10 @@ int run(int argc, char **argv) {
     std::cout << "adapt 0.1.0 (gaps schema 1)\n";
     return kExitOk;
   }
+  if (argc >= 2 && !std::strcmp(argv[1], "tiny"))
+    return runTiny(argc, argv);
+  if (argc >= 2 && !std::strcmp(argv[1], "build"))
+    return runBuildCommand(argc, argv);
   Options opts;
   std::string error;
   if (!parseArgs(argc, argv, opts, error) ||

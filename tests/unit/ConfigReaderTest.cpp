@@ -140,3 +140,32 @@ TEST(WeightSchema, Fp8BlockScalesAndMxfp4BlocksExpand) {
   EXPECT_EQ(disk[0].name, "l.experts.gate_up_proj_blocks");
   EXPECT_EQ(disk[0].shape, (std::vector<int64_t>{32, 5760, 90, 16}));
 }
+
+TEST(ConfigReader, RopeRouterAndNormDetailsForCodeGeneration) {
+  ModelSpec oss = read("gpt-oss-20b");
+  EXPECT_EQ(oss.layers[0].mixer.rope.type, "yarn");
+  EXPECT_FALSE(oss.layers[0].mixer.rope.truncate); // "truncate": false
+  EXPECT_EQ(oss.layers[0].mixer.rope.betaFast, 32.0);
+  EXPECT_EQ(oss.layers[0].ffn.routing, "topk_score");
+  EXPECT_EQ(oss.layers[0].ffn.fusedLayout, "interleaved_in_out");
+  ModelSpec ds = read("DeepSeek-V3-Base");
+  EXPECT_TRUE(ds.layers[0].mixer.rope.interleaved);
+  EXPECT_EQ(ds.layers[0].mixer.rope.mscaleAllDim, 1.0);
+  // 192^-0.5 * (0.1 * ln 40 + 1)^2
+  EXPECT_NEAR(ds.layers[0].mixer.softmaxScale, 0.13523377886, 1e-10);
+  ModelSpec scout = read("Llama-4-Scout-17B-16E-Instruct");
+  EXPECT_EQ(scout.layers[0].mixer.qkNormKind, "l2");
+  EXPECT_TRUE(scout.layers[0].mixer.qkNorm);
+  EXPECT_FALSE(scout.layers[0].mixer.temperatureTuning);
+  EXPECT_FALSE(scout.layers[3].mixer.qkNorm); // NoPE layer
+  EXPECT_TRUE(scout.layers[3].mixer.temperatureTuning);
+  EXPECT_EQ(scout.layers[3].mixer.floorScale, 8192.0);
+  EXPECT_EQ(scout.layers[0].mixer.rope.highFreqFactor, 1.0);
+  EXPECT_EQ(scout.layers[0].ffn.routing, "topk_score_input");
+  EXPECT_EQ(scout.layers[0].ffn.scoring, "sigmoid");
+  ModelSpec m2 = read("MiniMax-M2.5");
+  EXPECT_EQ(m2.layers[0].mixer.qkNormKind, "full");
+  EXPECT_TRUE(m2.layers[0].ffn.normTopK);
+  ModelSpec mixtral = read("Mixtral-8x7B-v0.1");
+  EXPECT_TRUE(mixtral.layers[0].ffn.normTopK);
+}

@@ -1,0 +1,770 @@
+//===- EmitTrainer.cpp - a LoRA training program from the IR --------------===//
+//
+// Each decoder layer becomes the C++ statements that fill one LayerDef, with
+// tensor names written relative to the layer's prefix `p`. Layers whose
+// statements are then identical share one helper function taking the layer
+// index; the layer list is emitted as runs (and short repeating cycles, e.g.
+// gpt-oss's sliding/full alternation) of those helpers.
+//
+//===----------------------------------------------------------------------===//
+
+#include "codegen/EmitTrainer.h"
+#include "ir/AdaptDialect.h"
+#include "models/LoraTargets.h"
+
+#include "mlir/IR/SymbolTable.h"
+
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+
+using namespace mlir;
+
+namespace adapt {
+
+std::string formatDouble(double value) {
+  if (std::isnan(value))
+    return "std::nan(\"\")";
+  if (std::isinf(value))
+    return value > 0 ? "HUGE_VAL" : "-HUGE_VAL";
+  char buf[64];
+  if (value == std::floor(value) && std::fabs(value) < 1e15) {
+    std::snprintf(buf, sizeof buf, "%.1f", value);
+    return buf;
+  }
+  for (int precision = 1; precision <= 17; ++precision) {
+    std::snprintf(buf, sizeof buf, "%.*g", precision, value);
+    if (std::strtod(buf, nullptr) == value)
+      break;
+  }
+  return buf;
+}
+
+namespace {
+
+std::string quote(const std::string &text) {
+  std::string out = "\"";
+  for (char c : text) {
+    switch (c) {
+    case '"':
+      out += "\\\"";
+      break;
+    case '\\':
+      out += "\\\\";
+      break;
+    case '\n':
+      out += "\\n";
+      break;
+    case '\t':
+      out += "\\t";
+      break;
+    default:
+      if ((unsigned char)c < 0x20) {
+        char buf[8];
+        std::snprintf(buf, sizeof buf, "\\%03o", (unsigned char)c);
+        out += buf;
+      } else {
+        out += c;
+      }
+    }
+  }
+  return out + "\"";
+}
+
+std::string formatInt(int64_t value) { return std::to_string(value); }
+
+/// "0-2, 5, 7-9"; a stride as "1, 5, ..., 45".
+std::string formatRanges(const std::vector<int64_t> &layers) {
+  if (layers.size() >= 4 && layers[1] - layers[0] > 1) {
+    bool strided = true;
+    for (size_t i = 2; i < layers.size(); ++i)
+      strided &= layers[i] - layers[i - 1] == layers[1] - layers[0];
+    if (strided)
+      return std::to_string(layers[0]) + ", " + std::to_string(layers[1]) +
+             ", ..., " + std::to_string(layers.back());
+  }
+  std::string out;
+  for (size_t i = 0; i < layers.size();) {
+    size_t j = i;
+    while (j + 1 < layers.size() && layers[j + 1] == layers[j] + 1)
+      ++j;
+    out += (out.empty() ? "" : ", ") + std::to_string(layers[i]);
+    if (j > i)
+      out += "-" + std::to_string(layers[j]);
+    i = j + 1;
+  }
+  return out;
+}
+
+/// The ops of one decoder layer.
+struct LayerOps {
+  int64_t index = 0;
+  Operation *mixer = nullptr;
+  Operation *ffn = nullptr;
+  std::string inputNorm, postAttentionNorm;
+};
+
+/// One weight an op reads: (IR role, checkpoint name).
+using RoleName = std::pair<std::string, std::string>;
+
+std::vector<RoleName> weightsOf(Operation *op, SymbolTable &symbols) {
+  std::vector<RoleName> out;
+  if (auto refs = op->getAttrOfType<ArrayAttr>("weights"))
+    for (Attribute a : refs)
+      if (auto w = symbols.lookup<WeightOp>(
+              llvm::cast<FlatSymbolRefAttr>(a).getValue()))
+        out.push_back({w.getRole().str(), w.getSymName().str()});
+  return out;
+}
+
+/// The ModelDef role of an attention weight (they share the IR's names).
+std::optional<std::string> attentionRole(const std::string &role) {
+  static const std::set<std::string> known = {
+      "q_proj",   "k_proj",        "v_proj",    "o_proj",
+      "q_proj.bias", "k_proj.bias", "v_proj.bias", "o_proj.bias",
+      "q_norm",   "k_norm",        "sinks",     "q_a_proj",
+      "q_a_layernorm", "q_b_proj", "kv_a_proj_with_mqa", "kv_a_layernorm",
+      "kv_b_proj"};
+  if (known.count(role))
+    return role;
+  return std::nullopt;
+}
+
+/// The ModelDef role of an FFN weight.
+std::optional<std::string> ffnRole(const std::string &role) {
+  static const std::map<std::string, std::string> renamed = {
+      {"gate", "router"},
+      {"router", "router"},
+      {"router.bias", "router.bias"},
+      {"e_score_correction_bias", "correction_bias"},
+      {"experts.w1", "gate_proj"},
+      {"experts.gate_proj", "gate_proj"},
+      {"experts.w3", "up_proj"},
+      {"experts.up_proj", "up_proj"},
+      {"experts.w2", "down_proj"},
+      {"experts.down_proj", "down_proj"},
+      {"experts.gate_up_proj", "gate_up_proj"},
+      {"experts.gate_up_proj_bias", "gate_up_proj_bias"},
+      {"experts.down_proj_bias", "down_proj_bias"},
+      {"shared_expert_gate", "shared_gate"},
+      {"gate_proj", "gate_proj"},
+      {"up_proj", "up_proj"},
+      {"down_proj", "down_proj"}};
+  auto it = renamed.find(role);
+  if (it != renamed.end())
+    return it->second;
+  for (const char *shared : {"shared_experts.", "shared_expert.", "shared_mlp."}) {
+    std::string prefix = shared;
+    if (role.compare(0, prefix.size(), prefix) == 0) {
+      std::string proj = role.substr(prefix.size());
+      if (proj == "gate_proj" || proj == "up_proj" || proj == "down_proj")
+        return "shared." + proj;
+    }
+  }
+  return std::nullopt;
+}
+
+/// Writes the statements of one layer's helper; fails on what ModelDef
+/// cannot express.
+class LayerWriter {
+public:
+  LayerWriter(const LayerOps &layer, SymbolTable &symbols,
+              const std::string &family)
+      : layer(layer), symbols(symbols), family(family) {}
+
+  bool write(std::string &error) {
+    // The layer prefix from any of its weights.
+    for (Operation *op : {layer.mixer, layer.ffn})
+      for (const RoleName &w : weightsOf(op, symbols))
+        if (prefix.empty())
+          prefix = layerPrefixOf(w.second);
+    if (prefix.empty())
+      prefix = layerPrefixOf(layer.inputNorm);
+    if (!prefix.empty()) {
+      // "model.layers.3." -> "model.layers." + std::to_string(i) + "."
+      std::string head = prefix.substr(0, prefix.size() - 1);
+      head = head.substr(0, head.find_last_not_of("0123456789") + 1);
+      line("const std::string p = " + quote(head) + " + std::to_string(i) + \".\";");
+    }
+    line("rt::LayerDef d;");
+    line("d.index = i;");
+    line(prefix.empty() ? "d.hfPrefix = \"\";" : "d.hfPrefix = p;");
+    line("d.inputNorm = " + name(layer.inputNorm) + ";");
+    line("d.postAttentionNorm = " + name(layer.postAttentionNorm) + ";");
+    if (!writeAttention(error) || !writeFfn(error))
+      return false;
+    line("return d;");
+    return true;
+  }
+
+  /// The statements, with the layer number abstracted.
+  std::string body() const { return text; }
+  /// "slidingMoe" etc., for the helper's name.
+  std::string shape() const { return shapeName; }
+  std::string summary() const { return summaryText; }
+
+private:
+  void line(const std::string &s) { text += "  " + s + "\n"; }
+  void set(const std::string &field, const std::string &value) {
+    line(field + " = " + value + ";");
+  }
+  void setInt(const std::string &field, int64_t value) {
+    set(field, formatInt(value));
+  }
+  void setDouble(const std::string &field, double value) {
+    set(field, formatDouble(value));
+  }
+  void setTrue(const std::string &field, bool value) {
+    if (value)
+      set(field, "true");
+  }
+
+  /// A tensor name, relative to the layer prefix where it is under it.
+  std::string name(const std::string &checkpointName) const {
+    if (!prefix.empty() && checkpointName.compare(0, prefix.size(), prefix) == 0)
+      return "p + " + quote(checkpointName.substr(prefix.size()));
+    return quote(checkpointName);
+  }
+
+  void writeWeights(const std::string &field,
+                    const std::vector<std::pair<std::string, std::string>> &map) {
+    line(field + " = {");
+    for (const auto &[role, tensor] : map)
+      line("    {" + quote(role) + ", " + name(tensor) + "},");
+    line("};");
+  }
+
+  bool writeAttention(std::string &error) {
+    auto a = llvm::dyn_cast_or_null<AttentionOp>(layer.mixer);
+    if (!a) {
+      std::string what = layer.mixer ? layer.mixer->getName().getStringRef().str()
+                                     : std::string("no token mixer");
+      if (auto l = llvm::dyn_cast_or_null<LinearAttentionOp>(layer.mixer))
+        what += " (" + l.getKind().str() + ")";
+      error = "layer " + std::to_string(layer.index) + " uses " + what +
+              ", which the runtime's ModelDef cannot express (it has GQA/MHA "
+              "and MLA attention only)";
+      return false;
+    }
+    if (a.getOutputGate()) {
+      error = "layer " + std::to_string(layer.index) +
+              " has a gated attention output (output_gate), which the "
+              "runtime's ModelDef cannot express";
+      return false;
+    }
+    bool mla = a.getKind() == "mla";
+    line("rt::AttentionDef &a = d.attention;");
+    if (mla)
+      set("a.kind", "rt::AttentionKind::Mla");
+    setInt("a.heads", a.getNumHeads());
+    setInt("a.kvHeads", a.getNumKvHeads());
+    setInt("a.headDim", a.getHeadDim());
+    setInt("a.vHeadDim", a.getVHeadDim());
+    if (a.getQkNorm())
+      set("a.qkNorm", quote(a.getQkNormKind().str()));
+    setTrue("a.qkvBias", a.getQkvBias());
+    std::vector<std::pair<std::string, std::string>> weights;
+    bool oBias = a.getOutBias();
+    for (const RoleName &w : weightsOf(a, symbols)) {
+      std::optional<std::string> role = attentionRole(w.first);
+      if (!role) {
+        error = "layer " + std::to_string(layer.index) + ": attention weight " +
+                w.second + " (role " + w.first + ") has no ModelDef role";
+        return false;
+      }
+      oBias |= *role == "o_proj.bias";
+      weights.push_back({*role, w.second});
+      if (hfAttention.empty()) {
+        std::string local = w.second.substr(prefix.size());
+        hfAttention = local.substr(0, local.find('.') + 1);
+      }
+    }
+    setTrue("a.outBias", oBias);
+    setTrue("a.sinks", a.getSinks());
+    std::string window = a.getWindow().str();
+    if (window == "sliding")
+      setInt("a.slidingWindow", a.getWindowSize());
+    else if (window == "chunked")
+      setInt("a.chunkSize", a.getWindowSize());
+    double scale = a.getSoftmaxScale().convertToDouble();
+    if (scale != 0)
+      setDouble("a.softmaxScale", scale);
+    if (a.getTemperatureTuning()) {
+      setTrue("a.temperatureTuning", true);
+      setDouble("a.floorScale", a.getFloorScale().convertToDouble());
+      setDouble("a.attnScale", a.getAttnScale().convertToDouble());
+    }
+    if (mla) {
+      setInt("a.qLoraRank", a.getQLoraRank());
+      setInt("a.kvLoraRank", a.getKvLoraRank());
+      setInt("a.qkNopeDim", a.getHeadDim() - a.getQkRopeHeadDim());
+      setInt("a.qkRopeDim", a.getQkRopeHeadDim());
+    }
+    std::string rope = a.getRope().str();
+    if (rope == "none") {
+      set("a.rope.enabled", "false");
+    } else {
+      int64_t rotaryDim =
+          mla ? a.getQkRopeHeadDim()
+              : std::llround(a.getHeadDim() * a.getRopePartial().convertToDouble());
+      double theta = a.getRopeTheta().convertToDouble();
+      double factor = a.getRopeFactor().convertToDouble();
+      if (rope == "ntk_alpha" && rotaryDim > 2) {
+        // NTK-alpha (Hunyuan): a larger base, theta * alpha^(d / (d - 2)).
+        theta *= std::pow(factor, double(rotaryDim) / double(rotaryDim - 2));
+      }
+      setInt("a.rope.rotaryDim", rotaryDim);
+      setDouble("a.rope.theta", theta);
+      setTrue("a.rope.interleaved", a.getRopeInterleaved());
+      if (rope == "yarn") {
+        set("a.rope.scaling", "\"yarn\"");
+        setDouble("a.rope.factor", factor);
+        setInt("a.rope.originalMaxPositions", a.getRopeOriginalMaxPositions());
+        setDouble("a.rope.betaFast", a.getRopeBetaFast().convertToDouble());
+        setDouble("a.rope.betaSlow", a.getRopeBetaSlow().convertToDouble());
+        setDouble("a.rope.mscale", a.getRopeMscale().convertToDouble());
+        setDouble("a.rope.mscaleAllDim", a.getRopeMscaleAllDim().convertToDouble());
+        set("a.rope.truncate", a.getRopeTruncate() ? "true" : "false");
+      } else if (rope == "llama3") {
+        set("a.rope.scaling", "\"llama3\"");
+        setDouble("a.rope.factor", factor);
+        setInt("a.rope.originalMaxPositions", a.getRopeOriginalMaxPositions());
+        setDouble("a.rope.lowFreqFactor", a.getRopeLowFreqFactor().convertToDouble());
+        setDouble("a.rope.highFreqFactor", a.getRopeHighFreqFactor().convertToDouble());
+      } else if (rope == "mrope") {
+        // Text-only training gives every M-RoPE section the same position,
+        // which makes it plain RoPE.
+        line("// M-RoPE: text positions are equal in every section: plain RoPE.");
+      } else if (rope != "default" && rope != "ntk_alpha") {
+        // No ModelDef form (dynamic NTK, mrope, ...): named, so the runtime
+        // refuses it rather than silently using plain RoPE.
+        set("a.rope.scaling", quote(rope));
+        setDouble("a.rope.factor", factor);
+      }
+    }
+    writeWeights("a.weights", weights);
+    if (hfAttention != "self_attn." && !hfAttention.empty())
+      set("d.hfAttention", quote(hfAttention));
+    std::string kind = mla ? "MLA" : a.getKind() == "mha" ? "MHA" : "GQA";
+    summaryText = kind + " " + std::to_string(a.getNumHeads()) + " heads";
+    if (!mla && a.getNumKvHeads() != a.getNumHeads())
+      summaryText += " (" + std::to_string(a.getNumKvHeads()) + " KV)";
+    if (window != "none")
+      summaryText += ", " + window + " " + std::to_string(a.getWindowSize());
+    if (rope == "none")
+      summaryText += ", no RoPE";
+    shapeName = window == "sliding" ? "sliding"
+                : window == "chunked" ? "chunked"
+                : rope == "none"      ? "nope"
+                                      : "";
+    return true;
+  }
+
+  bool writeFfn(std::string &error) {
+    std::string ffnModule = hfFfnModule(family);
+    if (ffnModule != "mlp.")
+      set("d.hfFfn", quote(ffnModule));
+    line("rt::FfnDef &f = d.ffn;");
+    std::vector<std::pair<std::string, std::string>> weights;
+    auto collect = [&](Operation *op) {
+      for (const RoleName &w : weightsOf(op, symbols)) {
+        std::optional<std::string> role = ffnRole(w.first);
+        if (!role) {
+          error = "layer " + std::to_string(layer.index) + ": FFN weight " +
+                  w.second + " (role " + w.first + ") has no ModelDef role";
+          return false;
+        }
+        weights.push_back({*role, w.second});
+      }
+      return true;
+    };
+    auto checkActivation = [&](StringRef act) {
+      if (act == "silu")
+        return true;
+      error = "layer " + std::to_string(layer.index) + ": activation '" +
+              act.str() + "' has no ModelDef form (SwiGLU only)";
+      return false;
+    };
+    if (auto m = llvm::dyn_cast_or_null<MLPOp>(layer.ffn)) {
+      if (!checkActivation(m.getActivation()))
+        return false;
+      setInt("f.intermediate", m.getIntermediate());
+      if (!collect(m))
+        return false;
+      writeWeights("f.weights", weights);
+      summaryText += "; dense MLP " + std::to_string(m.getIntermediate());
+      shapeName += "dense";
+      return true;
+    }
+    auto m = llvm::dyn_cast_or_null<MoEOp>(layer.ffn);
+    if (!m) {
+      error = "layer " + std::to_string(layer.index) +
+              " has no MLP or MoE the runtime's ModelDef can express";
+      return false;
+    }
+    if (!checkActivation(m.getActivation()))
+      return false;
+    std::string scoring = m.getScoring().str(), routing = m.getRouting().str();
+    std::string router;
+    if (routing == "score_topk")
+      router = scoring == "softmax" ? "SoftmaxTopK" : "SigmoidTopK";
+    else if (routing == "topk_score" && scoring == "softmax")
+      router = "TopKSoftmax";
+    else if (routing == "topk_score_input" && scoring == "sigmoid")
+      router = "TopKSigmoidInput";
+    else {
+      error = "layer " + std::to_string(layer.index) + ": router '" + routing +
+              "' with " + scoring + " scoring has no ModelDef form";
+      return false;
+    }
+    setInt("f.experts", m.getNumExperts());
+    setInt("f.topK", m.getTopK());
+    setInt("f.intermediate", m.getExpertIntermediate());
+    set("f.router", "rt::RouterKind::" + router);
+    setTrue("f.normTopK", m.getNormTopk());
+    double scaling = m.getRoutedScaling().convertToDouble();
+    if (scaling != 1.0)
+      setDouble("f.routedScaling", scaling);
+    setTrue("f.correctionBias", m.getBiasCorrection());
+    if (m.getNumGroups() > 1) {
+      setInt("f.groups", m.getNumGroups());
+      setInt("f.topKGroups", m.getTopkGroups());
+    }
+    setTrue("f.routerBias", m.getRouterBias());
+    double limit = m.getSwigluLimit().convertToDouble();
+    if (limit > 0) {
+      set("f.act", "rt::ExpertAct::ClampedSwiGLU");
+      setDouble("f.swigluAlpha", m.getSwigluAlpha().convertToDouble());
+      setDouble("f.swigluLimit", limit);
+    }
+    setTrue("f.expertBias", m.getExpertBias());
+    if (!m.getFusedLayout().empty())
+      set("f.fusedLayout", quote(m.getFusedLayout().str()));
+    if (!collect(m))
+      return false;
+    bool hasShared = false;
+    for (const auto &w : weights)
+      hasShared |= w.first.compare(0, 7, "shared.") == 0;
+    if (m.getNumShared() > 0 && hasShared) {
+      setInt("f.sharedIntermediate", m.getNumShared() * m.getSharedIntermediate());
+      setTrue("f.sharedGate", m.getSharedGate());
+    }
+    writeWeights("f.weights", weights);
+    summaryText += "; MoE " + std::to_string(m.getNumExperts()) + " experts top-" +
+                   std::to_string(m.getTopK());
+    if (m.getNumShared() > 0 && hasShared)
+      summaryText += " + " + std::to_string(m.getNumShared()) + " shared";
+    shapeName += "moe";
+    return true;
+  }
+
+  const LayerOps &layer;
+  SymbolTable &symbols;
+  std::string family;
+  std::string prefix, hfAttention;
+  std::string text, shapeName, summaryText;
+};
+
+/// A helper function shared by structurally identical layers.
+struct Helper {
+  std::string name, body, summary;
+  std::vector<int64_t> layers;
+};
+
+/// camelCase helper name: "slidingmoe" parts -> "slidingMoeLayer".
+std::string helperName(const std::string &shape) {
+  // shape is window part ("sliding", "chunked", "nope", "") + ffn part.
+  std::string ffn = shape.size() >= 5 && shape.substr(shape.size() - 5) == "dense"
+                        ? "dense"
+                        : "moe";
+  std::string head = shape.substr(0, shape.size() - ffn.size());
+  std::string out = head.empty() ? ffn : head;
+  if (!head.empty()) {
+    std::string cap = ffn;
+    cap[0] = (char)std::toupper((unsigned char)cap[0]);
+    out += cap;
+  }
+  return out + "Layer";
+}
+
+/// Emits the layer list: runs of one helper or short cycles of several.
+std::string emitLayerList(const std::vector<int> &ids,
+                          const std::vector<Helper> &helpers,
+                          const std::vector<int64_t> &indices) {
+  std::string out;
+  size_t n = ids.size(), s = 0;
+  int cycles = 0;
+  while (s < n) {
+    size_t run = 1;
+    while (s + run < n && ids[s + run] == ids[s])
+      ++run;
+    size_t bestPeriod = 1, bestLength = run;
+    for (size_t period = 2; period <= 4 && s + period <= n; ++period) {
+      bool uniform = true;
+      for (size_t k = 1; k < period; ++k)
+        uniform &= ids[s + k] == ids[s];
+      if (uniform)
+        continue;
+      size_t length = period;
+      while (s + length < n && ids[s + length] == ids[s + length % period])
+        ++length;
+      if (length >= 2 * period && length > bestLength) {
+        bestPeriod = period;
+        bestLength = length;
+      }
+    }
+    int64_t first = indices[s], end = indices[s] + (int64_t)bestLength;
+    std::string offset = first == 0 ? "i" : "(i - " + std::to_string(first) + ")";
+    if (bestPeriod == 1 && bestLength == 1) {
+      out += "  m.layers.push_back(" + helpers[ids[s]].name + "(" +
+             std::to_string(first) + "));\n";
+    } else if (bestPeriod == 1) {
+      out += "  for (int64_t i = " + std::to_string(first) + "; i < " +
+             std::to_string(end) + "; ++i)\n    m.layers.push_back(" +
+             helpers[ids[s]].name + "(i));\n";
+    } else {
+      std::string cycle = "cycle" + (cycles ? std::to_string(cycles) : std::string());
+      ++cycles;
+      out += "  static rt::LayerDef (*const " + cycle + "[])(int64_t) = {";
+      for (size_t k = 0; k < bestPeriod; ++k)
+        out += (k ? ", " : "") + helpers[ids[s + k]].name;
+      out += "};\n  for (int64_t i = " + std::to_string(first) + "; i < " +
+             std::to_string(end) + "; ++i)\n    m.layers.push_back(" + cycle +
+             "[" + offset + " % " + std::to_string(bestPeriod) + "](i));\n";
+    }
+    s += bestLength;
+  }
+  return out;
+}
+
+std::string cmakeProjectName(const std::string &family) {
+  std::string out = "adapt_trainer_";
+  for (char c : family)
+    out += std::isalnum((unsigned char)c) ? c : '_';
+  return out;
+}
+
+} // namespace
+
+bool emitTrainer(ModuleOp module, const TrainerOptions &options,
+                 std::vector<GeneratedFile> &files, std::string &error) {
+  ModelOp model;
+  for (ModelOp m : module.getOps<ModelOp>()) {
+    if (model) {
+      error = "expected one adapt.model, found several";
+      return false;
+    }
+    model = m;
+  }
+  if (!model) {
+    error = "expected an adapt.model";
+    return false;
+  }
+  SymbolTable symbols(model);
+  std::string family = model.getFamily().str();
+
+  // Gather the components.
+  std::map<int64_t, LayerOps> layers;
+  std::string embedding, finalNorm, lmHead;
+  double normEps = 1e-6;
+  bool tied = false;
+  int64_t mtpLayers = 0;
+  std::vector<std::string> encoders;
+  for (Operation &op : model.getBody().front()) {
+    auto layerAttr = op.getAttrOfType<IntegerAttr>("layer");
+    int64_t layer = layerAttr ? layerAttr.getInt() : -1;
+    std::vector<RoleName> weights =
+        op.hasAttr("weights") ? weightsOf(&op, symbols) : std::vector<RoleName>();
+    if (isa<EmbeddingOp>(op)) {
+      if (!weights.empty())
+        embedding = weights.front().second;
+    } else if (auto n = dyn_cast<RMSNormOp>(op)) {
+      if (weights.empty())
+        continue;
+      if (layer < 0) {
+        finalNorm = weights.front().second;
+        normEps = n.getEps().convertToDouble();
+        continue;
+      }
+      LayerOps &l = layers[layer];
+      l.index = layer;
+      if (weights.front().first == "input_layernorm")
+        l.inputNorm = weights.front().second;
+      else
+        l.postAttentionNorm = weights.front().second;
+    } else if (isa<AttentionOp, SparseAttentionOp, LinearAttentionOp>(op)) {
+      layers[layer].index = layer;
+      layers[layer].mixer = &op;
+    } else if (isa<MoEOp, MLPOp>(op)) {
+      layers[layer].index = layer;
+      layers[layer].ffn = &op;
+    } else if (auto head = dyn_cast<LMHeadOp>(op)) {
+      tied = head.getTied();
+      if (!weights.empty())
+        lmHead = weights.front().second;
+    } else if (isa<MTPOp>(op)) {
+      ++mtpLayers;
+    } else if (auto enc = dyn_cast<EncoderOp>(op)) {
+      encoders.push_back(enc.getModality().str());
+    } else if (isa<UnmappedOp, GenericComponentOp>(op)) {
+      error = "the model has imported operators (" +
+              op.getName().getStringRef().str() +
+              ") with no ModelDef form; adapt build needs a Hugging Face model "
+              "folder";
+      return false;
+    }
+  }
+  if (layers.empty()) {
+    error = "the model has no decoder layers";
+    return false;
+  }
+
+  // One body per layer; identical bodies share a helper.
+  std::vector<Helper> helpers;
+  std::map<std::string, int> byBody;
+  std::vector<int> ids;
+  std::vector<int64_t> indices;
+  std::map<std::string, int> nameUses;
+  for (auto &[index, ops] : layers) {
+    LayerWriter writer(ops, symbols, family);
+    if (!writer.write(error))
+      return false;
+    auto [it, inserted] = byBody.emplace(writer.body(), (int)helpers.size());
+    if (inserted) {
+      std::string name = helperName(writer.shape());
+      int uses = ++nameUses[name];
+      if (uses > 1)
+        name += std::to_string(uses);
+      helpers.push_back({name, writer.body(), writer.summary(), {}});
+    }
+    helpers[it->second].layers.push_back(index);
+    ids.push_back(it->second);
+    indices.push_back(index);
+  }
+  // Layers must be numbered 0..n-1 for the loops; ModelDef's index says so.
+  for (size_t i = 0; i < indices.size(); ++i)
+    if (indices[i] != (int64_t)i) {
+      error = "decoder layers are not numbered 0.." +
+              std::to_string(indices.size() - 1);
+      return false;
+    }
+
+  // LoRA settings as adapt-inject-lora recorded them.
+  int64_t rank = 8;
+  double alpha = 16.0, dropout = 0.0;
+  bool rslora = false, router = false;
+  std::vector<std::string> targets = {"all-linear"};
+  if (auto lora = model->getAttrOfType<DictionaryAttr>("adapt.lora")) {
+    if (auto v = lora.getAs<IntegerAttr>("rank"))
+      rank = v.getInt();
+    if (auto v = lora.getAs<FloatAttr>("alpha"))
+      alpha = v.getValueAsDouble();
+    if (auto v = lora.getAs<FloatAttr>("dropout"))
+      dropout = v.getValueAsDouble();
+    if (auto v = lora.getAs<BoolAttr>("rslora"))
+      rslora = v.getValue();
+    if (auto v = lora.getAs<BoolAttr>("router"))
+      router = v.getValue();
+    if (auto v = lora.getAs<ArrayAttr>("targets")) {
+      targets.clear();
+      for (Attribute t : v)
+        targets.push_back(llvm::cast<StringAttr>(t).str());
+    }
+  }
+  std::string targetList;
+  for (const std::string &t : targets)
+    targetList += (targetList.empty() ? "" : ", ") + quote(t);
+
+  std::string architecture = model.getArchitecture().str();
+  std::ostringstream os;
+  os << "// Generated by `adapt build` from " << options.sourcePath << ": "
+     << family << (architecture.empty() ? "" : " (" + architecture + ")") << ", "
+     << layers.size() << " decoder layers.\n"
+     << "// Do not edit: regenerate with `adapt build`.\n";
+  if (mtpLayers > 0 || !encoders.empty()) {
+    os << "// Not part of the trainer (left as they are):";
+    if (mtpLayers > 0)
+      os << " " << mtpLayers << " multi-token-prediction layer(s)";
+    for (size_t i = 0; i < encoders.size(); ++i)
+      os << (mtpLayers > 0 || i ? "," : "") << " the " << encoders[i] << " encoder";
+    os << ".\n";
+  }
+  if (auto quant = model->getAttrOfType<DictionaryAttr>("adapt.quant"))
+    if (auto method = quant.getAs<StringAttr>("method"))
+      os << "// The checkpoint is quantized (" << method.str()
+         << "); the runtime loader decides how to read it.\n";
+  os << "\n#include \"runtime/ModelDef.h\"\n#include \"runtime/TrainMain.h\"\n\n"
+     << "#include <cstdint>\n#include <string>\n\n"
+     << "namespace rt = adapt::rt;\n\nnamespace {\n";
+  for (const Helper &h : helpers)
+    os << "\n// Layer" << (h.layers.size() > 1 ? "s " : " ")
+       << formatRanges(h.layers) << ": " << h.summary << ".\n"
+       << "rt::LayerDef " << h.name << "(int64_t i) {\n"
+       << h.body << "}\n";
+  os << "\n} // namespace\n\n"
+     << "adapt::rt::ModelDef buildModel() {\n"
+     << "  rt::ModelDef m;\n"
+     << "  m.family = " << quote(family) << ";\n"
+     << "  m.modelType = " << quote(model.getModelType().str()) << ";\n"
+     << "  m.architecture = " << quote(architecture) << ";\n"
+     << "  m.vocab = " << model.getVocab() << ";\n"
+     << "  m.hidden = " << model.getHidden() << ";\n"
+     << "  m.normEps = " << formatDouble(normEps) << ";\n"
+     << "  m.tieEmbeddings = " << (tied ? "true" : "false") << ";\n"
+     << "  m.embedding = " << quote(embedding) << ";\n"
+     << "  m.finalNorm = " << quote(finalNorm) << ";\n"
+     << "  m.lmHead = " << quote(lmHead) << ";\n"
+     << "  m.lora.rank = " << rank << ";\n"
+     << "  m.lora.alpha = " << formatDouble(alpha) << ";\n"
+     << "  m.lora.dropout = " << formatDouble(dropout) << ";\n"
+     << "  m.lora.rslora = " << (rslora ? "true" : "false") << ";\n"
+     << "  m.lora.router = " << (router ? "true" : "false") << ";\n"
+     << "  m.lora.targets = {" << targetList << "};\n"
+     << emitLayerList(ids, helpers, indices)
+     << "  return m;\n}\n\n"
+     << "int main(int argc, char **argv) {\n"
+     << "  return adapt::rt::trainMain(argc, argv, buildModel(),\n"
+     << "                              " << quote(options.modelDir) << ");\n"
+     << "}\n";
+  files.clear();
+  files.push_back({"model.cpp", os.str()});
+
+  files.push_back(
+      {"CMakeLists.txt",
+       "# Generated by `adapt build`; do not edit: regenerate.\n"
+       "cmake_minimum_required(VERSION 3.20)\n"
+       "project(" + cmakeProjectName(family) + " LANGUAGES CXX)\n"
+       "set(CMAKE_CXX_STANDARD 17)\n"
+       "set(CMAKE_CXX_STANDARD_REQUIRED ON)\n"
+       "if(NOT CMAKE_BUILD_TYPE)\n"
+       "  set(CMAKE_BUILD_TYPE Release)\n"
+       "endif()\n"
+       "# The runtime's build folder: -DAdaptRuntime_DIR=<adapt build>/runtime\n"
+       "find_package(AdaptRuntime REQUIRED)\n"
+       "add_executable(train model.cpp)\n"
+       "target_link_libraries(train PRIVATE adapt::runtime)\n"});
+
+  files.push_back(
+      {"README.md",
+       "# LoRA trainer for " + family + "\n\n"
+       "Generated by `adapt build` from `" + options.sourcePath +
+       "`; do not edit, regenerate instead.\n"
+       "`model.cpp` describes the model to the runtime (`runtime/ModelDef.h`); "
+       "the runtime does the rest.\n\n"
+       "`adapt build` compiles it to `./train`; by hand:\n\n"
+       "```sh\n"
+       "cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release "
+       "-DAdaptRuntime_DIR=<adapt build>/runtime\n"
+       "cmake --build build\n"
+       "build/train --help   # the runtime's flags; the model folder defaults "
+       "to the one it was generated from\n"
+       "```\n"});
+  return true;
+}
+
+} // namespace adapt

@@ -1,0 +1,43 @@
+//===- EmitTrainer.h - a LoRA training program from the IR ------*- C++ -*-===//
+//
+// Turns an analysed, LoRA-injected `adapt.model` into a small C++ project:
+// model.cpp (one function filling the runtime's ModelDef, runtime/ModelDef.h,
+// plus main calling adapt::rt::trainMain), CMakeLists.txt and README.md. The
+// output is a pure function of the IR and the options: no timestamps, no
+// paths but the model folder, numbers printed so they read back exactly.
+//
+//===----------------------------------------------------------------------===//
+#ifndef ADAPT_CODEGEN_EMITTRAINER_H
+#define ADAPT_CODEGEN_EMITTRAINER_H
+
+#include "mlir/IR/BuiltinOps.h"
+
+#include <string>
+#include <vector>
+
+namespace adapt {
+
+/// What the generated project needs besides the IR.
+struct TrainerOptions {
+  std::string sourcePath; ///< PATH as the user gave it (header comment only).
+  std::string modelDir;   ///< Absolute model folder: the trainer's default.
+};
+
+/// One file of the generated project, relative to its folder.
+struct GeneratedFile {
+  std::string name;
+  std::string contents;
+};
+
+/// Emits the project for the one adapt.model in \p module. Fails (false,
+/// \p error says why) when the model has a part the ModelDef cannot express
+/// (linear or sparse attention, an attention output gate, a non-SiLU MLP).
+bool emitTrainer(mlir::ModuleOp module, const TrainerOptions &options,
+                 std::vector<GeneratedFile> &files, std::string &error);
+
+/// A double as the shortest C++ literal that reads back to the same value.
+std::string formatDouble(double value);
+
+} // namespace adapt
+
+#endif // ADAPT_CODEGEN_EMITTRAINER_H

@@ -1,0 +1,231 @@
+//===- LoraTargets.cpp - which linear weights a LoRA pattern names --------===//
+
+#include "models/LoraTargets.h"
+
+#include <cctype>
+#include <set>
+
+namespace adapt {
+
+namespace {
+
+std::vector<std::string> splitDots(const std::string &text) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (true) {
+    size_t dot = text.find('.', start);
+    out.push_back(text.substr(start, dot == std::string::npos ? dot : dot - start));
+    if (dot == std::string::npos)
+      return out;
+    start = dot + 1;
+  }
+}
+
+/// '*' (any run) and '?' (one character) inside one component.
+bool globMatch(const char *pattern, const char *text) {
+  if (*pattern == '\0')
+    return *text == '\0';
+  if (*pattern == '*')
+    return globMatch(pattern + 1, text) || (*text && globMatch(pattern, text + 1));
+  if (*text == '\0')
+    return false;
+  return (*pattern == '?' || *pattern == *text) && globMatch(pattern + 1, text + 1);
+}
+
+bool startsWith(const std::string &s, const std::string &prefix) {
+  return s.compare(0, prefix.size(), prefix) == 0;
+}
+
+std::string stripWeightSuffix(std::string name) {
+  const std::string suffix = ".weight";
+  if (name.size() > suffix.size() &&
+      name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
+    name.resize(name.size() - suffix.size());
+  return name;
+}
+
+std::string parentOf(const std::string &path) {
+  size_t dot = path.rfind('.');
+  return dot == std::string::npos ? std::string() : path.substr(0, dot);
+}
+
+/// The modules "all-linear" adapts.
+bool isAllLinear(LoraModuleKind kind) {
+  return kind == LoraModuleKind::Attention || kind == LoraModuleKind::Mlp ||
+         kind == LoraModuleKind::Experts ||
+         kind == LoraModuleKind::SharedExperts;
+}
+
+/// A short, deduplicated list of the layer-relative module names.
+std::string availableModules(const std::vector<LoraModule> &modules) {
+  std::vector<std::string> names;
+  std::set<std::string> seen;
+  auto add = [&](const std::string &name) {
+    if (!name.empty() && seen.insert(name).second)
+      names.push_back(name);
+  };
+  for (const LoraModule &m : modules) {
+    if (m.kind == LoraModuleKind::Experts ||
+        m.kind == LoraModuleKind::SharedExperts)
+      add(parentOf(m.local));
+    add(m.local + (m.kind == LoraModuleKind::Router ? " (router)" : ""));
+  }
+  std::string out;
+  size_t shown = 0;
+  for (const std::string &name : names) {
+    if (shown == 24) {
+      out += ", ... (" + std::to_string(names.size() - shown) + " more)";
+      break;
+    }
+    out += (shown++ ? ", " : "") + name;
+  }
+  return out.empty() ? "none" : out;
+}
+
+} // namespace
+
+std::string layerPrefixOf(const std::string &name) {
+  size_t pos = 0;
+  while ((pos = name.find("layers.", pos)) != std::string::npos) {
+    if (pos == 0 || name[pos - 1] == '.') {
+      size_t digits = pos + 7, end = digits;
+      while (end < name.size() && std::isdigit((unsigned char)name[end]))
+        ++end;
+      if (end > digits && end < name.size() && name[end] == '.')
+        return name.substr(0, end + 1);
+    }
+    pos += 7;
+  }
+  return "";
+}
+
+std::string hfFfnModule(const std::string &family) {
+  return family == "llama4" ? "feed_forward." : "mlp.";
+}
+
+std::optional<LoraModule> loraModuleOf(const std::string &component,
+                                       const std::string &role,
+                                       const std::string &name,
+                                       const std::string &family) {
+  std::string prefix = layerPrefixOf(name);
+  if (prefix.empty())
+    return std::nullopt;
+  std::string inLayer = stripWeightSuffix(name.substr(prefix.size()));
+  LoraModule m;
+  if (component == "attention" || component == "mla" ||
+      component == "sparse_attention" || component == "linear_attention") {
+    m.local = inLayer;
+    m.kind = startsWith(role, "indexer.") ? LoraModuleKind::Other
+                                          : LoraModuleKind::Attention;
+  } else if (component == "mlp") {
+    m.local = hfFfnModule(family) + role;
+    m.kind = LoraModuleKind::Mlp;
+  } else if (component == "moe") {
+    std::string ffn = hfFfnModule(family);
+    // The checkpoint's own FFN module name (mlp, block_sparse_moe,
+    // feed_forward) becomes transformers'.
+    size_t dot = inLayer.find('.');
+    std::string inFfn = dot == std::string::npos ? inLayer : inLayer.substr(dot + 1);
+    if (role == "gate" || role == "router" || role == "shared_expert_gate") {
+      m.local = ffn + inFfn;
+      m.kind = LoraModuleKind::Router;
+    } else if (role == "experts.w1" || role == "experts.w3" ||
+               role == "experts.gate_proj" || role == "experts.up_proj" ||
+               role == "experts.gate_up_proj") {
+      m.local = ffn + "experts.gate_up_proj";
+      m.kind = LoraModuleKind::Experts;
+    } else if (role == "experts.w2" || role == "experts.down_proj") {
+      m.local = ffn + "experts.down_proj";
+      m.kind = LoraModuleKind::Experts;
+    } else if (startsWith(role, "shared_experts.") ||
+               startsWith(role, "shared_expert.") ||
+               startsWith(role, "shared_mlp.")) {
+      m.local = ffn + role;
+      m.kind = LoraModuleKind::SharedExperts;
+    } else {
+      m.local = ffn + inFfn;
+      m.kind = LoraModuleKind::Other;
+    }
+  } else {
+    return std::nullopt;
+  }
+  m.path = prefix + m.local;
+  // A router matches through its parent only when that parent is the router
+  // itself (Hunyuan's mlp.gate.wg), never the FFN block.
+  if (m.kind != LoraModuleKind::Router ||
+      m.local.find('.', hfFfnModule(family).size()) != std::string::npos)
+    m.container = parentOf(m.path);
+  return m;
+}
+
+bool matchesModulePattern(const std::string &pattern, const std::string &path) {
+  if (pattern.empty() || path.empty())
+    return false;
+  std::vector<std::string> want = splitDots(pattern), have = splitDots(path);
+  if (want.size() > have.size())
+    return false;
+  size_t offset = have.size() - want.size();
+  for (size_t i = 0; i < want.size(); ++i)
+    if (want[i].empty() || !globMatch(want[i].c_str(), have[offset + i].c_str()))
+      return false;
+  return true;
+}
+
+bool patternSelects(const std::string &pattern, const LoraModule &module) {
+  return matchesModulePattern(pattern, module.path) ||
+         (!module.container.empty() &&
+          matchesModulePattern(pattern, module.container));
+}
+
+LoraSelection selectLoraTargets(const std::vector<LoraModule> &modules,
+                                const std::vector<std::string> &patterns,
+                                bool router) {
+  LoraSelection out;
+  out.selected.assign(modules.size(), false);
+  std::vector<std::string> targets = patterns;
+  if (targets.empty())
+    targets.push_back("all-linear");
+  for (const std::string &pattern : targets) {
+    bool valid = !pattern.empty() && pattern.front() != '.' &&
+                 pattern.back() != '.' &&
+                 pattern.find("..") == std::string::npos;
+    if (!valid) {
+      out.error = "LoRA target '" + pattern +
+                  "' is not a module name: expected dotted components such "
+                  "as q_proj, self_attn.o_proj, experts or all-linear";
+      return out;
+    }
+    int64_t matched = 0;
+    for (size_t i = 0; i < modules.size(); ++i) {
+      const LoraModule &m = modules[i];
+      bool hit = pattern == "all-linear" ? isAllLinear(m.kind)
+                                          : patternSelects(pattern, m);
+      if (!hit)
+        continue;
+      if (m.kind == LoraModuleKind::Router && !router) {
+        out.error = "LoRA target '" + pattern + "' matches the MoE router (" +
+                    m.path + "); adapting the router disturbs the pretrained "
+                    "load balance, pass --lora-router (pass option "
+                    "router=true) to do it anyway";
+        return out;
+      }
+      ++matched;
+      out.selected[i] = true;
+    }
+    if (matched == 0) {
+      out.error = "LoRA target '" + pattern +
+                  "' matches no linear module of this model; available: " +
+                  availableModules(modules);
+      return out;
+    }
+  }
+  if (router)
+    for (size_t i = 0; i < modules.size(); ++i)
+      if (modules[i].kind == LoraModuleKind::Router)
+        out.selected[i] = true;
+  for (size_t i = 0; i < modules.size(); ++i)
+    out.routers += out.selected[i] && modules[i].kind == LoraModuleKind::Router;
+  return out;
+}
+
+} // namespace adapt

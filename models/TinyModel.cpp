@@ -1,0 +1,906 @@
+//===- TinyModel.cpp - tiny random-weight models of each family -----------===//
+//
+// The config of each family follows its released config.json (the real keys,
+// in the real order; see /work/shared/models) with every size shrunk. The
+// tensors are what the front end declares for that config: parseModelConfig,
+// declareModel and expandToDisk give names, shapes and dtypes, so a tiny
+// model always passes `adapt gaps` without manifest issues.
+//
+//===----------------------------------------------------------------------===//
+
+#include "models/TinyModel.h"
+
+#include "models/WeightSchema.h"
+#include "parser/ConfigReader.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sys/stat.h>
+
+namespace adapt {
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+// The common tiny sizes.
+constexpr int64_t kHidden = 64;
+constexpr int64_t kHeads = 4;
+constexpr int64_t kKvHeads = 2;
+constexpr int64_t kHeadDim = 16;
+constexpr int64_t kVocab = 256;
+constexpr int64_t kExperts = 8;
+constexpr int64_t kTopK = 2;
+constexpr int64_t kExpertWidth = 32;
+// Fused expert tensors ([E, 2I, H] and [E, H, I]) must not be square, or a
+// transposed layout would pass every shape check: gpt-oss (MXFP4 needs
+// multiples of 32) and Llama-4 use wider experts.
+constexpr int64_t kGptOssExpertWidth = 96;
+constexpr int64_t kLlama4ExpertWidth = 48;
+constexpr int64_t kDenseWidth = 128;
+constexpr int64_t kMaxPositions = 512;
+
+struct FamilyInfo {
+  const char *name;
+  int64_t defaultLayers;
+  const char *quant; ///< The --quant it accepts besides none, or "".
+};
+
+const FamilyInfo kFamilies[] = {
+    {"qwen3_moe", 2, ""},   {"mixtral", 2, ""},     {"deepseek_v3", 3, "fp8"},
+    {"kimi_k2", 3, "fp8"},  {"gpt_oss", 2, "mxfp4"}, {"glm4_moe", 3, ""},
+    {"minimax_m2", 2, ""},  {"llama4", 4, ""},
+};
+
+const FamilyInfo *findFamily(const std::string &name) {
+  for (const FamilyInfo &f : kFamilies)
+    if (name == f.name)
+      return &f;
+  return nullptr;
+}
+
+ojson fp8QuantConfig() {
+  // DeepSeek-V3's own quantization_config, key for key.
+  ojson q;
+  q["activation_scheme"] = "dynamic";
+  q["fmt"] = "e4m3";
+  q["quant_method"] = "fp8";
+  q["weight_block_size"] = {128, 128};
+  return q;
+}
+
+ojson qwen3MoeConfig(int64_t n) {
+  ojson c;
+  c["architectures"] = {"Qwen3MoeForCausalLM"};
+  c["attention_bias"] = false;
+  c["attention_dropout"] = 0.0;
+  c["bos_token_id"] = 1;
+  c["decoder_sparse_step"] = 1;
+  c["eos_token_id"] = 2;
+  c["head_dim"] = kHeadDim;
+  c["hidden_act"] = "silu";
+  c["hidden_size"] = kHidden;
+  c["initializer_range"] = 0.02;
+  c["intermediate_size"] = kDenseWidth;
+  c["max_position_embeddings"] = kMaxPositions;
+  c["max_window_layers"] = n;
+  c["mlp_only_layers"] = ojson::array();
+  c["model_type"] = "qwen3_moe";
+  c["moe_intermediate_size"] = kExpertWidth;
+  c["norm_topk_prob"] = true;
+  c["num_attention_heads"] = kHeads;
+  c["num_experts"] = kExperts;
+  c["num_experts_per_tok"] = kTopK;
+  c["num_hidden_layers"] = n;
+  c["num_key_value_heads"] = kKvHeads;
+  c["output_router_logits"] = false;
+  c["rms_norm_eps"] = 1e-06;
+  c["rope_scaling"] = nullptr;
+  c["rope_theta"] = 1000000.0;
+  c["router_aux_loss_coef"] = 0.001;
+  c["sliding_window"] = nullptr;
+  c["tie_word_embeddings"] = false;
+  c["torch_dtype"] = "bfloat16";
+  c["use_cache"] = true;
+  c["use_sliding_window"] = false;
+  c["vocab_size"] = kVocab;
+  return c;
+}
+
+ojson mixtralConfig(int64_t n) {
+  ojson c;
+  c["architectures"] = {"MixtralForCausalLM"};
+  c["attention_dropout"] = 0.0;
+  c["bos_token_id"] = 1;
+  c["eos_token_id"] = 2;
+  c["hidden_act"] = "silu";
+  c["hidden_size"] = kHidden;
+  c["initializer_range"] = 0.02;
+  c["intermediate_size"] = kExpertWidth;
+  c["max_position_embeddings"] = kMaxPositions;
+  c["model_type"] = "mixtral";
+  c["num_attention_heads"] = kHeads;
+  c["num_experts_per_tok"] = kTopK;
+  c["num_hidden_layers"] = n;
+  c["num_key_value_heads"] = kKvHeads;
+  c["num_local_experts"] = kExperts;
+  c["output_router_logits"] = false;
+  c["rms_norm_eps"] = 1e-05;
+  c["rope_theta"] = 1000000.0;
+  c["router_aux_loss_coef"] = 0.02;
+  c["sliding_window"] = nullptr;
+  c["tie_word_embeddings"] = false;
+  c["torch_dtype"] = "bfloat16";
+  c["use_cache"] = true;
+  c["vocab_size"] = kVocab;
+  return c;
+}
+
+/// DeepSeek-V3 (and Kimi-K2, which is DeepSeek-V3 with other choices).
+ojson deepseekConfig(int64_t n, bool kimi, bool fp8) {
+  ojson c;
+  c["architectures"] = {"DeepseekV3ForCausalLM"};
+  c["attention_bias"] = false;
+  c["attention_dropout"] = 0.0;
+  c["aux_loss_alpha"] = 0.001;
+  c["bos_token_id"] = 0;
+  c["eos_token_id"] = 1;
+  if (!kimi)
+    c["ep_size"] = 1;
+  c["first_k_dense_replace"] = 1;
+  c["hidden_act"] = "silu";
+  c["hidden_size"] = kHidden;
+  c["initializer_range"] = 0.02;
+  // Two FP8 blocks of 128 rows. Whole blocks: transformers' CPU dequantizer
+  // derives the block size from the scale grid and rejects partial blocks.
+  c["intermediate_size"] = 256;
+  c["kv_lora_rank"] = 32;
+  c["max_position_embeddings"] = kMaxPositions;
+  // Kimi-K2's real model_type is "kimi_k2"; transformers knows the
+  // architecture as deepseek_v3, so the tiny model says that.
+  c["model_type"] = "deepseek_v3";
+  c["moe_intermediate_size"] = kExpertWidth;
+  c["moe_layer_freq"] = 1;
+  c["n_group"] = kimi ? 1 : 4;
+  c["n_routed_experts"] = kExperts;
+  c["n_shared_experts"] = 1;
+  c["norm_topk_prob"] = true;
+  c["num_attention_heads"] = kHeads;
+  c["num_experts_per_tok"] = kTopK;
+  c["num_hidden_layers"] = n;
+  c["num_key_value_heads"] = kHeads;
+  // The released models have one MTP layer (Kimi-K2: none); transformers
+  // loads the main model without it, so the tiny models have none.
+  c["num_nextn_predict_layers"] = 0;
+  c["pretraining_tp"] = 1;
+  c["q_lora_rank"] = 32;
+  c["qk_nope_head_dim"] = 16;
+  c["qk_rope_head_dim"] = 8;
+  if (fp8)
+    c["quantization_config"] = fp8QuantConfig();
+  c["rms_norm_eps"] = 1e-06;
+  ojson rope;
+  if (kimi) {
+    c["rope_theta"] = 50000.0;
+    c["routed_scaling_factor"] = 2.827;
+    rope["beta_fast"] = 1.0;
+    rope["beta_slow"] = 1.0;
+    rope["factor"] = 32.0;
+    rope["mscale"] = 1.0;
+    rope["mscale_all_dim"] = 1.0;
+    rope["original_max_position_embeddings"] = kMaxPositions / 32;
+    rope["type"] = "yarn";
+    c["rope_scaling"] = rope;
+  } else {
+    rope["beta_fast"] = 32;
+    rope["beta_slow"] = 1;
+    rope["factor"] = 8;
+    rope["mscale"] = 1.0;
+    rope["mscale_all_dim"] = 1.0;
+    rope["original_max_position_embeddings"] = kMaxPositions / 8;
+    rope["type"] = "yarn";
+    c["rope_scaling"] = rope;
+    c["rope_theta"] = 10000;
+    c["routed_scaling_factor"] = 2.5;
+  }
+  c["scoring_func"] = "sigmoid";
+  c["seq_aux"] = true;
+  c["tie_word_embeddings"] = false;
+  c["topk_group"] = kimi ? 1 : 2;
+  c["topk_method"] = "noaux_tc";
+  c["torch_dtype"] = "bfloat16";
+  c["use_cache"] = true;
+  c["v_head_dim"] = 16;
+  c["vocab_size"] = kVocab;
+  return c;
+}
+
+ojson gptOssConfig(int64_t n, bool mxfp4) {
+  ojson c;
+  c["architectures"] = {"GptOssForCausalLM"};
+  c["attention_bias"] = true;
+  c["attention_dropout"] = 0.0;
+  c["eos_token_id"] = 2;
+  c["experts_per_token"] = kTopK;
+  c["head_dim"] = kHeadDim;
+  c["hidden_act"] = "silu";
+  c["hidden_size"] = kHidden;
+  c["initial_context_length"] = kMaxPositions / 8;
+  c["initializer_range"] = 0.02;
+  c["intermediate_size"] = kGptOssExpertWidth;
+  ojson types = ojson::array();
+  for (int64_t i = 0; i < n; ++i)
+    types.push_back(i % 2 == 0 ? "sliding_attention" : "full_attention");
+  c["layer_types"] = types;
+  c["max_position_embeddings"] = kMaxPositions;
+  c["model_type"] = "gpt_oss";
+  c["num_attention_heads"] = kHeads;
+  c["num_experts_per_tok"] = kTopK;
+  c["num_hidden_layers"] = n;
+  c["num_key_value_heads"] = kKvHeads;
+  c["num_local_experts"] = kExperts;
+  c["output_router_logits"] = false;
+  c["pad_token_id"] = 3;
+  if (mxfp4) {
+    ojson q;
+    q["modules_to_not_convert"] = {"model.layers.*.self_attn",
+                                   "model.layers.*.mlp.router",
+                                   "model.embed_tokens", "lm_head"};
+    q["quant_method"] = "mxfp4";
+    c["quantization_config"] = q;
+  }
+  c["rms_norm_eps"] = 1e-05;
+  ojson rope;
+  rope["beta_fast"] = 32.0;
+  rope["beta_slow"] = 1.0;
+  rope["factor"] = 8.0;
+  rope["original_max_position_embeddings"] = kMaxPositions / 8;
+  rope["rope_type"] = "yarn";
+  rope["truncate"] = false;
+  c["rope_scaling"] = rope;
+  c["rope_theta"] = 150000;
+  c["router_aux_loss_coef"] = 0.9;
+  c["sliding_window"] = 8;
+  c["swiglu_limit"] = 7.0;
+  c["tie_word_embeddings"] = false;
+  c["torch_dtype"] = "bfloat16";
+  c["use_cache"] = true;
+  c["vocab_size"] = kVocab;
+  return c;
+}
+
+ojson glm4MoeConfig(int64_t n) {
+  ojson c;
+  c["architectures"] = {"Glm4MoeForCausalLM"};
+  c["attention_bias"] = true;
+  c["attention_dropout"] = 0.0;
+  c["pad_token_id"] = 3;
+  c["eos_token_id"] = {2, 4, 5};
+  c["head_dim"] = kHeadDim;
+  c["hidden_act"] = "silu";
+  c["hidden_size"] = kHidden;
+  c["partial_rotary_factor"] = 0.5;
+  c["initializer_range"] = 0.02;
+  c["intermediate_size"] = kDenseWidth;
+  c["max_position_embeddings"] = kMaxPositions;
+  c["model_type"] = "glm4_moe";
+  c["moe_intermediate_size"] = kExpertWidth;
+  c["norm_topk_prob"] = true;
+  c["num_attention_heads"] = kHeads;
+  c["n_group"] = 1;
+  c["topk_group"] = 1;
+  c["n_routed_experts"] = kExperts;
+  c["n_shared_experts"] = 1;
+  c["routed_scaling_factor"] = 2.5;
+  c["num_experts_per_tok"] = kTopK;
+  c["first_k_dense_replace"] = 1;
+  c["num_hidden_layers"] = n;
+  c["num_key_value_heads"] = kKvHeads;
+  c["rms_norm_eps"] = 1e-05;
+  c["rope_scaling"] = nullptr;
+  c["rope_theta"] = 1000000;
+  // GLM-4.5 has one MTP layer; transformers loads the main model without it.
+  c["num_nextn_predict_layers"] = 0;
+  c["tie_word_embeddings"] = false;
+  c["torch_dtype"] = "bfloat16";
+  c["use_cache"] = true;
+  c["use_qk_norm"] = true;
+  c["vocab_size"] = kVocab;
+  return c;
+}
+
+ojson minimaxM2Config(int64_t n) {
+  ojson c;
+  c["architectures"] = {"MiniMaxM2ForCausalLM"};
+  c["attn_type_list"] = std::vector<int64_t>(n, 1);
+  c["dtype"] = "bfloat16";
+  c["head_dim"] = kHeadDim;
+  c["hidden_act"] = "silu";
+  c["hidden_size"] = kHidden;
+  c["intermediate_size"] = kExpertWidth;
+  c["max_position_embeddings"] = kMaxPositions;
+  c["model_type"] = "minimax_m2";
+  c["mtp_transformer_layers"] = 1;
+  c["num_attention_heads"] = kHeads;
+  c["num_experts_per_tok"] = kTopK;
+  c["num_hidden_layers"] = n;
+  c["num_key_value_heads"] = kKvHeads;
+  c["num_local_experts"] = kExperts;
+  // The release has 3 MTP modules; transformers loads the model without them.
+  c["num_mtp_modules"] = 0;
+  // rotary_dim is the release's key; transformers reads partial_rotary_factor.
+  c["partial_rotary_factor"] = 0.5;
+  c["qk_norm_type"] = "per_layer";
+  c["rms_norm_eps"] = 1e-06;
+  c["rope_theta"] = 5000000;
+  c["rotary_dim"] = kHeadDim / 2;
+  c["scoring_func"] = "sigmoid";
+  c["shared_intermediate_size"] = 0;
+  c["tie_word_embeddings"] = false;
+  c["use_cache"] = true;
+  c["use_mtp"] = false;
+  c["use_qk_norm"] = true;
+  c["use_routing_bias"] = true;
+  c["vocab_size"] = kVocab;
+  return c;
+}
+
+/// Llama-4's text model as a causal LM of its own (model_type llama4_text).
+ojson llama4Config(int64_t n) {
+  ojson c;
+  c["architectures"] = {"Llama4ForCausalLM"};
+  c["attention_bias"] = false;
+  c["attention_chunk_size"] = 8;
+  c["attention_dropout"] = 0.0;
+  c["bos_token_id"] = 0;
+  c["eos_token_id"] = 1;
+  c["head_dim"] = kHeadDim;
+  c["hidden_act"] = "silu";
+  c["hidden_size"] = kHidden;
+  c["interleave_moe_layer_step"] = 2;
+  c["intermediate_size"] = kLlama4ExpertWidth;
+  c["intermediate_size_mlp"] = kDenseWidth;
+  c["max_position_embeddings"] = kMaxPositions;
+  c["model_type"] = "llama4_text";
+  // 1: RoPE and chunked attention; 0: global NoPE (every fourth layer).
+  std::vector<int64_t> rope(n);
+  for (int64_t i = 0; i < n; ++i)
+    rope[i] = (i + 1) % 4 != 0;
+  c["no_rope_layers"] = rope;
+  c["num_attention_heads"] = kHeads;
+  c["num_experts_per_tok"] = 1;
+  c["num_hidden_layers"] = n;
+  c["num_key_value_heads"] = kKvHeads;
+  c["num_local_experts"] = kExperts;
+  c["output_router_logits"] = false;
+  c["pad_token_id"] = 3;
+  c["rms_norm_eps"] = 1e-05;
+  ojson scaling;
+  scaling["factor"] = 8.0;
+  scaling["high_freq_factor"] = 1.0;
+  scaling["low_freq_factor"] = 1.0;
+  scaling["original_max_position_embeddings"] = kMaxPositions / 8;
+  scaling["rope_type"] = "llama3";
+  c["rope_scaling"] = scaling;
+  c["rope_theta"] = 500000.0;
+  c["router_aux_loss_coef"] = 0.001;
+  c["tie_word_embeddings"] = false;
+  c["torch_dtype"] = "bfloat16";
+  c["use_cache"] = true;
+  c["use_qk_norm"] = true;
+  c["vocab_size"] = kVocab;
+  return c;
+}
+
+ojson familyConfig(const TinyModelOptions &o, int64_t n) {
+  const std::string &f = o.family;
+  if (f == "qwen3_moe")
+    return qwen3MoeConfig(n);
+  if (f == "mixtral")
+    return mixtralConfig(n);
+  if (f == "deepseek_v3" || f == "kimi_k2")
+    return deepseekConfig(n, f == "kimi_k2", o.quant == "fp8");
+  if (f == "gpt_oss")
+    return gptOssConfig(n, o.quant == "mxfp4");
+  if (f == "glm4_moe")
+    return glm4MoeConfig(n);
+  if (f == "minimax_m2")
+    return minimaxM2Config(n);
+  return llama4Config(n);
+}
+
+std::string familyList() {
+  std::string out;
+  for (const FamilyInfo &f : kFamilies)
+    out += std::string(out.empty() ? "" : ", ") + f.name;
+  return out;
+}
+
+/// Checks the options; returns the layer count to use.
+Result<int64_t> checkOptions(const TinyModelOptions &o) {
+  const FamilyInfo *family = findFamily(o.family);
+  if (!family)
+    return InputError{"tiny", "FAMILY", "expected one of " + familyList() +
+                                        ", found \"" + o.family + "\""};
+  int64_t n = o.layers ? o.layers : family->defaultLayers;
+  if (n < 2 || n > 64)
+    return InputError{"tiny", "--layers",
+                      "expected 2..64 layers, found " + std::to_string(n)};
+  if (!o.quant.empty() && o.quant != family->quant) {
+    std::string expected = *family->quant
+                               ? std::string("nothing or ") + family->quant
+                               : std::string("nothing (bf16 only)");
+    return InputError{"tiny", "--quant",
+                      "expected " + expected + " for " + o.family +
+                          ", found \"" + o.quant + "\""};
+  }
+  return n;
+}
+
+// ----------------------------------------------------------------------------
+// Deterministic values.
+
+uint64_t splitmix64(uint64_t &state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+uint64_t fnv1a(const std::string &text) {
+  uint64_t h = 0xCBF29CE484222325ull;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 0x100000001B3ull;
+  }
+  return h;
+}
+
+/// Standard normal samples, one stream per tensor name: values do not depend
+/// on the order tensors are written in.
+class Normal {
+public:
+  Normal(uint64_t seed, const std::string &name) : state(seed ^ fnv1a(name)) {
+    splitmix64(state);
+  }
+  double next() {
+    if (hasSpare) {
+      hasSpare = false;
+      return spare;
+    }
+    // Box-Muller on two uniforms in (0, 1].
+    double u1 = (double(splitmix64(state) >> 11) + 1.0) * 0x1.0p-53;
+    double u2 = double(splitmix64(state) >> 11) * 0x1.0p-53;
+    double r = std::sqrt(-2.0 * std::log(u1));
+    double theta = 6.283185307179586 * u2;
+    spare = r * std::sin(theta);
+    hasSpare = true;
+    return r * std::cos(theta);
+  }
+
+private:
+  uint64_t state;
+  double spare = 0;
+  bool hasSpare = false;
+};
+
+bool endsWith(const std::string &s, const std::string &suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+/// The values of one tensor: normal(0, \p weightStd) for weights; norms
+/// 1 + noise so they are not the identity; small biases; sinks around zero
+/// at logit scale.
+std::vector<float> sampleValues(uint64_t seed, const std::string &name,
+                                int64_t count, double weightStd = 0.02) {
+  Normal rng(seed, name);
+  double mean = 0.0, stddev = weightStd;
+  if (endsWith(name, "norm.weight") || endsWith(name, "layernorm.weight")) {
+    mean = 1.0;
+    stddev = 0.05;
+  } else if (endsWith(name, "e_score_correction_bias")) {
+    stddev = 0.01;
+  } else if (endsWith(name, "sinks")) {
+    stddev = 0.5;
+  }
+  std::vector<float> out(count);
+  for (int64_t i = 0; i < count; ++i)
+    out[i] = float(mean + stddev * rng.next());
+  return out;
+}
+
+uint16_t toBf16(float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, 4);
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u)
+    return 0x7FC0; // NaN
+  uint32_t rounding = 0x7FFFu + ((bits >> 16) & 1u); // nearest, ties to even
+  return uint16_t((bits + rounding) >> 16);
+}
+
+/// The value of an FP8 E4M3FN code (bias 7, no infinities, 0x7F/0xFF NaN).
+float fp8E4m3Value(uint8_t code) {
+  int sign = code >> 7, exponent = (code >> 3) & 0xF, mantissa = code & 7;
+  float magnitude =
+      exponent == 0 ? std::ldexp(float(mantissa) / 8.0f, -6)
+                    : std::ldexp(1.0f + float(mantissa) / 8.0f, exponent - 7);
+  return sign ? -magnitude : magnitude;
+}
+
+/// Nearest E4M3FN code to \p value (ties to the even code), saturating at
+/// +-448.
+uint8_t toFp8E4m3(float value) {
+  static const std::vector<float> grid = [] {
+    std::vector<float> g;
+    for (int code = 0; code < 0x7F; ++code) // 0x7F is NaN
+      g.push_back(fp8E4m3Value(uint8_t(code)));
+    return g;
+  }();
+  float magnitude = std::fabs(value);
+  auto it = std::lower_bound(grid.begin(), grid.end(), magnitude);
+  int code;
+  if (it == grid.end()) {
+    code = 0x7E;
+  } else if (it == grid.begin()) {
+    code = 0;
+  } else {
+    int hi = int(it - grid.begin()), lo = hi - 1;
+    float dLo = magnitude - grid[lo], dHi = grid[hi] - magnitude;
+    code = dLo < dHi ? lo : dHi < dLo ? hi : (lo % 2 == 0 ? lo : hi);
+  }
+  return uint8_t(code | (value < 0 && code != 0 ? 0x80 : 0));
+}
+
+/// Nearest FP4 E2M1 code to \p value (ties to the even code).
+uint8_t toFp4E2m1(float value) {
+  static const float grid[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  float magnitude = std::fabs(value);
+  int best = 0;
+  for (int code = 1; code < 8; ++code) {
+    float d = std::fabs(grid[code] - magnitude);
+    float bestD = std::fabs(grid[best] - magnitude);
+    if (d < bestD || (d == bestD && code % 2 == 0))
+      best = code;
+  }
+  return uint8_t(best | (value < 0 && best != 0 ? 8 : 0));
+}
+
+// ----------------------------------------------------------------------------
+// Safetensors.
+
+struct TensorData {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  std::string bytes;
+};
+
+int64_t elements(const std::vector<int64_t> &shape) {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    n *= d;
+  return n;
+}
+
+void appendBf16(std::string &out, const std::vector<float> &values) {
+  out.reserve(out.size() + 2 * values.size());
+  for (float v : values) {
+    uint16_t b = toBf16(v);
+    out.push_back(char(b & 0xFF));
+    out.push_back(char(b >> 8));
+  }
+}
+
+void appendF32(std::string &out, float value) {
+  uint32_t bits;
+  std::memcpy(&bits, &value, 4);
+  for (int i = 0; i < 4; ++i)
+    out.push_back(char((bits >> (8 * i)) & 0xFF));
+}
+
+/// A plain tensor in the checkpoint dtype (BF16). Values are drawn in the
+/// logical order of \p weight, so a fused expert tensor stored transposed
+/// ([E, in, out]) holds the same matrices its MXFP4 variant quantizes.
+/// Scale of a weight's values: unit-variance outputs for matmuls (1/sqrt(in))
+/// and unit embeddings, so activations and logits are O(1) and a few dozen
+/// LoRA steps visibly lower the loss; other tensors keep small values.
+double weightStd(const WeightDecl &weight) {
+  if (weight.name.find("embed_tokens") != std::string::npos)
+    return 1.0;
+  if (weight.linear && !weight.shape.empty())
+    return 1.0 / std::sqrt(double(weight.shape.back()));
+  return 0.02;
+}
+
+TensorData plainTensor(const DiskTensor &t, const WeightDecl &weight,
+                       uint64_t seed) {
+  TensorData d{t.name, t.dtype, t.shape, {}};
+  std::vector<float> values =
+      sampleValues(seed, t.name, elements(t.shape), weightStd(weight));
+  const std::vector<int64_t> &logical = weight.shape;
+  // expandToDisk stores fused expert matmuls as [E, in, out].
+  bool transposed = weight.linear && weight.routed && weight.experts == 0 &&
+                    logical.size() == 3 && t.shape.size() == 3 &&
+                    t.shape[0] == logical[0] && t.shape[1] == logical[2] &&
+                    t.shape[2] == logical[1];
+  if (transposed) {
+    int64_t experts = logical[0], rows = logical[1], cols = logical[2];
+    std::vector<float> stored(values.size());
+    for (int64_t e = 0; e < experts; ++e)
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c)
+          stored[(e * cols + c) * rows + r] = values[(e * rows + r) * cols + c];
+    values.swap(stored);
+  }
+  appendBf16(d.bytes, values);
+  return d;
+}
+
+/// DeepSeek FP8: e4m3 weight [out, in] and F32 weight_scale_inv
+/// [ceil(out/R), ceil(in/C)], w = fp8 * scale_inv blockwise.
+void fp8Tensors(const DiskTensor &weight, const DiskTensor &scales,
+                const QuantSpec &quant, uint64_t seed,
+                std::vector<TensorData> &out) {
+  int64_t rows = weight.shape[0], cols = weight.shape[1];
+  int64_t br = quant.blockRows, bc = quant.blockCols;
+  std::vector<float> w = sampleValues(seed, weight.name, rows * cols, 1.0 / std::sqrt(double(cols)));
+  int64_t sr = scales.shape[0], sc = scales.shape[1];
+  std::vector<float> scale(sr * sc);
+  for (int64_t i = 0; i < sr; ++i)
+    for (int64_t j = 0; j < sc; ++j) {
+      float amax = 0;
+      for (int64_t r = i * br; r < std::min(rows, (i + 1) * br); ++r)
+        for (int64_t c = j * bc; c < std::min(cols, (j + 1) * bc); ++c)
+          amax = std::max(amax, std::fabs(w[r * cols + c]));
+      scale[i * sc + j] = amax > 0 ? amax / 448.0f : 1.0f;
+    }
+  TensorData q{weight.name, weight.dtype, weight.shape, {}};
+  q.bytes.resize(rows * cols);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      q.bytes[r * cols + c] =
+          char(toFp8E4m3(w[r * cols + c] / scale[(r / br) * sc + c / bc]));
+  TensorData s{scales.name, scales.dtype, scales.shape, {}};
+  for (float v : scale)
+    appendF32(s.bytes, v);
+  out.push_back(std::move(q));
+  out.push_back(std::move(s));
+}
+
+/// OCP MXFP4 as gpt-oss stores it: per group of 32 inputs one E8M0 scale
+/// (biased by 127) and 16 bytes of E2M1 pairs, the even element in the low
+/// nibble.
+void mxfp4Tensors(const DiskTensor &blocks, const DiskTensor &scales,
+                  const std::string &logicalName, uint64_t seed,
+                  std::vector<TensorData> &out) {
+  int64_t groups = elements(scales.shape);
+  // Blocks are [..., out, in/32, 16]: unit-variance outputs as weightStd.
+  double fanIn = double(blocks.shape[blocks.shape.size() - 2] * 32);
+  std::vector<float> w = sampleValues(seed, logicalName, groups * 32, 1.0 / std::sqrt(fanIn));
+  TensorData b{blocks.name, blocks.dtype, blocks.shape, {}};
+  TensorData s{scales.name, scales.dtype, scales.shape, {}};
+  b.bytes.resize(groups * 16);
+  s.bytes.resize(groups);
+  for (int64_t g = 0; g < groups; ++g) {
+    const float *x = &w[g * 32];
+    float amax = 0;
+    for (int i = 0; i < 32; ++i)
+      amax = std::max(amax, std::fabs(x[i]));
+    // Smallest power of two that maps amax into E2M1's range (max 6);
+    // ldexp and frexp are exact, so no libm rounding enters the bytes.
+    int exponent = -127;
+    if (amax > 0) {
+      std::frexp(amax, &exponent); // amax < 2^exponent
+      exponent -= 3;
+      while (std::ldexp(amax, -exponent) > 6.0f)
+        ++exponent;
+      while (std::ldexp(amax, -(exponent - 1)) <= 6.0f)
+        --exponent;
+    }
+    exponent = std::max(-127, std::min(127, exponent));
+    s.bytes[g] = char(uint8_t(exponent + 127));
+    for (int i = 0; i < 16; ++i) {
+      uint8_t lo = toFp4E2m1(std::ldexp(x[2 * i], -exponent));
+      uint8_t hi = toFp4E2m1(std::ldexp(x[2 * i + 1], -exponent));
+      b.bytes[g * 16 + i] = char(lo | (hi << 4));
+    }
+  }
+  out.push_back(std::move(b));
+  out.push_back(std::move(s));
+}
+
+/// Bytes of one element, for ordering tensors so each stays aligned.
+int dtypeAlignment(const std::string &dtype) {
+  if (dtype == "F32" || dtype == "I32")
+    return 4;
+  if (dtype == "BF16" || dtype == "F16")
+    return 2;
+  return 1;
+}
+
+bool writeFile(const std::string &path, const std::string &bytes,
+               std::string &error) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (out)
+    out.write(bytes.data(), std::streamsize(bytes.size()));
+  if (!out) {
+    error = std::strerror(errno);
+    return false;
+  }
+  return true;
+}
+
+/// A safetensors file: 8-byte little-endian header length, the JSON header
+/// padded with spaces to a multiple of 8, then the tensor bytes. Tensors are
+/// laid out widest dtype first, then by name, so every one is aligned.
+std::string safetensorsFile(std::vector<const TensorData *> tensors) {
+  std::sort(tensors.begin(), tensors.end(),
+            [](const TensorData *a, const TensorData *b) {
+              int wa = dtypeAlignment(a->dtype), wb = dtypeAlignment(b->dtype);
+              return wa != wb ? wa > wb : a->name < b->name;
+            });
+  nlohmann::json header = nlohmann::json::object();
+  header["__metadata__"] = {{"format", "pt"}};
+  uint64_t offset = 0;
+  for (const TensorData *t : tensors) {
+    header[t->name] = {{"dtype", t->dtype},
+                       {"shape", t->shape},
+                       {"data_offsets", {offset, offset + t->bytes.size()}}};
+    offset += t->bytes.size();
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::string file;
+  uint64_t n = text.size();
+  for (int i = 0; i < 8; ++i)
+    file.push_back(char((n >> (8 * i)) & 0xFF));
+  file += text;
+  for (const TensorData *t : tensors)
+    file += t->bytes;
+  return file;
+}
+
+bool makeDirectories(const std::string &path, std::string &error) {
+  std::string partial;
+  size_t pos = 0;
+  while (pos != std::string::npos) {
+    pos = path.find('/', pos + 1);
+    partial = path.substr(0, pos);
+    if (partial.empty())
+      continue;
+    if (mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
+      error = std::strerror(errno);
+      return false;
+    }
+  }
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    error = "not a directory";
+    return false;
+  }
+  return true;
+}
+
+} // namespace
+
+const std::vector<std::string> &tinyModelFamilies() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out;
+    for (const FamilyInfo &f : kFamilies)
+      out.push_back(f.name);
+    return out;
+  }();
+  return names;
+}
+
+Result<std::string> tinyModelConfig(const TinyModelOptions &options) {
+  Result<int64_t> layers = checkOptions(options);
+  if (!layers)
+    return layers.error();
+  return familyConfig(options, *layers).dump(2) + "\n";
+}
+
+Result<std::vector<std::string>>
+writeTinyModel(const TinyModelOptions &options) {
+  Result<std::string> config = tinyModelConfig(options);
+  if (!config)
+    return config.error();
+  std::string dir = options.outDir;
+  while (dir.size() > 1 && dir.back() == '/')
+    dir.pop_back();
+  if (dir.empty())
+    return InputError{"tiny", "--out", "expected a directory"};
+  std::string configPath = dir + "/config.json";
+
+  // The tensors are what the front end reads out of this very config.
+  Result<ModelSpec> parsed = parseModelConfig(*config, configPath);
+  if (!parsed)
+    return InputError{configPath, "",
+                      "internal error: the tiny config does not parse: " +
+                          parsed.error().message()};
+  ModelSpec &spec = *parsed;
+  std::string expectedFamily =
+      options.family == "kimi_k2" ? "deepseek_v3" : options.family;
+  if (spec.family != expectedFamily)
+    return InputError{configPath, "",
+                      "internal error: the tiny config is recognised as " +
+                          spec.family};
+  // Qwen3's QK-norm is not in its config; refineWithManifest finds it from
+  // the tensor names, which the tiny model has like every Qwen3 release.
+  if (spec.family == "qwen3_moe")
+    refineWithManifest(spec, [](const std::string &name) {
+      return endsWith(name, "q_norm.weight") || endsWith(name, "k_norm.weight");
+    });
+  std::string dtype = safetensorsDtypeFor(spec.dtype);
+  std::vector<TensorData> tensors;
+  std::vector<DiskTensor> disk;
+  for (const ComponentDecl &component : declareModel(spec)) {
+    for (const WeightDecl &weight : component.weights) {
+      for (int64_t e = 0; e < std::max<int64_t>(weight.experts, 1); ++e) {
+        disk.clear();
+        expandToDisk(weight, e, spec.quant, dtype, disk);
+        if (disk.size() == 1 && disk[0].dtype == "BF16") {
+          tensors.push_back(plainTensor(disk[0], weight, options.seed));
+        } else if (disk.size() == 2 && disk[0].dtype == "F8_E4M3") {
+          fp8Tensors(disk[0], disk[1], spec.quant, options.seed, tensors);
+        } else if (disk.size() == 2 && endsWith(disk[0].name, "_blocks")) {
+          mxfp4Tensors(disk[0], disk[1],
+                       disk[0].name.substr(0, disk[0].name.size() - 7),
+                       options.seed, tensors);
+        } else {
+          return InputError{configPath,
+                            disk.empty() ? weight.name : disk[0].name,
+                            "internal error: no tiny writer for this on-disk "
+                            "layout"};
+        }
+      }
+    }
+  }
+
+  // Two shards, split where half the bytes are written.
+  uint64_t total = 0;
+  for (const TensorData &t : tensors)
+    total += t.bytes.size();
+  std::vector<const TensorData *> shards[2];
+  uint64_t written = 0;
+  for (const TensorData &t : tensors) {
+    shards[written * 2 < total ? 0 : 1].push_back(&t);
+    written += t.bytes.size();
+  }
+  const std::string shardNames[2] = {"model-00001-of-00002.safetensors",
+                                     "model-00002-of-00002.safetensors"};
+  nlohmann::json weightMap = nlohmann::json::object();
+  for (int s = 0; s < 2; ++s)
+    for (const TensorData *t : shards[s])
+      weightMap[t->name] = shardNames[s];
+  ojson index;
+  index["metadata"] = {{"total_size", total}};
+  index["weight_map"] = weightMap;
+
+  std::string error;
+  if (!makeDirectories(dir, error))
+    return InputError{dir, "", "expected a writable directory: " + error};
+  std::vector<std::string> files;
+  auto write = [&](const std::string &name, const std::string &bytes) {
+    std::string path = dir + "/" + name;
+    if (!writeFile(path, bytes, error))
+      return false;
+    files.push_back(path);
+    return true;
+  };
+  if (!write("config.json", *config) ||
+      !write("model.safetensors.index.json", index.dump(2) + "\n") ||
+      !write(shardNames[0], safetensorsFile(shards[0])) ||
+      !write(shardNames[1], safetensorsFile(shards[1])))
+    return InputError{dir, "", "cannot write the model: " + error};
+  return files;
+}
+
+} // namespace adapt

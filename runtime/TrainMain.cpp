@@ -1,0 +1,357 @@
+//===- TrainMain.cpp - the command line of a generated trainer ------------===//
+//
+// Parses the flags strictly (every number checked, unknown flags refused),
+// resolves defaults (--resume reuses the checkpoint's settings that are not
+// given again), then runs: load data, build the model, restore, train,
+// export, merge. Every failure reaches the one catch at the bottom, which
+// prints "error: ..." and returns the documented exit code.
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/TrainMain.h"
+#include "runtime/Dataset.h"
+#include "runtime/Errors.h"
+#include "runtime/FileSystem.h"
+#include "runtime/Json.h"
+#include "runtime/Model.h"
+#include "runtime/Trainer.h"
+
+#include <torch/torch.h>
+
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <set>
+
+#include <unistd.h>
+
+namespace adapt::rt {
+
+std::string trainUsage(const std::string &program, const std::string &defaultModelDir) {
+  return "usage: " + program + R"( --out DIR [--data FILE --steps N] [options]
+
+Trains LoRA adapters on this model and writes them where PEFT loads them.
+
+Data and output:
+  --model DIR            model folder: config.json + safetensors
+                         (default: )" + defaultModelDir + R"()
+  --data FILE            training data: JSONL ({"input_ids": [...]} or [...]
+                         per line, optional "labels" with -100 = ignore) or the
+                         binary ADAPTTOK format (docs/datasets.md)
+  --out DIR              run folder (required): metrics.jsonl, checkpoint/
+  --export DIR           after training (or alone with --resume): write
+                         adapter_model.safetensors + adapter_config.json (PEFT)
+  --merge DIR            write the base model with the adapters folded in:
+                         safetensors shards, index, config.json, tokenizer files
+  --resume               continue from OUT/checkpoint when it exists; settings
+                         not given again are the checkpoint's
+
+Training (defaults in brackets):
+  --steps N              total optimizer steps of the run [0; 1000 with --data]
+  --batch B              sequences per step [8]
+  --seq-len T            tokens per sequence [512]
+  --lr X                 peak learning rate [1e-4]
+  --weight-decay X       AdamW decoupled weight decay [0]
+  --warmup N             linear warmup steps, then cosine decay to 0 [0]
+  --grad-clip X          clip the global gradient norm to X; 0 = off [1.0]
+  --seed N               LoRA init, data shuffle and dropout seed [0]
+  --eos ID               token appended after every document [none: document
+                         starts are masked from the loss instead]
+  --device cpu|cuda[:N]  [cuda when available, else cpu]
+  --dtype fp32|bf16      base weights and activations; adapters stay fp32
+                         [bf16 on cuda, fp32 on cpu]
+  --checkpoint-every N   steps between checkpoints; 0 = only at the end [100]
+  --log-every N          steps between progress lines on stderr; 0 = none [10]
+  --peak-tflops X        peak for the mfu metric [989 on cuda bf16, else none]
+  --help                 this text
+
+Every step appends one JSON line to OUT/metrics.jsonl: step, loss, lr,
+tokens_per_s, mfu, grad_norm, expert_load (tokens per expert per layer).
+SIGINT/SIGTERM finish the current step, checkpoint and exit; a second one
+kills at once. --resume then repeats an uninterrupted run's losses exactly
+(bitwise on CPU fp32).
+
+Exit codes:
+  0    success
+  1    internal failure (LibTorch error, out of memory)
+  2    bad input: flags, missing/truncated shard, shape mismatch, bad dataset,
+       token id >= vocabulary size, a checkpoint in --out without --resume
+  5    training diverged: loss or gradient norm NaN/Inf; the last good
+       checkpoint is kept
+  6    write failure (disk full, ...); the previous checkpoint is intact
+  130  interrupted by SIGINT/SIGTERM after a clean checkpoint
+)";
+}
+
+namespace {
+
+/// Flags taking a value, and the boolean ones.
+const std::set<std::string> kValueFlags = {
+    "--model", "--data", "--out", "--steps", "--batch", "--seq-len", "--lr", "--weight-decay",
+    "--warmup", "--seed", "--device", "--dtype", "--grad-clip", "--checkpoint-every",
+    "--log-every", "--export", "--merge", "--eos", "--peak-tflops"};
+const std::set<std::string> kBoolFlags = {"--resume", "--help", "-h"};
+
+/// The parsed command line: flag -> value ("" for booleans).
+struct Args {
+  std::map<std::string, std::string> values;
+  bool has(const std::string &flag) const { return values.count(flag) != 0; }
+};
+
+Args parseArgs(int argc, char **argv) {
+  Args args;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i], value;
+    bool inlineValue = false;
+    if (size_t eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+      inlineValue = true;
+    }
+    if (kBoolFlags.count(arg)) {
+      if (inlineValue)
+        throw badInput("", arg, "expected no value");
+      args.values[arg] = "";
+    } else if (kValueFlags.count(arg)) {
+      if (!inlineValue) {
+        if (i + 1 >= argc)
+          throw badInput("", arg, "expected a value after the flag");
+        value = argv[++i];
+      }
+      if (args.has(arg))
+        throw badInput("", arg, "expected the flag at most once");
+      args.values[arg] = value;
+    } else {
+      throw badInput("", arg, "expected a known flag (see --help)");
+    }
+  }
+  return args;
+}
+
+int64_t parseInt(const std::string &flag, const std::string &text, int64_t min) {
+  int64_t v = 0;
+  auto res = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (res.ec != std::errc() || res.ptr != text.data() + text.size() || v < min)
+    throw badInput("", flag,
+                   "expected an integer >= " + std::to_string(min) + " but got '" + text + "'");
+  return v;
+}
+
+double parseDouble(const std::string &flag, const std::string &text, double min) {
+  char *end = nullptr;
+  double v = text.empty() ? NAN : std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v) || v < min)
+    throw badInput("", flag,
+                   "expected a number >= " + jsonNumber(min) + " but got '" + text + "'");
+  return v;
+}
+
+torch::ScalarType parseDtype(const std::string &flag, const std::string &text) {
+  if (text == "fp32" || text == "float32")
+    return torch::kFloat32;
+  if (text == "bf16" || text == "bfloat16")
+    return torch::kBFloat16;
+  throw badInput("", flag, "expected fp32 or bf16 but got '" + text + "'");
+}
+
+/// Fills \p o from \p args; with \p saved (the checkpoint's options), flags
+/// not given take the saved value, and given ones that differ draw a
+/// warning because the resumed run then departs from the original.
+TrainOptions resolveOptions(const Args &args, const JsonValue &saved,
+                            const std::string &defaultModelDir) {
+  TrainOptions o;
+  auto get = [&](const std::string &flag) -> const std::string * {
+    auto it = args.values.find(flag);
+    return it == args.values.end() ? nullptr : &it->second;
+  };
+  // The saved value of \p key when \p flag is not given, as flag text.
+  auto fromSaved = [&](const std::string &flag, const char *key) -> std::string {
+    const JsonValue *v = saved.find(key);
+    if (!v || v->isNull())
+      return "";
+    std::string text = v->isString() ? v->asString() : v->dump();
+    if (const std::string *given = get(flag)) {
+      bool same = *given == text ||
+                  (v->isNumber() && std::strtod(given->c_str(), nullptr) == v->asDouble()) ||
+                  (flag == "--data" && absolutePath(*given) == text);
+      if (!same)
+        std::fprintf(stderr,
+                     "warning: %s %s differs from the checkpoint's %s; the resumed run will "
+                     "not repeat an uninterrupted one\n",
+                     flag.c_str(), given->c_str(), text.c_str());
+      return "";
+    }
+    return text;
+  };
+  auto value = [&](const std::string &flag, const char *key) -> std::string {
+    std::string s = fromSaved(flag, key);
+    if (!s.empty())
+      return s;
+    const std::string *given = get(flag);
+    return given ? *given : "";
+  };
+
+  o.modelDir = get("--model") ? *get("--model") : defaultModelDir;
+  o.outDir = get("--out") ? *get("--out") : "";
+  o.dataPath = value("--data", "data");
+  o.exportDir = get("--export") ? *get("--export") : "";
+  o.mergeDir = get("--merge") ? *get("--merge") : "";
+  o.resume = args.has("--resume");
+  if (std::string s = value("--steps", "steps"); !s.empty())
+    o.steps = parseInt("--steps", s, 0);
+  else if (!o.dataPath.empty())
+    o.steps = 1000;
+  if (std::string s = value("--batch", "batch"); !s.empty())
+    o.batch = parseInt("--batch", s, 1);
+  if (std::string s = value("--seq-len", "seq_len"); !s.empty())
+    o.seqLen = parseInt("--seq-len", s, 2);
+  if (std::string s = value("--lr", "lr"); !s.empty())
+    o.lr = parseDouble("--lr", s, 0);
+  if (std::string s = value("--weight-decay", "weight_decay"); !s.empty())
+    o.weightDecay = parseDouble("--weight-decay", s, 0);
+  if (std::string s = value("--warmup", "warmup"); !s.empty())
+    o.warmup = parseInt("--warmup", s, 0);
+  if (std::string s = value("--seed", "seed"); !s.empty())
+    o.seed = static_cast<uint64_t>(parseInt("--seed", s, 0));
+  if (std::string s = value("--grad-clip", "grad_clip"); !s.empty())
+    o.gradClip = parseDouble("--grad-clip", s, 0);
+  if (std::string s = value("--eos", "eos"); !s.empty())
+    o.eos = parseInt("--eos", s, -1);
+  if (std::string s = value("--checkpoint-every", "checkpoint_every"); !s.empty())
+    o.checkpointEvery = parseInt("--checkpoint-every", s, 0);
+  if (std::string s = value("--log-every", "log_every"); !s.empty())
+    o.logEvery = parseInt("--log-every", s, 0);
+  if (const std::string *s = get("--peak-tflops"))
+    o.peakFlops = parseDouble("--peak-tflops", *s, 0) * 1e12;
+
+  if (const std::string *s = get("--device")) {
+    if (*s != "cpu" && s->rfind("cuda", 0) != 0)
+      throw badInput("", "--device", "expected cpu, cuda or cuda:N but got '" + *s + "'");
+    try {
+      o.device = torch::Device(*s);
+    } catch (const c10::Error &) {
+      throw badInput("", "--device", "expected cpu, cuda or cuda:N but got '" + *s + "'");
+    }
+    if (o.device.is_cuda() && !torch::cuda::is_available())
+      throw badInput("", "--device", "expected a CUDA device but LibTorch sees none");
+    if (o.device.is_cuda() && o.device.has_index() &&
+        o.device.index() >= static_cast<int>(torch::cuda::device_count()))
+      throw badInput("", "--device",
+                     "expected a device index below " + std::to_string(torch::cuda::device_count()));
+  } else {
+    o.device = torch::cuda::is_available() ? torch::Device(torch::kCUDA) : torch::Device(torch::kCPU);
+  }
+  if (std::string s = value("--dtype", "dtype"); !s.empty())
+    o.dtype = parseDtype("--dtype", s);
+  else
+    o.dtype = o.device.is_cuda() ? torch::kBFloat16 : torch::kFloat32;
+  return o;
+}
+
+/// A `\r` progress line for weight loading on a terminal.
+std::function<void(int64_t, int64_t)> loadProgress() {
+  if (!::isatty(STDERR_FILENO))
+    return {};
+  return [](int64_t done, int64_t total) {
+    std::fprintf(stderr, "\rloading weights %lld/%lld\x1b[K%s", (long long)done, (long long)total,
+                 done == total ? "\n" : "");
+  };
+}
+
+int run(int argc, char **argv, const ModelDef &def, const std::string &defaultModelDir) {
+  Args args = parseArgs(argc, argv);
+  if (args.has("--help") || args.has("-h")) {
+    std::fputs(trainUsage(argc > 0 ? argv[0] : "train", defaultModelDir).c_str(), stdout);
+    return kExitSuccess;
+  }
+  if (!args.has("--out"))
+    throw badInput("", "--out", "expected the run folder (--out DIR); see --help");
+  const std::string outDir = args.values.at("--out");
+  createDirectories(outDir);
+  recoverCheckpointFolder(outDir);
+  const bool checkpointExists = Trainer::hasCheckpoint(outDir);
+  if (checkpointExists && !args.has("--resume"))
+    throw badInput(joinPath(outDir, "checkpoint"), "--resume",
+                   "expected --resume to continue the run that wrote this checkpoint (or "
+                   "another --out for a new run)");
+  JsonValue saved = args.has("--resume") ? Trainer::savedOptions(outDir) : JsonValue::object();
+  TrainOptions opts = resolveOptions(args, saved, defaultModelDir);
+  if (opts.steps > 0 && opts.dataPath.empty())
+    throw badInput("", "--data", "expected a dataset (JSONL or ADAPTTOK) to train on");
+  if (opts.steps == 0 && opts.exportDir.empty() && opts.mergeDir.empty())
+    throw badInput("", "--steps",
+                   "expected --data with --steps, --export or --merge: nothing to do");
+  if (args.has("--resume") && !checkpointExists)
+    std::fprintf(stderr, "note: no checkpoint in %s yet; starting a new run\n", outDir.c_str());
+
+  // Data first: its errors are cheap to find, the model is not.
+  std::unique_ptr<PackedDataset> data;
+  if (opts.steps > 0) {
+    data = std::make_unique<PackedDataset>(
+        opts.dataPath, DatasetOptions{opts.seqLen, def.vocab, opts.eos, opts.seed});
+    std::fprintf(stderr, "data: %s: %lld documents, %lld tokens, %lld windows of %lld\n",
+                 opts.dataPath.c_str(), (long long)data->documents(),
+                 (long long)data->streamTokens(), (long long)data->windows(),
+                 (long long)opts.seqLen);
+  }
+
+  ModelOptions modelOptions;
+  modelOptions.device = opts.device;
+  modelOptions.dtype = opts.dtype;
+  modelOptions.seed = opts.seed;
+  modelOptions.progress = loadProgress();
+  Model model(def, opts.modelDir, modelOptions);
+
+  if (opts.steps > 0 || opts.resume) {
+    Trainer trainer(model, opts);
+    int64_t start = opts.resume ? trainer.restore() : 0;
+    if (start > 0)
+      std::fprintf(stderr, "resumed from %s at step %lld\n",
+                   joinPath(outDir, "checkpoint").c_str(), (long long)start);
+    if (opts.steps > start) {
+      installStopSignalHandlers();
+      if (!data)
+        throw badInput("", "--data", "expected a dataset (JSONL or ADAPTTOK) to train on");
+      int code = trainer.run(*data);
+      if (code != kExitSuccess)
+        return code;
+      std::fprintf(stderr, "trained %lld steps; checkpoint in %s\n", (long long)trainer.step(),
+                   joinPath(outDir, "checkpoint").c_str());
+    }
+  }
+  if (!opts.exportDir.empty()) {
+    exportAdapter(model, opts.modelDir, opts.exportDir);
+    std::fprintf(stderr, "exported the adapter to %s\n", opts.exportDir.c_str());
+  }
+  if (!opts.mergeDir.empty()) {
+    mergeModel(model, opts.modelDir, opts.mergeDir);
+    std::fprintf(stderr, "wrote the merged model to %s\n", opts.mergeDir.c_str());
+  }
+  return kExitSuccess;
+}
+
+/// Ends a `\r` progress line on a terminal before an error is printed.
+const char *lineBreak() { return ::isatty(STDERR_FILENO) ? "\n" : ""; }
+
+} // namespace
+
+int trainMain(int argc, char **argv, const ModelDef &def, const std::string &defaultModelDir) {
+  try {
+    return run(argc, argv, def, defaultModelDir);
+  } catch (const RuntimeError &e) {
+    std::fprintf(stderr, "%serror: %s\n", lineBreak(), e.what());
+    return e.exitCode;
+  } catch (const c10::Error &e) {
+    std::string what = e.what_without_backtrace();
+    if (size_t nl = what.find('\n'); nl != std::string::npos)
+      what.resize(nl);
+    std::fprintf(stderr, "%serror: LibTorch: %s\n", lineBreak(), what.c_str());
+    return kExitInternal;
+  } catch (const std::exception &e) {
+    std::fprintf(stderr, "%serror: %s\n", lineBreak(), e.what());
+    return kExitInternal;
+  }
+}
+
+} // namespace adapt::rt

@@ -1,0 +1,575 @@
+//===- Trainer.cpp - LoRA training loop, checkpoints, export --------------===//
+//
+// Checkpoint layout (OUT/checkpoint/):
+//   adapters.safetensors   every adapter, fp32, under its PEFT key
+//   optimizer.safetensors  "<key>.exp_avg", "<key>.exp_avg_sq" (fp32) and
+//                          "<key>.step" (I64 scalar) per adapter that has
+//                          AdamW state
+//   trainer_state.json     format, version, step, last loss and lr, the
+//                          data fingerprint and the run's options
+//
+//===----------------------------------------------------------------------===//
+#include "runtime/Trainer.h"
+#include "runtime/FileSystem.h"
+#include "runtime/SafetensorsIO.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <unordered_set>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+namespace adapt::rt {
+
+namespace {
+
+volatile std::sig_atomic_t gStopSignal = 0;
+
+void onStopSignal(int signal) { gStopSignal = signal; }
+
+constexpr const char *kStateFormat = "adapt-trainer-checkpoint";
+constexpr int64_t kStateVersion = 1;
+
+std::string checkpointDir(const std::string &out) { return joinPath(out, "checkpoint"); }
+
+/// The per-step seed of the global generators (dropout): a splitmix64 mix
+/// of the run seed and the step index, so runs with nearby seeds differ.
+uint64_t stepSeed(uint64_t seed, int64_t index) {
+  uint64_t z = seed + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(index + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return (z ^ (z >> 31)) & 0x7fffffffffffffffull;
+}
+
+const char *signalName(int signal) {
+  return signal == SIGINT ? "SIGINT" : signal == SIGTERM ? "SIGTERM" : "a signal";
+}
+
+std::string durationText(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0)
+    return "?";
+  int64_t s = static_cast<int64_t>(seconds + 0.5);
+  char buf[32];
+  if (s >= 3600)
+    std::snprintf(buf, sizeof(buf), "%lldh%02lldm", (long long)(s / 3600),
+                  (long long)(s / 60 % 60));
+  else
+    std::snprintf(buf, sizeof(buf), "%lldm%02llds", (long long)(s / 60), (long long)(s % 60));
+  return buf;
+}
+
+std::string dtypeFlag(torch::ScalarType t) { return t == torch::kBFloat16 ? "bf16" : "fp32"; }
+
+/// Writes all of \p text to \p fd; false with errno set on failure.
+bool writeAll(int fd, const std::string &text) {
+  const char *p = text.data();
+  size_t left = text.size();
+  while (left > 0) {
+    ssize_t n = ::write(fd, p, left);
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      return false;
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+} // namespace
+
+double learningRate(const TrainOptions &o, int64_t index) {
+  if (o.warmup > 0 && index < o.warmup)
+    return o.lr * static_cast<double>(index + 1) / static_cast<double>(o.warmup);
+  int64_t decaySteps = o.steps - o.warmup;
+  if (decaySteps <= 0)
+    return o.lr;
+  double progress = static_cast<double>(index - o.warmup) / static_cast<double>(decaySteps);
+  progress = std::clamp(progress, 0.0, 1.0);
+  constexpr double kPi = 3.14159265358979323846;
+  return o.lr * 0.5 * (1.0 + std::cos(kPi * progress));
+}
+
+void installStopSignalHandlers() {
+  struct sigaction sa {};
+  sa.sa_handler = onStopSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESETHAND; // A second signal takes the default action.
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+}
+
+int stopRequested() { return gStopSignal; }
+
+void recoverCheckpointFolder(const std::string &outDir) {
+  std::string ck = checkpointDir(outDir), old = joinPath(outDir, "checkpoint.old"),
+              tmp = joinPath(outDir, "checkpoint.tmp");
+  if (pathExists(tmp))
+    removeAll(tmp);
+  if (pathExists(old)) {
+    if (!pathExists(ck)) {
+      renamePath(old, ck);
+      std::fprintf(stderr, "note: restored %s from %s (a checkpoint write was interrupted)\n",
+                   ck.c_str(), old.c_str());
+      fsyncDirectory(outDir);
+    } else {
+      removeAll(old);
+    }
+  }
+}
+
+//===----------------------------------------------------------------------===//
+// Trainer
+//===----------------------------------------------------------------------===//
+
+Trainer::Trainer(Model &model, const TrainOptions &options)
+    : model(model), opts(options), params(model.adapters()) {
+  std::vector<torch::Tensor> tensors;
+  for (const AdapterTensor &a : params)
+    tensors.push_back(a.value);
+  if (!tensors.empty())
+    optimizer = std::make_unique<torch::optim::AdamW>(
+        tensors, torch::optim::AdamWOptions(opts.lr)
+                     .betas(std::make_tuple(0.9, 0.999))
+                     .eps(1e-8)
+                     .weight_decay(opts.weightDecay));
+}
+
+Trainer::~Trainer() {
+  if (metricsFd >= 0)
+    ::close(metricsFd);
+}
+
+bool Trainer::hasCheckpoint(const std::string &outDir) {
+  return pathExists(joinPath(checkpointDir(outDir), "trainer_state.json"));
+}
+
+JsonValue Trainer::savedOptions(const std::string &outDir) {
+  if (!hasCheckpoint(outDir))
+    return JsonValue::object();
+  JsonValue state = readJsonFile(joinPath(checkpointDir(outDir), "trainer_state.json"));
+  const JsonValue *options = state.find("options");
+  return options && options->isObject() ? *options : JsonValue::object();
+}
+
+int64_t Trainer::restore() {
+  if (!hasCheckpoint(opts.outDir))
+    return 0;
+  std::string ck = checkpointDir(opts.outDir);
+  std::string statePath = joinPath(ck, "trainer_state.json");
+  JsonValue state = readJsonFile(statePath);
+  const JsonValue *format = state.find("format");
+  const JsonValue *version = state.find("version");
+  const JsonValue *step = state.find("step");
+  if (!format || !format->isString() || format->asString() != kStateFormat)
+    throw badInput(statePath, "format", std::string("expected \"") + kStateFormat + "\"");
+  if (!version || !version->isInt() || version->asInt() != kStateVersion)
+    throw badInput(statePath, "version",
+                   "expected " + std::to_string(kStateVersion) +
+                       " (a checkpoint written by this trainer version)");
+  if (!step || !step->isInt() || step->asInt() < 0)
+    throw badInput(statePath, "step", "expected a non-negative integer");
+  if (const JsonValue *fp = state.find("data_fingerprint"); fp && fp->isString())
+    restoredFingerprint = fp->asString();
+
+  std::string adapterPath = joinPath(ck, "adapters.safetensors");
+  SafetensorsFile adapters(adapterPath);
+  if (adapters.tensors().size() != params.size())
+    throw badInput(adapterPath, "tensors",
+                   "expected " + std::to_string(params.size()) +
+                       " adapter tensors (this model's LoRA targets) but the "
+                       "checkpoint has " + std::to_string(adapters.tensors().size()));
+  std::string optimPath = joinPath(ck, "optimizer.safetensors");
+  SafetensorsFile optim(optimPath);
+  torch::NoGradGuard noGrad;
+  for (const AdapterTensor &p : params) {
+    torch::Tensor saved = adapters.view(p.peftKey);
+    if (saved.scalar_type() != torch::kFloat || saved.sizes() != p.value.sizes())
+      throw badInput(adapterPath, p.peftKey,
+                     "expected F32 " + c10::str(p.value.sizes()) +
+                         " (this model's adapter) but found " +
+                         c10::toString(saved.scalar_type()) + " " + c10::str(saved.sizes()));
+    p.value.copy_(saved);
+    if (!optim.find(p.peftKey + ".step"))
+      continue;
+    auto moment = [&](const char *suffix) {
+      torch::Tensor t = optim.view(p.peftKey + suffix);
+      if (t.scalar_type() != torch::kFloat || t.sizes() != p.value.sizes())
+        throw badInput(optimPath, p.peftKey + suffix,
+                       "expected F32 " + c10::str(p.value.sizes()) + " but found " +
+                           c10::toString(t.scalar_type()) + " " + c10::str(t.sizes()));
+      return t.to(p.value.device(), p.value.scalar_type(), /*non_blocking=*/false,
+                  /*copy=*/true);
+    };
+    auto st = std::make_unique<torch::optim::AdamWParamState>();
+    st->step(optim.view(p.peftKey + ".step").to(torch::kLong).item<int64_t>());
+    st->exp_avg(moment(".exp_avg"));
+    st->exp_avg_sq(moment(".exp_avg_sq"));
+    optimizer->state()[p.value.unsafeGetTensorImpl()] = std::move(st);
+  }
+  completed = checkpointStep = step->asInt();
+  return completed;
+}
+
+std::string Trainer::checkpointNote() const {
+  std::string ck = checkpointDir(opts.outDir);
+  if (checkpointStep < 0)
+    return "no checkpoint was written yet";
+  return "last good checkpoint at step " + std::to_string(checkpointStep) + " kept in " + ck;
+}
+
+void Trainer::saveCheckpoint() {
+  const std::string &out = opts.outDir;
+  std::string ck = checkpointDir(out), tmp = joinPath(out, "checkpoint.tmp"),
+              old = joinPath(out, "checkpoint.old");
+  removeAll(tmp);
+  createDirectories(tmp);
+  // Test hook for the end-to-end tests: a full disk at this step.
+  const char *failAt = std::getenv("ADAPT_TEST_FAIL_CHECKPOINT_AT_STEP");
+  bool injectFailure = failAt && std::atoll(failAt) == completed;
+  try {
+    std::vector<std::pair<std::string, torch::Tensor>> adapterTensors, optimTensors;
+    for (const AdapterTensor &p : params) {
+      adapterTensors.emplace_back(p.peftKey, p.value.detach().to(torch::kCPU, torch::kFloat));
+      auto it = optimizer->state().find(p.value.unsafeGetTensorImpl());
+      if (it == optimizer->state().end())
+        continue;
+      auto &st = static_cast<torch::optim::AdamWParamState &>(*it->second);
+      optimTensors.emplace_back(p.peftKey + ".exp_avg", st.exp_avg().to(torch::kCPU));
+      optimTensors.emplace_back(p.peftKey + ".exp_avg_sq", st.exp_avg_sq().to(torch::kCPU));
+      optimTensors.emplace_back(p.peftKey + ".step", torch::tensor(st.step(), torch::kLong));
+    }
+    JsonValue options = JsonValue::object({
+        {"data", opts.dataPath.empty() ? std::string() : absolutePath(opts.dataPath)},
+        {"steps", opts.steps},
+        {"batch", opts.batch},
+        {"seq_len", opts.seqLen},
+        {"lr", opts.lr},
+        {"weight_decay", opts.weightDecay},
+        {"warmup", opts.warmup},
+        {"seed", static_cast<int64_t>(opts.seed)},
+        {"grad_clip", opts.gradClip},
+        {"eos", opts.eos},
+        {"dtype", dtypeFlag(opts.dtype)},
+        {"checkpoint_every", opts.checkpointEvery},
+        {"log_every", opts.logEvery},
+    });
+    JsonValue state = JsonValue::object({
+        {"format", kStateFormat},
+        {"version", kStateVersion},
+        {"step", completed},
+        {"loss", lastLoss},
+        {"lr", lastLr},
+        {"data_fingerprint", currentFingerprint},
+        {"options", std::move(options)},
+    });
+    if (injectFailure)
+      failWritesAfterForTesting(64);
+    writeSafetensors(joinPath(tmp, "adapters.safetensors"), adapterTensors, {{"format", "pt"}});
+    writeSafetensors(joinPath(tmp, "optimizer.safetensors"), optimTensors);
+    writeFileAtomic(joinPath(tmp, "trainer_state.json"), state.dump(2) + "\n");
+    fsyncDirectory(tmp);
+    failWritesAfterForTesting(-1);
+  } catch (const RuntimeError &e) {
+    failWritesAfterForTesting(-1);
+    removeAll(tmp);
+    std::string kept = checkpointStep >= 0
+                           ? "the previous checkpoint (step " + std::to_string(checkpointStep) +
+                                 ") is intact in " + ck
+                           : "no previous checkpoint exists";
+    throw RuntimeError(e.file, e.field,
+                       e.expected + "; checkpoint of step " + std::to_string(completed) +
+                           " not written, " + kept,
+                       e.exitCode);
+  }
+  if (pathExists(ck)) {
+    removeAll(old);
+    renamePath(ck, old);
+  }
+  if (::rename(tmp.c_str(), ck.c_str()) != 0) {
+    int err = errno;
+    ::rename(old.c_str(), ck.c_str());
+    throw writeError(ck, "rename from " + tmp, err);
+  }
+  fsyncDirectory(out);
+  removeAll(old);
+  checkpointStep = completed;
+}
+
+void Trainer::truncateMetrics() {
+  std::string path = joinPath(opts.outDir, "metrics.jsonl");
+  std::string kept;
+  std::ifstream in(path, std::ios::binary);
+  if (in && completed > 0) {
+    std::string line;
+    while (std::getline(in, line)) {
+      try {
+        JsonValue v = parseJson(line, path);
+        const JsonValue *step = v.find("step");
+        if (!step || !step->isInt() || step->asInt() > completed)
+          break;
+      } catch (const RuntimeError &) {
+        break; // A line cut by a crash ends the usable part.
+      }
+      kept += line + "\n";
+    }
+  }
+  in.close();
+  writeFileAtomic(path, kept);
+}
+
+void Trainer::appendMetrics(const std::string &line) {
+  std::string path = joinPath(opts.outDir, "metrics.jsonl");
+  if (metricsFd < 0) {
+    metricsFd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (metricsFd < 0)
+      throw writeError(path, "open", errno);
+  }
+  if (!writeAll(metricsFd, line + "\n"))
+    throw writeError(path, "write", errno);
+  if (::fsync(metricsFd) != 0)
+    throw writeError(path, "fsync", errno);
+}
+
+int Trainer::interrupted(int signal) {
+  if (completed > 0 && checkpointStep != completed)
+    saveCheckpoint();
+  std::string ck = checkpointDir(opts.outDir);
+  if (checkpointStep >= 0)
+    std::fprintf(stderr,
+                 "\ninterrupted by %s after step %lld: checkpoint of step %lld is in %s; "
+                 "run again with --resume to continue\n",
+                 signalName(signal), (long long)completed, (long long)checkpointStep, ck.c_str());
+  else
+    std::fprintf(stderr, "\ninterrupted by %s before the first step; nothing to checkpoint\n",
+                 signalName(signal));
+  return kExitInterrupted;
+}
+
+int Trainer::run(const PackedDataset &data) {
+  if (!optimizer)
+    throw badInput(opts.modelDir, "lora targets",
+                   "expected at least one adapter tensor to train, but the "
+                   "LoRA targets matched no module");
+  currentFingerprint = data.fingerprint();
+  if (!restoredFingerprint.empty() && restoredFingerprint != currentFingerprint)
+    std::fprintf(stderr,
+                 "warning: the data or packing differs from the checkpoint's (%s, now %s); "
+                 "the resumed run will not repeat the batches of an uninterrupted one\n",
+                 restoredFingerprint.c_str(), currentFingerprint.c_str());
+  truncateMetrics();
+
+  std::vector<torch::Tensor> tensors;
+  for (const AdapterTensor &a : params)
+    tensors.push_back(a.value);
+  const bool tty = ::isatty(STDERR_FILENO);
+  const bool cuda = opts.device.is_cuda();
+  double peak = opts.peakFlops > 0 ? opts.peakFlops
+                : (cuda && opts.dtype == torch::kBFloat16) ? 989e12
+                                                           : 0.0;
+  const double flopsPerToken = model.flopsPerToken(opts.seqLen);
+  const double tokensPerStep = static_cast<double>(opts.batch * opts.seqLen);
+  const int64_t firstStep = completed;
+  using Clock = std::chrono::steady_clock;
+  const auto runStart = Clock::now();
+
+  while (completed < opts.steps) {
+    if (int signal = stopRequested())
+      return interrupted(signal);
+    const int64_t index = completed;
+    const auto stepStart = Clock::now();
+    const double lr = learningRate(opts, index);
+    for (auto &group : optimizer->param_groups())
+      static_cast<torch::optim::AdamWOptions &>(group.options()).lr(lr);
+    torch::manual_seed(stepSeed(opts.seed, index));
+
+    Batch b = data.batch(index, opts.batch);
+    torch::Tensor ids = b.ids.to(opts.device), labels = b.labels.to(opts.device);
+    optimizer->zero_grad();
+    torch::Tensor loss = model.loss(ids, labels);
+    const double lossValue = loss.item<double>();
+    auto notFinite = [&](const char *what, double v) {
+      return RuntimeError("", "",
+                          std::string(what) + " is " +
+                              (std::isnan(v) ? "NaN" : v > 0 ? "Inf" : "-Inf") + " at step " +
+                              std::to_string(index + 1) + "; " + checkpointNote(),
+                          kExitDiverged);
+    };
+    if (!std::isfinite(lossValue))
+      throw notFinite("loss", lossValue);
+    loss.backward();
+    const double gradNorm = torch::nn::utils::clip_grad_norm_(
+        tensors, opts.gradClip > 0 ? opts.gradClip : std::numeric_limits<double>::infinity());
+    if (!std::isfinite(gradNorm))
+      throw notFinite("gradient norm", gradNorm);
+    optimizer->step();
+    if (cuda)
+      torch::cuda::synchronize();
+    completed = index + 1;
+    lastLoss = lossValue;
+    lastLr = lr;
+
+    const auto now = Clock::now();
+    const double seconds = std::chrono::duration<double>(now - stepStart).count();
+    const double tokensPerSecond = tokensPerStep / std::max(seconds, 1e-9);
+    JsonValue load = JsonValue::array();
+    for (const std::vector<int64_t> &layer : model.expertLoad()) {
+      JsonValue counts = JsonValue::array();
+      for (int64_t c : layer)
+        counts.push(c);
+      load.push(std::move(counts));
+    }
+    JsonValue line = JsonValue::object({
+        {"step", completed},
+        {"loss", lossValue},
+        {"lr", lr},
+        {"tokens_per_s", tokensPerSecond},
+        {"mfu", peak > 0 ? JsonValue(3.0 * flopsPerToken * tokensPerSecond / peak)
+                         : JsonValue(nullptr)},
+        {"grad_norm", gradNorm},
+        {"expert_load", std::move(load)},
+    });
+    appendMetrics(line.dump());
+
+    const double elapsed = std::chrono::duration<double>(now - runStart).count();
+    const double perStep = elapsed / static_cast<double>(completed - firstStep);
+    char progress[256];
+    std::snprintf(progress, sizeof(progress),
+                  "step %lld/%lld  loss %.4f  lr %.3g  %.0f tok/s  ETA %s",
+                  (long long)completed, (long long)opts.steps, lossValue, lr, tokensPerSecond,
+                  durationText(perStep * static_cast<double>(opts.steps - completed)).c_str());
+    bool fullLine = opts.logEvery > 0 && (completed % opts.logEvery == 0 || completed == opts.steps);
+    if (tty)
+      std::fprintf(stderr, "\r%s\x1b[K%s", progress, fullLine ? "\n" : "");
+    else if (fullLine)
+      std::fprintf(stderr, "%s\n", progress);
+
+    if (opts.checkpointEvery > 0 && completed % opts.checkpointEvery == 0)
+      saveCheckpoint();
+  }
+  if (checkpointStep != completed)
+    saveCheckpoint();
+  if (tty && !(opts.logEvery > 0))
+    std::fprintf(stderr, "\n");
+  return 0;
+}
+
+//===----------------------------------------------------------------------===//
+// Export and merge
+//===----------------------------------------------------------------------===//
+
+void exportAdapter(const Model &model, const std::string &modelDir, const std::string &outDir) {
+  createDirectories(outDir);
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  for (const AdapterTensor &a : model.adapters())
+    tensors.emplace_back(a.peftKey, a.value.detach().to(torch::kCPU, torch::kFloat).contiguous());
+  std::string config = model.peftConfigJson(absolutePath(modelDir));
+  try {
+    parseJson(config, "adapter_config.json");
+  } catch (const RuntimeError &e) {
+    throw RuntimeError(e.file, e.field, "the generated adapter config is not JSON: " + e.expected,
+                       kExitInternal);
+  }
+  writeSafetensors(joinPath(outDir, "adapter_model.safetensors"), tensors, {{"format", "pt"}});
+  writeFileAtomic(joinPath(outDir, "adapter_config.json"), config);
+}
+
+namespace {
+
+bool endsWith(const std::string &s, const std::string &suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+/// Files of a model folder that are weights (never copied by merge).
+bool isWeightFile(const std::string &name) {
+  for (const char *ext : {".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5",
+                          ".msgpack", ".onnx", ".index.json"})
+    if (endsWith(name, ext))
+      return true;
+  return false;
+}
+
+} // namespace
+
+void mergeModel(const Model &model, const std::string &modelDir, const std::string &outDir,
+                uint64_t maxShardBytes) {
+  std::string modelPath = canonicalPath(modelDir);
+  if (!modelPath.empty() && modelPath == canonicalPath(outDir))
+    throw badInput(outDir, "--merge",
+                   "expected a folder other than the base model's (its shards are read "
+                   "while the merged ones are written)");
+  CheckpointReader reader(modelDir);
+  std::vector<std::pair<std::string, torch::Tensor>> merged = model.mergedWeights();
+  std::unordered_map<std::string, size_t> mergedIndex;
+  for (size_t i = 0; i < merged.size(); ++i)
+    mergedIndex.emplace(merged[i].first, i);
+
+  // Keep the checkpoint's order; a merged tensor takes the place of the
+  // stored tensor (or quantization companion) it replaces.
+  std::vector<std::pair<std::string, torch::Tensor>> all;
+  std::vector<bool> placed(merged.size(), false);
+  bool droppedQuantization = false;
+  auto place = [&](const std::string &name) {
+    auto it = mergedIndex.find(name);
+    if (it == mergedIndex.end())
+      return false;
+    if (!placed[it->second]) {
+      all.push_back(merged[it->second]);
+      placed[it->second] = true;
+    }
+    return true;
+  };
+  for (const std::string &name : reader.namesInShardOrder()) {
+    if (place(name))
+      continue;
+    bool companion = false;
+    for (const char *suffix : {"_blocks", "_scales", "_scale_inv"}) {
+      if (!endsWith(name, suffix))
+        continue;
+      std::string base = name.substr(0, name.size() - std::strlen(suffix));
+      auto it = mergedIndex.find(base);
+      // An FP8 merged tensor keeps needing its scale.
+      if (it != mergedIndex.end() &&
+          !(std::string(suffix) == "_scale_inv" &&
+            merged[it->second].second.scalar_type() == torch::kFloat8_e4m3fn)) {
+        place(base);
+        companion = droppedQuantization = true;
+      }
+    }
+    if (!companion)
+      all.emplace_back(name, reader.view(name));
+  }
+  for (size_t i = 0; i < merged.size(); ++i)
+    if (!placed[i])
+      all.push_back(merged[i]);
+  writeShardedCheckpoint(outDir, all, maxShardBytes);
+
+  // config.json is copied as is, unless the merged weights are no longer
+  // quantized: then without its quantization_config.
+  std::string config = joinPath(modelDir, "config.json");
+  if (droppedQuantization && pathExists(config)) {
+    JsonValue json = readJsonFile(config);
+    if (json.isObject())
+      json.erase("quantization_config");
+    writeFileAtomic(joinPath(outDir, "config.json"), json.dump(2) + "\n");
+  }
+  for (const std::string &name : listDirectory(modelDir)) {
+    std::string from = joinPath(modelDir, name);
+    if (!isRegularFile(from) || isWeightFile(name) ||
+        (name == "config.json" && droppedQuantization))
+      continue;
+    copyFileAtomic(from, joinPath(outDir, name));
+  }
+  fsyncDirectory(outDir);
+}
+
+} // namespace adapt::rt

@@ -1,0 +1,135 @@
+//===- Trainer.h - LoRA training loop, checkpoints, export -----*- C++ -*-===//
+//
+// The training loop of a generated trainer: AdamW over the model's adapters
+// only, linear warmup then cosine decay, gradient clipping, one metrics line
+// per step, and checkpoints that make --resume bitwise exact on CPU fp32.
+// Batches are a pure function of the step (PackedDataset), dropout is seeded
+// from (seed, step) at every step, and the checkpoint stores the fp32
+// adapters and every AdamW moment exactly, so nothing else carries state.
+//
+// OUT/checkpoint is replaced atomically: the new one is written to
+// OUT/checkpoint.tmp (every file fsynced), the old one renamed to
+// OUT/checkpoint.old, the new one renamed into place, the old one removed.
+// recoverCheckpointFolder repairs whatever a crash between those steps left.
+//
+//===----------------------------------------------------------------------===//
+#ifndef ADAPT_RUNTIME_TRAINER_H
+#define ADAPT_RUNTIME_TRAINER_H
+
+#include "runtime/Dataset.h"
+#include "runtime/Errors.h"
+#include "runtime/Json.h"
+#include "runtime/Model.h"
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace adapt::rt {
+
+/// Everything the trainer CLI sets (see trainMain's --help for defaults).
+struct TrainOptions {
+  std::string modelDir;
+  std::string dataPath;  ///< JSONL or ADAPTTOK; required when training.
+  std::string outDir;    ///< metrics.jsonl and checkpoint/ live here.
+  std::string exportDir; ///< "": no PEFT export.
+  std::string mergeDir;  ///< "": no merged checkpoint.
+  int64_t steps = 0;     ///< Total optimizer steps of the run (resume continues to it).
+  int64_t batch = 8;
+  int64_t seqLen = 512;
+  double lr = 1e-4;
+  double weightDecay = 0.0;
+  int64_t warmup = 0;    ///< Linear warmup steps.
+  uint64_t seed = 0;
+  torch::Device device = torch::kCPU;
+  torch::ScalarType dtype = torch::kFloat32;
+  double gradClip = 1.0; ///< <= 0: no clipping (the norm is still logged).
+  int64_t checkpointEvery = 100; ///< 0: only at the end and on a signal.
+  bool resume = false;
+  int64_t logEvery = 10; ///< Steps between full progress lines on stderr.
+  int64_t eos = -1;      ///< Appended after every document when >= 0.
+  double peakFlops = 0;  ///< For MFU; 0: 989e12 for CUDA bf16, else none.
+};
+
+/// Learning rate of the step with 0-based index \p index: lr * (index + 1) /
+/// warmup during warmup, then cosine from lr to 0 at options.steps.
+double learningRate(const TrainOptions &options, int64_t index);
+
+/// The process-wide "stop after this step" flag SIGINT/SIGTERM set.
+/// installStopSignalHandlers sets SA_RESETHAND, so a second signal kills.
+void installStopSignalHandlers();
+/// The signal number that asked to stop, or 0.
+int stopRequested();
+
+/// Restores OUT/checkpoint from OUT/checkpoint.old when a crash left only
+/// the old one, and removes leftovers (checkpoint.tmp, a stale .old).
+void recoverCheckpointFolder(const std::string &outDir);
+
+/// The training loop around one Model.
+class Trainer {
+public:
+  /// Builds AdamW over model.adapters() (betas 0.9/0.999, eps 1e-8).
+  Trainer(Model &model, const TrainOptions &options);
+  ~Trainer();
+
+  /// Loads OUT/checkpoint into the adapters and optimizer when it exists;
+  /// returns its step (0 when there is none). A checkpoint that does not
+  /// fit the model (other adapters or shapes) is a RuntimeError, exit 2.
+  int64_t restore();
+  /// Completed optimizer steps.
+  int64_t step() const { return completed; }
+
+  /// Trains from step() to options.steps on \p data, appending to
+  /// OUT/metrics.jsonl (first cut back to step()). Returns 0, or 130 when a
+  /// signal asked to stop (after a checkpoint). A loss or gradient norm
+  /// that is not finite throws RuntimeError with exit code 5 ("loss is NaN
+  /// at step S; last good checkpoint at step K kept in OUT/checkpoint"),
+  /// leaving the checkpoint as it was; write failures throw exit code 6.
+  int run(const PackedDataset &data);
+
+  /// Writes OUT/checkpoint for step(), atomically (see the file comment).
+  void saveCheckpoint();
+
+  /// The "options" object of OUT/checkpoint/trainer_state.json, for
+  /// --resume to reuse settings that are not given again; an empty object
+  /// when there is no checkpoint.
+  static JsonValue savedOptions(const std::string &outDir);
+  /// Whether OUT/checkpoint holds a complete checkpoint.
+  static bool hasCheckpoint(const std::string &outDir);
+
+private:
+  void truncateMetrics();
+  void appendMetrics(const std::string &line);
+  int interrupted(int signal);
+  std::string checkpointNote() const;
+
+  Model &model;
+  TrainOptions opts;
+  std::unique_ptr<torch::optim::AdamW> optimizer;
+  std::vector<AdapterTensor> params;
+  int64_t completed = 0;
+  int64_t checkpointStep = -1; ///< Step of OUT/checkpoint; -1: none.
+  int metricsFd = -1;
+  std::string restoredFingerprint; ///< The checkpoint's data fingerprint.
+  std::string currentFingerprint;
+  double lastLoss = 0, lastLr = 0;
+};
+
+/// Writes adapter_model.safetensors (fp32, PEFT keys) and adapter_config.json
+/// into \p outDir; exit code 6 on a write failure.
+void exportAdapter(const Model &model, const std::string &modelDir,
+                   const std::string &outDir);
+
+/// Writes a full checkpoint into \p outDir: model.mergedWeights() plus every
+/// other tensor of \p modelDir unchanged (quantization companions of merged
+/// tensors are dropped, and then quantization_config leaves config.json), as
+/// shards of at most \p maxShardBytes, the index, config.json and the other
+/// small files of the model folder (tokenizer, generation config).
+void mergeModel(const Model &model, const std::string &modelDir,
+                const std::string &outDir, uint64_t maxShardBytes = 5'000'000'000ull);
+
+} // namespace adapt::rt
+
+#endif // ADAPT_RUNTIME_TRAINER_H

@@ -1,0 +1,155 @@
+#!/usr/bin/env python3
+"""`adapt tiny` for every family, checked by adapt itself and by transformers.
+
+For each family: `adapt tiny` twice (byte-identical output), `adapt gaps` on
+the result (a manifest without issues: the writer and the front end agree).
+When a Python with transformers is available (env ADAPT_PYTHON, else the
+repository's .venv), every model (and its FP8/MXFP4 variant) also loads with
+AutoModelForCausalLM with no missing, unexpected or mismatched keys and runs a
+forward pass.
+Usage: test_tiny_models.py ADAPT_BINARY
+"""
+import filecmp
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+ADAPT = sys.argv[1] if len(sys.argv) > 1 else "build/bin/adapt"
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FAMILIES = ["qwen3_moe", "mixtral", "deepseek_v3", "kimi_k2", "gpt_oss",
+            "glm4_moe", "minimax_m2", "llama4"]
+# (family, quant): the quantized variants. Without a GPU transformers
+# dequantizes them to BF16 on load, which checks names, shapes and scales.
+QUANTIZED = [("deepseek_v3", "fp8"), ("kimi_k2", "fp8"), ("gpt_oss", "mxfp4")]
+FILES = ["config.json", "model.safetensors.index.json",
+         "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+
+LOAD = r"""
+import sys, torch
+from transformers import AutoModelForCausalLM
+model, info = AutoModelForCausalLM.from_pretrained(
+    sys.argv[1], output_loading_info=True, dtype=torch.bfloat16)
+problems = {k: sorted(map(str, v)) for k, v in info.items() if v}
+assert not problems, problems
+with torch.no_grad():
+    logits = model(torch.tensor([[1, 5, 9, 13, 17, 21, 25, 29, 33, 37]])).logits
+assert tuple(logits.shape) == (1, 10, model.config.vocab_size), logits.shape
+assert bool(torch.isfinite(logits).all())
+print("ok", type(model).__name__)
+"""
+
+
+def find_python():
+    candidates = [os.environ.get("ADAPT_PYTHON", ""),
+                  os.path.join(ROOT, ".venv", "bin", "python")]
+    for python in candidates:
+        if python and os.path.exists(python):
+            probe = subprocess.run([python, "-c", "import transformers, torch"],
+                                   capture_output=True, timeout=300)
+            if probe.returncode == 0:
+                return python
+    return None
+
+
+def tiny(family, out, *extra):
+    return subprocess.run([ADAPT, "tiny", family, "--out", out, *extra],
+                          capture_output=True, text=True, timeout=120)
+
+
+class TinyModels(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.TemporaryDirectory()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def path(self, *parts):
+        return os.path.join(self.tmp.name, *parts)
+
+    def write(self, family, name, *extra):
+        out = self.path(name)
+        proc = tiny(family, out, *extra)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        return out
+
+    def check_gaps(self, model, family):
+        out = model + "-gaps"
+        proc = subprocess.run([ADAPT, "gaps", model, "--out", out],
+                              capture_output=True, text=True, timeout=120)
+        self.assertIn(proc.returncode, (0, 3), proc.stderr)
+        with open(os.path.join(out, "gaps.json")) as f:
+            report = json.load(f)
+        manifest = report["manifest"]
+        self.assertTrue(manifest["checked"])
+        self.assertEqual(manifest["headers_read"], 2)
+        self.assertEqual(manifest["issues"], [])
+        self.assertEqual(manifest["tensors"], manifest["expected_tensors"])
+        self.assertEqual(report["unknown_config_keys"], [])
+        expected = "deepseek_v3" if family == "kimi_k2" else family
+        self.assertEqual(report["model"]["family"], expected)
+
+    def test_every_family_is_deterministic_and_passes_gaps(self):
+        for family in FAMILIES:
+            with self.subTest(family=family):
+                a = self.write(family, family)
+                b = self.write(family, family + "-again")
+                for name in FILES:
+                    self.assertTrue(filecmp.cmp(os.path.join(a, name),
+                                                os.path.join(b, name), shallow=False),
+                                    f"{name} differs between two runs")
+                self.check_gaps(a, family)
+
+    def test_seed_and_layers_change_the_model(self):
+        a = self.write("qwen3_moe", "seed-a", "--seed", "1")
+        b = self.write("qwen3_moe", "seed-b", "--seed", "2")
+        self.assertTrue(filecmp.cmp(os.path.join(a, "config.json"),
+                                    os.path.join(b, "config.json"), shallow=False))
+        self.assertFalse(filecmp.cmp(os.path.join(a, FILES[2]),
+                                     os.path.join(b, FILES[2]), shallow=False))
+        c = self.write("deepseek_v3", "layers-4", "--layers", "4")
+        with open(os.path.join(c, "config.json")) as f:
+            self.assertEqual(json.load(f)["num_hidden_layers"], 4)
+        self.check_gaps(c, "deepseek_v3")
+
+    def test_quantized_variants_pass_gaps(self):
+        for family, quant in QUANTIZED:
+            with self.subTest(family=family, quant=quant):
+                out = self.write(family, f"{family}-{quant}", "--quant", quant)
+                with open(os.path.join(out, "config.json")) as f:
+                    config = json.load(f)
+                self.assertEqual(config["quantization_config"]["quant_method"], quant)
+                self.check_gaps(out, family)
+
+    def test_bad_arguments_exit_2(self):
+        proc = tiny("no_such_family", self.path("bad"))
+        self.assertEqual(proc.returncode, 2)
+        for family in FAMILIES:
+            self.assertIn(family, proc.stderr)
+        self.assertEqual(tiny("mixtral", self.path("bad"), "--quant", "fp8").returncode, 2)
+        self.assertEqual(tiny("mixtral", self.path("bad"), "--layers", "0").returncode, 2)
+        self.assertEqual(tiny("mixtral", self.path("bad"), "--seed", "x").returncode, 2)
+        proc = subprocess.run([ADAPT, "tiny", "mixtral"], capture_output=True, text=True)
+        self.assertEqual(proc.returncode, 2)
+
+    def test_transformers_loads_every_family(self):
+        python = find_python()
+        if python is None:
+            self.skipTest("no Python with transformers (set ADAPT_PYTHON)")
+        variants = [(family, None) for family in FAMILIES] + QUANTIZED
+        for family, quant in variants:
+            with self.subTest(family=family, quant=quant):
+                extra = ("--quant", quant) if quant else ()
+                out = self.write(family, f"{family}-{quant or 'bf16'}-hf", *extra)
+                proc = subprocess.run([python, "-c", LOAD, out], capture_output=True,
+                                      text=True, timeout=600)
+                self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+                self.assertIn("ok", proc.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main(argv=[sys.argv[0]], verbosity=2)

@@ -1,0 +1,469 @@
+//===- BuildCommand.cpp - `adapt build` -----------------------------------===//
+//
+//   adapt build PATH --out DIR [--lora-targets a,b] [--lora-rank R]
+//               [--lora-alpha A] [--lora-dropout P] [--rslora] [--lora-router]
+//               [--no-compile] [--runtime-dir DIR] [--allow-gaps]
+//               [--registry FILE]
+//
+// Reads the model folder like `gaps`, checks the manifest (exit 2 when it
+// disagrees with the config), refuses models whose components the runtime
+// has not implemented (exit 3, unless --allow-gaps), injects LoRA, generates
+// the trainer project into DIR and compiles it against the runtime (exit 4
+// when that fails).
+//
+//===----------------------------------------------------------------------===//
+
+#include "tools/BuildCommand.h"
+
+#include "codegen/EmitTrainer.h"
+#include "ir/AdaptDialect.h"
+#include "ir/ImportModel.h"
+#include "models/WeightSchema.h"
+#include "parser/ModelFolder.h"
+#include "passes/Passes.h"
+#include "passes/ReportWriter.h"
+
+#include "mlir/IR/Diagnostics.h"
+#include "mlir/IR/MLIRContext.h"
+#include "mlir/IR/Verifier.h"
+#include "mlir/Pass/PassManager.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/Program.h"
+
+#include <cstdlib>
+#include <deque>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <unistd.h>
+#include <unordered_set>
+
+namespace adapt {
+
+const char *const kBuildUsage =
+    "  adapt build PATH --out DIR [--lora-targets a,b] [--lora-rank R]\n"
+    "              [--lora-alpha A] [--lora-dropout P] [--rslora] [--lora-router]\n"
+    "              [--no-compile] [--runtime-dir DIR] [--allow-gaps] [--registry FILE]\n";
+
+namespace {
+
+constexpr int kExitCompileFailed = 4;
+
+struct BuildOptions {
+  std::string path, out, runtimeDir, registry;
+  std::vector<std::string> targets;
+  int64_t rank = 8;
+  double alpha = 16.0, dropout = 0.0;
+  bool rslora = false, router = false, noCompile = false, allowGaps = false;
+};
+
+int usageError(const std::string &error) {
+  std::cerr << "adapt: error: " << error << "\nusage:\n" << kBuildUsage;
+  return kExitBadInput;
+}
+
+bool parseNumber(const std::string &text, double &out) {
+  char *end = nullptr;
+  out = std::strtod(text.c_str(), &end);
+  return !text.empty() && end && *end == '\0';
+}
+
+bool parseBuildArgs(int argc, char **argv, BuildOptions &o, std::string &error) {
+  for (int i = 2; i < argc; ++i) {
+    std::string arg = argv[i];
+    auto value = [&](std::string &into) {
+      if (i + 1 >= argc) {
+        error = arg + " expects a value";
+        return false;
+      }
+      into = argv[++i];
+      return true;
+    };
+    std::string text;
+    if (arg == "--out" || arg == "-o") {
+      if (!value(o.out))
+        return false;
+    } else if (arg == "--runtime-dir") {
+      if (!value(o.runtimeDir))
+        return false;
+    } else if (arg == "--registry") {
+      if (!value(o.registry))
+        return false;
+    } else if (arg == "--lora-targets") {
+      if (!value(text))
+        return false;
+      std::stringstream list(text);
+      std::string item;
+      while (std::getline(list, item, ','))
+        if (!item.empty())
+          o.targets.push_back(item);
+      if (o.targets.empty()) {
+        error = "--lora-targets expects a comma-separated list of module "
+                "patterns, e.g. q_proj,v_proj or all-linear";
+        return false;
+      }
+    } else if (arg == "--lora-rank") {
+      if (!value(text))
+        return false;
+      double rank = 0;
+      if (!parseNumber(text, rank) || rank < 1 || rank > 65536 ||
+          rank != (double)(int64_t)rank) {
+        error = "--lora-rank expects an integer in 1..65536, found \"" + text + "\"";
+        return false;
+      }
+      o.rank = (int64_t)rank;
+    } else if (arg == "--lora-alpha") {
+      if (!value(text))
+        return false;
+      if (!parseNumber(text, o.alpha) || !(o.alpha > 0) || o.alpha > 1e9) {
+        error = "--lora-alpha expects a number > 0, found \"" + text + "\"";
+        return false;
+      }
+    } else if (arg == "--lora-dropout") {
+      if (!value(text))
+        return false;
+      if (!parseNumber(text, o.dropout) || !(o.dropout >= 0 && o.dropout < 1)) {
+        error = "--lora-dropout expects a number in [0, 1), found \"" + text + "\"";
+        return false;
+      }
+    } else if (arg == "--rslora") {
+      o.rslora = true;
+    } else if (arg == "--lora-router") {
+      o.router = true;
+    } else if (arg == "--no-compile") {
+      o.noCompile = true;
+    } else if (arg == "--allow-gaps") {
+      o.allowGaps = true;
+    } else if (!arg.empty() && arg[0] == '-') {
+      error = "unknown option " + arg;
+      return false;
+    } else if (o.path.empty()) {
+      o.path = arg;
+    } else {
+      error = "unexpected argument " + arg;
+      return false;
+    }
+  }
+  if (o.path.empty()) {
+    error = "build expects a PATH";
+    return false;
+  }
+  if (o.out.empty()) {
+    error = "build expects --out DIR";
+    return false;
+  }
+  return true;
+}
+
+/// Diagnostics as the CLI's one-line messages.
+void printDiagnostic(mlir::Diagnostic &d) {
+  const char *kind = d.getSeverity() == mlir::DiagnosticSeverity::Error ? "error"
+                     : d.getSeverity() == mlir::DiagnosticSeverity::Warning
+                         ? "warning"
+                         : "note";
+  std::cerr << "adapt: " << kind << ": " << d.str() << "\n";
+}
+
+/// Writes \p contents to \p path through a temporary file and a rename;
+/// leaves an identical file alone (its timestamp too, so rebuilds are no-ops).
+bool writeAtomically(const std::string &path, const std::string &contents,
+                     std::string &error) {
+  {
+    std::ifstream in(path, std::ios::binary);
+    if (in) {
+      std::ostringstream existing;
+      existing << in.rdbuf();
+      if (existing.str() == contents)
+        return true;
+    }
+  }
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << contents;
+    out.close();
+    if (!out) {
+      error = "cannot write " + tmp;
+      std::remove(tmp.c_str());
+      return false;
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    error = "cannot rename " + tmp + " to " + path;
+    std::remove(tmp.c_str());
+    return false;
+  }
+  return true;
+}
+
+/// The last \p count lines of a file.
+std::string tailOf(const std::string &path, size_t count) {
+  std::ifstream in(path);
+  std::deque<std::string> lines;
+  std::string line;
+  while (std::getline(in, line)) {
+    lines.push_back(line);
+    if (lines.size() > count)
+      lines.pop_front();
+  }
+  std::string out;
+  for (const std::string &l : lines)
+    out += "  " + l + "\n";
+  return out;
+}
+
+/// Runs one command with its output in \p log; true on exit status 0.
+bool runLogged(const std::vector<std::string> &args, const std::string &log,
+               std::string &error) {
+  llvm::ErrorOr<std::string> program = llvm::sys::findProgramByName(args[0]);
+  if (!program) {
+    error = args[0] + " not found on PATH";
+    return false;
+  }
+  std::vector<llvm::StringRef> refs(args.begin(), args.end());
+  std::optional<llvm::StringRef> redirects[] = {llvm::StringRef(""),
+                                                llvm::StringRef(log),
+                                                llvm::StringRef(log)};
+  std::string message;
+  int rc = llvm::sys::ExecuteAndWait(*program, refs, std::nullopt, redirects, 0,
+                                     0, &message);
+  if (rc == 0)
+    return true;
+  error = args[0] + " " + args[1] + " failed" +
+          (message.empty() ? " (exit " + std::to_string(rc) + ")" : ": " + message);
+  return false;
+}
+
+/// The folder the trainer loads by default: PATH's folder, absolute.
+std::string absoluteModelDir(const std::string &path) {
+  llvm::SmallString<256> dir(path);
+  if (!llvm::sys::fs::is_directory(dir))
+    llvm::sys::path::remove_filename(dir);
+  if (dir.empty())
+    dir = ".";
+  llvm::SmallString<256> real;
+  if (!llvm::sys::fs::real_path(dir, real))
+    return std::string(real);
+  llvm::sys::fs::make_absolute(dir);
+  return std::string(dir);
+}
+
+/// Components the trainer runs whose registry entry is not implemented.
+std::string runtimeGaps(const GapReport &report, const OpRegistry &registry) {
+  std::string out;
+  for (const ComponentGap &c : report.components) {
+    if (c.op == "adapt.mtp" || c.op == "adapt.encoder")
+      continue; // Not part of the trainer.
+    std::string status = "missing from the registry";
+    for (const RegistryEntry &e : registry.entries)
+      if (!c.registryEntry.empty() && e.id == c.registryEntry)
+        status = e.status;
+    if (status == "implemented" || status == "validated")
+      continue;
+    std::string where = c.layers.empty() || c.layers.front() < 0
+                            ? std::string()
+                            : " (layers " + formatLayerRanges(c.layers) + ")";
+    out += (out.empty() ? "" : ", ") + c.id + " is " + status + where;
+  }
+  return out;
+}
+
+} // namespace
+
+int runBuildCommand(int argc, char **argv) {
+  BuildOptions o;
+  std::string error;
+  if (!parseBuildArgs(argc, argv, o, error))
+    return usageError(error);
+  if (isOnnxPath(o.path))
+    return usageError(o.path + ": adapt build needs a Hugging Face model "
+                      "folder (config.json and safetensors), not ONNX");
+
+  mlir::MLIRContext context;
+  context.getOrLoadDialect<AdaptDialect>();
+  mlir::ScopedDiagnosticHandler handler(&context, [](mlir::Diagnostic &d) {
+    printDiagnostic(d);
+    return mlir::success();
+  });
+
+  // Read and import, as `gaps` does.
+  std::cout << "== analysing " << o.path << std::endl;
+  std::optional<OpRegistry> ownRegistry;
+  if (!o.registry.empty()) {
+    Result<OpRegistry> read = readOpRegistry(o.registry);
+    if (!read) {
+      std::cerr << "adapt: error: " << read.error().message() << "\n";
+      return kExitBadInput;
+    }
+    ownRegistry = std::move(read.value());
+  }
+  const OpRegistry &registry = ownRegistry ? *ownRegistry : builtinOpRegistry();
+  Result<ModelFiles> loaded = loadModelFiles(o.path);
+  if (!loaded) {
+    std::cerr << "adapt: error: " << loaded.error().message() << "\n";
+    return kExitBadInput;
+  }
+  ModelFiles files = std::move(loaded.value());
+  ModelSpec &spec = files.spec;
+  NameProbe probe;
+  std::unordered_set<std::string> names;
+  if (files.manifest) {
+    for (const auto &entry : files.manifest->tensors)
+      names.insert(entry.first);
+    probe = [&names](const std::string &n) { return names.count(n) > 0; };
+  }
+  refineWithManifest(spec, probe);
+  mlir::OwningOpRef<mlir::ModuleOp> module =
+      importModel(context, spec, declareModel(spec, probe));
+  if (mlir::failed(mlir::verify(*module))) {
+    std::cerr << "adapt: error: " << o.path
+              << ": the config describes an inconsistent model (see above)\n";
+    return kExitBadInput;
+  }
+
+  // Manifest check, parameter counts and gap analysis.
+  GapReport report;
+  report.source = o.path;
+  AnalysisContext analysis;
+  analysis.registry = &registry;
+  analysis.report = &report;
+  if (files.manifest) {
+    analysis.manifest = &*files.manifest;
+    analysis.headers = &files.headers;
+  }
+  {
+    mlir::PassManager pm(&context);
+    buildGapPipeline(pm, analysis);
+    if (mlir::failed(pm.run(*module))) {
+      std::cerr << "adapt: error: " << o.path << ": analysis failed\n";
+      return kExitBadInput;
+    }
+  }
+  int64_t extra = 0;
+  for (const ManifestIssue &issue : report.manifest.issues) {
+    if (issue.kind == "missing" || issue.kind == "shape" || issue.kind == "dtype") {
+      std::cerr << "adapt: error: " << report.manifest.file << ": " << issue.tensor
+                << ": expected " << issue.expected << ", found " << issue.found
+                << " (the manifest disagrees with the config; `adapt gaps` "
+                   "lists every issue)\n";
+      return kExitBadInput;
+    }
+    extra += issue.kind == "extra";
+  }
+  if (extra > 0)
+    std::cerr << "adapt: warning: " << report.manifest.file << ": " << extra
+              << " tensor(s) belong to no component the config describes; the "
+                 "trainer does not load them (`adapt gaps` lists them)\n";
+  if (!o.allowGaps) {
+    std::string gaps = runtimeGaps(report, registry);
+    if (!gaps.empty()) {
+      std::cerr << "adapt: error: " << o.path
+                << ": the runtime cannot run this model yet: " << gaps
+                << "; `adapt gaps` has the details, --allow-gaps generates the "
+                   "trainer anyway\n";
+      return kExitGapsFound;
+    }
+  }
+
+  // LoRA.
+  {
+    InjectLoraPassOptions lora;
+    lora.targets = o.targets;
+    lora.rank = o.rank;
+    lora.alpha = o.alpha;
+    lora.dropout = o.dropout;
+    lora.rslora = o.rslora;
+    lora.router = o.router;
+    mlir::PassManager pm(&context);
+    pm.addPass(createInjectLoraPass(lora));
+    if (mlir::failed(pm.run(*module)))
+      return kExitBadInput; // The pass printed why.
+  }
+
+  // Generate.
+  std::cout << "== generating " << o.out << std::endl;
+  TrainerOptions trainer;
+  trainer.sourcePath = o.path;
+  trainer.modelDir = absoluteModelDir(o.path);
+  std::vector<GeneratedFile> generated;
+  if (!emitTrainer(*module, trainer, generated, error)) {
+    std::cerr << "adapt: error: " << o.path << ": " << error << "\n";
+    return kExitGapsFound;
+  }
+  if (std::error_code ec = llvm::sys::fs::create_directories(o.out)) {
+    std::cerr << "adapt: error: " << o.out << ": cannot create the folder: "
+              << ec.message() << "\n";
+    return kExitBadInput;
+  }
+  for (const GeneratedFile &file : generated)
+    if (!writeAtomically(o.out + "/" + file.name, file.contents, error)) {
+      std::cerr << "adapt: error: " << error << "\n";
+      return kExitBadInput;
+    }
+  if (o.noCompile) {
+    std::cout << "wrote " << o.out << "/model.cpp, CMakeLists.txt, README.md\n";
+    return kExitOk;
+  }
+
+  // Compile against the runtime's build.
+  std::string runtimeDir = o.runtimeDir;
+  if (runtimeDir.empty()) {
+    std::string exe = llvm::sys::fs::getMainExecutable(
+        argv[0], reinterpret_cast<void *>(&runBuildCommand));
+    llvm::SmallString<256> dir(exe);
+    llvm::sys::path::remove_filename(dir);
+    llvm::sys::path::append(dir, "..", "runtime");
+    llvm::sys::path::remove_dots(dir, /*remove_dot_dot=*/true);
+    runtimeDir = std::string(dir);
+  }
+  if (!llvm::sys::fs::exists(runtimeDir + "/AdaptRuntimeConfig.cmake")) {
+    std::cerr << "adapt: error: " << runtimeDir
+              << ": no AdaptRuntimeConfig.cmake; build the runtime first "
+                 "(bash scripts/setup.sh, or configure adapt with "
+                 "-DADAPT_ENABLE_RUNTIME=ON and build), pass --runtime-dir DIR, "
+                 "or --no-compile (the project in "
+              << o.out << " is written)\n";
+    return kExitBadInput;
+  }
+  llvm::SmallString<256> absRuntime(runtimeDir);
+  llvm::sys::fs::make_absolute(absRuntime);
+  std::string buildDir = o.out + "/build";
+  llvm::sys::fs::create_directories(buildDir);
+  std::cout << "== compiling (this takes ~30 s)" << std::endl;
+  std::vector<std::string> configure = {
+      "cmake", "-S", o.out, "-B", buildDir, "-DCMAKE_BUILD_TYPE=Release",
+      "-DAdaptRuntime_DIR=" + std::string(absRuntime)};
+  if (llvm::sys::findProgramByName("ninja"))
+    configure.insert(configure.begin() + 1, {"-G", "Ninja"});
+  std::string configureLog = buildDir + "/adapt-configure.log";
+  std::string compileLog = buildDir + "/adapt-compile.log";
+  if (!runLogged(configure, configureLog, error)) {
+    std::cerr << "adapt: error: " << error << "; the last lines of "
+              << configureLog << ":\n" << tailOf(configureLog, 25);
+    return kExitCompileFailed;
+  }
+  if (!runLogged({"cmake", "--build", buildDir}, compileLog, error)) {
+    std::cerr << "adapt: error: the generated trainer did not compile: " << error
+              << "; the last lines of " << compileLog << ":\n"
+              << tailOf(compileLog, 25);
+    return kExitCompileFailed;
+  }
+  std::string binary = buildDir + "/train", target = o.out + "/train";
+  std::string tmp = target + ".tmp." + std::to_string(::getpid());
+  if (std::error_code ec = llvm::sys::fs::copy_file(binary, tmp)) {
+    std::cerr << "adapt: error: " << binary << ": " << ec.message() << "\n";
+    return kExitCompileFailed;
+  }
+  llvm::sys::fs::setPermissions(tmp, llvm::sys::fs::all_read |
+                                         llvm::sys::fs::all_exe |
+                                         llvm::sys::fs::owner_write);
+  if (std::rename(tmp.c_str(), target.c_str()) != 0) {
+    std::cerr << "adapt: error: cannot move " << tmp << " to " << target << "\n";
+    return kExitCompileFailed;
+  }
+  std::cout << "== built " << target << "\n";
+  return kExitOk;
+}
+
+} // namespace adapt
