@@ -4,13 +4,14 @@
 # (random weights) with LoRA on attention and experts, and runs the peer
 # (transformers + PEFT, same model, same batch, same GPU) side by side.
 #
-# usage: bench/h200_train.sh OUTDIR [LAYERS] [BATCH] [SEQ]
+# usage: bench/h200_train.sh OUTDIR [BATCH] [SEQ]   (4 layers: the generated
+# project was built for the 4-layer manifest)
 # The trainer project is bench/h200/qwen3-30b-a3b-widths (generated here by
 # `adapt build --no-compile` from the manifest make_random_qwen3_moe.py writes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:?usage: h200_train.sh OUTDIR [LAYERS] [BATCH] [SEQ]}
-LAYERS=${2:-4}; BATCH=${3:-4}; SEQ=${4:-2048}; STEPS=${STEPS:-12}
+OUT=${1:?usage: h200_train.sh OUTDIR [BATCH] [SEQ]}
+LAYERS=4; BATCH=${2:-4}; SEQ=${3:-2048}; STEPS=${STEPS:-12}
 mkdir -p "$OUT"
 # Peak GPU memory of a command, the same way for both: nvidia-smi samples.
 with_peak() {
