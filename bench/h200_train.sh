@@ -51,7 +51,7 @@ out = sys.argv[1]
 rows = [json.loads(l) for l in open(out + "/adapt-metrics.jsonl")]
 steady = sorted(r["tokens_per_s"] for r in rows[3:]) or [rows[-1]["tokens_per_s"]]
 ours = steady[len(steady) // 2]
-peer = json.loads(open(out + "/peer.json").read().strip().splitlines()[-1])
+peer = json.loads([l for l in open(out + "/peer.json") if l.startswith("{")][-1])
 summary = {"adapt_tokens_per_s": ours, "peer_tokens_per_s": peer["tokens_per_s"],
            "ratio": ours / peer["tokens_per_s"], "adapt_peak_gib_smi": open(out + "/adapt.peak").read().split()[-2],
            "peer_peak_gib_smi": open(out + "/peer.peak").read().split()[-2], "peer_peak_allocated_gib": peer["peak_mem_gib"], "adapt_loss_first": rows[0]["loss"], "adapt_loss_last": rows[-1]["loss"]}

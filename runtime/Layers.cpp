@@ -126,7 +126,7 @@ torch::Tensor FfnLayer::forward(const torch::Tensor &x, bool training, torch::Te
   // Router in fp32, as the references compute it.
   torch::Tensor logits = router.forward(flat.to(torch::kFloat32), training);
   Routing routing = route(logits, def, correctionBias);
-  ExpertGroups groups = groupByExpert(routing, def.experts);
+  ExpertGroups groups = groupByExpert(routing, def.experts, groupAlignment(x.device()));
   if (load)
     *load = groups.counts;
   torch::Tensor rows = flat.index_select(0, groups.tokenOfRow);

@@ -185,26 +185,55 @@ Routing route(const torch::Tensor &logits, const FfnDef &ffn, const torch::Tenso
   throw std::logic_error("unknown router kind");
 }
 
-ExpertGroups groupByExpert(const Routing &routing, int64_t experts) {
+ExpertGroups groupByExpert(const Routing &routing, int64_t experts, int64_t align) {
   const int64_t k = routing.experts.size(1);
   torch::Tensor flat = routing.experts.reshape({-1});
   torch::Tensor order = std::get<1>(flat.sort(/*stable=*/true, 0, false));
   ExpertGroups g;
-  g.expertOfRow = flat.index_select(0, order);
-  g.tokenOfRow = torch::div(order, k, "floor");
-  g.weightOfRow = routing.weights.reshape({-1}).index_select(0, order);
+  torch::Tensor expertOfRow = flat.index_select(0, order);
+  torch::Tensor tokenOfRow = torch::div(order, k, "floor");
+  torch::Tensor weightOfRow = routing.weights.reshape({-1}).index_select(0, order);
   g.counts = torch::bincount(flat, {}, experts);
-  g.offsets = g.counts.cumsum(0).to(torch::kInt32);
+  if (align <= 1) {
+    g.expertOfRow = expertOfRow;
+    g.tokenOfRow = tokenOfRow;
+    g.weightOfRow = weightOfRow;
+    g.rowCounts = g.counts;
+    g.offsets = g.counts.cumsum(0).to(torch::kInt32);
+    return g;
+  }
+  // Row r of expert e moves from start[e] + j to paddedStart[e] + j.
+  g.rowCounts = torch::div(g.counts + (align - 1), align, "floor") * align;
+  torch::Tensor paddedEnd = g.rowCounts.cumsum(0);
+  torch::Tensor start = g.counts.cumsum(0) - g.counts, paddedStart = paddedEnd - g.rowCounts;
+  torch::Tensor rows = torch::arange(flat.size(0), flat.options());
+  torch::Tensor dest = rows - start.index_select(0, expertOfRow) + paddedStart.index_select(0, expertOfRow);
+  // A size known without synchronising: an upper bound. The last group runs
+  // to it, so every row the GEMMs touch holds a real (finite) token.
+  const int64_t bound = flat.size(0) + experts * (align - 1);
+  paddedEnd = paddedEnd.index_fill(0, torch::tensor({experts - 1}, flat.options()), bound);
+  g.rowCounts = paddedEnd - paddedStart;
+  g.tokenOfRow = torch::zeros({bound}, tokenOfRow.options()).index_copy_(0, dest, tokenOfRow);
+  g.weightOfRow = torch::zeros({bound}, weightOfRow.options()).index_copy_(0, dest, weightOfRow);
+  torch::Tensor allRows = torch::arange(bound, flat.options());
+  g.expertOfRow = torch::searchsorted(paddedEnd, allRows, /*out_int32=*/false, /*right=*/true).clamp_max(experts - 1);
+  g.offsets = paddedEnd.to(torch::kInt32);
   return g;
 }
 
+int64_t groupAlignment(const torch::Device &device) { return device.is_cuda() ? 16 : 1; }
+
 namespace {
 
-/// Whether LibTorch has a grouped-GEMM kernel for this device and dtype.
-bool hasGroupedMm(const torch::Tensor &x) {
-  if (x.device().is_cpu())
-    return x.scalar_type() == torch::kFloat32 || x.scalar_type() == torch::kBFloat16;
-  return x.device().is_cuda() && x.scalar_type() == torch::kBFloat16;
+/// Whether LibTorch has a grouped-GEMM kernel for this device, dtype and
+/// shape: fp32 or bf16 on CPU, bf16 on CUDA, and on both rows of each
+/// operand a multiple of 16 bytes (a rank-4 LoRA factor in bf16 is not).
+bool hasGroupedMm(const torch::Tensor &x, const torch::Tensor &w) {
+  const auto type = x.scalar_type();
+  const bool kernel = x.device().is_cpu() ? type == torch::kFloat32 || type == torch::kBFloat16
+                                          : x.device().is_cuda() && type == torch::kBFloat16;
+  const int64_t bytes = x.element_size();
+  return kernel && (w.size(1) * bytes) % 16 == 0 && (w.size(2) * bytes) % 16 == 0;
 }
 
 } // namespace
@@ -213,11 +242,11 @@ torch::Tensor groupedLinear(const torch::Tensor &x, const torch::Tensor &w,
                             const ExpertGroups &groups) {
   // w is [E, N, K]; the grouped GEMM wants [E, K, N]: a transposed view.
   torch::Tensor wt = w.contiguous().transpose(-2, -1);
-  if (hasGroupedMm(x) && x.size(0) > 0)
+  if (hasGroupedMm(x, w) && x.size(0) > 0)
     return at::_grouped_mm(x.contiguous(), wt, groups.offsets);
   // Fallback: one matmul per expert over its contiguous row range.
   std::vector<torch::Tensor> parts;
-  torch::Tensor counts = groups.counts.cpu();
+  torch::Tensor counts = groups.rowCounts.cpu();
   int64_t begin = 0;
   for (int64_t e = 0; e < w.size(0); ++e) {
     int64_t n = counts[e].item<int64_t>();

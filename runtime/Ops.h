@@ -62,16 +62,25 @@ Routing route(const torch::Tensor &logits, const FfnDef &ffn,
               const torch::Tensor &correctionBias);
 
 /// Tokens grouped by expert: the permutation and group offsets that the
-/// grouped GEMMs use.
+/// grouped GEMMs use. With alignment, each expert's group is padded to a
+/// multiple of `align` rows; padding rows repeat token 0 with weight 0, so
+/// they add nothing to outputs or gradients.
 struct ExpertGroups {
-  torch::Tensor tokenOfRow;  ///< [N*k] int64: source token of each sorted row.
-  torch::Tensor weightOfRow; ///< [N*k] fp32 routing weight of each row.
-  torch::Tensor expertOfRow; ///< [N*k] int64 expert of each row.
-  torch::Tensor offsets;     ///< [E] int32 cumulative row counts.
-  torch::Tensor counts;      ///< [E] int64 rows per expert.
+  torch::Tensor tokenOfRow;  ///< [rows] int64: source token of each row.
+  torch::Tensor weightOfRow; ///< [rows] fp32 routing weight (0 on padding).
+  torch::Tensor expertOfRow; ///< [rows] int64 expert of each row.
+  torch::Tensor offsets;     ///< [E] int32 cumulative (padded) row counts.
+  torch::Tensor rowCounts;   ///< [E] int64 (padded) rows per expert.
+  torch::Tensor counts;      ///< [E] int64 tokens routed to each expert.
 };
-/// Sorts the N*k (token, expert) pairs of \p routing by expert.
-ExpertGroups groupByExpert(const Routing &routing, int64_t experts);
+/// Sorts the N*k (token, expert) pairs of \p routing by expert, padding each
+/// group to a multiple of \p align rows (1: no padding). Sizes stay on the
+/// device: no host synchronisation.
+ExpertGroups groupByExpert(const Routing &routing, int64_t experts, int64_t align = 1);
+
+/// Row alignment the grouped GEMM wants on \p device: 16 rows on CUDA (the
+/// Hopper kernels' tile/TMA alignment), none elsewhere.
+int64_t groupAlignment(const torch::Device &device);
 
 /// Row-grouped matmul: rows of \p x [R, K] in group g (by \p groups.offsets)
 /// are multiplied by \p w [E, N, K] transposed, giving [R, N]. Uses

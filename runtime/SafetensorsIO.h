@@ -55,10 +55,11 @@ std::optional<torch::ScalarType> scalarTypeOf(std::string_view dtype);
 /// type safetensors cannot store.
 std::string safetensorsDtypeName(torch::ScalarType type);
 
-/// One shard, memory-mapped. The file is opened read-only and mapped
-/// private copy-on-write: an in-place op on a view only changes this
-/// process' pages, never the file. Views keep the mapping alive, so they may
-/// outlive the SafetensorsFile.
+/// One shard, memory-mapped read-only (PROT_READ: a writable private
+/// mapping would count against the commit limit, and shards can be larger
+/// than RAM). Views are therefore read-only: never modify one in place
+/// (that faults); CheckpointReader::load returns owned copies. Views keep
+/// the mapping alive, so they may outlive the SafetensorsFile.
 class SafetensorsFile {
 public:
   /// Maps \p path and validates its header: the 8-byte length against the
@@ -125,12 +126,12 @@ public:
   /// Every stored tensor name, by shard (in index order of first use) and
   /// then by position in the shard: the order that reads each file once.
   std::vector<std::string> namesInShardOrder() const;
-  /// The stored tensor \p name as is: a view over its shard (no conversion).
+  /// The stored tensor \p name as is: a read-only view over its shard (no
+  /// conversion, no copy).
   torch::Tensor view(const std::string &name) const;
 
-  /// Contiguous CPU tensor \p name converted to \p dtype. Plain tensors may
-  /// alias the mapping when no conversion is needed (copy-on-write, so
-  /// in-place writes are safe). Dequantizes:
+  /// Contiguous CPU tensor \p name converted to \p dtype, in memory of its
+  /// own (a copy even when the dtype matches). Dequantizes:
   ///  - Fp8Block: real = fp8 * scale_inv of its (rows x cols) block; scale
   ///    shape [..., ceil(out/rows), ceil(in/cols)]; computed in fp32,
   ///    rounded once to \p dtype (DeepSeek's weight_dequant).

@@ -8,6 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/TrainMain.h"
+#include "runtime/SafetensorsIO.h"
 #include "runtime/Dataset.h"
 #include "runtime/Errors.h"
 #include "runtime/FileSystem.h"
@@ -64,6 +65,9 @@ Training (defaults in brackets):
   --checkpoint-every N   steps between checkpoints; 0 = only at the end [100]
   --log-every N          steps between progress lines on stderr; 0 = none [10]
   --peak-tflops X        peak for the mfu metric [989 on cuda bf16, else none]
+  --logits-out FILE      at the end, write the first batch's input_ids and
+                         logits (fp32) as safetensors, to compare with the
+                         reference (transformers + PEFT on the exported adapter)
   --help                 this text
 
 Every step appends one JSON line to OUT/metrics.jsonl: step, loss, lr,
@@ -90,7 +94,7 @@ namespace {
 const std::set<std::string> kValueFlags = {
     "--model", "--data", "--out", "--steps", "--batch", "--seq-len", "--lr", "--weight-decay",
     "--warmup", "--seed", "--device", "--dtype", "--grad-clip", "--checkpoint-every",
-    "--log-every", "--export", "--merge", "--eos", "--peak-tflops"};
+    "--log-every", "--export", "--merge", "--eos", "--peak-tflops", "--logits-out"};
 const std::set<std::string> kBoolFlags = {"--resume", "--help", "-h"};
 
 /// The parsed command line: flag -> value ("" for booleans).
@@ -327,6 +331,15 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
   if (!opts.mergeDir.empty()) {
     mergeModel(model, opts.modelDir, opts.mergeDir);
     std::fprintf(stderr, "wrote the merged model to %s\n", opts.mergeDir.c_str());
+  }
+  if (args.has("--logits-out")) {
+    if (!data)
+      data = std::make_unique<PackedDataset>(
+          opts.dataPath, DatasetOptions{opts.seqLen, def.vocab, opts.eos, opts.seed});
+    Batch first = data->batch(0, opts.batch);
+    torch::NoGradGuard noGrad;
+    torch::Tensor logits = model.logits(first.ids).cpu();
+    writeSafetensors(args.values.at("--logits-out"), {{"input_ids", first.ids}, {"logits", logits}});
   }
   return kExitSuccess;
 }

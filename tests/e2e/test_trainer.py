@@ -1,0 +1,292 @@
+#!/usr/bin/env python3
+"""End to end: `adapt tiny` -> `adapt build` -> DIR/train, like a user runs it.
+
+For every supported family: the generated trainer compiles against the
+runtime, its loss falls over a few dozen LoRA steps, the adapter it exports
+loads in PEFT with every key landing in the model, and transformers + PEFT
+on that adapter give the trainer's own logits (fp32, CPU). Then, for chosen
+families: a run killed with SIGKILL and resumed gives exactly the loss curve
+of one that never stopped; SIGTERM finishes the step and checkpoints; merged
+weights equal base + adapter; and bad inputs and faults (missing or truncated
+shard, wrong tensor shape, token beyond the vocabulary, NaN loss, a full disk
+at checkpoint time) each give their documented exit code and message.
+
+usage: test_trainer.py ADAPT_BINARY   (ADAPT_PYTHON: the venv's python)
+"""
+import json
+import os
+import random
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+ADAPT = None
+PYTHON = os.environ.get("ADAPT_PYTHON", "")
+FAMILIES = ["qwen3_moe", "mixtral", "deepseek_v3", "kimi_k2", "gpt_oss", "glm4_moe", "minimax_m2", "llama4"]
+VOCAB = 256
+TRAIN = ["--steps", "40", "--batch", "4", "--seq-len", "32", "--lr", "1e-2", "--log-every", "0"]
+
+# transformers + PEFT on the exported adapter, against the trainer's logits.
+REFERENCE = r"""
+import sys, torch, peft
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+model_dir, adapter, logits_file = sys.argv[1:4]
+ours = load_file(logits_file)
+model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+peft_model = peft.PeftModel.from_pretrained(model, adapter)
+params = dict(peft_model.named_parameters())
+saved = load_file(adapter + "/adapter_model.safetensors")
+unloaded = [k for k in saved if k.replace(".weight", ".default.weight") not in params]
+mismatched = [k for k in saved if k not in unloaded and
+              not torch.equal(params[k.replace(".weight", ".default.weight")].detach(), saved[k])]
+with torch.no_grad():
+    ref = peft_model(ours["input_ids"]).logits
+rel = ((ref - ours["logits"]).abs().max() / ref.abs().max()).item()
+print({"rel": rel, "unloaded": unloaded[:5], "mismatched": mismatched[:5], "keys": len(saved)})
+"""
+
+# The merged checkpoint against PEFT's own merge_and_unload of the exported
+# adapter, tensor by tensor (the merged shards keep the checkpoint's bf16, so
+# the tolerance is bf16 rounding; logits would amplify it through routing).
+MERGED = r"""
+import sys, torch, peft
+from transformers import AutoModelForCausalLM
+base, adapter, merged = sys.argv[1:4]
+model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+reference = peft.PeftModel.from_pretrained(model, adapter).merge_and_unload().state_dict()
+ours = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32).state_dict()
+worst = max(((reference[k] - ours[k]).abs().max() / reference[k].abs().max()).item() for k in reference)
+original = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).state_dict()
+changed = sum(not torch.equal(ours[k], original[k]) for k in ours)
+print({"worst": worst, "keys_equal": sorted(reference) == sorted(ours), "changed": changed})
+"""
+
+
+def run(*args, **kwargs):
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, **kwargs)
+
+
+def losses(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line)["loss"] for line in f if line.strip()]
+
+
+def write_dataset(path, documents=64, length=48, vocab=VOCAB, seed=1):
+    """Token sequences with a learnable rule: next = (5 * previous + 3) mod vocab."""
+    rng = random.Random(seed)
+    with open(path, "w") as f:
+        for _ in range(documents):
+            token, ids = rng.randrange(vocab), []
+            for _ in range(length):
+                ids.append(token)
+                token = (token * 5 + 3) % vocab
+            f.write(json.dumps({"input_ids": ids}) + "\n")
+
+
+class Trainer(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.work = tempfile.mkdtemp(prefix="adapt-trainer-")
+        cls.data = os.path.join(cls.work, "data.jsonl")
+        write_dataset(cls.data)
+        cls.built = {}
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.work, ignore_errors=True)
+
+    def build(self, family):
+        """The tiny model and its compiled trainer, built once per family."""
+        if family in self.built:
+            return self.built[family]
+        model = os.path.join(self.work, "model-" + family)
+        project = os.path.join(self.work, "build-" + family)
+        proc = run(ADAPT, "tiny", family, "--out", model)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        print(f"[{family}] compiling the generated trainer", file=sys.stderr, flush=True)
+        proc = run(ADAPT, "build", model, "--out", project)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        train = os.path.join(project, "train")
+        self.assertTrue(os.access(train, os.X_OK), "adapt build left no DIR/train")
+        self.built[family] = (model, train)
+        return model, train
+
+    def test_families_train_export_and_match_the_reference(self):
+        for family in FAMILIES:
+            with self.subTest(family=family):
+                model, train = self.build(family)
+                out = os.path.join(self.work, "run-" + family)
+                proc = run(train, "--model", model, "--data", self.data, "--out", out, *TRAIN,
+                           "--export", out + "/adapter", "--logits-out", out + "/logits.safetensors")
+                self.assertEqual(proc.returncode, 0, proc.stderr)
+                curve = losses(out)
+                self.assertEqual(len(curve), 40)
+                first, last = sum(curve[:5]) / 5, sum(curve[-5:]) / 5
+                print(f"[{family}] loss {first:.3f} -> {last:.3f}", file=sys.stderr, flush=True)
+                self.assertLess(last, 0.75 * first, f"{family}: loss did not fall: {curve}")
+                for name in ("adapter_config.json", "adapter_model.safetensors"):
+                    self.assertTrue(os.path.exists(os.path.join(out, "adapter", name)), name)
+                metrics = json.loads(open(out + "/metrics.jsonl").readline())
+                self.assertTrue(any(metrics["expert_load"]), "no expert load logged")
+                for layer in metrics["expert_load"]:
+                    if layer:
+                        self.assertEqual(sum(layer), 4 * 32 * self.top_k(model, family))
+                if not PYTHON:
+                    continue
+                proc = run(PYTHON, "-c", REFERENCE, model, out + "/adapter", out + "/logits.safetensors")
+                self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+                result = eval(proc.stdout.strip().splitlines()[-1])
+                self.assertEqual(result["unloaded"], [], f"{family}: adapter keys PEFT did not load")
+                self.assertEqual(result["mismatched"], [], f"{family}: adapter values changed on load")
+                self.assertLess(result["rel"], 1e-4, f"{family}: logits differ from transformers + PEFT")
+
+    def top_k(self, model, family):
+        config = json.load(open(os.path.join(model, "config.json")))
+        return config.get("num_experts_per_tok", 1)
+
+    def test_killed_run_resumes_to_the_same_loss_curve(self):
+        for family in ("qwen3_moe", "deepseek_v3"):
+            with self.subTest(family=family):
+                model, train = self.build(family)
+                args = ["--model", model, "--data", self.data, "--steps", "60", "--batch", "4",
+                        "--seq-len", "32", "--lr", "1e-2", "--log-every", "0", "--checkpoint-every", "10"]
+                whole = os.path.join(self.work, "whole-" + family)
+                proc = run(train, "--out", whole, *args)
+                self.assertEqual(proc.returncode, 0, proc.stderr)
+                killed = os.path.join(self.work, "killed-" + family)
+                proc = subprocess.Popen([train, "--out", killed, *args], stderr=subprocess.PIPE)
+                metrics = os.path.join(killed, "metrics.jsonl")
+                deadline = time.time() + 120
+                while time.time() < deadline and proc.poll() is None:
+                    if os.path.exists(metrics) and len(open(metrics).readlines()) >= 25:
+                        break
+                    time.sleep(0.01)
+                proc.kill()
+                proc.wait()
+                self.assertLess(len(losses(killed)), 60, "the run ended before it could be killed")
+                proc = run(train, "--out", killed, "--resume")
+                self.assertEqual(proc.returncode, 0, proc.stderr)
+                self.assertIn("resumed from", proc.stderr)
+                self.assertEqual(losses(killed), losses(whole))
+
+    def test_sigterm_finishes_the_step_and_checkpoints(self):
+        model, train = self.build("qwen3_moe")
+        out = os.path.join(self.work, "sigterm")
+        proc = subprocess.Popen([train, "--model", model, "--data", self.data, "--out", out, "--steps", "100000",
+                                 "--batch", "4", "--seq-len", "32", "--log-every", "0",
+                                 "--checkpoint-every", "0"], stderr=subprocess.PIPE, text=True)
+        metrics = os.path.join(out, "metrics.jsonl")
+        while proc.poll() is None and not (os.path.exists(metrics) and len(open(metrics).readlines()) >= 3):
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        self.assertEqual(proc.returncode, 130, err)
+        state = json.load(open(os.path.join(out, "checkpoint", "trainer_state.json")))
+        self.assertEqual(state["step"], len(losses(out)))
+
+    def test_merge_equals_base_plus_adapter(self):
+        model, train = self.build("deepseek_v3")
+        out = os.path.join(self.work, "merge")
+        proc = run(train, "--model", model, "--data", self.data, "--out", out, *TRAIN,
+                   "--merge", out + "/merged", "--export", out + "/adapter")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        index = json.load(open(out + "/merged/model.safetensors.index.json"))
+        source = json.load(open(model + "/model.safetensors.index.json"))
+        self.assertEqual(sorted(index["weight_map"]), sorted(source["weight_map"]))
+        if PYTHON:
+            proc = run(PYTHON, "-c", MERGED, model, out + "/adapter", out + "/merged")
+            self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+            result = eval(proc.stdout.strip().splitlines()[-1])
+            self.assertTrue(result["keys_equal"])
+            self.assertGreater(result["changed"], 10, "merge left the adapted weights unchanged")
+            self.assertLess(result["worst"], 1e-2, "merged weights differ from PEFT's merge")
+
+    # -- bad input and faults ------------------------------------------------
+
+    def broken_copy(self, name):
+        model, _ = self.build("qwen3_moe")
+        copy = os.path.join(self.work, name)
+        shutil.rmtree(copy, ignore_errors=True)
+        shutil.copytree(model, copy)
+        return copy
+
+    def expect_failure(self, code, *args, needle):
+        _, train = self.build("qwen3_moe")
+        out = tempfile.mkdtemp(dir=self.work)
+        given = dict(zip(args[::2], args[1::2]))
+        defaults = {"--data": self.data, "--steps": "3", "--batch": "2", "--seq-len": "16", "--log-every": "0"}
+        flags = [x for k, v in {**defaults, **given}.items() for x in (k, v)]
+        proc = run(train, "--out", out, *flags)
+        self.assertEqual(proc.returncode, code, proc.stderr)
+        self.assertIn("error:", proc.stderr)
+        self.assertIn(needle, proc.stderr)
+        self.assertNotIn("terminate called", proc.stderr)
+        return out, proc.stderr
+
+    def test_missing_shard(self):
+        copy = self.broken_copy("missing-shard")
+        os.remove(os.path.join(copy, "model-00002-of-00002.safetensors"))
+        self.expect_failure(2, "--model", copy, needle="model-00002-of-00002.safetensors")
+
+    def test_truncated_shard(self):
+        copy = self.broken_copy("truncated-shard")
+        shard = os.path.join(copy, "model-00001-of-00002.safetensors")
+        os.truncate(shard, os.path.getsize(shard) - 100)
+        self.expect_failure(2, "--model", copy, needle="model-00001-of-00002.safetensors")
+
+    def test_tensor_shape_disagrees_with_config(self):
+        copy = self.broken_copy("bad-shape")
+        shard = os.path.join(copy, "model-00001-of-00002.safetensors")
+        with open(shard, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            header = json.loads(f.read(n))
+            body = f.read()
+        name = next(k for k in header if k.endswith("q_proj.weight"))
+        rows, cols = header[name]["shape"]
+        header[name]["shape"] = [cols, rows] if rows != cols else [rows * 2, cols // 2]
+        raw = json.dumps(header).encode()
+        raw += b" " * (-len(raw) % 8)
+        with open(shard, "wb") as f:
+            f.write(struct.pack("<Q", len(raw)) + raw + body)
+        self.expect_failure(2, "--model", copy, needle=name)
+
+    def test_token_beyond_vocabulary(self):
+        model, _ = self.build("qwen3_moe")
+        bad = os.path.join(self.work, "bad.jsonl")
+        with open(bad, "w") as f:
+            f.write(json.dumps({"input_ids": list(range(40))}) + "\n")
+            f.write(json.dumps({"input_ids": [1, 2, VOCAB + 7, 3] * 10}) + "\n")
+        self.expect_failure(2, "--model", model, "--data", bad, needle=str(VOCAB + 7))
+
+    def test_nan_loss_stops_and_keeps_the_last_checkpoint(self):
+        model, _ = self.build("qwen3_moe")
+        out, err = self.expect_failure(5, "--model", model, "--lr", "1e30", "--grad-clip", "0",
+                                       "--steps", "20", "--checkpoint-every", "1", needle="NaN")
+        state = json.load(open(os.path.join(out, "checkpoint", "trainer_state.json")))
+        self.assertIn(f"step {state['step']}", err)
+
+    def test_full_disk_at_checkpoint_keeps_the_previous_one(self):
+        model, _ = self.build("qwen3_moe")
+        env = dict(os.environ, ADAPT_TEST_FAIL_CHECKPOINT_AT_STEP="4")
+        _, train = self.build("qwen3_moe")
+        out = os.path.join(self.work, "full-disk")
+        proc = run(train, "--model", model, "--out", out, "--data", self.data, "--steps", "6", "--batch", "2",
+                   "--seq-len", "16", "--log-every", "0", "--checkpoint-every", "2", env=env)
+        self.assertEqual(proc.returncode, 6, proc.stderr)
+        self.assertIn("previous checkpoint (step 2) is intact", proc.stderr)
+        state = json.load(open(os.path.join(out, "checkpoint", "trainer_state.json")))
+        self.assertEqual(state["step"], 2)
+        proc = run(train, "--out", out, "--resume")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(len(losses(out)), 6)
+
+
+if __name__ == "__main__":
+    ADAPT = sys.argv.pop(1)
+    unittest.main(verbosity=2)
