@@ -14,12 +14,13 @@ if [ ! -f $W/rt/AdaptRuntimeConfig.cmake ]; then
   cmake -S runtime -B $W/rt -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PREFIX" > $OUT/cmake-runtime.log 2>&1 || { tail -20 $OUT/cmake-runtime.log; exit 1; }
   cmake --build $W/rt > $OUT/build-runtime.log 2>&1 || { tail -30 $OUT/build-runtime.log; exit 1; }
 fi
+python3 bench/h200/grouped_mm_alignment.py
 for f in $(ls .h200/gen); do
   cmake -S bench/h200/parity -B $W/parity-$f -G Ninja -DGEN=$PWD/.h200/gen/$f -DAdaptRuntime_DIR=$W/rt > /dev/null 2>&1
   cmake --build $W/parity-$f > $OUT/build-parity-$f.log 2>&1 || { echo "$f: build failed"; tail -20 $OUT/build-parity-$f.log; continue; }
   for dt in fp32 bf16; do
     $W/parity-$f/parity .h200/tiny/$f $W/out-$f-$dt cuda $dt 2>&1 | tail -1
-    echo -n "$f cuda $dt: "
-    python3 bench/h200/parity/compare.py .h200/tiny/$f $W/out-$f-$dt 2>&1 | grep "max|diff|\|Error" | tail -2
+    echo "$f cuda $dt:"
+    python3 bench/h200/parity/compare.py .h200/tiny/$f $W/out-$f-$dt $dt 2>&1 | grep "vs transformers\|Error" | tail -3
   done
 done | tee $OUT/parity.txt
