@@ -659,6 +659,7 @@ bool emitTrainer(ModuleOp module, const TrainerOptions &options,
   double alpha = 16.0, dropout = 0.0;
   bool rslora = false, router = false;
   std::vector<std::string> targets = {"all-linear"};
+  std::vector<std::string> modules;
   if (auto lora = model->getAttrOfType<DictionaryAttr>("adapt.lora")) {
     if (auto v = lora.getAs<IntegerAttr>("rank"))
       rank = v.getInt();
@@ -675,10 +676,15 @@ bool emitTrainer(ModuleOp module, const TrainerOptions &options,
       for (Attribute t : v)
         targets.push_back(llvm::cast<StringAttr>(t).str());
     }
+    if (auto v = lora.getAs<ArrayAttr>("modules"))
+      for (Attribute t : v)
+        modules.push_back(llvm::cast<StringAttr>(t).str());
   }
-  std::string targetList;
+  std::string targetList, moduleList;
   for (const std::string &t : targets)
     targetList += (targetList.empty() ? "" : ", ") + quote(t);
+  for (const std::string &t : modules)
+    moduleList += "\n      " + quote(t) + ",";
 
   std::string architecture = model.getArchitecture().str();
   std::ostringstream os;
@@ -725,6 +731,7 @@ bool emitTrainer(ModuleOp module, const TrainerOptions &options,
      << "  m.lora.rslora = " << (rslora ? "true" : "false") << ";\n"
      << "  m.lora.router = " << (router ? "true" : "false") << ";\n"
      << "  m.lora.targets = {" << targetList << "};\n"
+     << "  m.lora.modules = {" << moduleList << (moduleList.empty() ? "" : "\n  ") << "};\n"
      << emitLayerList(ids, helpers, indices)
      << "  return m;\n}\n\n"
      << "int main(int argc, char **argv) {\n"

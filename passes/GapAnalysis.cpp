@@ -82,7 +82,10 @@ bool loraCovered(const RegistryEntry &entry, ArrayAttr weights, SymbolTable &sym
                  std::string &uncovered) {
   for (Attribute a : weights) {
     auto w = symbols.lookup<WeightOp>(llvm::cast<FlatSymbolRefAttr>(a).getValue());
-    if (!w || !w.getLinear() || w.getRole() == "gate" || w.getRole() == "router")
+    // Routers and the output head are LoRA targets only on request (PEFT's
+    // all-linear leaves the head out too): they never block support.
+    if (!w || !w.getLinear() || w.getRole() == "gate" || w.getRole() == "router" ||
+        w.getRole() == "lm_head")
       continue;
     if (std::find(entry.loraTargets.begin(), entry.loraTargets.end(),
                   w.getRole().str()) == entry.loraTargets.end()) {

@@ -4,6 +4,8 @@
 #include "models/LoraTargets.h"
 #include "passes/Passes.h"
 
+#include <set>
+
 #include "mlir/IR/BuiltinOps.h"
 
 namespace adapt {
@@ -65,12 +67,14 @@ struct InjectLoraPass : impl::InjectLoraPassBase<InjectLoraPass> {
       return model.emitError(selection.error);
     Builder b(model.getContext());
     int64_t adapted = 0;
+    std::set<std::string> adaptedModules;
     for (size_t i = 0; i < weights.size(); ++i) {
       if (!selection.selected[i]) {
         weights[i].removeLoraAttr();
         continue;
       }
       ++adapted;
+      adaptedModules.insert(modules[i].local);
       NamedAttrList lora;
       lora.append("rank", b.getI64IntegerAttr(rank));
       lora.append("alpha", b.getF64FloatAttr(alpha));
@@ -95,6 +99,10 @@ struct InjectLoraPass : impl::InjectLoraPassBase<InjectLoraPass> {
     settings.append("router", b.getBoolAttr(router));
     settings.append("targets", b.getArrayAttr(given));
     settings.append("adapted", b.getI64IntegerAttr(adapted));
+    llvm::SmallVector<Attribute> resolved;
+    for (const std::string &m : adaptedModules)
+      resolved.push_back(b.getStringAttr(m));
+    settings.append("modules", b.getArrayAttr(resolved));
     model->setAttr("adapt.lora", b.getDictionaryAttr(settings));
     return success();
   }

@@ -269,7 +269,14 @@ public:
 
   // -- LoRA ---------------------------------------------------------------
 
-  bool targeted(const std::string &path) const {
+  /// Whether the module at \p path (in layer \p layer) gets an adapter: one
+  /// of the modules the compiler resolved, or, for hand-written ModelDefs
+  /// without that list, a pattern match on whole dotted components.
+  bool targeted(const std::string &path, const LayerDef &layer) const {
+    if (!def.lora.modules.empty()) {
+      std::string local = path.substr(std::min(path.size(), layer.hfPrefix.size()));
+      return std::find(def.lora.modules.begin(), def.lora.modules.end(), local) != def.lora.modules.end();
+    }
     for (const std::string &p : def.lora.targets)
       if (p == "all-linear" || matchesComponents(path, p))
         return true;
@@ -312,21 +319,23 @@ public:
   }
 
   void injectLora() {
-    for (Layer &layer : layers) {
-      AttentionLayer &a = layer.attention;
+    const bool resolved = !def.lora.modules.empty();
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const LayerDef &d = def.layers[i];
+      AttentionLayer &a = layers[i].attention;
       for (LoraLinear *l : {&a.q, &a.k, &a.v, &a.o, &a.qA, &a.qB, &a.kvA, &a.kvB})
-        if (l->weight.defined() && targeted(l->hfPath))
+        if (l->weight.defined() && targeted(l->hfPath, d))
           addLora(*l);
-      FfnLayer &f = layer.ffn;
+      FfnLayer &f = layers[i].ffn;
       for (LoraLinear *l : {&f.gate, &f.up, &f.down, &f.sharedGate, &f.sharedUp, &f.sharedDown})
-        if (l->weight.defined() && targeted(l->hfPath))
+        if (l->weight.defined() && targeted(l->hfPath, d))
           addLora(*l);
       if (f.isMoe()) {
-        if (def.lora.router && f.router.weight.defined())
+        if (f.router.weight.defined() && (resolved ? targeted(f.router.hfPath, d) : def.lora.router))
           addLora(f.router);
         std::string experts = f.gateUp.hfParam.substr(0, f.gateUp.hfParam.rfind('.'));
         for (ExpertLinear *x : {&f.gateUp, &f.expertDown})
-          if (targeted(x->hfParam) || targeted(experts))
+          if (targeted(x->hfParam, d) || (!resolved && targeted(experts, d)))
             addLora(*x);
       }
     }

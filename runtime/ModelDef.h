@@ -123,6 +123,11 @@ struct LoraDef {
   double dropout = 0.0;
   bool rslora = false;
   std::vector<std::string> targets;
+  /// The modules adapt-inject-lora resolved the targets to, as paths inside
+  /// a layer of the Hugging Face model ("self_attn.q_proj",
+  /// "mlp.experts.gate_up_proj"). When given, exactly these get adapters and
+  /// `targets` is only a record of what the user asked for.
+  std::vector<std::string> modules;
   bool router = false;   ///< Adapt the router too (off by default).
 };
 

@@ -12,7 +12,7 @@
 // a dense MLP.
 
 // The default, all-linear: every projection, never the router or lm_head.
-// ALL: adapt.model @m attributes {adapt.lora = {adapted = 13 : i64, alpha = 1.600000e+01 : f64, dropout = 0.000000e+00 : f64, rank = 8 : i64, router = false, rslora = false, targets = ["all-linear"]}
+// ALL: adapt.model @m attributes {adapt.lora = {adapted = 13 : i64, alpha = 1.600000e+01 : f64, dropout = 0.000000e+00 : f64, modules = [{{.*}}"mlp.experts.gate_up_proj"{{.*}}"self_attn.q_proj"{{.*}}], rank = 8 : i64, router = false, rslora = false, targets = ["all-linear"]}
 // ALL: @model.layers.0.self_attn.q_proj.weight : {{.*}}lora = {alpha = 1.600000e+01 : f64, module = "model.layers.0.self_attn.q_proj", rank = 8 : i64}
 // ALL: @model.layers.0.self_attn.o_proj.weight : {{.*}}lora = {{.*}}module = "model.layers.0.self_attn.o_proj"
 // ALL: @model.layers.0.mlp.gate.weight : tensor<4x16xbf16> {linear, role = "gate"}
@@ -47,7 +47,7 @@
 
 // router=true adapts the router too, with a warning.
 // ROUTER: warning: adapting 1 MoE router weight(s) (--lora-router): this disturbs the pretrained load balance
-// ROUTER: adapt.lora = {adapted = 2 : i64, alpha = 1.600000e+01 : f64, dropout = 1.000000e-01 : f64, rank = 8 : i64, router = true, rslora = true, targets = ["q_proj"]}
+// ROUTER: adapt.lora = {adapted = 2 : i64, alpha = 1.600000e+01 : f64, dropout = 1.000000e-01 : f64, modules = ["mlp.gate", "self_attn.q_proj"], rank = 8 : i64, router = true, rslora = true, targets = ["q_proj"]}
 // ROUTER: @model.layers.0.mlp.gate.weight : {{.*}}lora = {{.*}}module = "model.layers.0.mlp.gate"
 
 // NOROUTER: error: LoRA target 'gate' matches the MoE router (model.layers.0.mlp.gate); adapting the router disturbs the pretrained load balance, pass --lora-router (pass option router=true) to do it anyway
