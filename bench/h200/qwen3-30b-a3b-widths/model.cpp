@@ -70,6 +70,14 @@ adapt::rt::ModelDef buildModel() {
   m.lora.rslora = false;
   m.lora.router = false;
   m.lora.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "experts"};
+  m.lora.modules = {
+      "mlp.experts.down_proj",
+      "mlp.experts.gate_up_proj",
+      "self_attn.k_proj",
+      "self_attn.o_proj",
+      "self_attn.q_proj",
+      "self_attn.v_proj",
+  };
   for (int64_t i = 0; i < 4; ++i)
     m.layers.push_back(moeLayer(i));
   return m;
