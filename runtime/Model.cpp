@@ -73,6 +73,7 @@ public:
   std::vector<Layer> layers;
   std::vector<torch::Tensor> lastLoad;
   int64_t loaded = 0, toLoad = 0;
+  std::vector<std::pair<std::string, torch::Tensor>> *capture = nullptr;
   torch::Generator generator;
 
   ModelImpl(const ModelDef &d, const std::string &dir, const ModelOptions &o)
@@ -361,9 +362,17 @@ public:
         it = tables.emplace(key.str(), ropeTables(rope, seqLen, x.device())).first;
       RopeTables none;
       const RopeTables &t = it == tables.end() ? none : it->second;
-      x = x + layer.attention.forward(rmsNorm(x, layer.inputNorm, def.normEps), t, training);
+      torch::Tensor attn = layer.attention.forward(rmsNorm(x, layer.inputNorm, def.normEps), t, training);
+      x = x + attn;
       torch::Tensor load;
-      x = x + layer.ffn.forward(rmsNorm(x, layer.postAttentionNorm, def.normEps), training, &load);
+      torch::Tensor ffn = layer.ffn.forward(rmsNorm(x, layer.postAttentionNorm, def.normEps), training, &load);
+      x = x + ffn;
+      if (capture) {
+        std::string prefix = "layers." + std::to_string(i) + ".";
+        capture->push_back({prefix + "attention", attn.detach()});
+        capture->push_back({prefix + "ffn", ffn.detach()});
+        capture->push_back({prefix + "output", x.detach()});
+      }
       lastLoad[i] = load.defined() ? load.detach() : torch::Tensor();
     }
     return rmsNorm(x, finalNorm, def.normEps);
@@ -554,6 +563,38 @@ std::vector<std::pair<std::string, torch::Tensor>> Model::mergedWeights() const 
     }
   }
   return out;
+}
+
+std::vector<Model::ExpertGradient> Model::expertGradients() const {
+  std::vector<ExpertGradient> out;
+  ExpertLoad load = expertLoad();
+  for (size_t i = 0; i < impl->layers.size(); ++i) {
+    const FfnLayer &f = impl->layers[i].ffn;
+    if (!f.isMoe() || !(f.gateUp.hasLora() || f.expertDown.hasLora()))
+      continue;
+    const int64_t experts = f.def.experts;
+    torch::Tensor norms = torch::zeros({experts}, torch::kFloat64);
+    for (const ExpertLinear *x : {&f.gateUp, &f.expertDown}) {
+      if (!x->hasLora())
+        continue;
+      const int64_t rank = x->loraA.size(0) / experts;
+      // Both layouts keep expert-major rows in A and expert-minor columns in B.
+      if (x->loraA.grad().defined())
+        norms += x->loraA.grad().detach().to(torch::kCPU, torch::kFloat64).view({experts, rank, -1})
+                     .pow(2).sum(torch::IntArrayRef{1, 2});
+      if (x->loraB.grad().defined())
+        norms += x->loraB.grad().detach().to(torch::kCPU, torch::kFloat64).view({-1, rank, experts})
+                     .pow(2).sum(torch::IntArrayRef{0, 1});
+    }
+    for (int64_t e = 0; e < experts; ++e)
+      out.push_back({int64_t(i), e, i < load.size() && e < int64_t(load[i].size()) ? load[i][e] : 0,
+                     std::sqrt(norms[e].item<double>())});
+  }
+  return out;
+}
+
+void Model::captureActivations(std::vector<std::pair<std::string, torch::Tensor>> *sink) {
+  impl->capture = sink;
 }
 
 ExpertLoad Model::expertLoad() const {

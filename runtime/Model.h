@@ -68,6 +68,17 @@ public:
   std::vector<std::pair<std::string, torch::Tensor>> mergedWeights() const;
   /// Token counts per routed expert from the last forward.
   ExpertLoad expertLoad() const;
+  /// Per MoE layer and routed expert: tokens in the last forward and the norm
+  /// of the expert's adapter gradient (both fused tensors), after backward.
+  struct ExpertGradient {
+    int64_t layer = 0, expert = 0, tokens = 0;
+    double gradNorm = 0.0;
+  };
+  std::vector<ExpertGradient> expertGradients() const;
+  /// Records, during the next forwards, every layer's attention output, FFN
+  /// output and layer output as "layers.<i>.attention|ffn|output" into
+  /// \p sink (null stops): how validation names the first divergence.
+  void captureActivations(std::vector<std::pair<std::string, torch::Tensor>> *sink);
   /// Forward FLOPs per token (matmuls, attention at \p seqLen), for MFU.
   double flopsPerToken(int64_t seqLen) const;
   const ModelDef &def() const;

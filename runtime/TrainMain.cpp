@@ -15,6 +15,7 @@
 #include "runtime/Json.h"
 #include "runtime/Model.h"
 #include "runtime/Trainer.h"
+#include "runtime/Validate.h"
 
 #include <torch/torch.h>
 
@@ -65,6 +66,9 @@ Training (defaults in brackets):
   --checkpoint-every N   steps between checkpoints; 0 = only at the end [100]
   --log-every N          steps between progress lines on stderr; 0 = none [10]
   --peak-tflops X        peak for the mfu metric [989 on cuda bf16, else none]
+  --validate FIXTURE     the validation ladder's model stage: compare with a
+                         reference fixture (validation/make_fixture.py) and write
+                         OUT/model-stage.json/.md; exit 0 pass, 4 fail, 2 bad input
   --logits-out FILE      at the end, write the first batch's input_ids and
                          logits (fp32) as safetensors, to compare with the
                          reference (transformers + PEFT on the exported adapter)
@@ -94,7 +98,7 @@ namespace {
 const std::set<std::string> kValueFlags = {
     "--model", "--data", "--out", "--steps", "--batch", "--seq-len", "--lr", "--weight-decay",
     "--warmup", "--seed", "--device", "--dtype", "--grad-clip", "--checkpoint-every",
-    "--log-every", "--export", "--merge", "--eos", "--peak-tflops", "--logits-out"};
+    "--log-every", "--export", "--merge", "--eos", "--peak-tflops", "--logits-out", "--validate"};
 const std::set<std::string> kBoolFlags = {"--resume", "--help", "-h"};
 
 /// The parsed command line: flag -> value ("" for booleans).
@@ -283,6 +287,14 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
   TrainOptions opts = resolveOptions(args, saved, defaultModelDir);
   if (opts.steps > 0 && opts.dataPath.empty())
     throw badInput("", "--data", "expected a dataset (JSONL or ADAPTTOK) to train on");
+  if (args.has("--validate")) {
+    ModelOptions validateOptions;
+    validateOptions.device = torch::kCPU;
+    validateOptions.dtype = torch::kFloat32;
+    validateOptions.progress = loadProgress();
+    Model model(def, opts.modelDir, validateOptions);
+    return validateModelStage(model, opts.modelDir, args.values.at("--validate"), outDir);
+  }
   if (opts.steps == 0 && opts.exportDir.empty() && opts.mergeDir.empty())
     throw badInput("", "--steps",
                    "expected --data with --steps, --export or --merge: nothing to do");
