@@ -19,6 +19,7 @@
 #include "passes/Passes.h"
 #include "passes/ReportWriter.h"
 #include "tools/BuildCommand.h"
+#include "tools/ValidateCommand.h"
 
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/IR/Verifier.h"
@@ -50,6 +51,8 @@ constexpr const char *kUsage = R"(usage:
   adapt build PATH --out DIR [--lora-targets a,b] [--lora-rank R]
               [--lora-alpha A] [--lora-dropout P] [--rslora] [--lora-router]
               [--no-compile] [--runtime-dir DIR] [--allow-gaps] [--registry FILE]
+  adapt validate PATH --stage op|model|parallel|full --out DIR
+                 [--fixture DIR] [--runtime-dir DIR]
   adapt --help | --version
 
 PATH is a model folder (config.json, optionally model.safetensors.index.json
@@ -62,7 +65,8 @@ gpt_oss. The same arguments write the same bytes.
 
 exit codes: 0 success (gaps: nothing missing), 2 bad input or usage,
             3 gaps found (gaps; build: the runtime cannot run the model),
-            4 the generated trainer did not compile (build)
+            4 the generated trainer did not compile (build); a validation
+              check failed (validate: the record names the first divergence)
 )";
 
 /// Parsed command line.
@@ -361,6 +365,8 @@ int run(int argc, char **argv) {
     return runTiny(argc, argv);
   if (argc >= 2 && !std::strcmp(argv[1], "build"))
     return runBuildCommand(argc, argv);
+  if (argc >= 2 && !std::strcmp(argv[1], "validate"))
+    return runValidateCommand(argc, argv);
   Options opts;
   std::string error;
   if (!parseArgs(argc, argv, opts, error) ||

@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""The validation ladder end to end: `adapt validate` like a user runs it.
+
+- op stage: every op variant against float64 references passes, and its record
+  carries the runtime library's hash;
+- model stage: every family's tiny model (from `adapt tiny`) against the
+  committed transformers + PEFT fixture in validation/fixtures passes;
+- the committed fixtures are not stale: one family's fixture is regenerated
+  live with transformers + PEFT and must equal the committed one;
+- a deliberately broken op (a generated trainer with the wrong RoPE variant)
+  fails with exit 4 and names the first diverging layer and component;
+- bad input: a fixture from another model, a missing fixture, an op record
+  from other code -> exit 2 with a clear message; parallel/full say "not run".
+
+usage: test_validate.py ADAPT_BINARY   (ADAPT_PYTHON: the venv's python)
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+ADAPT = None
+PYTHON = os.environ.get("ADAPT_PYTHON", "")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FIXTURES = os.path.join(ROOT, "validation", "fixtures")
+FAMILIES = ["qwen3_moe", "mixtral", "deepseek_v3", "kimi_k2", "gpt_oss", "glm4_moe", "minimax_m2", "llama4"]
+
+# Regenerated fixture against the committed one.
+COMPARE = r"""
+import sys, torch
+from safetensors.torch import load_file
+a, b = load_file(sys.argv[1]), load_file(sys.argv[2])
+assert sorted(a) == sorted(b), "different tensors"
+worst = max(((a[k].double() - b[k].double()).abs().max() / (b[k].double().abs().max() + 1e-30)).item() for k in a)
+print(worst)
+"""
+
+
+def run(*args, **kwargs):
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, **kwargs)
+
+
+class Validate(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.work = tempfile.mkdtemp(prefix="adapt-validate-")
+        cls.models = {}
+        for family in FAMILIES:
+            path = os.path.join(cls.work, "model-" + family)
+            proc = run(ADAPT, "tiny", family, "--out", path)
+            assert proc.returncode == 0, proc.stderr
+            cls.models[family] = path
+        cls.records = os.path.join(cls.work, "records")
+        proc = run(ADAPT, "validate", cls.models["qwen3_moe"], "--stage", "op", "--out", cls.records)
+        cls.op = proc
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.work, ignore_errors=True)
+
+    def records_copy(self, name):
+        """A records folder holding the passing op record, for one family's run."""
+        out = os.path.join(self.work, name)
+        shutil.rmtree(out, ignore_errors=True)
+        os.makedirs(out)
+        shutil.copy(os.path.join(self.records, "op-stage.json"), out)
+        return out
+
+    def test_op_stage_passes_and_records_the_code(self):
+        self.assertEqual(self.op.returncode, 0, self.op.stdout[-3000:] + self.op.stderr)
+        record = json.load(open(os.path.join(self.records, "op-stage.json")))
+        self.assertTrue(record["passed"])
+        self.assertEqual(len(record["code"]["sha256"]), 64)
+        self.assertGreaterEqual(len(record["seeds"]), 5)
+        self.assertTrue(os.path.exists(os.path.join(self.records, "op-stage.md")))
+
+    def test_model_stage_passes_for_every_family(self):
+        for family in FAMILIES:
+            with self.subTest(family=family):
+                out = self.records_copy("model-" + family)
+                proc = run(ADAPT, "validate", self.models[family], "--stage", "model", "--out", out,
+                           "--fixture", os.path.join(FIXTURES, family))
+                self.assertEqual(proc.returncode, 0, proc.stdout[-3000:] + proc.stderr[-3000:])
+                record = json.load(open(os.path.join(out, "model-stage.json")))
+                self.assertTrue(record["passed"])
+                names = {c["name"] for c in record["checks"]}
+                self.assertIn("logits", names)
+                self.assertTrue(any(n.startswith("grad ") and "experts" in n for n in names), family)
+                experts = next(c for c in record["checks"] if c["name"] == "experts")
+                self.assertTrue(experts["pass"])
+
+    @unittest.skipUnless(PYTHON, "needs the reference (ADAPT_PYTHON)")
+    def test_committed_fixture_is_not_stale(self):
+        fresh = os.path.join(self.work, "fresh-qwen3_moe")
+        proc = run(PYTHON, os.path.join(ROOT, "validation", "make_fixture.py"), self.models["qwen3_moe"], fresh)
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        committed = json.load(open(os.path.join(FIXTURES, "qwen3_moe", "fixture.json")))
+        regenerated = json.load(open(os.path.join(fresh, "fixture.json")))
+        self.assertEqual(committed["model_files"], regenerated["model_files"],
+                         "adapt tiny no longer writes the model the fixture was made from")
+        proc = run(PYTHON, "-c", COMPARE, os.path.join(fresh, "fixture.safetensors"),
+                   os.path.join(FIXTURES, "qwen3_moe", "fixture.safetensors"))
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        self.assertLess(float(proc.stdout.strip()), 1e-6)
+
+    def test_wrong_rope_variant_fails_naming_the_layer(self):
+        model = self.models["qwen3_moe"]
+        project = os.path.join(self.work, "broken")
+        meta = json.load(open(os.path.join(FIXTURES, "qwen3_moe", "fixture.json")))
+        targets = ",".join(meta["lora"]["target_modules"] + ["experts"])
+        proc = run(ADAPT, "build", model, "--out", project, "--no-compile", "--lora-targets", targets,
+                   "--lora-rank", meta["lora"]["rank"], "--lora-alpha", meta["lora"]["alpha"])
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        source = open(os.path.join(project, "model.cpp")).read()
+        broken = re.sub(r"(a\.rope\.theta = [^;]+;)", r"\1\n  a.rope.interleaved = true;", source, count=1)
+        self.assertNotEqual(source, broken)
+        open(os.path.join(project, "model.cpp"), "w").write(broken)
+        runtime = os.path.join(os.path.dirname(os.path.dirname(ADAPT)), "runtime")
+        proc = run("cmake", "-S", project, "-B", project + "/build", "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
+                   "-DAdaptRuntime_DIR=" + runtime)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        proc = run("cmake", "--build", project + "/build")
+        self.assertEqual(proc.returncode, 0, proc.stdout[-2000:])
+        out = os.path.join(self.work, "broken-run")
+        proc = run(project + "/build/train", "--validate", os.path.join(FIXTURES, "qwen3_moe"), "--out", out)
+        self.assertEqual(proc.returncode, 4, proc.stdout + proc.stderr)
+        self.assertIn("first divergence: layers.0.attention", proc.stdout)
+        record = json.load(open(os.path.join(out, "model-stage.json")))
+        self.assertEqual(record["first_divergence"], "layers.0.attention")
+
+    def test_fixture_from_another_model(self):
+        out = self.records_copy("wrong-fixture")
+        proc = run(ADAPT, "validate", self.models["qwen3_moe"], "--stage", "model", "--out", out,
+                   "--fixture", os.path.join(FIXTURES, "mixtral"))
+        self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+        self.assertIn("fixture from another model", proc.stderr)
+
+    def test_missing_fixture(self):
+        out = self.records_copy("missing-fixture")
+        proc = run(ADAPT, "validate", self.models["qwen3_moe"], "--stage", "model", "--out", out,
+                   "--fixture", os.path.join(self.work, "nowhere"))
+        self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+        self.assertIn("fixture", proc.stderr)
+
+    def test_op_record_from_other_code(self):
+        out = self.records_copy("other-code")
+        path = os.path.join(out, "op-stage.json")
+        record = json.load(open(path))
+        record["code"]["sha256"] = "0" * 64
+        json.dump(record, open(path, "w"))
+        proc = run(ADAPT, "validate", self.models["qwen3_moe"], "--stage", "model", "--out", out,
+                   "--fixture", os.path.join(FIXTURES, "qwen3_moe"))
+        self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+        self.assertIn("record from other code", proc.stderr)
+
+    def test_parallel_and_full_stages_say_not_run(self):
+        for stage in ("parallel", "full"):
+            out = os.path.join(self.work, "stage-" + stage)
+            proc = run(ADAPT, "validate", self.models["qwen3_moe"], "--stage", stage, "--out", out)
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            record = json.load(open(os.path.join(out, stage + "-stage.json")))
+            self.assertEqual(record["status"], "not run")
+
+
+if __name__ == "__main__":
+    ADAPT = os.path.abspath(sys.argv.pop(1))
+    unittest.main(verbosity=2)

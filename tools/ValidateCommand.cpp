@@ -1,0 +1,200 @@
+//===- ValidateCommand.cpp - `adapt validate` -----------------------------===//
+//
+// The validation ladder's driver. Each stage runs where its code lives:
+//  - op: the runtime's `adapt-op-check` (every op variant against float64
+//    references, forward and backward, fp32 and bf16, several seeds);
+//  - model: `adapt build` with the fixture's LoRA targets, then the
+//    generated trainer's `--validate FIXTURE` (logits, loss, adapter
+//    gradients, per-layer activations against transformers + PEFT);
+//  - parallel, full: recorded as not run until the parallelism work exists.
+// A model is promoted only over a passing op record for the same runtime
+// library (SHA-256), so a record never vouches for other code.
+//
+//===----------------------------------------------------------------------===//
+
+#include "tools/ValidateCommand.h"
+
+#include "parser/InputError.h"
+#include "tools/BuildCommand.h"
+
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/MemoryBuffer.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/Program.h"
+#include "llvm/Support/SHA256.h"
+#include "llvm/ADT/StringExtras.h"
+
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+namespace adapt {
+
+const char *const kValidateUsage =
+    "  adapt validate PATH --stage op|model|parallel|full --out DIR\n"
+    "                 [--fixture DIR] [--runtime-dir DIR]\n";
+
+namespace {
+
+constexpr int kExitValidationFailed = 4;
+
+struct ValidateOptions {
+  std::string path, stage, out, fixture, runtimeDir;
+};
+
+int usage(const std::string &error) {
+  std::cerr << "adapt: error: " << error << "\nusage:\n" << kValidateUsage;
+  return kExitBadInput;
+}
+
+/// SHA-256 of a file as hex, "" when unreadable.
+std::string sha256Of(const std::string &path) {
+  auto buffer = llvm::MemoryBuffer::getFile(path, /*IsText=*/false);
+  if (!buffer)
+    return "";
+  std::array<uint8_t, 32> digest = llvm::SHA256::hash(llvm::arrayRefFromStringRef((*buffer)->getBuffer()));
+  return llvm::toHex(digest, /*LowerCase=*/true);
+}
+
+/// Runs \p args with stdout/stderr shared; returns the exit code (-1 when
+/// it could not start).
+int runProgram(const std::vector<std::string> &args) {
+  std::vector<llvm::StringRef> refs(args.begin(), args.end());
+  std::string message;
+  int rc = llvm::sys::ExecuteAndWait(args[0], refs, std::nullopt, {}, 0, 0, &message);
+  if (rc < 0)
+    std::cerr << "adapt: error: " << args[0] << ": " << message << "\n";
+  return rc;
+}
+
+/// Records a stage that cannot run yet.
+int notRun(const ValidateOptions &o, const std::string &reason) {
+  nlohmann::ordered_json record = {{"stage", o.stage}, {"status", "not run"}, {"passed", nullptr},
+                                   {"model", o.path}, {"reason", reason}};
+  llvm::sys::fs::create_directories(o.out);
+  std::ofstream(o.out + "/" + o.stage + "-stage.json") << record.dump(2) << "\n";
+  std::ofstream(o.out + "/" + o.stage + "-stage.md")
+      << "# " << o.stage << " stage: not run\n\n" << reason << "\n";
+  std::cout << o.stage << " stage: not run (" << reason << ")\n";
+  return kExitOk;
+}
+
+int runModelStage(const ValidateOptions &o, char *argv0) {
+  if (o.fixture.empty())
+    return usage("--stage model needs --fixture DIR (validation/fixtures/<family>)");
+  std::string fixtureMeta = o.fixture + "/fixture.json";
+  std::ifstream metaIn(fixtureMeta);
+  if (!metaIn) {
+    std::cerr << "adapt: error: " << fixtureMeta
+              << ": fixture: expected a reference fixture (validation/make_fixture.py) here\n";
+    return kExitBadInput;
+  }
+  nlohmann::json meta = nlohmann::json::parse(metaIn, nullptr, /*allow_exceptions=*/false);
+  if (meta.is_discarded() || !meta.contains("lora")) {
+    std::cerr << "adapt: error: " << fixtureMeta << ": lora: expected the fixture's LoRA settings\n";
+    return kExitBadInput;
+  }
+  // Promotion: a passing op stage for this very runtime library.
+  std::string library = o.runtimeDir + "/libadapt_runtime.a";
+  std::string opRecord = o.out + "/op-stage.json";
+  std::ifstream opIn(opRecord);
+  nlohmann::json op = opIn ? nlohmann::json::parse(opIn, nullptr, false) : nlohmann::json();
+  std::string recorded = op.is_object() && op.contains("code") ? op["code"].value("sha256", "") : "";
+  if (!op.is_object() || op.value("passed", false) != true || recorded != sha256Of(library)) {
+    std::cerr << "adapt: error: " << opRecord << ": code.sha256: expected a passing op-stage record for "
+              << library << " ("
+              << (!op.is_object() ? "none found" : recorded != sha256Of(library) ? "record from other code" : "it failed")
+              << "); run `adapt validate PATH --stage op --out " << o.out << "` first\n";
+    return kExitBadInput;
+  }
+  // Build the trainer with the fixture's adapter.
+  const nlohmann::json &lora = meta["lora"];
+  std::string targets;
+  for (const auto &t : lora.value("target_modules", nlohmann::json::array()))
+    targets += (targets.empty() ? "" : ",") + t.get<std::string>();
+  if (!lora.value("target_parameters", nlohmann::json::array()).empty())
+    targets += std::string(targets.empty() ? "" : ",") + "experts";
+  std::string trainerDir = o.out + "/trainer";
+  std::vector<std::string> build = {argv0, "build", o.path, "--out", trainerDir, "--lora-targets", targets,
+                                    "--lora-rank", std::to_string(lora.value("rank", 8)),
+                                    "--lora-alpha", std::to_string(lora.value("alpha", 16.0)),
+                                    "--runtime-dir", o.runtimeDir};
+  std::vector<char *> buildArgv;
+  for (std::string &s : build)
+    buildArgv.push_back(s.data());
+  std::cout << "== building the trainer with the fixture's LoRA (" << targets << ")\n";
+  if (int rc = runBuildCommand(int(buildArgv.size()), buildArgv.data()); rc != kExitOk)
+    return rc;
+  std::cout << "== model stage against " << o.fixture << "\n";
+  int rc = runProgram({trainerDir + "/train", "--validate", o.fixture, "--out", o.out});
+  if (rc == 0 || rc == kExitValidationFailed || rc == kExitBadInput)
+    return rc;
+  std::cerr << "adapt: error: the trainer ended with exit code " << rc << "\n";
+  return kExitValidationFailed;
+}
+
+} // namespace
+
+int runValidateCommand(int argc, char **argv) {
+  ValidateOptions o;
+  for (int i = 2; i < argc; ++i) {
+    std::string arg = argv[i];
+    auto value = [&](std::string &into) {
+      if (i + 1 >= argc)
+        return false;
+      into = argv[++i];
+      return true;
+    };
+    bool ok = true;
+    if (arg == "--stage")
+      ok = value(o.stage);
+    else if (arg == "--out")
+      ok = value(o.out);
+    else if (arg == "--fixture")
+      ok = value(o.fixture);
+    else if (arg == "--runtime-dir")
+      ok = value(o.runtimeDir);
+    else if (!arg.empty() && arg[0] == '-')
+      return usage("unknown option " + arg);
+    else if (o.path.empty())
+      o.path = arg;
+    else
+      return usage("unexpected argument " + arg);
+    if (!ok)
+      return usage(arg + " expects a value");
+  }
+  if (o.path.empty() || o.out.empty() || o.stage.empty())
+    return usage("validate expects PATH, --stage and --out DIR");
+  if (!llvm::sys::fs::exists(o.path)) {
+    std::cerr << "adapt: error: " << o.path << ": expected a model folder\n";
+    return kExitBadInput;
+  }
+  if (o.runtimeDir.empty()) {
+    llvm::SmallString<256> dir(llvm::sys::fs::getMainExecutable(argv[0], reinterpret_cast<void *>(&runValidateCommand)));
+    llvm::sys::path::remove_filename(dir);
+    llvm::sys::path::append(dir, "..", "runtime");
+    llvm::sys::path::remove_dots(dir, /*remove_dot_dot=*/true);
+    o.runtimeDir = std::string(dir);
+  }
+  if (o.stage == "parallel")
+    return notRun(o, "needs several devices and the parallel layouts (data/expert/tensor parallelism), not built yet");
+  if (o.stage == "full")
+    return notRun(o, "needs the parallel stage to pass first, at the model's real size");
+  if (o.stage != "op" && o.stage != "model")
+    return usage("--stage expects op, model, parallel or full, got '" + o.stage + "'");
+  std::string checker = o.runtimeDir + "/adapt-op-check";
+  if (!llvm::sys::fs::can_execute(checker)) {
+    std::cerr << "adapt: error: " << checker << ": expected the runtime build (bash scripts/setup.sh, or --runtime-dir DIR)\n";
+    return kExitBadInput;
+  }
+  if (o.stage == "op") {
+    int rc = runProgram({checker, "--out", o.out});
+    return rc == kExitOk || rc == kExitValidationFailed || rc == kExitBadInput ? rc : kExitValidationFailed;
+  }
+  return runModelStage(o, argv[0]);
+}
+
+} // namespace adapt
