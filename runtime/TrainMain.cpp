@@ -69,6 +69,11 @@ Training (defaults in brackets):
   --validate FIXTURE     the validation ladder's model stage: compare with a
                          reference fixture (validation/make_fixture.py) and write
                          OUT/model-stage.json/.md; exit 0 pass, 4 fail, 2 bad input
+  --init-adapter DIR     start from this PEFT adapter (adapter_model.safetensors
+                         with the same targets and rank) instead of a fresh one
+  --dump-batches FILE    write every step's input ids and labels as safetensors
+                         ("ids.<step>", "labels.<step>"), to train a reference
+                         on exactly the same batches
   --logits-out FILE      at the end, write the first batch's input_ids and
                          logits (fp32) as safetensors, to compare with the
                          reference (transformers + PEFT on the exported adapter)
@@ -98,7 +103,7 @@ namespace {
 const std::set<std::string> kValueFlags = {
     "--model", "--data", "--out", "--steps", "--batch", "--seq-len", "--lr", "--weight-decay",
     "--warmup", "--seed", "--device", "--dtype", "--grad-clip", "--checkpoint-every",
-    "--log-every", "--export", "--merge", "--eos", "--peak-tflops", "--logits-out", "--validate"};
+    "--log-every", "--export", "--merge", "--eos", "--peak-tflops", "--logits-out", "--validate", "--init-adapter", "--dump-batches"};
 const std::set<std::string> kBoolFlags = {"--resume", "--help", "-h"};
 
 /// The parsed command line: flag -> value ("" for booleans).
@@ -267,6 +272,29 @@ std::function<void(int64_t, int64_t)> loadProgress() {
   };
 }
 
+/// Copies a PEFT adapter's tensors into the model's adapters: the key sets
+/// and shapes must agree exactly.
+void loadInitialAdapter(Model &model, const std::string &dir) {
+  const std::string file = joinPath(dir, "adapter_model.safetensors");
+  if (!isRegularFile(file))
+    throw badInput(file, "--init-adapter", "expected a PEFT adapter (adapter_model.safetensors) here");
+  SafetensorsFile saved(file);
+  std::vector<AdapterTensor> adapters = model.adapters();
+  if (saved.tensors().size() != adapters.size())
+    throw badInput(file, "--init-adapter",
+                   "expected " + std::to_string(adapters.size()) + " adapter tensors (this trainer's targets), found " +
+                       std::to_string(saved.tensors().size()));
+  torch::NoGradGuard noGrad;
+  for (AdapterTensor &a : adapters) {
+    if (!saved.find(a.peftKey))
+      throw badInput(file, a.peftKey, "expected this adapter tensor (same LoRA targets as the trainer)");
+    torch::Tensor value = saved.view(a.peftKey);
+    if (value.sizes() != a.value.sizes())
+      throw badInput(file, a.peftKey, "expected the trainer's shape (same rank)");
+    a.value.copy_(value.to(a.value.device(), torch::kFloat32));
+  }
+}
+
 int run(int argc, char **argv, const ModelDef &def, const std::string &defaultModelDir) {
   Args args = parseArgs(argc, argv);
   if (args.has("--help") || args.has("-h")) {
@@ -295,7 +323,7 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
     Model model(def, opts.modelDir, validateOptions);
     return validateModelStage(model, opts.modelDir, args.values.at("--validate"), outDir);
   }
-  if (opts.steps == 0 && opts.exportDir.empty() && opts.mergeDir.empty())
+  if (opts.steps == 0 && opts.exportDir.empty() && opts.mergeDir.empty() && !args.has("--logits-out"))
     throw badInput("", "--steps",
                    "expected --data with --steps, --export or --merge: nothing to do");
   if (args.has("--resume") && !checkpointExists)
@@ -318,6 +346,17 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
   modelOptions.seed = opts.seed;
   modelOptions.progress = loadProgress();
   Model model(def, opts.modelDir, modelOptions);
+  if (args.has("--init-adapter"))
+    loadInitialAdapter(model, args.values.at("--init-adapter"));
+  if (args.has("--dump-batches") && data) {
+    std::vector<std::pair<std::string, torch::Tensor>> batches;
+    for (int64_t step = 0; step < opts.steps; ++step) {
+      Batch b = data->batch(step, opts.batch);
+      batches.push_back({"ids." + std::to_string(step), b.ids});
+      batches.push_back({"labels." + std::to_string(step), b.labels});
+    }
+    writeSafetensors(args.values.at("--dump-batches"), batches);
+  }
 
   if (opts.steps > 0 || opts.resume) {
     Trainer trainer(model, opts);

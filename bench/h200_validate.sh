@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Issue 4 on the H200: loss alignment (50 steps, ours vs transformers + PEFT on
+# the same batches and initial adapter) in bf16 and fp32 on the GPU, and the
+# PEFT round trip both ways, for each tiny family in .h200/tiny with its
+# trainer project in .h200/la-gen (generated here with the fixtures' targets).
+# usage: bench/h200_validate.sh OUTDIR   (after bench/h200_check.sh built the runtime)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:?usage: h200_validate.sh OUTDIR}; mkdir -p "$OUT"
+W=/tmp/adapt-h200
+for f in $(ls .h200/la-gen); do
+  cmake -S .h200/la-gen/$f -B $W/la-$f -G Ninja -DCMAKE_BUILD_TYPE=Release -DAdaptRuntime_DIR=$W/rt > /dev/null 2>&1
+  cmake --build $W/la-$f > $OUT/build-la-$f.log 2>&1 || { echo "$f: build failed"; tail -5 $OUT/build-la-$f.log; continue; }
+  for dt in bf16 fp32; do
+    echo -n "$f cuda $dt: "
+    python3 validation/loss_alignment.py .h200/tiny/$f $W/la-$f/train $W/la-out-$f-$dt --device cuda --dtype $dt 2>&1 | tail -1
+    cp $W/la-out-$f-$dt/loss-alignment.json $OUT/loss-alignment-$f-cuda-$dt.json 2>/dev/null
+  done
+done

@@ -1,0 +1,167 @@
+#!/usr/bin/env python3
+"""Loss alignment and the PEFT round trip, against transformers + PEFT.
+
+Trains the same LoRA adapter (same initial values: a PEFT-initialised adapter
+with non-zero B, given to our trainer with --init-adapter) on exactly the same
+batches (our trainer's --dump-batches) with the same optimizer (AdamW, betas
+0.9/0.999, eps 1e-8, no weight decay), schedule (cosine from --lr, no warmup)
+and gradient clipping (1.0), in our generated trainer and in transformers +
+PEFT, and compares the per-step losses. Then the adapter PEFT trained is loaded
+into our trainer (--init-adapter) and ours into PEFT (both directions), and the
+logits are compared by cosine similarity.
+
+Writes OUT/loss-alignment.json (+ .md): steps, both loss curves, the worst
+relative difference and where, the round-trip cosines, pass/fail.
+
+usage: loss_alignment.py MODEL_DIR TRAIN_BINARY OUT [--steps 50] [--device cpu|cuda]
+       [--dtype fp32|bf16] [--lr 1e-3] [--batch 2] [--seq-len 16]
+(TRAIN_BINARY: `adapt build MODEL_DIR --lora-targets <attention>,experts --lora-rank 4
+ --lora-alpha 8`; the targets must be those of make_fixture.py's lora_targets.)
+"""
+import argparse
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+
+import peft
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForCausalLM
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_fixture import lora_targets  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("train")
+    ap.add_argument("out")
+    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="fp32")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--seq-len", type=int, default=16)
+    ap.add_argument("--rank", type=int, default=4)
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(args.device)
+    vocab = model.config.vocab_size
+    modules, params = lora_targets(model)
+    config = peft.LoraConfig(r=args.rank, lora_alpha=2 * args.rank, target_modules=modules,
+                             target_parameters=params or None)
+    pm = peft.get_peft_model(model, config)
+    with torch.no_grad():  # PEFT's init leaves B = 0; make both factors live
+        g = torch.Generator().manual_seed(1)
+        for name, p in pm.named_parameters():
+            if p.requires_grad and "lora_B" in name:
+                p.copy_((torch.randn(p.shape, generator=g) * 0.01).to(p.dtype))
+    # Adapters train in fp32 (as ours do) whatever the base dtype.
+    for p in pm.parameters():
+        if p.requires_grad:
+            p.data = p.data.float()
+    initial = os.path.join(args.out, "initial-adapter")
+    pm.save_pretrained(initial)
+
+    # Data: documents of a learnable rule, written as JSONL for our trainer.
+    rng = random.Random(0)
+    data = os.path.join(args.out, "data.jsonl")
+    with open(data, "w") as f:
+        for _ in range(64):
+            t, ids = rng.randrange(vocab), []
+            for _ in range(40):
+                ids.append(t)
+                t = (t * 5 + 3) % vocab
+            f.write(json.dumps({"input_ids": ids}) + "\n")
+    run_dir = os.path.join(args.out, "ours")
+    subprocess.run(["rm", "-rf", run_dir], check=True)
+    cmd = [args.train, "--model", args.model, "--data", data, "--out", run_dir, "--steps", str(args.steps),
+           "--batch", str(args.batch), "--seq-len", str(args.seq_len), "--lr", str(args.lr), "--warmup", "0",
+           "--weight-decay", "0", "--grad-clip", "1.0", "--log-every", "0", "--checkpoint-every", "0",
+           "--device", args.device, "--dtype", args.dtype, "--init-adapter", initial,
+           "--dump-batches", os.path.join(args.out, "batches.safetensors"),
+           "--export", os.path.join(args.out, "ours-adapter")]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"our trainer failed ({proc.returncode}): {proc.stderr[-2000:]}")
+    ours = [json.loads(l)["loss"] for l in open(os.path.join(run_dir, "metrics.jsonl"))]
+
+    # The reference on the same batches.
+    batches = load_file(os.path.join(args.out, "batches.safetensors"))
+    trainable = [p for p in pm.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=args.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    reference = []
+    for step in range(args.steps):
+        lr = args.lr * 0.5 * (1 + math.cos(math.pi * step / args.steps))
+        for group in opt.param_groups:
+            group["lr"] = lr
+        ids = batches[f"ids.{step}"].to(args.device)
+        labels = batches[f"labels.{step}"].to(args.device)
+        with torch.autocast(args.device, dtype=dtype, enabled=dtype != torch.float32):
+            loss = pm(input_ids=ids, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        reference.append(loss.item())
+    rel = [abs(a - b) / abs(b) for a, b in zip(ours, reference)]
+    worst = max(range(len(rel)), key=rel.__getitem__)
+    tolerance = 1e-2 if args.dtype == "bf16" else 1e-4
+
+    # Round trip both ways: PEFT's trained adapter into ours, ours into PEFT.
+    peft_adapter = os.path.join(args.out, "peft-adapter")
+    pm.save_pretrained(peft_adapter)
+    probe = batches["ids.0"]
+    logits_file = os.path.join(args.out, "ours-with-peft-adapter.safetensors")
+    proc = subprocess.run([args.train, "--model", args.model, "--data", data, "--out", os.path.join(args.out, "probe"),
+                           "--batch", str(args.batch), "--seq-len", str(args.seq_len), "--device", args.device,
+                           "--dtype", "fp32", "--init-adapter", peft_adapter, "--logits-out", logits_file,
+                           "--steps", "0"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"our trainer failed to load PEFT's adapter ({proc.returncode}): {proc.stderr[-2000:]}")
+
+    def cosine(a, b):
+        a, b = a.double().flatten(), b.double().flatten()
+        return (a @ b / (a.norm() * b.norm())).item()
+
+    base = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    with torch.no_grad():
+        peft_logits = peft.PeftModel.from_pretrained(base, peft_adapter)(probe).logits
+    ours_logits = load_file(logits_file)["logits"]
+    peft_into_ours = cosine(ours_logits, peft_logits)
+    base = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    ours_adapter = os.path.join(args.out, "ours-adapter")
+    proc = subprocess.run([args.train, "--model", args.model, "--data", data, "--out", os.path.join(args.out, "probe2"),
+                           "--batch", str(args.batch), "--seq-len", str(args.seq_len), "--dtype", "fp32",
+                           "--device", "cpu", "--init-adapter", ours_adapter, "--logits-out", logits_file,
+                           "--steps", "0"], capture_output=True, text=True)
+    with torch.no_grad():
+        ours_in_peft = cosine(peft.PeftModel.from_pretrained(base, ours_adapter)(probe).logits,
+                              load_file(logits_file)["logits"])
+    passed = rel[worst] <= tolerance and peft_into_ours >= 0.9999 and ours_in_peft >= 0.9999
+    record = {"stage": "loss-alignment", "passed": passed, "model": os.path.abspath(args.model),
+              "device": args.device, "dtype": args.dtype, "steps": args.steps, "lr": args.lr,
+              "tolerance": tolerance, "worst_relative_difference": rel[worst], "worst_step": worst + 1,
+              "loss_ours": ours, "loss_reference": reference,
+              "round_trip": {"peft_adapter_in_ours_cosine": peft_into_ours, "our_adapter_in_peft_cosine": ours_in_peft},
+              "reference": {"transformers": __import__("transformers").__version__, "peft": peft.__version__}}
+    json.dump(record, open(os.path.join(args.out, "loss-alignment.json"), "w"), indent=2)
+    with open(os.path.join(args.out, "loss-alignment.md"), "w") as f:
+        f.write(f"# Loss alignment: {'passed' if passed else 'FAILED'}\n\n{args.model}, {args.device} {args.dtype}, "
+                f"{args.steps} steps: worst relative loss difference {rel[worst]:.2e} at step {worst + 1} "
+                f"(tolerance {tolerance:g}); first loss {ours[0]:.4f} vs {reference[0]:.4f}, last {ours[-1]:.4f} vs "
+                f"{reference[-1]:.4f}. Round trip cosines: PEFT's adapter in ours {peft_into_ours:.7f}, "
+                f"ours in PEFT {ours_in_peft:.7f}.\n")
+    print(json.dumps({k: record[k] for k in ("passed", "device", "dtype", "worst_relative_difference", "worst_step",
+                                             "round_trip")}))
+    sys.exit(0 if passed else 4)
+
+
+if __name__ == "__main__":
+    main()
