@@ -11,7 +11,7 @@ W=/tmp/adapt-h200
 for f in $(ls .h200/la-gen); do
   cmake -S .h200/la-gen/$f -B $W/la-$f -G Ninja -DCMAKE_BUILD_TYPE=Release -DAdaptRuntime_DIR=$W/rt > /dev/null 2>&1
   cmake --build $W/la-$f > $OUT/build-la-$f.log 2>&1 || { echo "$f: build failed"; tail -5 $OUT/build-la-$f.log; continue; }
-  for dt in bf16 fp32; do
+  for dt in ${DTYPES:-bf16}; do
     echo -n "$f cuda $dt: "
     python3 validation/loss_alignment.py .h200/tiny/$f $W/la-$f/train $W/la-out-$f-$dt --device cuda --dtype $dt 2>&1 | tail -1
     cp $W/la-out-$f-$dt/loss-alignment.json $OUT/loss-alignment-$f-cuda-$dt.json 2>/dev/null
