@@ -12,7 +12,7 @@ PREFIX=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')
 if [ ! -f $W/rt/AdaptRuntimeConfig.cmake ]; then
   echo "== building the runtime (LibTorch only)"
   cmake -S runtime -B $W/rt -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PREFIX" > $OUT/cmake-runtime.log 2>&1 || { tail -20 $OUT/cmake-runtime.log; exit 1; }
-  cmake --build $W/rt > $OUT/build-runtime.log 2>&1 || { tail -30 $OUT/build-runtime.log; exit 1; }
+  cmake --build $W/rt --target adapt_runtime > $OUT/build-runtime.log 2>&1 || { tail -30 $OUT/build-runtime.log; exit 1; }
 fi
 python3 bench/h200/grouped_mm_alignment.py
 for f in $(ls .h200/gen); do

@@ -28,7 +28,7 @@ echo "== random model: Qwen3-30B-A3B widths, $LAYERS layers"
 python3 bench/make_random_qwen3_moe.py bench/h200/qwen3-30b-a3b-config.json --layers "$LAYERS" --out $W/model
 echo "== building the runtime and the generated trainer (LibTorch only)"
 cmake -S runtime -B $W/rt -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PREFIX" > $OUT/cmake-runtime.log
-cmake --build $W/rt 2>&1 | tail -3
+cmake --build $W/rt --target adapt_runtime 2>&1 | tail -3
 cmake -S bench/h200/qwen3-30b-a3b-widths -B $W/train -G Ninja -DAdaptRuntime_DIR=$W/rt > $OUT/cmake-train.log
 cmake --build $W/train 2>&1 | tail -3
 python3 - "$W/data.jsonl" <<'PY'

@@ -81,7 +81,7 @@ class Validate(unittest.TestCase):
     def test_model_stage_passes_for_every_family(self):
         for family in FAMILIES:
             with self.subTest(family=family):
-                out = self.records_copy("model-" + family)
+                out = self.records_copy("records-" + family)
                 proc = run(ADAPT, "validate", self.models[family], "--stage", "model", "--out", out,
                            "--fixture", os.path.join(FIXTURES, family))
                 self.assertEqual(proc.returncode, 0, proc.stdout[-3000:] + proc.stderr[-3000:])
