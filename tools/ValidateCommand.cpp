@@ -62,6 +62,7 @@ std::string sha256Of(const std::string &path) {
 /// Runs \p args with stdout/stderr shared; returns the exit code (-1 when
 /// it could not start).
 int runProgram(const std::vector<std::string> &args) {
+  std::cout.flush(); // our lines before the child's
   std::vector<llvm::StringRef> refs(args.begin(), args.end());
   std::string message;
   int rc = llvm::sys::ExecuteAndWait(args[0], refs, std::nullopt, {}, 0, 0, &message);

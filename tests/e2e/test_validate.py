@@ -132,6 +132,30 @@ class Validate(unittest.TestCase):
         record = json.load(open(os.path.join(out, "model-stage.json")))
         self.assertEqual(record["first_divergence"], "layers.0.attention")
 
+    @unittest.skipUnless(PYTHON, "needs the reference (ADAPT_PYTHON)")
+    def test_loss_alignment_and_peft_round_trip_in_fp32(self):
+        """50 steps, ours against transformers + PEFT on the same batches and
+        initial adapter; then each side's trained adapter in the other."""
+        for family in FAMILIES:
+            with self.subTest(family=family):
+                meta = json.load(open(os.path.join(FIXTURES, family, "fixture.json")))
+                targets = ",".join(meta["lora"]["target_modules"] + ["experts"])
+                project = os.path.join(self.work, "align-" + family)
+                proc = run(ADAPT, "build", self.models[family], "--out", project, "--lora-targets", targets,
+                           "--lora-rank", 4, "--lora-alpha", 8)
+                self.assertEqual(proc.returncode, 0, proc.stdout[-2000:] + proc.stderr[-2000:])
+                out = os.path.join(self.work, "align-out-" + family)
+                proc = run(PYTHON, os.path.join(ROOT, "validation", "loss_alignment.py"), self.models[family],
+                           os.path.join(project, "train"), out, "--lr", "1e-2")
+                self.assertEqual(proc.returncode, 0, proc.stdout[-2000:] + proc.stderr[-3000:])
+                record = json.load(open(os.path.join(out, "loss-alignment.json")))
+                self.assertEqual(len(record["loss_ours"]), 50)
+                self.assertLessEqual(record["worst_relative_difference"], 1e-4)
+                self.assertGreaterEqual(record["round_trip"]["peft_adapter_in_ours_cosine"], 0.9999)
+                self.assertGreaterEqual(record["round_trip"]["our_adapter_in_peft_cosine"], 0.9999)
+                curve = record["loss_ours"]
+                self.assertLess(sum(curve[-5:]), sum(curve[:5]), "the adapter did not learn")
+
     def test_fixture_from_another_model(self):
         out = self.records_copy("wrong-fixture")
         proc = run(ADAPT, "validate", self.models["qwen3_moe"], "--stage", "model", "--out", out,
