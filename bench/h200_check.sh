@@ -15,7 +15,7 @@ if [ ! -f $W/rt/AdaptRuntimeConfig.cmake ]; then
   cmake --build $W/rt --target adapt_runtime > $OUT/build-runtime.log 2>&1 || { tail -30 $OUT/build-runtime.log; exit 1; }
 fi
 python3 bench/h200/grouped_mm_alignment.py
-for f in $(ls .h200/gen); do
+for f in ${FAMILIES:-$(ls .h200/gen)}; do
   cmake -S bench/h200/parity -B $W/parity-$f -G Ninja -DGEN=$PWD/.h200/gen/$f -DAdaptRuntime_DIR=$W/rt > /dev/null 2>&1
   cmake --build $W/parity-$f > $OUT/build-parity-$f.log 2>&1 || { echo "$f: build failed"; tail -20 $OUT/build-parity-$f.log; continue; }
   for dt in fp32 bf16; do

@@ -8,7 +8,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: h200_validate.sh OUTDIR}; mkdir -p "$OUT"
 W=/tmp/adapt-h200
-for f in $(ls .h200/la-gen); do
+for f in ${FAMILIES:-$(ls .h200/la-gen)}; do
   cmake -S .h200/la-gen/$f -B $W/la-$f -G Ninja -DCMAKE_BUILD_TYPE=Release -DAdaptRuntime_DIR=$W/rt > /dev/null 2>&1
   cmake --build $W/la-$f > $OUT/build-la-$f.log 2>&1 || { echo "$f: build failed"; tail -5 $OUT/build-la-$f.log; continue; }
   for dt in ${DTYPES:-bf16}; do
