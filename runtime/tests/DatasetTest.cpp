@@ -11,25 +11,13 @@
 
 #include <unistd.h>
 
+#include "runtime/tests/TempDir.h"
+
 using namespace adapt::rt;
 
 namespace {
 
-class TempDir {
-public:
-  TempDir() {
-    const char *tmp = std::getenv("TMPDIR");
-    std::string pattern = joinPath(tmp && *tmp ? tmp : "/tmp", "adapt-data-XXXXXX");
-    path = mkdtemp(pattern.data());
-  }
-  ~TempDir() { removeAll(path); }
-  std::string write(const std::string &name, const std::string &bytes) const {
-    std::string p = joinPath(path, name);
-    std::ofstream(p, std::ios::binary) << bytes;
-    return p;
-  }
-  std::string path;
-};
+using adapt::rt::testing::TempDir;
 
 /// An ADAPTTOK file with \p width-byte tokens; documents end with the marker.
 std::string tokenFile(const std::vector<std::vector<uint32_t>> &docs, uint32_t width,

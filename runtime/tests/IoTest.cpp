@@ -14,25 +14,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "runtime/tests/TempDir.h"
+
 using namespace adapt::rt;
 
 namespace {
 
-/// A fresh folder under the temp dir, removed after the test.
-class TempDir {
-public:
-  TempDir() {
-    const char *tmp = std::getenv("TMPDIR");
-    std::string pattern = joinPath(tmp && *tmp ? tmp : "/tmp", "adapt-io-XXXXXX");
-    path = mkdtemp(pattern.data());
-  }
-  ~TempDir() {
-    ::chmod(path.c_str(), 0700);
-    removeAll(path);
-  }
-  std::string operator/(const std::string &name) const { return joinPath(path, name); }
-  std::string path;
-};
+using adapt::rt::testing::TempDir;
 
 std::string readFile(const std::string &path) {
   std::ifstream in(path, std::ios::binary);
