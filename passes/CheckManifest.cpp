@@ -2,6 +2,7 @@
 
 #include "ir/AdaptDialect.h"
 #include "models/WeightSchema.h"
+#include "passes/PassInput.h"
 #include "passes/Passes.h"
 
 #include "mlir/IR/BuiltinOps.h"
@@ -61,21 +62,15 @@ struct CheckManifestPass : impl::CheckManifestPassBase<CheckManifestPass> {
   explicit CheckManifestPass(AnalysisContext context) : context(context) {}
 
   void runOnOperation() override {
-    const Manifest *manifest = context.manifest;
     std::optional<Manifest> owned;
-    if (!manifest) {
-      if (manifestPath.empty())
-        return; // Nothing to compare against.
-      Result<Manifest> read = readManifest(manifestPath);
-      if (!read) {
-        getOperation().emitError(read.error().message());
-        return signalPassFailure();
-      }
-      owned = std::move(read.value());
-      manifest = &*owned;
-    }
+    mlir::FailureOr<const Manifest *> manifest =
+        passInput(context.manifest, manifestPath, owned, readManifest, getOperation());
+    if (mlir::failed(manifest))
+      return signalPassFailure();
+    if (!*manifest)
+      return; // Nothing to compare against.
     for (ModelOp model : getOperation().getOps<ModelOp>())
-      check(model, *manifest);
+      check(model, **manifest);
   }
 
   void check(ModelOp model, const Manifest &manifest) {

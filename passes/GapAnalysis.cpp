@@ -1,6 +1,7 @@
 //===- GapAnalysis.cpp - components against the operator registry ---------===//
 
 #include "ir/AdaptDialect.h"
+#include "passes/PassInput.h"
 #include "passes/Passes.h"
 
 #include "mlir/IR/BuiltinOps.h"
@@ -101,21 +102,14 @@ struct GapAnalysisPass : impl::GapAnalysisPassBase<GapAnalysisPass> {
   explicit GapAnalysisPass(AnalysisContext context) : context(context) {}
 
   void runOnOperation() override {
-    const OpRegistry *registry = context.registry;
     std::optional<OpRegistry> owned;
-    if (!registry && !registryPath.empty()) {
-      Result<OpRegistry> read = readOpRegistry(registryPath);
-      if (!read) {
-        getOperation().emitError(read.error().message());
-        return signalPassFailure();
-      }
-      owned = std::move(read.value());
-      registry = &*owned;
-    }
-    if (!registry)
-      registry = &builtinOpRegistry();
+    mlir::FailureOr<const OpRegistry *> registry =
+        passInput(context.registry, registryPath, owned, readOpRegistry, getOperation());
+    if (mlir::failed(registry))
+      return signalPassFailure();
+    const OpRegistry &used = *registry ? **registry : builtinOpRegistry();
     for (ModelOp model : getOperation().getOps<ModelOp>())
-      analyse(model, *registry);
+      analyse(model, used);
   }
 
   void analyse(ModelOp model, const OpRegistry &registry) {

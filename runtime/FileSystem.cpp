@@ -64,11 +64,14 @@ std::string canonicalPath(const std::string &path) {
   return ::realpath(path.c_str(), buf) ? std::string(buf) : std::string();
 }
 
-std::vector<std::string> listDirectory(const std::string &dir) {
+namespace {
+
+/// The entries of \p dir but "." and "..", sorted; false when it cannot be
+/// opened (errno says why).
+bool readDirectory(const std::string &dir, std::vector<std::string> &names) {
   DIR *d = ::opendir(dir.c_str());
   if (!d)
-    throw readError(dir, "list folder", errno);
-  std::vector<std::string> names;
+    return false;
   while (dirent *e = ::readdir(d)) {
     std::string name = e->d_name;
     if (name != "." && name != "..")
@@ -76,6 +79,15 @@ std::vector<std::string> listDirectory(const std::string &dir) {
   }
   ::closedir(d);
   std::sort(names.begin(), names.end());
+  return true;
+}
+
+} // namespace
+
+std::vector<std::string> listDirectory(const std::string &dir) {
+  std::vector<std::string> names;
+  if (!readDirectory(dir, names))
+    throw readError(dir, "list folder", errno);
   return names;
 }
 
@@ -101,17 +113,10 @@ bool removeAll(const std::string &path) {
   if (!S_ISDIR(st.st_mode))
     return ::unlink(path.c_str()) == 0;
   bool ok = true;
-  if (DIR *d = ::opendir(path.c_str())) {
-    std::vector<std::string> names;
-    while (dirent *e = ::readdir(d)) {
-      std::string name = e->d_name;
-      if (name != "." && name != "..")
-        names.push_back(std::move(name));
-    }
-    ::closedir(d);
+  std::vector<std::string> names;
+  if (readDirectory(path, names))
     for (const std::string &name : names)
       ok = removeAll(joinPath(path, name)) && ok;
-  }
   return ::rmdir(path.c_str()) == 0 && ok;
 }
 

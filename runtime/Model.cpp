@@ -26,12 +26,13 @@ bool endsWith(const std::string &s, const std::string &suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-/// Whether \p pattern is a run of whole dotted components of \p path
-/// ("q_proj" and "self_attn" match "model.layers.0.self_attn.q_proj";
-/// "experts" does not match "shared_experts").
-bool matchesComponents(const std::string &path, const std::string &pattern) {
-  std::string padded = "." + path + ".";
-  return padded.find("." + pattern + ".") != std::string::npos;
+/// Whether two layers rotate identically (and so can share RoPE tables).
+bool sameRope(const RopeDef &a, const RopeDef &b) {
+  return a.enabled == b.enabled && a.rotaryDim == b.rotaryDim && a.theta == b.theta &&
+         a.interleaved == b.interleaved && a.scaling == b.scaling && a.factor == b.factor &&
+         a.originalMaxPositions == b.originalMaxPositions && a.betaFast == b.betaFast &&
+         a.betaSlow == b.betaSlow && a.mscale == b.mscale && a.mscaleAllDim == b.mscaleAllDim &&
+         a.truncate == b.truncate && a.lowFreqFactor == b.lowFreqFactor && a.highFreqFactor == b.highFreqFactor;
 }
 
 std::string jsonString(const std::string &s) {
@@ -74,6 +75,8 @@ public:
   std::vector<torch::Tensor> lastLoad;
   int64_t loaded = 0, toLoad = 0;
   std::vector<std::pair<std::string, torch::Tensor>> *capture = nullptr;
+  /// Per layer, the first layer with the same RoPE: whose tables it shares.
+  std::vector<size_t> ropeOwner;
   torch::Generator generator;
 
   ModelImpl(const ModelDef &d, const std::string &dir, const ModelOptions &o)
@@ -87,6 +90,13 @@ public:
     for (const LayerDef &l : def.layers)
       layers.push_back(buildLayer(l));
     lastLoad.resize(layers.size());
+    for (size_t i = 0; i < def.layers.size(); ++i) {
+      size_t owner = i;
+      for (size_t j = 0; j < i && owner == i; ++j)
+        if (sameRope(def.layers[j].attention.rope, def.layers[i].attention.rope))
+          owner = j;
+      ropeOwner.push_back(owner);
+    }
   }
 
   /// Tensors the loader will read, for the progress callback.
@@ -271,17 +281,11 @@ public:
   // -- LoRA ---------------------------------------------------------------
 
   /// Whether the module at \p path (in layer \p layer) gets an adapter: one
-  /// of the modules the compiler resolved, or, for hand-written ModelDefs
-  /// without that list, a pattern match on whole dotted components.
+  /// of the modules adapt-inject-lora resolved the user's targets to.
   bool targeted(const std::string &path, const LayerDef &layer) const {
-    if (!def.lora.modules.empty()) {
-      std::string local = path.substr(std::min(path.size(), layer.hfPrefix.size()));
-      return std::find(def.lora.modules.begin(), def.lora.modules.end(), local) != def.lora.modules.end();
-    }
-    for (const std::string &p : def.lora.targets)
-      if (p == "all-linear" || matchesComponents(path, p))
-        return true;
-    return false;
+    std::string local = path.substr(std::min(path.size(), layer.hfPrefix.size()));
+    const auto &modules = def.lora.modules;
+    return std::find(modules.begin(), modules.end(), local) != modules.end();
   }
 
   double loraScale() const {
@@ -320,25 +324,18 @@ public:
   }
 
   void injectLora() {
-    const bool resolved = !def.lora.modules.empty();
     for (size_t i = 0; i < layers.size(); ++i) {
       const LayerDef &d = def.layers[i];
       AttentionLayer &a = layers[i].attention;
-      for (LoraLinear *l : {&a.q, &a.k, &a.v, &a.o, &a.qA, &a.qB, &a.kvA, &a.kvB})
-        if (l->weight.defined() && targeted(l->hfPath, d))
-          addLora(*l);
       FfnLayer &f = layers[i].ffn;
-      for (LoraLinear *l : {&f.gate, &f.up, &f.down, &f.sharedGate, &f.sharedUp, &f.sharedDown})
+      for (LoraLinear *l : {&a.q, &a.k, &a.v, &a.o, &a.qA, &a.qB, &a.kvA, &a.kvB, &f.gate, &f.up, &f.down,
+                            &f.sharedGate, &f.sharedUp, &f.sharedDown, &f.router})
         if (l->weight.defined() && targeted(l->hfPath, d))
           addLora(*l);
-      if (f.isMoe()) {
-        if (f.router.weight.defined() && (resolved ? targeted(f.router.hfPath, d) : def.lora.router))
-          addLora(f.router);
-        std::string experts = f.gateUp.hfParam.substr(0, f.gateUp.hfParam.rfind('.'));
+      if (f.isMoe())
         for (ExpertLinear *x : {&f.gateUp, &f.expertDown})
-          if (targeted(x->hfParam, d) || (!resolved && targeted(experts, d)))
+          if (targeted(x->hfParam, d))
             addLora(*x);
-      }
     }
   }
 
@@ -347,20 +344,15 @@ public:
   torch::Tensor hidden(const torch::Tensor &ids, bool training) {
     torch::Tensor x = torch::embedding(embedding, ids.to(options.device));
     const int64_t seqLen = ids.size(1);
-    std::map<std::string, RopeTables> tables;
+    // One table per distinct RoPE (by the layer that first uses it).
+    std::map<size_t, RopeTables> tables;
+    const RopeTables none;
     for (size_t i = 0; i < layers.size(); ++i) {
       Layer &layer = layers[i];
       const RopeDef &rope = layer.attention.def.rope;
-      std::ostringstream key;
-      key.precision(17);
-      key << rope.rotaryDim << '/' << rope.theta << '/' << rope.interleaved << '/' << rope.scaling << '/'
-          << rope.factor << '/' << rope.originalMaxPositions << '/' << rope.betaFast << '/' << rope.betaSlow
-          << '/' << rope.mscale << '/' << rope.mscaleAllDim << '/' << rope.truncate << '/' << rope.lowFreqFactor
-          << '/' << rope.highFreqFactor;
-      auto it = tables.find(key.str());
+      auto it = tables.find(ropeOwner[i]);
       if (it == tables.end() && rope.rotaryDim > 0)
-        it = tables.emplace(key.str(), ropeTables(rope, seqLen, x.device())).first;
-      RopeTables none;
+        it = tables.emplace(ropeOwner[i], ropeTables(rope, seqLen, x.device())).first;
       const RopeTables &t = it == tables.end() ? none : it->second;
       torch::Tensor attn = layer.attention.forward(rmsNorm(x, layer.inputNorm, def.normEps), t, training);
       x = x + attn;

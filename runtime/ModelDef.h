@@ -115,20 +115,20 @@ struct LayerDef {
   std::string hfAttention = "self_attn.", hfFfn = "mlp.";
 };
 
-/// A LoRA target: modules whose Hugging Face path matches one of these
-/// patterns get adapters ("q_proj", "experts", "self_attn.*", ...).
+/// The LoRA adapters: settings, and the modules that get them.
 struct LoraDef {
   int64_t rank = 8;
   double alpha = 16.0;
   double dropout = 0.0;
   bool rslora = false;
+  /// The user's target patterns ("q_proj", "experts", "all-linear"): a
+  /// record only; adapt-inject-lora resolved them into `modules`.
   std::vector<std::string> targets;
-  /// The modules adapt-inject-lora resolved the targets to, as paths inside
-  /// a layer of the Hugging Face model ("self_attn.q_proj",
-  /// "mlp.experts.gate_up_proj"). When given, exactly these get adapters and
-  /// `targets` is only a record of what the user asked for.
+  /// Exactly the modules that get adapters, as paths inside a layer of the
+  /// Hugging Face model ("self_attn.q_proj", "mlp.experts.gate_up_proj",
+  /// "mlp.gate" for a router adapted with --lora-router).
   std::vector<std::string> modules;
-  bool router = false;   ///< Adapt the router too (off by default).
+  bool router = false;   ///< Record: --lora-router was given.
 };
 
 /// The whole decoder-only model.
