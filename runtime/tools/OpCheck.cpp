@@ -21,6 +21,7 @@
 #include "runtime/Layers.h"
 #include "runtime/Ops.h"
 #include "runtime/Sha256.h"
+#include "runtime/tools/OpCheckHarness.h"
 
 #include <torch/torch.h>
 #include <torch/version.h>
@@ -42,83 +43,10 @@
 #endif
 
 using namespace adapt::rt;
+using namespace adapt::rt::opcheck;
 using torch::Tensor;
 
 namespace {
-
-constexpr int kExitCheckFailed = 4;
-const double kInf = std::numeric_limits<double>::infinity();
-const auto f64 = torch::kFloat64;
-const auto i64 = torch::kInt64;
-
-/// Where and in what dtype one trial runs, and its generator seed.
-struct Ctx { torch::ScalarType dtype; torch::Device device; uint64_t seed; };
-
-/// One compared tensor pair, or a verdict computed by the trial (error >= 0).
-struct Item { std::string name; Tensor ours, ref; bool backward = false; double error = -1.0; std::string where; };
-using Trial = std::vector<Item>;
-
-/// A verdict item: passes when \p problem is empty.
-Item verdict(std::string name, std::string problem) {
-  return {std::move(name), {}, {}, false, problem.empty() ? 0.0 : kInf, std::move(problem)};
-}
-
-/// An input as our op sees it (tested dtype, device) and as the reference
-/// does (float64 of the same rounded values, CPU).
-struct Input { Tensor ours, ref; };
-
-/// \p values rounded to the tested dtype, stored as \p store (default: the
-/// tested dtype) for our op; both sides are leaves, requiring grad if asked.
-Input input(const Ctx &c, const Tensor &values, bool grad, std::optional<torch::ScalarType> store = std::nullopt) {
-  Tensor rounded = values.to(c.dtype);
-  return {rounded.to(c.device, store.value_or(c.dtype)).detach().requires_grad_(grad),
-          rounded.to(f64).detach().requires_grad_(grad)};
-}
-
-template <typename T> std::string str(const T &sizes) {
-  std::ostringstream os;
-  os << c10::IntArrayRef(sizes);
-  return os.str();
-}
-
-Tensor indices(const std::vector<int64_t> &v) { return torch::tensor(v, i64); }
-
-/// Backpropagates one random cotangent (rounded to our output's dtype)
-/// through both outputs and adds the gradients of \p inputs as items.
-void backward(Trial &t, const Tensor &ours, const Tensor &ref, std::vector<std::pair<std::string, Input *>> inputs) {
-  if (ours.sizes() == ref.sizes()) {
-    Tensor cot = torch::randn(ref.sizes(), f64).to(ours.scalar_type());
-    ours.backward(cot.to(ours.device()));
-    ref.backward(cot.to(f64));
-  }
-  for (auto &[name, in] : inputs)
-    t.push_back({"grad " + name, in->ours.grad(), in->ref.grad(), true});
-}
-
-/// ||ours - ref|| / ||ref|| and the index of the worst element.
-std::pair<double, std::string> measure(const Tensor &ours, const Tensor &ref) {
-  if (!ours.defined())
-    return {kInf, "no gradient"};
-  if (ours.sizes() != ref.sizes())
-    return {kInf, "shape " + str(ours.sizes()) + ", expected " + str(ref.sizes())};
-  Tensor a = ours.detach().to(torch::kCPU, f64), b = ref.detach().to(f64);
-  Tensor diff = (a - b).abs();
-  diff = torch::where(torch::isfinite(diff), diff, torch::full_like(diff, kInf)); // NaN/Inf never pass
-  std::string where;
-  if (diff.numel() > 0) {
-    int64_t flat = diff.reshape({-1}).argmax().item<int64_t>();
-    std::vector<int64_t> idx(a.dim());
-    for (int64_t d = a.dim() - 1; d >= 0; flat /= a.size(d), --d)
-      idx[d] = flat % a.size(d);
-    where = str(idx);
-  }
-  if (!torch::isfinite(a).all().item<bool>())
-    return {kInf, where + " (non-finite output)"};
-  double num = diff.norm().item<double>(), den = b.norm().item<double>();
-  if (!std::isfinite(num))
-    return {kInf, where};
-  return {num == 0.0 ? 0.0 : num / std::max(den, 1e-300), where};
-}
 
 //===-- rms_norm ----------------------------------------------------------===//
 
@@ -551,8 +479,6 @@ Trial gatedTrial(const Ctx &c, int64_t N, int64_t I, bool interleaved, bool clam
 
 //===-- the registry, runner and records ----------------------------------===//
 
-using Note = std::function<std::string(torch::ScalarType, torch::Device)>; ///< dtype/device-dependent shape detail
-struct Check { std::string id, shape; std::function<Trial(const Ctx &)> run; Note note; };
 struct Result {
   std::string id, dtype, shape;
   int64_t seed;
@@ -610,14 +536,9 @@ Result runTrial(const Check &check, torch::ScalarType dtype, torch::Device devic
 std::vector<Check> registry() {
   std::vector<Check> all;
   auto add = [&](std::string id, std::string shape, std::function<Trial(const Ctx &)> fn, Note note = {}) {
-    all.push_back({std::move(id), std::move(shape), std::move(fn), std::move(note)});
+    addCheck(all, std::move(id), std::move(shape), std::move(fn), std::move(note));
   };
-  auto S = [](std::initializer_list<std::pair<const char *, int64_t>> dims) {
-    std::string s;
-    for (auto &[k, v] : dims)
-      s += (s.empty() ? "" : " ") + std::string(k) + std::to_string(v);
-    return s;
-  };
+  auto S = shapeText;
   using Shapes = std::vector<std::array<int64_t, 3>>;
 
   for (bool weight : {true, false})
@@ -737,6 +658,9 @@ std::vector<Check> registry() {
       for (auto [N, I] : std::vector<std::array<int64_t, 2>>{{7, 10}, {13, 17}})
         add(std::string(clamped ? "clamped_swiglu" : "swiglu") + (interleaved ? ".interleaved" : ".concat"),
             S({{"N", N}, {"I", I}}), [=](const Ctx &c) { return gatedTrial(c, N, I, interleaved, clamped); });
+  addLinearAttentionChecks(all);
+  addSparseAttentionChecks(all);
+  addVisionChecks(all);
   return all;
 }
 
