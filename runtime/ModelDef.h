@@ -35,8 +35,33 @@ struct RopeDef {
   double lowFreqFactor = 1.0, highFreqFactor = 4.0; ///< llama3.
 };
 
-/// Which attention computation a layer uses.
-enum class AttentionKind { Gqa, Mla };
+/// Which token mixer a layer uses.
+enum class AttentionKind {
+  Gqa,           ///< Softmax attention, GQA/MHA (optionally output-gated: Qwen3-Next).
+  Mla,           ///< DeepSeek's multi-head latent attention.
+  GatedDeltaNet, ///< Qwen3-Next's gated delta rule (AttentionDef::linear).
+  KimiDelta,     ///< Kimi-Linear's delta attention, per-channel decay (AttentionDef::linear).
+  Lightning,     ///< MiniMax-M1's decayed linear attention in blocks (AttentionDef::linear).
+  SparseMla,     ///< DeepSeek sparse attention: indexer + top-k + MLA (AttentionDef::indexer).
+};
+
+/// Linear attention of one layer: a per-head recurrent state instead of a
+/// KV cache, trained in chunks. Shared by GatedDeltaNet, KimiDelta and
+/// Lightning; each kind documents the fields it reads.
+struct LinearAttentionDef {
+  int64_t keyHeads = 0, valueHeads = 0;
+  int64_t keyHeadDim = 0, valueHeadDim = 0;
+  int64_t convKernel = 0;  ///< Short causal depthwise convolution width (0: none).
+  int64_t chunkSize = 64;  ///< Chunk length of the chunked training form.
+  // -- linear attention kind-specific fields below (one block per kind) --
+};
+
+/// DeepSeek sparse attention's lightning indexer: which keys each query sees.
+struct SparseIndexerDef {
+  int64_t heads = 0, headDim = 0;
+  int64_t topK = 0;        ///< Keys kept per query.
+  // -- indexer-specific fields below --
+};
 
 /// One attention layer: GQA/MHA (with QK-norm, biases, sinks, windows) or
 /// DeepSeek's multi-head latent attention.
@@ -60,6 +85,10 @@ struct AttentionDef {
   // MLA.
   int64_t qLoraRank = 0, kvLoraRank = 0, qkNopeDim = 0, qkRopeDim = 0;
   RopeDef rope;
+  /// Qwen3-Next: q_proj also yields a per-head gate; out *= sigmoid(gate).
+  bool outputGate = false;
+  LinearAttentionDef linear;  ///< GatedDeltaNet, KimiDelta, Lightning.
+  SparseIndexerDef indexer;   ///< SparseMla.
   /// Role -> checkpoint name: q_proj, k_proj, v_proj, o_proj (+ ".bias"),
   /// q_norm, k_norm, sinks; MLA: q_a_proj, q_a_layernorm, q_b_proj,
   /// kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj.
@@ -113,6 +142,9 @@ struct LayerDef {
   /// "model.layers.3." The FFN's module is "mlp." there in every family.
   std::string hfPrefix;
   std::string hfAttention = "self_attn.", hfFfn = "mlp.";
+  /// Residual scaling (MiniMax-M1 with postnorm false): h = alpha * h + beta * f(norm(h)); 1, 1 otherwise.
+  double attentionResidualAlpha = 1.0, attentionResidualBeta = 1.0;
+  double ffnResidualAlpha = 1.0, ffnResidualBeta = 1.0;
 };
 
 /// The LoRA adapters: settings, and the modules that get them.
@@ -140,6 +172,8 @@ struct ModelDef {
   double normEps = 1e-6;
   bool tieEmbeddings = false;
   std::string embedding, finalNorm, lmHead; ///< Weight names.
+  /// Zero-centred RMSNorm weights (Qwen3-Next): the scale is 1 + weight.
+  bool normWeightOffset = false;
   std::vector<LayerDef> layers;
   LoraDef lora;
 };
