@@ -169,6 +169,12 @@ struct GapAnalysisPass : impl::GapAnalysisPassBase<GapAnalysisPass> {
                          ? GapStatus::Supported
                      : entry->forward ? GapStatus::Partial
                                       : GapStatus::Missing;
+        if (entry->status == "excluded") {
+          // Deliberately not run by the training forward: the note says why.
+          gap.status = GapStatus::Excluded;
+          gap.blocks = {};
+          gap.reasons.assign(1, "excluded from training: " + entry->note);
+        }
       }
       op->setAttr("status", b.getStringAttr(gapStatusName(gap.status)));
       op->setAttr("variant", b.getStringAttr(id));

@@ -18,13 +18,15 @@ const char *gapStatusName(GapStatus status) {
     return "partial";
   case GapStatus::Supported:
     return "supported";
+  case GapStatus::Excluded:
+    return "excluded";
   }
   return "missing";
 }
 
 bool GapReport::hasGaps() const {
   for (const ComponentGap &component : components)
-    if (component.status != GapStatus::Supported)
+    if (component.status == GapStatus::Missing || component.status == GapStatus::Partial)
       return true;
   return !manifest.issues.empty();
 }

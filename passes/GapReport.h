@@ -15,10 +15,13 @@
 
 namespace adapt {
 
-/// Support status of one component, worst first.
-enum class GapStatus { Missing, Partial, Supported };
+/// Support status of one component, worst first. Excluded: the training
+/// forward deliberately does not run the component (as the reference
+/// implementation does not) and keeps its weights unchanged, e.g. the
+/// multi-token-prediction heads; not a gap, but shown as such.
+enum class GapStatus { Missing, Partial, Supported, Excluded };
 
-/// "missing", "partial" or "supported".
+/// "missing", "partial", "supported" or "excluded".
 const char *gapStatusName(GapStatus status);
 
 /// What a gap stops a user from doing with the component.

@@ -78,6 +78,7 @@ Result<OpRegistry> parseOpRegistry(const std::string &text,
     entry.parallel = strings(item.value("parallel", json::array()));
     entry.status = item.value("status", "planned");
     entry.tracking = item.value("tracking", "");
+    entry.note = item.value("note", "");
     registry.entries.push_back(std::move(entry));
   }
   return registry;

@@ -24,8 +24,10 @@ struct RegistryEntry {
   bool forward = false;
   bool backward = false;
   std::vector<std::string> dtypes, devices, loraTargets, parallel;
-  std::string status;   ///< validated|implemented|planned
+  /// implemented|planned|excluded (deliberately not run in training).
+  std::string status;
   std::string tracking; ///< where the work is tracked
+  std::string note;     ///< what the entry covers; for excluded: why
 };
 
 /// The registry.

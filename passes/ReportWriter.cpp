@@ -135,7 +135,7 @@ std::vector<const ComponentGap *> worstFirst(const GapReport &report) {
 
 /// Number of components with each status, indexed by GapStatus.
 std::vector<int64_t> statusCounts(const GapReport &report) {
-  std::vector<int64_t> counts(3, 0);
+  std::vector<int64_t> counts(4, 0);
   for (const ComponentGap &component : report.components)
     ++counts[static_cast<size_t>(component.status)];
   return counts;
@@ -341,7 +341,7 @@ std::string renderGapsJson(const GapReport &report) {
   std::vector<int64_t> counts = statusCounts(report);
   Json statusJson = Json::object();
   for (GapStatus status :
-       {GapStatus::Missing, GapStatus::Partial, GapStatus::Supported})
+       {GapStatus::Missing, GapStatus::Partial, GapStatus::Supported, GapStatus::Excluded})
     statusJson[gapStatusName(status)] = counts[static_cast<size_t>(status)];
   root["status_counts"] = statusJson;
 
@@ -468,7 +468,7 @@ std::string renderGapsMarkdown(const GapReport &report) {
           "Blocks | Why |\n|---|---|---|---|---|---:|---|---|\n";
     for (const ComponentGap *c : worstFirst(report)) {
       std::string status = gapStatusName(c->status);
-      if (c->status != GapStatus::Supported)
+      if (c->status == GapStatus::Missing || c->status == GapStatus::Partial)
         status = "**" + status + "**";
       std::string layers = formatLayerRanges(c->layers);
       std::string blocked;

@@ -26,14 +26,14 @@ constexpr size_t kHtmlIssueRows = 1000;
 /// Lists longer than this are folded into a closed <details>.
 constexpr size_t kHtmlFoldRows = 20;
 
-/// The statuses, worst first, for loops over all three.
+/// The statuses, worst first, for loops over all of them.
 constexpr GapStatus kStatuses[] = {GapStatus::Missing, GapStatus::Partial,
-                                   GapStatus::Supported};
+                                   GapStatus::Supported, GapStatus::Excluded};
 
 /// The page's stylesheet: system fonts only, light theme, status colours
 /// shared by badges, layer cells and bars.
 const char *const kHtmlStyle = R"css(
-:root{--missing:#cf222e;--partial:#d4a72c;--supported:#2da44e;
+:root{--missing:#cf222e;--partial:#d4a72c;--supported:#2da44e;--excluded:#8c959f;
 --none:#d0d7de;--ink:#1f2328;--muted:#59636e;--line:#d1d9e0;
 --panel:#f6f8fa}
 *{box-sizing:border-box}
@@ -59,6 +59,7 @@ line-height:20px}
 .badge.missing{background:var(--missing)}
 .badge.partial{background:var(--partial);color:#3b2300}
 .badge.supported{background:var(--supported)}
+.badge.excluded{background:var(--excluded)}
 .badge.small{font-size:11px;padding:0 7px;line-height:18px;
 margin:3px 2px 0 0}
 .badge.zero{opacity:.35}
@@ -85,6 +86,7 @@ margin-right:6px;vertical-align:-1px}
 .missing-bg{background:var(--missing)}
 .partial-bg{background:var(--partial)}
 .supported-bg{background:var(--supported)}
+.excluded-bg{background:var(--excluded)}
 .none-bg{background:#f0f2f4}
 .layers{display:grid;gap:2px;align-items:center}
 .layers .name{font-size:12px;white-space:nowrap;overflow:hidden;
@@ -443,7 +445,7 @@ std::string htmlParameters(const GapReport &report) {
                        kPalette[i % std::size(kPalette)]);
   std::string html = "<h2>Parameters</h2>\n<h3>By component kind</h3>\n" +
                      htmlStackedBar(parts);
-  std::vector<int64_t> byStatus(3, 0);
+  std::vector<int64_t> byStatus(std::size(kStatuses), 0);
   for (const ComponentGap &c : report.components)
     byStatus[static_cast<size_t>(c.status)] += c.parameters;
   parts.clear();

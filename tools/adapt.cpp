@@ -292,6 +292,8 @@ void summarise(GapReport &report) {
                    std::to_string(counts[GapStatus::Supported]) + " supported, " +
                    std::to_string(counts[GapStatus::Partial]) + " partial, " +
                    std::to_string(counts[GapStatus::Missing]) + " missing";
+  if (counts[GapStatus::Excluded])
+    report.summary += ", " + std::to_string(counts[GapStatus::Excluded]) + " excluded from training";
   if (report.manifest.checked)
     report.summary += "; manifest: " +
                       std::to_string(report.manifest.issues.size()) + " issues";

@@ -86,7 +86,7 @@ class EveryModel(unittest.TestCase):
                 self.assertIsNotNone(report)
                 self.assertGreater(len(report["components"]), 3)
                 for c in report["components"]:
-                    self.assertIn(c["status"], ("supported", "partial", "missing"))
+                    self.assertIn(c["status"], ("supported", "partial", "missing", "excluded"))
 
     def test_totals_match_published_figures(self):
         for model, (total, total_part, active, active_part) in PUBLISHED.items():
@@ -111,6 +111,17 @@ class EveryModel(unittest.TestCase):
     def test_unknown_keys_are_reported_not_dropped(self):
         keys = [k["path"] for k in self.reports["Hunyuan-A13B"][1]["unknown_config_keys"]]
         self.assertIn("cla_share_factor", keys)
+
+    def test_mtp_heads_are_excluded_from_training_not_gaps(self):
+        # DeepSeek-V3's MTP layer is shown, counted and explained, but as
+        # "excluded" (the training forward does not run it), so the model
+        # has no gaps.
+        proc, report = self.reports["DeepSeek-V3-Base"]
+        mtp = [c for c in report["components"] if c["op"] == "adapt.mtp"]
+        self.assertEqual([c["status"] for c in mtp], ["excluded"])
+        self.assertIn("merge", " ".join(mtp[0]["reasons"]))
+        self.assertEqual(report["status_counts"]["excluded"], 1)
+        self.assertEqual(proc.returncode, 0, report["summary"])
 
     def test_mtp_absent_from_a_pruned_checkpoint_is_a_note(self):
         notes = " ".join(self.reports["Qwen3.5-25B-REAP-A3B"][1]["notes"])
