@@ -1,0 +1,84 @@
+//===- Recompute.cpp - selective activation recomputation -----------------===//
+
+#include "runtime/Recompute.h"
+
+#include <ATen/core/Generator.h>
+#include <torch/custom_class.h>
+
+#include <mutex>
+
+namespace adapt::rt {
+namespace {
+
+/// Keeps the recomputed function alive as long as the graph node needs it.
+struct FunctionHolder : torch::CustomClassHolder {
+  explicit FunctionHolder(RecomputedFunction f) : fn(std::move(f)) {}
+  RecomputedFunction fn;
+};
+
+/// The generator dropout draws from on \p device.
+at::Generator generatorOf(const torch::Device &device) {
+  return at::globalContext().defaultGenerator(device);
+}
+
+torch::Tensor generatorState(const torch::Device &device) {
+  at::Generator gen = generatorOf(device);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  return gen.get_state();
+}
+
+void setGeneratorState(const torch::Device &device, const torch::Tensor &state) {
+  at::Generator gen = generatorOf(device);
+  std::lock_guard<std::mutex> lock(gen.mutex());
+  gen.set_state(state);
+}
+
+/// The autograd node: forward without a graph, backward by recomputing.
+/// \p always is an empty tensor that requires grad, so the node is recorded
+/// even when x does not require grad but the function's adapters do.
+struct RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext *ctx, torch::Tensor x, torch::Tensor always,
+                               c10::intrusive_ptr<FunctionHolder> holder) {
+    (void)always;
+    ctx->saved_data["rng"] = generatorState(x.device());
+    torch::Tensor y;
+    {
+      torch::NoGradGuard noGrad;
+      y = holder->fn(x);
+    }
+    ctx->save_for_backward({x});
+    ctx->saved_data["fn"] = c10::IValue::make_capsule(holder);
+    return y;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
+                                                 torch::autograd::variable_list gradOutputs) {
+    torch::Tensor x = ctx->get_saved_variables()[0];
+    auto holder = c10::static_intrusive_pointer_cast<FunctionHolder>(ctx->saved_data["fn"].toCapsule());
+    torch::Tensor current = generatorState(x.device());
+    setGeneratorState(x.device(), ctx->saved_data["rng"].toTensor());
+    torch::Tensor input = x.detach().requires_grad_(x.requires_grad());
+    torch::Tensor y;
+    {
+      torch::AutoGradMode enable(true);
+      y = holder->fn(input);
+    }
+    setGeneratorState(x.device(), current);
+    // Accumulates into every captured adapter's .grad, and into input.grad.
+    if (y.requires_grad())
+      torch::autograd::backward({y}, {gradOutputs[0]});
+    torch::Tensor gradX = input.requires_grad() ? input.grad() : torch::Tensor();
+    return {gradX, torch::Tensor(), torch::Tensor()};
+  }
+};
+
+} // namespace
+
+torch::Tensor recompute(const RecomputedFunction &fn, const torch::Tensor &x) {
+  if (!torch::GradMode::is_enabled())
+    return fn(x);
+  static thread_local torch::Tensor always = torch::empty({0}).requires_grad_();
+  return RecomputeFunction::apply(x, always, c10::make_intrusive<FunctionHolder>(fn));
+}
+
+} // namespace adapt::rt

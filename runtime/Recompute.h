@@ -1,0 +1,34 @@
+//===- Recompute.h - selective activation recomputation ---------*- C++ -*-===//
+//
+// Long contexts run out of memory on saved activations, not on weights: a
+// layer's attention/FFN intermediates grow with the sequence. recompute()
+// runs a function without recording its graph, keeps only its input, and
+// runs it again inside the backward pass to get the gradients, trading one
+// extra forward of that function for its activations (what Megatron calls
+// selective recomputation when it is applied to the memory-heavy parts).
+//
+//===----------------------------------------------------------------------===//
+#ifndef ADAPT_RUNTIME_RECOMPUTE_H
+#define ADAPT_RUNTIME_RECOMPUTE_H
+
+#include <torch/torch.h>
+
+#include <functional>
+
+namespace adapt::rt {
+
+/// A function of one tensor whose other inputs (frozen weights, adapters)
+/// it captures; adapters that require grad get their gradients accumulated
+/// when the backward pass reaches the recomputed function.
+using RecomputedFunction = std::function<torch::Tensor(const torch::Tensor &)>;
+
+/// fn(x) with the same value and the same gradients (for x and for every
+/// tensor fn captures), holding only x between forward and backward. The
+/// random generator state of x's device is saved and restored around the
+/// recomputation, so dropout draws the same mask twice. Without grad mode,
+/// or when nothing needs a gradient, it is fn(x).
+torch::Tensor recompute(const RecomputedFunction &fn, const torch::Tensor &x);
+
+} // namespace adapt::rt
+
+#endif // ADAPT_RUNTIME_RECOMPUTE_H
