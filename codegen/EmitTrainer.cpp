@@ -198,6 +198,7 @@ public:
     line("d.postAttentionNorm = " + name(layer.postAttentionNorm) + ";");
     if (!writeAttention(error) || !writeFfn(error))
       return false;
+    writeResiduals();
     line("return d;");
     return true;
   }
@@ -239,7 +240,199 @@ private:
     line("};");
   }
 
+  /// Linear attention: Qwen3-Next's Gated DeltaNet.
+  bool writeLinearAttention(LinearAttentionOp l, std::string &error) {
+    if (l.getKind() != "gated_delta_rule") {
+      error = "layer " + std::to_string(layer.index) + " uses linear attention (" + l.getKind().str() +
+              "), which the runtime's ModelDef cannot express yet (gated_delta_rule only)";
+      return false;
+    }
+    if (l.getValueHeads() % l.getKeyHeads() != 0 || l.getConvKernel() <= 0) {
+      error = "layer " + std::to_string(layer.index) +
+              ": gated delta rule needs value heads a multiple of key heads and a convolution width";
+      return false;
+    }
+    static const std::set<std::string> roles = {"in_proj_qkvz", "in_proj_ba", "conv1d", "dt_bias",
+                                                 "A_log",        "norm",       "out_proj"};
+    line("rt::AttentionDef &a = d.attention;");
+    set("a.kind", "rt::AttentionKind::GatedDeltaNet");
+    setInt("a.linear.keyHeads", l.getKeyHeads());
+    setInt("a.linear.valueHeads", l.getValueHeads());
+    setInt("a.linear.keyHeadDim", l.getKeyHeadDim());
+    setInt("a.linear.valueHeadDim", l.getValueHeadDim());
+    setInt("a.linear.convKernel", l.getConvKernel());
+    std::vector<std::pair<std::string, std::string>> weights;
+    for (const RoleName &w : weightsOf(l, symbols)) {
+      if (!roles.count(w.first)) {
+        error = "layer " + std::to_string(layer.index) + ": linear attention weight " + w.second + " (role " +
+                w.first + ") has no ModelDef role (Qwen3.5's split in_proj_qkv/z/b/a is not supported yet)";
+        return false;
+      }
+      weights.push_back({w.first, w.second});
+      if (hfAttention.empty()) {
+        std::string local = w.second.substr(prefix.size());
+        hfAttention = local.substr(0, local.find('.') + 1);
+      }
+    }
+    writeWeights("a.weights", weights);
+    if (hfAttention != "self_attn." && !hfAttention.empty())
+      set("d.hfAttention", quote(hfAttention));
+    summaryText = "gated delta rule " + std::to_string(l.getKeyHeads()) + " key / " +
+                  std::to_string(l.getValueHeads()) + " value heads";
+    shapeName = "deltaNet";
+    return true;
+  }
+
+  /// Linear attention: MiniMax's lightning attention (AttentionKind::Lightning).
+  bool writeLightning(LinearAttentionOp l, std::string &error) {
+    const std::string where = "layer " + std::to_string(layer.index) + ": lightning attention";
+    if (l.getKeyHeads() != l.getValueHeads() || l.getKeyHeadDim() != l.getValueHeadDim()) {
+      error = where + " needs equal key and value heads and head dims";
+      return false;
+    }
+    static const std::set<std::string> roles = {"qkv_proj", "output_gate", "norm", "out_proj"};
+    std::vector<std::pair<std::string, std::string>> weights;
+    for (const RoleName &w : weightsOf(l, symbols)) {
+      if (!roles.count(w.first)) {
+        error = where + " weight " + w.second + " (role " + w.first + ") has no ModelDef role";
+        return false;
+      }
+      weights.push_back({w.first, w.second});
+    }
+    // The decay slopes scale with layer / (num_hidden_layers - 1).
+    int64_t decoderLayers = 0;
+    if (auto model = l->getParentOfType<ModelOp>())
+      for (Operation &op : model.getBody().front())
+        if (isa<AttentionOp, SparseAttentionOp, LinearAttentionOp>(op))
+          ++decoderLayers;
+    const int64_t heads = l.getKeyHeads(), dim = l.getKeyHeadDim();
+    const int64_t block = l.getBlockSize() > 0 ? l.getBlockSize() : 256;
+    line("rt::AttentionDef &a = d.attention;");
+    set("a.kind", "rt::AttentionKind::Lightning");
+    setInt("a.heads", heads);
+    setInt("a.kvHeads", heads);
+    setInt("a.headDim", dim);
+    setInt("a.vHeadDim", dim);
+    set("a.rope.enabled", "false");
+    setTrue("a.outputGate", l.getOutputGate());
+    setInt("a.linear.keyHeads", heads);
+    setInt("a.linear.valueHeads", heads);
+    setInt("a.linear.keyHeadDim", dim);
+    setInt("a.linear.valueHeadDim", dim);
+    setInt("a.linear.chunkSize", block);
+    setInt("a.linear.decayLayers", decoderLayers);
+    writeWeights("a.weights", weights);
+    summaryText = "lightning attention " + std::to_string(heads) + " heads, block " + std::to_string(block);
+    shapeName = "lightning";
+    return true;
+  }
+
+  /// MiniMax's scaled residuals (alpha * residual + beta * sublayer) and
+  /// postnorm (the residual is the normalised input), read off the
+  /// residual adds that consume this layer's mixer and FFN.
+  void writeResiduals() {
+    bool normed = false;
+    auto scan = [&](Operation *op, const char *alphaField, const char *betaField) {
+      if (!op || op->getNumResults() != 1)
+        return;
+      for (Operation *user : op->getResult(0).getUsers()) {
+        auto add = llvm::dyn_cast<AddOp>(user);
+        if (!add || add.getRhs() != op->getResult(0))
+          continue;
+        double alpha = add.getResidualAlpha().convertToDouble();
+        double beta = add.getResidualBeta().convertToDouble();
+        if (alpha != 1.0)
+          setDouble(alphaField, alpha);
+        if (beta != 1.0)
+          setDouble(betaField, beta);
+        normed |= llvm::isa_and_nonnull<RMSNormOp>(add.getLhs().getDefiningOp());
+      }
+    };
+    scan(layer.mixer, "d.attentionResidualAlpha", "d.attentionResidualBeta");
+    scan(layer.ffn, "d.ffnResidualAlpha", "d.ffnResidualBeta");
+    setTrue("d.normedResidual", normed);
+  }
+
+  /// DeepSeek sparse attention (AttentionKind::SparseMla): MLA with its
+  /// projections and RoPE, plus the lightning indexer.
+  bool writeSparseAttention(SparseAttentionOp s, std::string &error) {
+    const std::string where = "layer " + std::to_string(layer.index) + ": sparse attention";
+    if (s.getQLoraRank() <= 0) {
+      error = where + " needs q_lora_rank > 0 (its indexer reads the query latent)";
+      return false;
+    }
+    if (s.getIndexHeadDim() <= s.getQkRopeHeadDim()) {
+      error = where + " needs index_head_dim > qk_rope_head_dim";
+      return false;
+    }
+    static const std::set<std::string> roles = {
+        "q_a_proj",     "q_a_layernorm", "q_b_proj",      "kv_a_proj_with_mqa", "kv_a_layernorm",
+        "kv_b_proj",    "o_proj",        "o_proj.bias",   "indexer.wq_b",       "indexer.wk",
+        "indexer.k_norm", "indexer.k_norm.bias", "indexer.weights_proj"};
+    std::vector<std::pair<std::string, std::string>> weights;
+    bool oBias = s.getOutBias();
+    for (const RoleName &w : weightsOf(s, symbols)) {
+      if (!roles.count(w.first)) {
+        error = where + " weight " + w.second + " (role " + w.first + ") has no ModelDef role";
+        return false;
+      }
+      oBias |= w.first == "o_proj.bias";
+      weights.push_back({w.first, w.second});
+      if (hfAttention.empty()) {
+        std::string local = w.second.substr(prefix.size());
+        hfAttention = local.substr(0, local.find('.') + 1);
+      }
+    }
+    std::string rope = s.getRope().str();
+    if (rope != "default" && rope != "yarn") {
+      error = where + ": RoPE '" + rope + "' has no ModelDef form here (default or yarn)";
+      return false;
+    }
+    line("rt::AttentionDef &a = d.attention;");
+    set("a.kind", "rt::AttentionKind::SparseMla");
+    setInt("a.heads", s.getNumHeads());
+    setInt("a.kvHeads", s.getNumHeads());
+    setInt("a.headDim", s.getHeadDim());
+    setInt("a.vHeadDim", s.getVHeadDim());
+    setInt("a.qLoraRank", s.getQLoraRank());
+    setInt("a.kvLoraRank", s.getKvLoraRank());
+    setInt("a.qkNopeDim", s.getHeadDim() - s.getQkRopeHeadDim());
+    setInt("a.qkRopeDim", s.getQkRopeHeadDim());
+    setTrue("a.outBias", oBias);
+    double scale = s.getSoftmaxScale().convertToDouble();
+    if (scale != 0)
+      setDouble("a.softmaxScale", scale);
+    setInt("a.rope.rotaryDim", s.getQkRopeHeadDim());
+    setDouble("a.rope.theta", s.getRopeTheta().convertToDouble());
+    setTrue("a.rope.interleaved", s.getRopeInterleaved());
+    if (rope == "yarn") {
+      set("a.rope.scaling", "\"yarn\"");
+      setDouble("a.rope.factor", s.getRopeFactor().convertToDouble());
+      setInt("a.rope.originalMaxPositions", s.getRopeOriginalMaxPositions());
+      setDouble("a.rope.betaFast", s.getRopeBetaFast().convertToDouble());
+      setDouble("a.rope.betaSlow", s.getRopeBetaSlow().convertToDouble());
+      setDouble("a.rope.mscale", s.getRopeMscale().convertToDouble());
+      setDouble("a.rope.mscaleAllDim", s.getRopeMscaleAllDim().convertToDouble());
+      set("a.rope.truncate", s.getRopeTruncate() ? "true" : "false");
+    }
+    setInt("a.indexer.heads", s.getIndexHeads());
+    setInt("a.indexer.headDim", s.getIndexHeadDim());
+    setInt("a.indexer.topK", s.getTopK());
+    setTrue("a.indexer.ropeInterleaved", s.getIndexRopeInterleaved());
+    writeWeights("a.weights", weights);
+    if (hfAttention != "self_attn." && !hfAttention.empty())
+      set("d.hfAttention", quote(hfAttention));
+    summaryText = "sparse MLA " + std::to_string(s.getNumHeads()) + " heads, indexer " +
+                  std::to_string(s.getIndexHeads()) + " heads top-" + std::to_string(s.getTopK());
+    shapeName = "sparse";
+    return true;
+  }
+
   bool writeAttention(std::string &error) {
+    if (auto l = llvm::dyn_cast_or_null<LinearAttentionOp>(layer.mixer))
+      return l.getKind() == "lightning" ? writeLightning(l, error) : writeLinearAttention(l, error);
+    if (auto s = llvm::dyn_cast_or_null<SparseAttentionOp>(layer.mixer))
+      return writeSparseAttention(s, error);
     auto a = llvm::dyn_cast_or_null<AttentionOp>(layer.mixer);
     if (!a) {
       std::string what = layer.mixer ? layer.mixer->getName().getStringRef().str()
@@ -251,9 +444,9 @@ private:
               "and MLA attention only)";
       return false;
     }
-    if (a.getOutputGate()) {
+    if (a.getOutputGate() && a.getKind() == "mla") {
       error = "layer " + std::to_string(layer.index) +
-              " has a gated attention output (output_gate), which the "
+              " has a gated MLA output (output_gate), which the "
               "runtime's ModelDef cannot express";
       return false;
     }
@@ -268,6 +461,7 @@ private:
     if (a.getQkNorm())
       set("a.qkNorm", quote(a.getQkNormKind().str()));
     setTrue("a.qkvBias", a.getQkvBias());
+    setTrue("a.outputGate", a.getOutputGate());
     std::vector<std::pair<std::string, std::string>> weights;
     bool oBias = a.getOutBias();
     for (const RoleName &w : weightsOf(a, symbols)) {
@@ -337,9 +531,14 @@ private:
         setDouble("a.rope.lowFreqFactor", a.getRopeLowFreqFactor().convertToDouble());
         setDouble("a.rope.highFreqFactor", a.getRopeHighFreqFactor().convertToDouble());
       } else if (rope == "mrope") {
-        // Text-only training gives every M-RoPE section the same position,
-        // which makes it plain RoPE.
-        line("// M-RoPE: text positions are equal in every section: plain RoPE.");
+        // Interleaved M-RoPE: image tokens rotate by (t, h, w) positions;
+        // text-only batches give all three the same, which is plain RoPE.
+        if (auto section = a.getMropeSection()) {
+          std::string list;
+          for (int64_t s : *section)
+            list += (list.empty() ? "" : ", ") + std::to_string(s);
+          set("a.rope.mropeSection", "{" + list + "}");
+        }
       } else if (rope != "default" && rope != "ntk_alpha") {
         // No ModelDef form (dynamic NTK, mrope, ...): named, so the runtime
         // refuses it rather than silently using plain RoPE.
@@ -361,7 +560,10 @@ private:
     shapeName = window == "sliding" ? "sliding"
                 : window == "chunked" ? "chunked"
                 : rope == "none"      ? "nope"
+                : a.getOutputGate()   ? "gated"
                                       : "";
+    if (a.getOutputGate())
+      summaryText += ", gated output";
     return true;
   }
 
@@ -542,6 +744,42 @@ std::string emitLayerList(const std::vector<int> &ids,
   return out;
 }
 
+/// ModelDef.vision for a Qwen3-VL vision tower: its shape from the encoder's
+/// attributes, its checkpoint prefix from the patch embedding's name.
+std::string emitVision(EncoderOp enc, const std::vector<RoleName> &weights) {
+  std::string prefix = "model.visual.";
+  const std::string suffix = "patch_embed.proj.weight";
+  for (const RoleName &w : weights)
+    if (w.first == "patch_embed" && w.second.size() >= suffix.size())
+      prefix = w.second.substr(0, w.second.size() - suffix.size());
+  std::ostringstream os;
+  auto set = [&](const std::string &field, const std::string &value) {
+    os << "  m.vision." << field << " = " << value << ";\n";
+  };
+  os << "  // The " << enc.getEncoderType().str() << " vision tower (runtime/Vision.h).\n";
+  set("depth", std::to_string(enc.getDepth()));
+  set("hidden", std::to_string(enc.getWidth()));
+  set("heads", std::to_string(enc.getNumHeads()));
+  set("intermediate", std::to_string(enc.getIntermediate()));
+  set("patchSize", std::to_string(enc.getPatchSize()));
+  set("temporalPatch", std::to_string(enc.getTemporalPatch()));
+  set("inChannels", std::to_string(enc.getInChannels()));
+  set("spatialMerge", std::to_string(enc.getSpatialMerge()));
+  set("numPositions", std::to_string(enc.getNumPositions()));
+  set("outHidden", std::to_string(enc.getOutWidth()));
+  std::string layers;
+  if (auto deepstack = enc.getDeepstackLayers())
+    for (int64_t l : *deepstack)
+      layers += (layers.empty() ? "" : ", ") + std::to_string(l);
+  set("deepstackLayers", "{" + layers + "}");
+  if (!enc.getActivation().empty())
+    set("act", quote(enc.getActivation().str()));
+  set("ropeTheta", formatDouble(enc.getRopeTheta().convertToDouble()));
+  set("imageTokenId", std::to_string(enc.getImageTokenId()));
+  set("prefix", quote(prefix));
+  return os.str();
+}
+
 std::string cmakeProjectName(const std::string &family) {
   std::string out = "adapt_trainer_";
   for (char c : family)
@@ -572,9 +810,10 @@ bool emitTrainer(ModuleOp module, const TrainerOptions &options,
   std::map<int64_t, LayerOps> layers;
   std::string embedding, finalNorm, lmHead;
   double normEps = 1e-6;
-  bool tied = false;
+  bool tied = false, zeroCentredNorms = false;
   int64_t mtpLayers = 0;
   std::vector<std::string> encoders;
+  std::string visionText; ///< ModelDef.vision assignments (Qwen3-VL's tower).
   for (Operation &op : model.getBody().front()) {
     auto layerAttr = op.getAttrOfType<IntegerAttr>("layer");
     int64_t layer = layerAttr ? layerAttr.getInt() : -1;
@@ -586,6 +825,7 @@ bool emitTrainer(ModuleOp module, const TrainerOptions &options,
     } else if (auto n = dyn_cast<RMSNormOp>(op)) {
       if (weights.empty())
         continue;
+      zeroCentredNorms |= n.getZeroCentred();
       if (layer < 0) {
         finalNorm = weights.front().second;
         normEps = n.getEps().convertToDouble();
@@ -610,7 +850,10 @@ bool emitTrainer(ModuleOp module, const TrainerOptions &options,
     } else if (isa<MTPOp>(op)) {
       ++mtpLayers;
     } else if (auto enc = dyn_cast<EncoderOp>(op)) {
-      encoders.push_back(enc.getModality().str());
+      if (enc.getModality() == "vision" && enc.getEncoderType().starts_with("qwen3_vl"))
+        visionText = emitVision(enc, weights);
+      else
+        encoders.push_back(enc.getModality().str());
     } else if (isa<UnmappedOp, GenericComponentOp>(op)) {
       error = "the model has imported operators (" +
               op.getName().getStringRef().str() +
@@ -722,6 +965,7 @@ bool emitTrainer(ModuleOp module, const TrainerOptions &options,
      << "  m.hidden = " << model.getHidden() << ";\n"
      << "  m.normEps = " << formatDouble(normEps) << ";\n"
      << "  m.tieEmbeddings = " << (tied ? "true" : "false") << ";\n"
+     << (zeroCentredNorms ? "  m.normWeightOffset = true; // RMSNorm scales by 1 + weight\n" : "")
      << "  m.embedding = " << quote(embedding) << ";\n"
      << "  m.finalNorm = " << quote(finalNorm) << ";\n"
      << "  m.lmHead = " << quote(lmHead) << ";\n"
@@ -732,6 +976,7 @@ bool emitTrainer(ModuleOp module, const TrainerOptions &options,
      << "  m.lora.router = " << (router ? "true" : "false") << ";\n"
      << "  m.lora.targets = {" << targetList << "};\n"
      << "  m.lora.modules = {" << moduleList << (moduleList.empty() ? "" : "\n  ") << "};\n"
+     << visionText
      << emitLayerList(ids, helpers, indices)
      << "  return m;\n}\n\n"
      << "int main(int argc, char **argv) {\n"

@@ -58,7 +58,15 @@ def Adapt_OutputOp : Adapt_Op<"output", [HasParent<"ModelOp">]> {
 
 def Adapt_AddOp : Adapt_Op<"add", [Pure, SameOperandsAndResultType]> {
   let summary = "Residual connection";
-  let arguments = (ins AnyRankedTensor:$lhs, AnyRankedTensor:$rhs);
+  let description = [{
+    result = residual_alpha * lhs + residual_beta * rhs: lhs is the residual,
+    rhs the sublayer's output. MiniMax scales both (layernorm_*_alpha/beta);
+    with MiniMax-M1's postnorm the residual lhs is the sublayer's normalised
+    input rather than the layer input.
+  }];
+  let arguments = (ins AnyRankedTensor:$lhs, AnyRankedTensor:$rhs,
+                   DefaultValuedAttr<F64Attr, "1.0">:$residual_alpha,
+                   DefaultValuedAttr<F64Attr, "1.0">:$residual_beta);
   let results = (outs AnyRankedTensor:$result);
   let assemblyFormat = "$lhs `,` $rhs attr-dict `:` type($result)";
 }
@@ -87,8 +95,11 @@ def Adapt_EmbeddingOp : Adapt_ComponentOp<"embedding", (ins)> {
 }
 
 def Adapt_RMSNormOp : Adapt_ComponentOp<"rms_norm",
-    (ins DefaultValuedAttr<F64Attr, "1e-6">:$eps)> {
+    (ins DefaultValuedAttr<F64Attr, "1e-6">:$eps, UnitAttr:$zero_centred)> {
   let summary = "RMS normalisation with a learned scale";
+  let description = [{
+    y = x / rms(x) * w, or with `zero_centred` (Qwen3-Next) y = x / rms(x) * (1 + w).
+  }];
 }
 
 def Adapt_AttentionOp : Adapt_ComponentOp<"attention", (ins
@@ -120,7 +131,9 @@ def Adapt_AttentionOp : Adapt_ComponentOp<"attention", (ins
     DefaultValuedAttr<F64Attr, "0.0">:$softmax_scale,
     UnitAttr:$temperature_tuning,
     DefaultValuedAttr<F64Attr, "8192.0">:$floor_scale,
-    DefaultValuedAttr<F64Attr, "0.1">:$attn_scale)> {
+    DefaultValuedAttr<F64Attr, "0.1">:$attn_scale,
+    // M-RoPE (rope = mrope): frequencies per position axis (t, h, w).
+    OptionalAttr<DenseI64ArrayAttr>:$mrope_section)> {
   let summary = "Softmax attention: MHA, GQA or MLA";
   let description = [{
     `kind` is `mha`, `gqa` or `mla`. GQA: q_proj is
@@ -148,12 +161,31 @@ def Adapt_SparseAttentionOp : Adapt_ComponentOp<"sparse_attention", (ins
     PositiveI64Attr:$kv_lora_rank, PositiveI64Attr:$qk_rope_head_dim,
     StrAttr:$rope,
     PositiveI64Attr:$index_heads, PositiveI64Attr:$index_head_dim,
-    PositiveI64Attr:$top_k)> {
+    PositiveI64Attr:$top_k,
+    // MLA's rotary embedding, as adapt.attention spells it.
+    DefaultValuedAttr<F64Attr, "10000.0">:$rope_theta,
+    UnitAttr:$rope_interleaved,
+    DefaultValuedAttr<F64Attr, "1.0">:$rope_factor,
+    DefaultValuedAttr<NonNegativeI64Attr, "0">:$rope_original_max_positions,
+    DefaultValuedAttr<F64Attr, "32.0">:$rope_beta_fast,
+    DefaultValuedAttr<F64Attr, "1.0">:$rope_beta_slow,
+    DefaultValuedAttr<F64Attr, "1.0">:$rope_mscale,
+    DefaultValuedAttr<F64Attr, "0.0">:$rope_mscale_all_dim,
+    DefaultValuedAttr<BoolAttr, "true">:$rope_truncate,
+    DefaultValuedAttr<F64Attr, "0.0">:$softmax_scale,
+    UnitAttr:$out_bias,
+    // The indexer rotates adjacent pairs (GLM-5) instead of halves (DeepSeek-V3.2).
+    UnitAttr:$index_rope_interleaved)> {
   let summary = "DeepSeek sparse attention: lightning indexer, top-k, MLA";
   let description = [{
     Each query attends to the `top_k` keys its indexer scores highest:
     out = MLA(q, K[topk(indexer(q, K))]). The indexer's wq_b is
-    [index_heads * index_head_dim, q_lora_rank].
+    [index_heads * index_head_dim, q_lora_rank]; its scores are
+    sum_h w_h relu(q_h . k / sqrt(index_head_dim)) with w = weights_proj(x) /
+    sqrt(index_heads), k = LayerNorm(wk x), RoPE on the first
+    qk_rope_head_dim dims of q and k (pairs when `index_rope_interleaved`,
+    else halves). MLA's RoPE attributes mean what adapt.attention's do;
+    `softmax_scale` 0 means 1/sqrt(head_dim).
   }];
   let hasVerifier = 1;
 }
@@ -163,12 +195,15 @@ def Adapt_LinearAttentionOp : Adapt_ComponentOp<"linear_attention", (ins
     PositiveI64Attr:$key_heads, PositiveI64Attr:$value_heads,
     PositiveI64Attr:$key_head_dim, PositiveI64Attr:$value_head_dim,
     DefaultValuedAttr<NonNegativeI64Attr, "0">:$conv_kernel,
-    UnitAttr:$output_gate)> {
+    UnitAttr:$output_gate,
+    DefaultValuedAttr<NonNegativeI64Attr, "0">:$block_size)> {
   let summary = "Linear attention: gated delta rule, Kimi delta, lightning";
   let description = [{
     `kind` is `gated_delta_rule` (S_t = a_t S_{t-1}(I - b_t k_t k_t^T) +
     b_t v_t k_t^T), `kimi_delta` (the same with per-channel decay) or
-    `lightning` (decayed linear attention in blocks).
+    `lightning` (decayed linear attention in blocks of `block_size` tokens:
+    S_t = exp(-s_h) S_{t-1} + k_t^T v_t, o_t = q_t S_t, with per-head decay
+    rates s_h from the head count and the layer index).
   }];
   let hasVerifier = 1;
 }
@@ -220,8 +255,26 @@ def Adapt_MTPOp : Adapt_ComponentOp<"mtp", (ins PositiveI64Attr:$depth)> {
 def Adapt_EncoderOp : Adapt_ComponentOp<"encoder", (ins
     StrAttr:$modality, StrAttr:$encoder_type, PositiveI64Attr:$depth,
     PositiveI64Attr:$width, PositiveI64Attr:$num_heads,
-    PositiveI64Attr:$intermediate)> {
-  let summary = "Encoder of another modality (vision, audio), coarse";
+    PositiveI64Attr:$intermediate,
+    // What code generation needs to build the vision tower (VisionDef).
+    DefaultValuedAttr<NonNegativeI64Attr, "0">:$patch_size,
+    DefaultValuedAttr<NonNegativeI64Attr, "1">:$temporal_patch,
+    DefaultValuedAttr<NonNegativeI64Attr, "3">:$in_channels,
+    DefaultValuedAttr<NonNegativeI64Attr, "1">:$spatial_merge,
+    DefaultValuedAttr<NonNegativeI64Attr, "0">:$num_positions,
+    DefaultValuedAttr<NonNegativeI64Attr, "0">:$out_width,
+    OptionalAttr<DenseI64ArrayAttr>:$deepstack_layers,
+    DefaultValuedAttr<StrAttr, "\"\"">:$activation,
+    DefaultValuedAttr<I64Attr, "-1">:$image_token_id,
+    DefaultValuedAttr<F64Attr, "10000.0">:$rope_theta)> {
+  let summary = "Encoder of another modality (vision, audio)";
+  let description = [{
+    Vision (Qwen3-VL): `patch_size` x `patch_size` x `temporal_patch` patches
+    of `in_channels`, `num_positions` learned position embeddings,
+    `spatial_merge`^2 patches merged into `out_width`, deepstack mergers after
+    the blocks in `deepstack_layers`, block MLP `activation`, 2-D RoPE base
+    `rope_theta`; merged features replace the `image_token_id` tokens.
+  }];
 }
 
 def Adapt_LMHeadOp : Adapt_ComponentOp<"lm_head", (ins UnitAttr:$tied)> {

@@ -136,6 +136,8 @@ LinearAttentionOp::verifySymbolUses(SymbolTableCollection &symbols) {
   if (getKind() == "lightning")
     return success(
         succeeded(expectWeightShape(*this, *w, "qkv_proj", {3 * valueDim, h})) &&
+        succeeded(expectWeightShape(*this, *w, "output_gate", {valueDim, h})) &&
+        succeeded(expectWeightShape(*this, *w, "norm", {valueDim})) &&
         succeeded(expectWeightShape(*this, *w, "out_proj", {h, valueDim})));
   if (getKind() == "gated_delta_rule")
     return success(
@@ -167,9 +169,11 @@ LogicalResult MoEOp::verify() {
            << routing << "'";
   StringRef layout = getFusedLayout();
   if (!layout.empty() && layout != "interleaved_in_out" &&
-      layout != "concat_in_out" && layout != "concat_out_in")
+      layout != "concat_in_out" && layout != "concat_out_in" &&
+      layout != "concat_in_out_converted")
     return emitOpError("fused_layout must be empty, interleaved_in_out, "
-                       "concat_in_out or concat_out_in, got '")
+                       "concat_in_out, concat_in_out_converted or "
+                       "concat_out_in, got '")
            << layout << "'";
   return success();
 }

@@ -93,6 +93,9 @@ private:
         loc, x.getType(), ValueRange{x}, c.layer,
         refs(c, [&](StringRef r) { return r == role; }),
         llvm::APFloat(spec.normEps));
+    // Qwen3-Next's RMSNorms scale by 1 + weight (zero-centred weights).
+    if (spec.family == "qwen3_next")
+      op.setZeroCentred(true);
     return op.getResult();
   }
 
@@ -120,13 +123,13 @@ private:
           f64(r.betaSlow), f64(r.mscale), f64(r.mscaleAllDim), r.truncate,
           f64(r.lowFreqFactor), f64(r.highFreqFactor), m.qkNormKind,
           flag(m.outBias), f64(m.softmaxScale), flag(m.temperatureTuning),
-          f64(m.floorScale), f64(m.attnScale));
+          f64(m.floorScale), f64(m.attnScale),
+          r.mropeSection.empty()
+              ? DenseI64ArrayAttr()
+              : builder.getDenseI64ArrayAttr(r.mropeSection));
     }
     if (c.kind == "mla")
-      return builder.create<SparseAttentionOp>(
-          loc, x.getType(), ValueRange{x}, c.layer, allRefs(c), m.numHeads,
-          m.headDim, m.vHeadDim, m.qLoraRank, m.kvLoraRank, m.qkRopeDim,
-          m.rope.type, m.indexHeads, m.indexHeadDim, m.indexTopK);
+      return sparseAttention(x, c, m);
     std::string kind = m.kind == MixerKind::GatedDeltaNet ? "gated_delta_rule"
                        : m.kind == MixerKind::KimiDelta   ? "kimi_delta"
                                                           : "lightning";
@@ -136,7 +139,21 @@ private:
     int64_t valueDim = m.linearValueDim ? m.linearValueDim : m.headDim;
     return builder.create<LinearAttentionOp>(
         loc, x.getType(), ValueRange{x}, c.layer, allRefs(c), kind, keyHeads,
-        valueHeads, keyDim, valueDim, m.convKernel, flag(m.outputGate));
+        valueHeads, keyDim, valueDim, m.convKernel, flag(m.outputGate),
+        m.kind == MixerKind::Lightning ? m.blockSize : 0);
+  }
+
+  /// DeepSeek sparse attention: MLA's shape and RoPE plus the indexer's.
+  Value sparseAttention(Value x, const ComponentDecl &c, const MixerSpec &m) {
+    const RopeSpec &r = m.rope;
+    auto f64 = [](double v) { return llvm::APFloat(v); };
+    return builder.create<SparseAttentionOp>(
+        loc, x.getType(), ValueRange{x}, c.layer, allRefs(c), m.numHeads,
+        m.headDim, m.vHeadDim, m.qLoraRank, m.kvLoraRank, m.qkRopeDim,
+        r.type, m.indexHeads, m.indexHeadDim, m.indexTopK, f64(r.theta),
+        r.interleaved, f64(r.factor), r.originalMaxPositions, f64(r.betaFast),
+        f64(r.betaSlow), f64(r.mscale), f64(r.mscaleAllDim), r.truncate,
+        f64(m.softmaxScale), m.outBias, m.indexRopeInterleaved);
   }
 
   Value ffn(Value x, const ComponentDecl &c) {
@@ -153,6 +170,25 @@ private:
         llvm::APFloat(f.routedScaling),
         llvm::APFloat(f.swigluLimit), f.activation, f.routing,
         llvm::APFloat(f.swigluAlpha), flag(f.expertBias), f.fusedLayout);
+  }
+
+  /// The residual add after a sublayer: x + update, or MiniMax's
+  /// alpha * r + beta * update with r = the normalised input \p normed under
+  /// postnorm (alpha/beta attributes only where they are not 1).
+  Value residual(Value x, Value normed, Value update, int64_t layer,
+                 bool attention) {
+    const LayerSpec *l = layerSpec(layer);
+    double alpha = l ? (attention ? l->attentionAlpha : l->ffnAlpha) : 1.0;
+    double beta = l ? (attention ? l->attentionBeta : l->ffnBeta) : 1.0;
+    llvm::SmallVector<NamedAttribute, 2> scales;
+    if (alpha != 1.0)
+      scales.push_back(builder.getNamedAttr("residual_alpha",
+                                            builder.getF64FloatAttr(alpha)));
+    if (beta != 1.0)
+      scales.push_back(builder.getNamedAttr("residual_beta",
+                                            builder.getF64FloatAttr(beta)));
+    Value kept = l && l->postNorm ? normed : x;
+    return builder.create<AddOp>(loc, ValueRange{kept, update}, scales);
   }
 
   /// The dataflow: embedding, per layer pre-norm mixer and FFN with
@@ -174,10 +210,10 @@ private:
                  c.kind == "gated_delta_net" || c.kind == "kimi_delta" ||
                  c.kind == "lightning") {
         Value h = norm(x, *pendingNorm, "input_layernorm");
-        x = builder.create<AddOp>(loc, x, mixer(h, c));
+        x = residual(x, h, mixer(h, c), c.layer, /*attention=*/true);
       } else if (c.kind == "moe" || c.kind == "mlp") {
         Value h = norm(x, *pendingNorm, "post_attention_layernorm");
-        x = builder.create<AddOp>(loc, x, ffn(h, c));
+        x = residual(x, h, ffn(h, c), c.layer, /*attention=*/false);
       } else if (c.kind == "lm_head") {
         logits = builder.create<LMHeadOp>(loc, activation(spec.vocab),
                                           ValueRange{x}, c.layer, allRefs(c),
@@ -191,10 +227,16 @@ private:
         for (const EncoderSpec &candidate : spec.encoders)
           if (c.kind == candidate.modality + "_encoder")
             e = &candidate;
-        outputs.push_back(builder.create<EncoderOp>(
+        auto encoder = builder.create<EncoderOp>(
             loc, activation(e->outHidden), ValueRange{}, c.layer, allRefs(c),
             e->modality, e->type, e->depth, e->hidden, e->numHeads,
-            e->intermediate));
+            e->intermediate, e->patchSize, e->temporalPatch, e->inChannels,
+            e->spatialMerge, e->numPositions, e->outHidden,
+            e->deepstackLayers.empty()
+                ? DenseI64ArrayAttr()
+                : builder.getDenseI64ArrayAttr(e->deepstackLayers),
+            e->activation, e->imageTokenId, llvm::APFloat(e->ropeTheta));
+        outputs.push_back(encoder);
       }
     }
     if (!logits) {

@@ -99,6 +99,47 @@ std::string layerPrefixOf(const std::string &name) {
   return "";
 }
 
+/// A vision tower's linear: a block's projection
+/// ("model.visual.blocks.3.attn.qkv.weight": local "attn.qkv", "attn.proj",
+/// "mlp.linear_fc1", "mlp.linear_fc2") or a merger's ("merger.linear_fc1",
+/// "deepstack_merger_list.0.linear_fc2"). No container, so "attn"/"mlp"
+/// never pull the tower in: a pattern must name the projection (qkv,
+/// attn.proj, linear_fc1, merger.linear_fc2, ...), and all-linear skips it.
+static std::optional<LoraModule> visionModuleOf(const std::string &name) {
+  for (const char *merger : {"merger.", "deepstack_merger_list."}) {
+    size_t m = name.rfind(merger);
+    if (m == std::string::npos || (m > 0 && name[m - 1] != '.'))
+      continue;
+    std::string local = stripWeightSuffix(name.substr(m));
+    size_t leaf = local.rfind('.');
+    std::string fc = leaf == std::string::npos ? "" : local.substr(leaf + 1);
+    if (fc != "linear_fc1" && fc != "linear_fc2")
+      return std::nullopt;
+    LoraModule out;
+    out.local = local;
+    out.path = name.substr(0, m) + local;
+    out.kind = LoraModuleKind::Vision;
+    return out;
+  }
+  size_t at = name.rfind("blocks.");
+  if (at == std::string::npos || (at > 0 && name[at - 1] != '.'))
+    return std::nullopt;
+  size_t digits = at + 7, end = digits;
+  while (end < name.size() && std::isdigit((unsigned char)name[end]))
+    ++end;
+  if (end == digits || end >= name.size() || name[end] != '.')
+    return std::nullopt;
+  std::string local = stripWeightSuffix(name.substr(end + 1));
+  if (local != "attn.qkv" && local != "attn.proj" && local != "mlp.linear_fc1" &&
+      local != "mlp.linear_fc2")
+    return std::nullopt;
+  LoraModule m;
+  m.local = local;
+  m.path = name.substr(0, end + 1) + local;
+  m.kind = LoraModuleKind::Vision;
+  return m;
+}
+
 std::string hfFfnModule(const std::string &family) {
   return family == "llama4" ? "feed_forward." : "mlp.";
 }
@@ -107,6 +148,8 @@ std::optional<LoraModule> loraModuleOf(const std::string &component,
                                        const std::string &role,
                                        const std::string &name,
                                        const std::string &family) {
+  if (component == "encoder")
+    return visionModuleOf(name);
   std::string prefix = layerPrefixOf(name);
   if (prefix.empty())
     return std::nullopt;

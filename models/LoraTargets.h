@@ -27,6 +27,7 @@ enum class LoraModuleKind {
   Experts,       ///< Routed experts (fused gate_up and down).
   SharedExperts, ///< The shared expert MLP.
   Router,        ///< The MoE router, and Qwen's shared-expert gate.
+  Vision,        ///< Vision-tower block projections: only when a pattern names them.
   Other,         ///< Anything else (the sparse-attention indexer).
 };
 

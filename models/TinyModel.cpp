@@ -10,6 +10,7 @@
 
 #include "models/TinyModel.h"
 
+#include "models/TinyModelSparse.h"
 #include "models/WeightSchema.h"
 #include "parser/ConfigReader.h"
 
@@ -56,6 +57,11 @@ const FamilyInfo kFamilies[] = {
     {"qwen3_moe", 2, ""},   {"mixtral", 2, ""},     {"deepseek_v3", 3, "fp8"},
     {"kimi_k2", 3, "fp8"},  {"gpt_oss", 2, "mxfp4"}, {"glm4_moe", 3, ""},
     {"minimax_m2", 2, ""},  {"llama4", 4, ""},
+    {"qwen3_next", 4, ""},
+    {"deepseek_v32", 3, ""},
+    {"glm_moe_dsa", 3, ""},
+    {"qwen3_vl_moe", 2, ""},
+    {"minimax", 4, ""},
 };
 
 const FamilyInfo *findFamily(const std::string &name) {
@@ -351,6 +357,104 @@ ojson minimaxM2Config(int64_t n) {
   return c;
 }
 
+/// MiniMax-M1's structure in transformers' MiniMax form (model_type minimax,
+/// which transformers implements; minimax_m1 has no class there): lightning
+/// attention layers with a softmax attention layer every fourth, scaled
+/// residuals (distinct alpha/beta per sublayer so a swap shows), postnorm
+/// implied, and a small block_size so that sequences span several blocks.
+ojson minimaxConfig(int64_t n) {
+  ojson c;
+  c["architectures"] = {"MiniMaxForCausalLM"};
+  c["attention_dropout"] = 0.0;
+  c["block_size"] = 8;
+  c["bos_token_id"] = nullptr;
+  c["eos_token_id"] = nullptr;
+  c["full_attn_alpha_factor"] = 1.5;
+  c["full_attn_beta_factor"] = 0.9;
+  c["head_dim"] = kHeadDim;
+  c["hidden_act"] = "silu";
+  c["hidden_size"] = kHidden;
+  c["initializer_range"] = 0.02;
+  c["intermediate_size"] = kExpertWidth;
+  // MiniMax-M1's attn_type_list: softmax attention on every eighth layer.
+  std::vector<std::string> types(n);
+  for (int64_t i = 0; i < n; ++i)
+    types[i] = (i + 1) % 4 == 0 ? "full_attention" : "linear_attention";
+  c["layer_types"] = types;
+  c["linear_attn_alpha_factor"] = 1.6817928305074292;
+  c["linear_attn_beta_factor"] = 0.8;
+  c["max_position_embeddings"] = kMaxPositions;
+  c["mlp_alpha_factor"] = 1.3;
+  c["mlp_beta_factor"] = 0.7;
+  c["model_type"] = "minimax";
+  c["num_attention_heads"] = kHeads;
+  c["num_experts_per_tok"] = kTopK;
+  c["num_hidden_layers"] = n;
+  c["num_key_value_heads"] = kKvHeads;
+  c["num_local_experts"] = kExperts;
+  c["output_router_logits"] = false;
+  c["rms_norm_eps"] = 1e-05;
+  c["rope_theta"] = 10000000.0;
+  c["router_aux_loss_coef"] = 0.001;
+  c["router_jitter_noise"] = 0.0;
+  c["sliding_window"] = nullptr;
+  c["tie_word_embeddings"] = false;
+  c["torch_dtype"] = "bfloat16";
+  c["use_cache"] = true;
+  c["vocab_size"] = kVocab;
+  return c;
+}
+
+/// Qwen3-Next: Gated DeltaNet layers with a gated softmax attention layer
+/// every full_attention_interval (4); MoE (with a gated shared expert) on
+/// every second layer (decoder_sparse_step 2; the release has 1), so the
+/// dense MLP form is covered too and fewer routers make the 50-step loss
+/// alignment less sensitive to fp32 routing flips.
+/// Value heads (4) are twice the key heads (2) and dk != dv, as the layout
+/// of in_proj_qkvz/in_proj_ba interleaves them per key head.
+ojson qwen3NextConfig(int64_t n) {
+  ojson c;
+  c["architectures"] = {"Qwen3NextForCausalLM"};
+  c["attention_dropout"] = 0.0;
+  c["bos_token_id"] = 1;
+  c["decoder_sparse_step"] = 2;
+  c["eos_token_id"] = 2;
+  c["full_attention_interval"] = 4;
+  c["head_dim"] = kHeadDim;
+  c["hidden_act"] = "silu";
+  c["hidden_size"] = kHidden;
+  c["initializer_range"] = 0.02;
+  c["intermediate_size"] = kDenseWidth;
+  c["linear_conv_kernel_dim"] = 4;
+  c["linear_key_head_dim"] = 16;
+  c["linear_num_key_heads"] = 2;
+  c["linear_num_value_heads"] = 4;
+  c["linear_value_head_dim"] = 8;
+  c["max_position_embeddings"] = kMaxPositions;
+  c["mlp_only_layers"] = ojson::array();
+  c["model_type"] = "qwen3_next";
+  c["moe_intermediate_size"] = kExpertWidth;
+  c["norm_topk_prob"] = true;
+  c["num_attention_heads"] = kHeads;
+  c["num_experts"] = kExperts;
+  c["num_experts_per_tok"] = kTopK;
+  c["num_hidden_layers"] = n;
+  c["num_key_value_heads"] = kKvHeads;
+  c["output_router_logits"] = false;
+  c["partial_rotary_factor"] = 0.25;
+  c["rms_norm_eps"] = 1e-06;
+  c["rope_scaling"] = nullptr;
+  c["rope_theta"] = 10000000;
+  c["router_aux_loss_coef"] = 0.001;
+  c["shared_expert_intermediate_size"] = kExpertWidth;
+  c["tie_word_embeddings"] = false;
+  c["torch_dtype"] = "bfloat16";
+  c["use_cache"] = true;
+  c["use_sliding_window"] = false;
+  c["vocab_size"] = kVocab;
+  return c;
+}
+
 /// Llama-4's text model as a causal LM of its own (model_type llama4_text).
 ojson llama4Config(int64_t n) {
   ojson c;
@@ -398,6 +502,67 @@ ojson llama4Config(int64_t n) {
   return c;
 }
 
+/// Qwen3-VL-30B-A3B's config: a Qwen3-MoE text model (interleaved M-RoPE)
+/// in text_config and a small vision tower (3 blocks, one deepstack merger,
+/// 4x4 patches, a 4x4 learned position grid).
+ojson qwen3VlMoeConfig(int64_t n) {
+  ojson text;
+  text["attention_bias"] = false;
+  text["attention_dropout"] = 0.0;
+  text["bos_token_id"] = 1;
+  text["decoder_sparse_step"] = 1;
+  text["dtype"] = "bfloat16";
+  text["eos_token_id"] = 2;
+  text["head_dim"] = kHeadDim;
+  text["hidden_act"] = "silu";
+  text["hidden_size"] = kHidden;
+  text["initializer_range"] = 0.02;
+  text["intermediate_size"] = kDenseWidth;
+  text["max_position_embeddings"] = kMaxPositions;
+  text["mlp_only_layers"] = ojson::array();
+  text["model_type"] = "qwen3_vl_moe_text";
+  // Fused experts are stored transposed: not square (2I != H), or
+  // transformers' load-time transpose would be skipped as already done.
+  text["moe_intermediate_size"] = kLlama4ExpertWidth;
+  text["norm_topk_prob"] = true;
+  text["num_attention_heads"] = kHeads;
+  text["num_experts"] = kExperts;
+  text["num_experts_per_tok"] = kTopK;
+  text["num_hidden_layers"] = n;
+  text["num_key_value_heads"] = kKvHeads;
+  text["rms_norm_eps"] = 1e-06;
+  // The released config leaves the sections to transformers' default
+  // (24, 20, 20 of 64); the tiny head has 8 frequencies.
+  text["rope_scaling"] = {{"mrope_interleaved", true}, {"mrope_section", {2, 3, 3}}, {"rope_type", "default"}};
+  text["rope_theta"] = 5000000;
+  text["use_cache"] = true;
+  text["vocab_size"] = kVocab;
+  ojson vision;
+  vision["deepstack_visual_indexes"] = {1};
+  vision["depth"] = 3;
+  vision["hidden_act"] = "gelu_pytorch_tanh";
+  vision["hidden_size"] = 32;
+  vision["in_channels"] = 3;
+  vision["initializer_range"] = 0.02;
+  vision["intermediate_size"] = 48;
+  vision["model_type"] = "qwen3_vl_moe";
+  vision["num_heads"] = 2;
+  vision["num_position_embeddings"] = 16;
+  vision["out_hidden_size"] = kHidden;
+  vision["patch_size"] = 4;
+  vision["spatial_merge_size"] = 2;
+  vision["temporal_patch_size"] = 2;
+  ojson c;
+  c["architectures"] = {"Qwen3VLMoeForConditionalGeneration"};
+  c["image_token_id"] = kVocab - 6;
+  c["model_type"] = "qwen3_vl_moe";
+  c["text_config"] = text;
+  c["tie_word_embeddings"] = false;
+  c["video_token_id"] = kVocab - 5;
+  c["vision_config"] = vision;
+  return c;
+}
+
 ojson familyConfig(const TinyModelOptions &o, int64_t n) {
   const std::string &f = o.family;
   if (f == "qwen3_moe")
@@ -412,6 +577,17 @@ ojson familyConfig(const TinyModelOptions &o, int64_t n) {
     return glm4MoeConfig(n);
   if (f == "minimax_m2")
     return minimaxM2Config(n);
+  if (f == "qwen3_next")
+    return qwen3NextConfig(n);
+  const TinySizes sizes{kHidden, kHeads, kVocab, kExperts, kTopK, kExpertWidth, kMaxPositions};
+  if (f == "deepseek_v32")
+    return tinyDeepseekV32Config(n, sizes);
+  if (f == "glm_moe_dsa")
+    return tinyGlmMoeDsaConfig(n, sizes);
+  if (f == "qwen3_vl_moe")
+    return qwen3VlMoeConfig(n);
+  if (f == "minimax")
+    return minimaxConfig(n);
   return llama4Config(n);
 }
 
@@ -496,14 +672,17 @@ bool endsWith(const std::string &s, const std::string &suffix) {
 }
 
 /// The values of one tensor: normal(0, \p weightStd) for weights; norms
-/// 1 + noise so they are not the identity; small biases; sinks around zero
-/// at logit scale.
+/// \p normMean + noise so they are not the identity (mean 0 for zero-centred
+/// norms, whose scale is 1 + weight); small biases; sinks around zero at
+/// logit scale.
 std::vector<float> sampleValues(uint64_t seed, const std::string &name,
-                                int64_t count, double weightStd = 0.02) {
+                                int64_t count, double weightStd = 0.02,
+                                double normMean = 1.0) {
   Normal rng(seed, name);
   double mean = 0.0, stddev = weightStd;
-  if (endsWith(name, "norm.weight") || endsWith(name, "layernorm.weight")) {
-    mean = 1.0;
+  if (endsWith(name, "norm.weight") || endsWith(name, "layernorm.weight") ||
+      endsWith(name, "norm1.weight") || endsWith(name, "norm2.weight")) {
+    mean = normMean;
     stddev = 0.05;
   } else if (endsWith(name, "e_score_correction_bias")) {
     stddev = 0.01;
@@ -614,16 +793,19 @@ void appendF32(std::string &out, float value) {
 double weightStd(const WeightDecl &weight) {
   if (weight.name.find("embed_tokens") != std::string::npos)
     return 1.0;
+  // Short convolutions (linear attention): unit-variance outputs too.
+  if (weight.name.find("conv1d.weight") != std::string::npos && !weight.shape.empty())
+    return 1.0 / std::sqrt(double(weight.shape.back()));
   if (weight.linear && !weight.shape.empty())
     return 1.0 / std::sqrt(double(weight.shape.back()));
   return 0.02;
 }
 
 TensorData plainTensor(const DiskTensor &t, const WeightDecl &weight,
-                       uint64_t seed) {
+                       uint64_t seed, double normMean = 1.0) {
   TensorData d{t.name, t.dtype, t.shape, {}};
   std::vector<float> values =
-      sampleValues(seed, t.name, elements(t.shape), weightStd(weight));
+      sampleValues(seed, t.name, elements(t.shape), weightStd(weight), normMean);
   const std::vector<int64_t> &logical = weight.shape;
   // expandToDisk stores fused expert matmuls as [E, in, out].
   bool transposed = weight.linear && weight.routed && weight.experts == 0 &&
@@ -826,8 +1008,12 @@ writeTinyModel(const TinyModelOptions &options) {
                       "internal error: the tiny config does not parse: " +
                           parsed.error().message()};
   ModelSpec &spec = *parsed;
-  std::string expectedFamily =
-      options.family == "kimi_k2" ? "deepseek_v3" : options.family;
+  std::string expectedFamily = options.family == "kimi_k2" || options.family == "deepseek_v32" ||
+                                       options.family == "glm_moe_dsa"
+                                   ? "deepseek_v3"
+                               : options.family == "qwen3_vl_moe" ? "qwen3_moe"
+                               : options.family == "minimax"      ? "minimax_m1"
+                                                                  : options.family;
   if (spec.family != expectedFamily)
     return InputError{configPath, "",
                       "internal error: the tiny config is recognised as " +
@@ -847,7 +1033,11 @@ writeTinyModel(const TinyModelOptions &options) {
         disk.clear();
         expandToDisk(weight, e, spec.quant, dtype, disk);
         if (disk.size() == 1 && disk[0].dtype == "BF16") {
-          tensors.push_back(plainTensor(disk[0], weight, options.seed));
+          // Qwen3-Next's RMSNorms are zero-centred (scale 1 + weight), but
+          // for the gated norm of its linear attention.
+          bool zeroCentred = spec.family == "qwen3_next" &&
+                             weight.name.find("linear_attn.norm") == std::string::npos;
+          tensors.push_back(plainTensor(disk[0], weight, options.seed, zeroCentred ? 0.0 : 1.0));
         } else if (disk.size() == 2 && disk[0].dtype == "F8_E4M3") {
           fp8Tensors(disk[0], disk[1], spec.quant, options.seed, tensors);
         } else if (disk.size() == 2 && endsWith(disk[0].name, "_blocks")) {

@@ -209,6 +209,15 @@ void declareMoe(const ModelSpec &spec, const FfnSpec &f, ComponentBuilder &b) {
     declareGatedMlp(spec, b, "shared_expert.", f.sharedIntermediate);
     return;
   }
+  if (f.fusedLayout == "concat_in_out_converted") {
+    // Qwen3-VL-MoE: a plain router and fused experts, stored [E, in, out]
+    // (see expandToDisk) like Llama-4's.
+    b.add("gate", "gate.weight", {e, h}, true);
+    b.fusedExperts("experts.gate_up_proj", "experts.gate_up_proj",
+                   {e, 2 * w, h}, true);
+    b.fusedExperts("experts.down_proj", "experts.down_proj", {e, h, w}, true);
+    return;
+  }
   bool mixtralNames = isFamily(spec, {"mixtral", "minimax_m1", "minimax_m2"});
   b.add("gate", spec.family == "hunyuan" ? "gate.wg.weight" : "gate.weight",
         {e, h}, true);
@@ -342,27 +351,33 @@ void declareVision(const EncoderSpec &e, std::vector<ComponentDecl> &out) {
   b.add("patch_embed.bias", "patch_embed.proj.bias", {h});
   if (e.numPositions > 0)
     b.add("pos_embed", "pos_embed.weight", {e.numPositions, h});
+  // Roles name the module inside its block or merger ("attn.qkv",
+  // "merger.linear_fc1"), the same in every block: the registry's LoRA roles.
+  auto linear = [&](const std::string &role, const std::string &name, int64_t outDim, int64_t inDim) {
+    b.add(role, name + ".weight", {outDim, inDim}, true);
+    b.add(role + ".bias", name + ".bias", {outDim});
+  };
   for (int64_t i = 0; i < e.depth; ++i) {
     std::string p = "blocks." + std::to_string(i) + ".";
-    for (const char *norm : {"norm1", "norm2"}) {
-      b.add(p + norm, p + norm + ".weight", {h});
-      b.add(p + norm + ".bias", p + norm + ".bias", {h});
+    for (std::string norm : {"norm1", "norm2"}) {
+      b.add(norm, p + norm + ".weight", {h});
+      b.add(norm + ".bias", p + norm + ".bias", {h});
     }
-    b.linear(p + "attn.qkv", 3 * h, h, true);
-    b.linear(p + "attn.proj", h, h, true);
-    b.linear(p + "mlp.linear_fc1", e.intermediate, h, true);
-    b.linear(p + "mlp.linear_fc2", h, e.intermediate, true);
+    linear("attn.qkv", p + "attn.qkv", 3 * h, h);
+    linear("attn.proj", p + "attn.proj", h, h);
+    linear("mlp.linear_fc1", p + "mlp.linear_fc1", e.intermediate, h);
+    linear("mlp.linear_fc2", p + "mlp.linear_fc2", h, e.intermediate);
   }
   int64_t merged = h * e.spatialMerge * e.spatialMerge;
-  auto merger = [&](const std::string &p, int64_t normWidth) {
-    b.add(p + "norm", p + "norm.weight", {normWidth});
-    b.add(p + "norm.bias", p + "norm.bias", {normWidth});
-    b.linear(p + "linear_fc1", merged, merged, true);
-    b.linear(p + "linear_fc2", e.outHidden, merged, true);
+  auto merger = [&](const std::string &role, const std::string &p, int64_t normWidth) {
+    b.add(role + "norm", p + "norm.weight", {normWidth});
+    b.add(role + "norm.bias", p + "norm.bias", {normWidth});
+    linear(role + "linear_fc1", p + "linear_fc1", merged, merged);
+    linear(role + "linear_fc2", p + "linear_fc2", e.outHidden, merged);
   };
-  merger("merger.", h);
+  merger("merger.", "merger.", h);
   for (size_t k = 0; k < e.deepstackLayers.size(); ++k)
-    merger("deepstack_merger_list." + std::to_string(k) + ".", merged);
+    merger("deepstack_merger.", "deepstack_merger_list." + std::to_string(k) + ".", merged);
 }
 
 /// A Whisper-style audio encoder with a projector into the LLM.

@@ -92,8 +92,11 @@ RopeSpec readRope(ConfigObject &cfg, int64_t headDim) {
       rope.type = "ntk_alpha";
       rope.factor = *alpha;
     }
-    if (scaling->has({"mrope_section"}))
+    if (scaling->has({"mrope_section"})) {
       rope.type = "mrope";
+      if (auto section = scaling->getIntList({"mrope_section"}))
+        rope.mropeSection = *section;
+    }
     if (auto v = scaling->getDouble({"beta_fast"}))
       rope.betaFast = *v;
     if (auto v = scaling->getDouble({"beta_slow"}))
@@ -278,7 +281,22 @@ MixerSpec readAttention(ConfigObject &cfg, int64_t hidden) {
     m.indexTopK = *topK;
     m.indexHeads = cfg.requireInt({"index_n_heads"});
     m.indexHeadDim = cfg.requireInt({"index_head_dim"});
-    cfg.markRead({"indexer_rope_interleave"});
+    // transformers fixes the indexer's RoPE layout per model class, whatever
+    // this key says (set by model_type in readModelSpec).
+    cfg.markRead({"indexer_rope_interleave", "index_skip_topk_offset"});
+    // GLM-MoE-DSA can let a layer reuse an earlier layer's top-k ("shared"
+    // indexer_types, an "S" in index_topk_pattern, index_topk_freq > 1);
+    // every layer runs its own indexer here, so such configs are refused.
+    bool shared = cfg.getInt({"index_topk_freq"}).value_or(1) > 1;
+    if (auto types = cfg.getStringList({"indexer_types"}))
+      shared |= std::find(types->begin(), types->end(), "shared") != types->end();
+    if (const nlohmann::json *pattern = cfg.raw("index_topk_pattern"))
+      shared |= pattern->dump().find('S') != std::string::npos ||
+                pattern->dump().find("shared") != std::string::npos;
+    if (shared)
+      cfg.fail("indexer_types",
+               "every layer to run its own indexer (\"full\"); layers that "
+               "reuse an earlier layer's top-k (\"shared\") are not supported");
   }
   return m;
 }
@@ -355,6 +373,10 @@ void readEncoders(ConfigObject &root, ModelSpec &spec) {
     e.deepstackLayers =
         v->getIntList({"deepstack_visual_indexes"}).value_or(
             std::vector<int64_t>{});
+    e.activation = v->getString({"hidden_act"}).value_or("");
+    e.imageTokenId = root.getInt({"image_token_id"}).value_or(-1);
+    if (std::optional<ConfigObject> rope = v->getObject("rope_parameters"))
+      e.ropeTheta = rope->getDouble({"rope_theta"}).value_or(e.ropeTheta);
     v->markRead({"hidden_act", "mm_hidden_size", "mm_projector_type",
                  "projector_hidden_act", "merge_type", "pos_emb_type",
                  "init_pos_emb_time", "init_pos_emb_width",
@@ -477,6 +499,9 @@ void readDecoder(ConfigObject &cfg, ModelSpec &spec) {
     // MiniMax-M1 style lightning attention: same heads as softmax layers.
     linear.kind = MixerKind::Lightning;
     linear.outputGate = true;
+    linear.blockSize = cfg.getInt({"block_size"}).value_or(256);
+    if (linear.blockSize < 1)
+      cfg.fail("block_size", "expected a block length >= 1");
   }
 
   // Windows.
@@ -592,13 +617,33 @@ void readDecoder(ConfigObject &cfg, ModelSpec &spec) {
       layer.ffn.isMoe = false;
       layer.ffn.intermediate = denseWidth.value_or(intermediate);
     }
-    layer.postNorm = cfg.getBool({"postnorm"}).value_or(false);
+    // transformers' MiniMax (model_type minimax) always takes the normalised
+    // input as the residual: MiniMax-M1's postnorm = true.
+    layer.postNorm =
+        cfg.getBool({"postnorm"}).value_or(spec.modelType == "minimax");
+    bool linearLayer = type == "linear_attention";
+    layer.attentionAlpha =
+        linearLayer ? cfg.getDouble({"layernorm_linear_attention_alpha",
+                                     "linear_attn_alpha_factor"}).value_or(1.0)
+                    : cfg.getDouble({"layernorm_full_attention_alpha",
+                                     "full_attn_alpha_factor"}).value_or(1.0);
+    layer.attentionBeta =
+        linearLayer ? cfg.getDouble({"layernorm_linear_attention_beta",
+                                     "linear_attn_beta_factor"}).value_or(1.0)
+                    : cfg.getDouble({"layernorm_full_attention_beta",
+                                     "full_attn_beta_factor"}).value_or(1.0);
+    layer.ffnAlpha =
+        cfg.getDouble({"layernorm_mlp_alpha", "mlp_alpha_factor"}).value_or(1.0);
+    layer.ffnBeta =
+        cfg.getDouble({"layernorm_mlp_beta", "mlp_beta_factor"}).value_or(1.0);
     spec.layers.push_back(layer);
   }
   cfg.markRead({"layernorm_full_attention_alpha", "layernorm_full_attention_beta",
                 "layernorm_linear_attention_alpha", "layernorm_linear_attention_beta",
-                "layernorm_mlp_alpha", "layernorm_mlp_beta", "mlp_bias",
-                "use_bias", "dense_list"});
+                "layernorm_mlp_alpha", "layernorm_mlp_beta", "full_attn_alpha_factor",
+                "full_attn_beta_factor", "linear_attn_alpha_factor",
+                "linear_attn_beta_factor", "mlp_alpha_factor", "mlp_beta_factor",
+                "mlp_bias", "use_bias", "dense_list"});
   spec.numMtpLayers =
       cfg.getInt({"num_nextn_predict_layers", "mtp_num_hidden_layers",
                   "num_mtp_modules"})
@@ -673,6 +718,10 @@ void applyFamilyFeatures(ModelSpec &spec) {
       f.routing = "topk_score"; // softmax over the top-k logits
       f.fusedLayout = "interleaved_in_out";
     }
+    // Qwen3-VL-MoE stores fused experts [E, H, 2I] / [E, I, H]; transformers
+    // transposes them on load (so PEFT sees [E, out, in]).
+    if (spec.modelType.rfind("qwen3_vl", 0) == 0 && f.isMoe)
+      f.fusedLayout = "concat_in_out_converted";
     // Mixtral's and MiniMax's routers renormalise the top-k weights always.
     if ((spec.family == "mixtral" || spec.family == "minimax_m1" ||
          spec.family == "minimax_m2") && f.isMoe)
@@ -732,6 +781,20 @@ Result<ModelSpec> parseModelConfig(std::string_view text,
     if (nested)
       readQuantization(top, {}, file, spec);
     readEncoders(top, spec);
+    // Qwen3-VL: interleaved M-RoPE; transformers' default sections when the
+    // config names none (Qwen3-VL-30B-A3B's does not).
+    if (spec.modelType.rfind("qwen3_vl", 0) == 0)
+      for (LayerSpec &l : spec.layers)
+        if (l.mixer.rope.type != "none") {
+          if (l.mixer.rope.mropeSection.empty())
+            l.mixer.rope.mropeSection = {24, 20, 20};
+          l.mixer.rope.type = "mrope";
+        }
+    // DeepSeek sparse attention: GLM-MoE-DSA's indexer rotates adjacent
+    // pairs, DeepSeek-V3.2's halves (transformers' classes fix it).
+    if (spec.modelType == "glm_moe_dsa")
+      for (LayerSpec &l : spec.layers)
+        l.mixer.indexRopeInterleaved = true;
     spec.family = recogniseFamily(spec, text);
     applyFamilyFeatures(spec);
     top.markRead({"mlp_depth", "use_unified_vision_chunk",

@@ -38,6 +38,8 @@ struct RopeSpec {
   bool truncate = true;         ///< Round the correction range (gpt-oss: false).
   // llama3.
   double lowFreqFactor = 1.0, highFreqFactor = 4.0;
+  /// M-RoPE (Qwen-VL): frequencies per position axis (t, h, w); empty: none.
+  std::vector<int64_t> mropeSection;
 };
 
 /// Everything needed to know the shape and semantics of one token mixer.
@@ -74,10 +76,14 @@ struct MixerSpec {
   int64_t linearKeyDim = 0;
   int64_t linearValueDim = 0;
   int64_t convKernel = 0;     ///< Short causal conv width; 0 when none.
+  int64_t blockSize = 0;      ///< Lightning: block_size of the blocked form (256 default).
   // DeepSeek sparse attention (lightning indexer + top-k).
   int64_t indexHeads = 0;
   int64_t indexHeadDim = 0;
   int64_t indexTopK = 0;      ///< 0: dense attention.
+  /// The indexer's RoPE rotates adjacent pairs (GLM-5) rather than halves
+  /// (DeepSeek-V3.2); transformers fixes it per model class.
+  bool indexRopeInterleaved = false;
   RopeSpec rope;
 };
 
@@ -107,7 +113,9 @@ struct FfnSpec {
   double swigluAlpha = 1.702;      ///< Clamped SwiGLU's sigmoid slope.
   /// How a fused gate_up tensor is stored: "" per-expert split tensors,
   /// "interleaved_in_out" [E, H, 2I] gate/up alternating (gpt-oss),
-  /// "concat_in_out" [E, H, 2I] gate then up (Llama-4).
+  /// "concat_in_out" [E, H, 2I] gate then up (Llama-4),
+  /// "concat_in_out_converted" the same on disk, [E, 2I, H] in transformers
+  /// after its load-time transpose (Qwen3-VL-MoE).
   std::string fusedLayout;
   bool expertBias = false;         ///< Expert linears have biases (gpt-oss).
   std::string activation = "silu";
@@ -118,7 +126,13 @@ struct LayerSpec {
   int64_t index = 0;
   MixerSpec mixer;
   FfnSpec ffn;
-  bool postNorm = false; ///< DeepNorm-style scaled residual (MiniMax-M1).
+  /// MiniMax-M1 postnorm (and transformers' MiniMax always): the residual of
+  /// both sublayers is the normalised input, not the input.
+  bool postNorm = false;
+  /// MiniMax's residual scaling: h' = alpha * residual + beta * sublayer
+  /// (layernorm_*_alpha/beta, transformers' *_alpha/beta_factor); 1 otherwise.
+  double attentionAlpha = 1.0, attentionBeta = 1.0;
+  double ffnAlpha = 1.0, ffnBeta = 1.0;
 };
 
 /// An encoder for another modality (coarse: enough to count and match it).
@@ -136,6 +150,9 @@ struct EncoderSpec {
   int64_t numPositions = 0;  ///< Learned position embeddings.
   int64_t outHidden = 0;     ///< Width after the merger/projector.
   std::vector<int64_t> deepstackLayers;
+  std::string activation;    ///< hidden_act of the blocks' MLP ("" when unset).
+  int64_t imageTokenId = -1; ///< Placeholder token of an image (top-level image_token_id).
+  double ropeTheta = 10000.0; ///< Vision rotary base (rope_parameters.rope_theta).
 };
 
 /// Weight quantization as the checkpoint stores it.

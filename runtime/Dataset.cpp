@@ -8,7 +8,9 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/Dataset.h"
+#include "runtime/FileSystem.h"
 #include "runtime/Json.h"
+#include "runtime/SafetensorsIO.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -165,12 +167,25 @@ void PackedDataset::readJsonl() {
     }
     if (ids.empty())
       continue;
+    int64_t imageIndex = -1;
+    if (doc.isObject())
+      if (const JsonValue *img = doc.find("images"); img && !img->isNull()) {
+        if (!img->isString())
+          throw badInput(where, "images",
+                         "expected the path of a safetensors file with pixel_values and image_grid_thw");
+        std::string file = img->asString();
+        if (!file.empty() && file[0] != '/')
+          file = joinPath(parentPath(filePath), file);
+        checkImageFile(file, where);
+        imageIndex = static_cast<int64_t>(imageFiles.size());
+        imageFiles.push_back(file);
+      }
     if (hasLabels && !anyLabels) {
       // First labelled document: earlier ones are labelled by their ids.
       memLabels = memIds;
       anyLabels = true;
     }
-    docs.push_back({memIds.size(), ids.size(), 0});
+    docs.push_back({memIds.size(), ids.size(), 0, imageIndex});
     memIds.insert(memIds.end(), ids.begin(), ids.end());
     if (anyLabels)
       memLabels.insert(memLabels.end(), hasLabels ? labels.begin() : ids.begin(),
@@ -256,20 +271,35 @@ int64_t PackedDataset::sourceToken(uint64_t i) const {
 //===----------------------------------------------------------------------===//
 
 void PackedDataset::finishPacking() {
+  const uint64_t T = static_cast<uint64_t>(opts.seqLen);
   uint64_t pos = 0;
   for (Document &d : docs) {
+    const uint64_t span = d.length + (opts.eos >= 0 ? 1 : 0);
+    if (d.images >= 0) {
+      // An image document is never cut: it starts a window (the gap before
+      // it is masked padding) and must fit in it.
+      if (span > T)
+        throw badInput(imageFiles[static_cast<size_t>(d.images)], "input_ids",
+                       "expected a document with images to fit in one window of --seq-len " +
+                           std::to_string(T) + " tokens but it has " + std::to_string(span) +
+                           " (EOS included)");
+      pos = (pos + T - 1) / T * T;
+    }
     d.streamStart = pos;
-    pos += d.length + (opts.eos >= 0 ? 1 : 0);
+    pos += span;
   }
   streamLength = pos;
   if (streamLength == 0)
     throw badInput(filePath, "data", "expected at least one token");
-  const uint64_t T = static_cast<uint64_t>(opts.seqLen);
   totalWindows = static_cast<int64_t>((streamLength + T - 1) / T);
+  windowImages.assign(imageFiles.empty() ? 0 : static_cast<size_t>(totalWindows), -1);
+  for (const Document &d : docs)
+    if (d.images >= 0)
+      windowImages[static_cast<size_t>(d.streamStart / T)] = d.images;
   // Only windows with something to learn are served: a window whose labels
   // at 1..T-1 are all masked would make the mean loss 0/0. Without labels
   // and with EOS, only the padded tail can be such a window.
-  bool mayLackTargets = !memLabels.empty() || opts.eos < 0;
+  bool mayLackTargets = !memLabels.empty() || opts.eos < 0 || !imageFiles.empty();
   std::vector<int64_t> ids(T), labels(T);
   usable.reserve(static_cast<size_t>(totalWindows));
   for (int64_t w = 0; w < totalWindows; ++w) {
@@ -309,6 +339,11 @@ void PackedDataset::window(int64_t w, int64_t *ids, int64_t *labels) const {
       continue;
     }
     const Document &d = docs[di];
+    if (pos < d.streamStart) { // Padding before a window-aligned image document.
+      ids[t] = pad;
+      labels[t] = kIgnoreLabel;
+      continue;
+    }
     uint64_t offset = pos - d.streamStart;
     if (offset == d.length) { // The EOS after the document.
       ids[t] = opts.eos;
@@ -355,11 +390,33 @@ Batch PackedDataset::batch(int64_t step, int64_t batchSize) const {
   out.labels = torch::empty({batchSize, T}, torch::kLong);
   int64_t *ids = out.ids.data_ptr<int64_t>();
   int64_t *labels = out.labels.data_ptr<int64_t>();
+  std::vector<torch::Tensor> pixels, grids;
   for (int64_t b = 0; b < batchSize; ++b) {
     int64_t w = windowOfSample(step * batchSize + b).second;
     window(w, ids + b * T, labels + b * T);
+    if (!windowImages.empty() && windowImages[static_cast<size_t>(w)] >= 0) {
+      SafetensorsFile images(imageFiles[static_cast<size_t>(windowImages[static_cast<size_t>(w)])]);
+      pixels.push_back(images.view("pixel_values").to(torch::kFloat32).clone());
+      grids.push_back(images.view("image_grid_thw").to(torch::kInt64).clone());
+    }
+  }
+  if (!pixels.empty()) {
+    out.pixels = torch::cat(pixels);
+    out.gridThw = torch::cat(grids);
   }
   return out;
+}
+
+void PackedDataset::checkImageFile(const std::string &file, const std::string &where) const {
+  if (!isRegularFile(file))
+    throw badInput(where, "images", "expected a safetensors file with pixel_values and image_grid_thw at " + file);
+  SafetensorsFile images(file);
+  const TensorInfo *pv = images.find("pixel_values");
+  const TensorInfo *grid = images.find("image_grid_thw");
+  if (!pv || pv->shape.size() != 2)
+    throw badInput(file, "pixel_values", "expected a [patches, C*T*P*P] tensor (the image processor's pixel_values)");
+  if (!grid || grid->shape.size() != 2 || grid->shape[1] != 3)
+    throw badInput(file, "image_grid_thw", "expected an [images, 3] tensor of (t, h, w) patch counts");
 }
 
 std::string PackedDataset::fingerprint() const {
@@ -368,7 +425,8 @@ std::string PackedDataset::fingerprint() const {
          " stream_tokens=" + std::to_string(streamLength) +
          " windows=" + std::to_string(usable.size()) +
          " seq_len=" + std::to_string(opts.seqLen) +
-         " eos=" + std::to_string(opts.eos) + " seed=" + std::to_string(opts.seed);
+         " eos=" + std::to_string(opts.eos) + " seed=" + std::to_string(opts.seed) +
+         (imageFiles.empty() ? std::string() : " image_documents=" + std::to_string(imageFiles.size()));
 }
 
 } // namespace adapt::rt

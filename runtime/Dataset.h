@@ -49,6 +49,10 @@ struct DatasetOptions {
 struct Batch {
   torch::Tensor ids;
   torch::Tensor labels;
+  /// Images of the batch's image documents (JSONL "images"), in sample
+  /// order: pixel_values [patches, C*T*P*P] and image_grid_thw [images, 3];
+  /// undefined when the batch has none.
+  torch::Tensor pixels, gridThw;
 };
 
 /// Documents from a JSONL or ADAPTTOK file, packed into shuffled windows.
@@ -90,11 +94,14 @@ private:
     uint64_t sourceStart; ///< First token in the source (file or memory).
     uint64_t length;      ///< Tokens, EOS excluded.
     uint64_t streamStart; ///< First position in the packed stream.
+    int64_t images = -1;  ///< Index into imageFiles; -1: a text document.
   };
   struct Mapping;
 
   void readJsonl();
   void readBinary();
+  /// Checks an image document's file: pixel_values [N, D], image_grid_thw [n, 3].
+  void checkImageFile(const std::string &file, const std::string &where) const;
   void finishPacking();
   int64_t sourceToken(uint64_t i) const;
   const std::vector<int64_t> &permutation(int64_t epoch) const;
@@ -112,6 +119,11 @@ private:
   uint64_t streamLength = 0;
   int64_t totalWindows = 0;
   std::vector<int64_t> usable; ///< Windows with a target, ascending.
+  /// Image documents: their safetensors files (pixel_values, image_grid_thw),
+  /// and per window the image document it holds (-1: none). An image
+  /// document starts a window and lies wholly inside it.
+  std::vector<std::string> imageFiles;
+  std::vector<int64_t> windowImages;
   mutable std::mutex cacheMutex;
   mutable int64_t cachedEpoch = -1;
   mutable std::vector<int64_t> cachedPermutation;

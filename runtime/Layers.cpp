@@ -1,6 +1,9 @@
 //===- Layers.cpp - modules with weights: linear+LoRA, attention, FFN -----===//
 
 #include "runtime/Layers.h"
+#include "runtime/SparseAttention.h"
+
+#include "runtime/LinearAttention.h"
 
 #include <cmath>
 
@@ -49,6 +52,10 @@ double AttentionLayer::softmaxScale() const {
   return scale;
 }
 
+torch::Tensor AttentionLayer::headNorm(const torch::Tensor &x, const torch::Tensor &weight) const {
+  return zeroCentredNorms && weight.defined() ? zeroCentredRmsNorm(x, weight, normEps) : rmsNorm(x, weight, normEps);
+}
+
 namespace {
 
 /// Llama-4's attention temperature for NoPE layers: one factor per position.
@@ -62,9 +69,11 @@ torch::Tensor temperatureScales(int64_t seqLen, double floorScale, double attnSc
 
 torch::Tensor AttentionLayer::forward(const torch::Tensor &x, const RopeTables &rope,
                                       bool training) const {
+  if (def.kind == AttentionKind::SparseMla)
+    return sparseMlaForward(*this, x, rope, training);
   const int64_t batch = x.size(0), seqLen = x.size(1);
   AttentionMask mask{def.slidingWindow, def.chunkSize};
-  torch::Tensor query, key, value;
+  torch::Tensor query, key, value, gate;
   if (def.kind == AttentionKind::Mla) {
     const int64_t heads = def.heads;
     torch::Tensor qs = def.qLoraRank > 0
@@ -87,16 +96,21 @@ torch::Tensor AttentionLayer::forward(const torch::Tensor &x, const RopeTables &
     key = torch::cat({kPass, kRot}, -1);
   } else {
     torch::Tensor qs = q.forward(x, training), ks = k.forward(x, training);
+    if (def.outputGate) { // Qwen3-Next: per head [query, gate] in q_proj's output.
+      auto halves = qs.view({batch, seqLen, def.heads, 2 * def.headDim}).chunk(2, -1);
+      qs = halves[0].reshape({batch, seqLen, def.heads * def.headDim});
+      gate = halves[1].reshape({batch, seqLen, def.heads * def.headDim});
+    }
     value = v.forward(x, training).view({batch, seqLen, def.kvHeads, def.vHeadDim}).transpose(1, 2);
     if (def.qkNorm == "full") {
-      qs = rmsNorm(qs, qNorm, normEps);
-      ks = rmsNorm(ks, kNorm, normEps);
+      qs = headNorm(qs, qNorm);
+      ks = headNorm(ks, kNorm);
     }
     query = qs.view({batch, seqLen, def.heads, def.headDim});
     key = ks.view({batch, seqLen, def.kvHeads, def.headDim});
     if (def.qkNorm == "head") {
-      query = rmsNorm(query, qNorm, normEps);
-      key = rmsNorm(key, kNorm, normEps);
+      query = headNorm(query, qNorm);
+      key = headNorm(key, kNorm);
     }
     query = query.transpose(1, 2);
     key = key.transpose(1, 2);
@@ -115,6 +129,8 @@ torch::Tensor AttentionLayer::forward(const torch::Tensor &x, const RopeTables &
   }
   torch::Tensor out = attention(query, key, value, softmaxScale(), mask, sinks);
   out = out.transpose(1, 2).reshape({batch, seqLen, def.heads * def.vHeadDim});
+  if (gate.defined())
+    out = out * torch::sigmoid(gate);
   return o.forward(out, training);
 }
 

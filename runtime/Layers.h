@@ -67,10 +67,18 @@ struct AttentionLayer {
   LoraLinear qA, qB, kvA, kvB;           ///< MLA projections.
   torch::Tensor qNorm, kNorm, sinks;     ///< GQA extras.
   torch::Tensor qANorm, kvANorm;         ///< MLA norms.
+  /// SparseMla's lightning indexer (wq_b, wk, weights_proj; weights_proj in
+  /// fp32): it only selects keys, so it gets no gradient (SparseAttention.h).
+  LoraLinear indexQ, indexK, indexWeights;
+  torch::Tensor indexKNorm, indexKNormBias; ///< The indexer's k_norm (LayerNorm).
+  /// Zero-centred q/k norms (Qwen3-Next, ModelDef::normWeightOffset): scale 1 + weight.
+  bool zeroCentredNorms = false;
 
   torch::Tensor forward(const torch::Tensor &x, const RopeTables &rope, bool training) const;
   /// Softmax scale, including YaRN's mscale^2 for MLA.
   double softmaxScale() const;
+  /// The q/k RMSNorm with \p weight (undefined: weightless), zero-centred when asked.
+  torch::Tensor headNorm(const torch::Tensor &x, const torch::Tensor &weight) const;
 };
 
 /// Dense gated MLP or mixture of experts.

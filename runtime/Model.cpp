@@ -4,23 +4,47 @@
 
 #include "runtime/Errors.h"
 #include "runtime/Layers.h"
+#include "runtime/LightningLayer.h"
+#include "runtime/LinearAttention.h"
+#include "runtime/LinearLayers.h"
 #include "runtime/SafetensorsIO.h"
 
 #include <algorithm>
 #include <cmath>
 #include <set>
 #include <sstream>
+#include <utility>
 
 namespace adapt::rt {
 
 namespace {
 
+/// A batch's images spliced into the text: where the image tokens are, the
+/// deepstack features to add there, and the tokens' M-RoPE positions.
+struct ImageSplice {
+  torch::Tensor rows;                   ///< Flat (b * T + t) indices of image tokens.
+  std::vector<torch::Tensor> deepstack; ///< Added after text layer k.
+  torch::Tensor positions;              ///< [3, B, T]; undefined without images.
+};
+
 /// One decoder layer's modules.
 struct Layer {
   torch::Tensor inputNorm, postAttentionNorm;
   AttentionLayer attention;
+  GatedDeltaNetLayer deltaNet;   ///< Used instead of attention for AttentionKind::GatedDeltaNet.
+  bool isDeltaNet = false;
+  LightningLayer lightning;      ///< Used instead of attention for AttentionKind::Lightning.
+  bool isLightning = false;
   FfnLayer ffn;
 };
+
+/// MiniMax's scaled residual alpha * residual + beta * update; a plain sum
+/// when both are 1 (every other family), so their numerics are untouched.
+torch::Tensor scaledResidual(const torch::Tensor &residual, const torch::Tensor &update, double alpha, double beta) {
+  if (alpha == 1.0 && beta == 1.0)
+    return residual + update;
+  return residual * alpha + update * beta;
+}
 
 bool endsWith(const std::string &s, const std::string &suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -32,7 +56,8 @@ bool sameRope(const RopeDef &a, const RopeDef &b) {
          a.interleaved == b.interleaved && a.scaling == b.scaling && a.factor == b.factor &&
          a.originalMaxPositions == b.originalMaxPositions && a.betaFast == b.betaFast &&
          a.betaSlow == b.betaSlow && a.mscale == b.mscale && a.mscaleAllDim == b.mscaleAllDim &&
-         a.truncate == b.truncate && a.lowFreqFactor == b.lowFreqFactor && a.highFreqFactor == b.highFreqFactor;
+         a.truncate == b.truncate && a.lowFreqFactor == b.lowFreqFactor && a.highFreqFactor == b.highFreqFactor &&
+         a.mropeSection == b.mropeSection;
 }
 
 std::string jsonString(const std::string &s) {
@@ -78,6 +103,7 @@ public:
   /// Per layer, the first layer with the same RoPE: whose tables it shares.
   std::vector<size_t> ropeOwner;
   torch::Generator generator;
+  std::unique_ptr<VisionTower> vision; ///< Qwen3-VL image encoder (ModelDef.vision).
 
   ModelImpl(const ModelDef &d, const std::string &dir, const ModelOptions &o)
       : def(d), options(o), modelDir(dir) {
@@ -89,6 +115,9 @@ public:
     lmHead = def.tieEmbeddings || def.lmHead.empty() ? embedding : load(def.lmHead, {def.vocab, def.hidden});
     for (const LayerDef &l : def.layers)
       layers.push_back(buildLayer(l));
+    if (def.vision.enabled())
+      vision = std::make_unique<VisionTower>(
+          def.vision, [this](const std::string &name, std::vector<int64_t> shape) { return load(name, shape); });
     lastLoad.resize(layers.size());
     for (size_t i = 0; i < def.layers.size(); ++i) {
       size_t owner = i;
@@ -102,6 +131,7 @@ public:
   /// Tensors the loader will read, for the progress callback.
   int64_t countTensors() const {
     int64_t n = def.tieEmbeddings || def.lmHead.empty() ? 2 : 3;
+    n += VisionTower::tensorCount(def.vision);
     for (const LayerDef &l : def.layers) {
       n += 2 + l.attention.weights.size();
       for (const auto &[role, name] : l.ffn.weights)
@@ -181,9 +211,68 @@ public:
     Layer layer;
     layer.inputNorm = load(l.inputNorm, {def.hidden});
     layer.postAttentionNorm = load(l.postAttentionNorm, {def.hidden});
-    buildAttention(l, layer.attention);
+    layer.isDeltaNet = l.attention.kind == AttentionKind::GatedDeltaNet;
+    layer.isLightning = l.attention.kind == AttentionKind::Lightning;
+    if (layer.isDeltaNet)
+      buildGatedDeltaNet(l, layer.deltaNet);
+    else if (layer.isLightning)
+      buildLightning(l, layer.lightning);
+    else
+      buildAttention(l, layer.attention);
     buildFfn(l, layer.ffn);
     return layer;
+  }
+
+  /// MiniMax's lightning attention: weights by role (qkv_proj, output_gate,
+  /// norm, out_proj); the decay slopes follow from the layer index.
+  void buildLightning(const LayerDef &l, LightningLayer &g) {
+    const LinearAttentionDef &d = l.attention.linear;
+    const auto &w = l.attention.weights;
+    g.def = d;
+    g.setLayer(l.index);
+    const int64_t h = def.hidden, width = d.keyHeads * d.keyHeadDim;
+    g.qkvProj = linear(l, w, "qkv_proj", 3 * width, h, false);
+    g.outputGate = linear(l, w, "output_gate", width, h, false);
+    g.norm = load(name(w, "norm", l), {width});
+    g.outProj = linear(l, w, "out_proj", h, width, false);
+    g.slopes = g.slopes.to(options.device);
+  }
+
+  /// Qwen3-Next's Gated DeltaNet: weights by role (in_proj_qkvz, in_proj_ba,
+  /// conv1d, A_log, dt_bias, norm, out_proj).
+  void buildGatedDeltaNet(const LayerDef &l, GatedDeltaNetLayer &g) {
+    const LinearAttentionDef &d = l.attention.linear;
+    const auto &w = l.attention.weights;
+    if (d.keyHeads <= 0 || d.valueHeads <= 0 || d.valueHeads % d.keyHeads != 0 || d.convKernel <= 0)
+      throw LoadError(modelDir, "layer " + std::to_string(l.index) + " linear attention",
+                      "expected value heads a multiple of key heads and a convolution width (regenerate with adapt build)");
+    const int64_t h = def.hidden, keyDim = d.keyHeads * d.keyHeadDim, valueDim = d.valueHeads * d.valueHeadDim;
+    g.def = d;
+    g.normEps = def.normEps;
+    g.inProjQkvz = linear(l, w, "in_proj_qkvz", 2 * keyDim + 2 * valueDim, h, false);
+    g.inProjBa = linear(l, w, "in_proj_ba", 2 * d.valueHeads, h, false);
+    g.conv = load(name(w, "conv1d", l), {2 * keyDim + valueDim, 1, d.convKernel});
+    g.aLog = load(name(w, "A_log", l), {d.valueHeads}, torch::kFloat32);
+    g.dtBias = load(name(w, "dt_bias", l), {d.valueHeads});
+    g.norm = load(name(w, "norm", l), {d.valueHeadDim});
+    g.outProj = linear(l, w, "out_proj", h, valueDim, false);
+  }
+
+  /// SparseMla's lightning indexer (runtime/SparseAttention.h); weights_proj
+  /// in fp32 as transformers keeps it.
+  void buildSparseIndexer(const LayerDef &l, AttentionLayer &a) {
+    const AttentionDef &d = l.attention;
+    const SparseIndexerDef &ix = d.indexer;
+    const auto &w = d.weights;
+    if (d.qLoraRank <= 0 || ix.heads <= 0 || ix.headDim <= d.qkRopeDim || ix.topK <= 0)
+      throw LoadError(modelDir, "layer " + std::to_string(l.index) + " indexer",
+                      "expected q_lora_rank > 0, index heads > 0, index_head_dim > qk_rope_head_dim and top_k > 0 "
+                      "(regenerate with adapt build)");
+    a.indexQ = linear(l, w, "indexer.wq_b", ix.heads * ix.headDim, d.qLoraRank, false);
+    a.indexK = linear(l, w, "indexer.wk", ix.headDim, def.hidden, false);
+    a.indexKNorm = load(name(w, "indexer.k_norm", l), {ix.headDim});
+    a.indexKNormBias = load(name(w, "indexer.k_norm.bias", l), {ix.headDim});
+    a.indexWeights = linear(l, w, "indexer.weights_proj", ix.heads, def.hidden, false, torch::kFloat32);
   }
 
   void buildAttention(const LayerDef &l, AttentionLayer &a) {
@@ -191,8 +280,9 @@ public:
     const auto &w = d.weights;
     a.def = d;
     a.normEps = def.normEps;
+    a.zeroCentredNorms = def.normWeightOffset;
     const int64_t h = def.hidden;
-    if (d.kind == AttentionKind::Mla) {
+    if (d.kind == AttentionKind::Mla || d.kind == AttentionKind::SparseMla) {
       const int64_t qHead = d.qkNopeDim + d.qkRopeDim;
       if (d.qLoraRank > 0) {
         a.qA = linear(l, w, "q_a_proj", d.qLoraRank, h, false);
@@ -205,8 +295,10 @@ public:
       a.kvANorm = load(name(w, "kv_a_layernorm", l), {d.kvLoraRank});
       a.kvB = linear(l, w, "kv_b_proj", d.heads * (d.qkNopeDim + d.vHeadDim), d.kvLoraRank, false);
       a.o = linear(l, w, "o_proj", h, d.heads * d.vHeadDim, d.outBias);
+      if (d.kind == AttentionKind::SparseMla)
+        buildSparseIndexer(l, a);
     } else {
-      a.q = linear(l, w, "q_proj", d.heads * d.headDim, h, d.qkvBias);
+      a.q = linear(l, w, "q_proj", d.heads * d.headDim * (d.outputGate ? 2 : 1), h, d.qkvBias);
       a.k = linear(l, w, "k_proj", d.kvHeads * d.headDim, h, d.qkvBias);
       a.v = linear(l, w, "v_proj", d.kvHeads * d.vHeadDim, h, d.qkvBias);
       a.o = linear(l, w, "o_proj", h, d.heads * d.vHeadDim, d.outBias);
@@ -328,8 +420,14 @@ public:
       const LayerDef &d = def.layers[i];
       AttentionLayer &a = layers[i].attention;
       FfnLayer &f = layers[i].ffn;
-      for (LoraLinear *l : {&a.q, &a.k, &a.v, &a.o, &a.qA, &a.qB, &a.kvA, &a.kvB, &f.gate, &f.up, &f.down,
-                            &f.sharedGate, &f.sharedUp, &f.sharedDown, &f.router})
+      for (LoraLinear *l : {&a.q, &a.k, &a.v, &a.o, &a.qA, &a.qB, &a.kvA, &a.kvB, &a.indexQ, &a.indexK, &a.indexWeights, &f.gate, &f.up, &f.down,
+                            &f.sharedGate, &f.sharedUp, &f.sharedDown, &f.router, &f.sharedExpertGate})
+        if (l->weight.defined() && targeted(l->hfPath, d))
+          addLora(*l);
+      for (LoraLinear *l : layers[i].deltaNet.linears())
+        if (l->weight.defined() && targeted(l->hfPath, d))
+          addLora(*l);
+      for (LoraLinear *l : layers[i].lightning.linears())
         if (l->weight.defined() && targeted(l->hfPath, d))
           addLora(*l);
       if (f.isMoe())
@@ -337,13 +435,26 @@ public:
           if (targeted(x->hfParam, d))
             addLora(*x);
     }
+    // Vision blocks: only the modules named (attn.qkv, attn.proj, mlp.linear_fc1/2).
+    if (vision)
+      for (auto &[local, l] : vision->adaptable())
+        if (std::find(def.lora.modules.begin(), def.lora.modules.end(), local) != def.lora.modules.end())
+          addLora(*l);
   }
 
   // -- forward -------------------------------------------------------------
 
-  torch::Tensor hidden(const torch::Tensor &ids, bool training) {
+  /// Runs the vision tower and puts its features into the embeddings \p x.
+  ImageSplice spliceImages(const torch::Tensor &ids, const ImageInput &images, torch::Tensor &x, bool training);
+
+  torch::Tensor hidden(const torch::Tensor &ids, bool training, const ImageInput *images = nullptr) {
     torch::Tensor x = torch::embedding(embedding, ids.to(options.device));
     const int64_t seqLen = ids.size(1);
+    // Images: merged features replace the placeholder tokens' embeddings;
+    // deepstack features are added after the first text layers.
+    ImageSplice splice;
+    if (images && !images->empty())
+      splice = spliceImages(ids, *images, x, training);
     // One table per distinct RoPE (by the layer that first uses it).
     std::map<size_t, RopeTables> tables;
     const RopeTables none;
@@ -352,13 +463,22 @@ public:
       const RopeDef &rope = layer.attention.def.rope;
       auto it = tables.find(ropeOwner[i]);
       if (it == tables.end() && rope.rotaryDim > 0)
-        it = tables.emplace(ropeOwner[i], ropeTables(rope, seqLen, x.device())).first;
+        it = tables
+                 .emplace(ropeOwner[i], splice.positions.defined() && !rope.mropeSection.empty()
+                                            ? mropeTables(rope, splice.positions, x.device())
+                                            : ropeTables(rope, seqLen, x.device()))
+                 .first;
       const RopeTables &t = it == tables.end() ? none : it->second;
-      torch::Tensor attn = layer.attention.forward(rmsNorm(x, layer.inputNorm, def.normEps), t, training);
-      x = x + attn;
+      torch::Tensor normed = norm(x, layer.inputNorm);
+      torch::Tensor attn = layer.isDeltaNet    ? layer.deltaNet.forward(normed, training)
+                           : layer.isLightning ? layer.lightning.forward(normed, training)
+                                               : layer.attention.forward(normed, t, training);
+      const LayerDef &ld = def.layers[i];
+      x = scaledResidual(ld.normedResidual ? normed : x, attn, ld.attentionResidualAlpha, ld.attentionResidualBeta);
       torch::Tensor load;
-      torch::Tensor ffn = layer.ffn.forward(rmsNorm(x, layer.postAttentionNorm, def.normEps), training, &load);
-      x = x + ffn;
+      torch::Tensor ffnIn = norm(x, layer.postAttentionNorm);
+      torch::Tensor ffn = layer.ffn.forward(ffnIn, training, &load);
+      x = scaledResidual(ld.normedResidual ? ffnIn : x, ffn, ld.ffnResidualAlpha, ld.ffnResidualBeta);
       if (capture) {
         std::string prefix = "layers." + std::to_string(i) + ".";
         capture->push_back({prefix + "attention", attn.detach()});
@@ -366,10 +486,42 @@ public:
         capture->push_back({prefix + "output", x.detach()});
       }
       lastLoad[i] = load.defined() ? load.detach() : torch::Tensor();
+      if (i < splice.deepstack.size())
+        x = x.flatten(0, 1).index_add(0, splice.rows, splice.deepstack[i].to(x.scalar_type())).view_as(x);
     }
-    return rmsNorm(x, finalNorm, def.normEps);
+    return norm(x, finalNorm);
+  }
+
+  /// The decoder's RMSNorm: zero-centred (scale 1 + weight) when the model says so.
+  torch::Tensor norm(const torch::Tensor &x, const torch::Tensor &weight) const {
+    return def.normWeightOffset ? zeroCentredRmsNorm(x, weight, def.normEps) : rmsNorm(x, weight, def.normEps);
   }
 };
+
+ImageSplice ModelImpl::spliceImages(const torch::Tensor &ids, const ImageInput &images, torch::Tensor &x,
+                                     bool training) {
+  if (!vision)
+    throw badInput("batch", "images", "expected a model with a vision tower (ModelDef.vision) for a batch with images");
+  const VisionDef &vd = def.vision;
+  VisionOutput features = vision->forward(images, training);
+  torch::Tensor mask = ids.to(x.device()) == vd.imageTokenId; // [B, T]
+  ImageSplice s;
+  s.rows = mask.flatten().nonzero().squeeze(1);
+  if (s.rows.size(0) != features.merged.size(0))
+    throw badInput("batch", "input_ids",
+                   "expected one image token (id " + std::to_string(vd.imageTokenId) + ") per merged image feature: " +
+                       std::to_string(features.merged.size(0)) + " features, " + std::to_string(s.rows.size(0)) +
+                       " tokens");
+  x = x.flatten(0, 1).index_copy(0, s.rows, features.merged.to(x.scalar_type())).view_as(x);
+  s.deepstack = std::move(features.deepstack);
+  s.positions = mropePositions(ids, images.gridThw, vd.imageTokenId, vd.spatialMerge);
+  if (capture) {
+    capture->push_back({"vision.merged", features.merged.detach()});
+    for (size_t k = 0; k < s.deepstack.size(); ++k)
+      capture->push_back({"vision.deepstack." + std::to_string(k), s.deepstack[k].detach()});
+  }
+  return s;
+}
 
 Model::Model(const ModelDef &def, const std::string &modelDir, const ModelOptions &options)
     : impl(std::make_unique<ModelImpl>(def, modelDir, options)) {
@@ -380,13 +532,19 @@ Model::~Model() = default;
 
 const ModelDef &Model::def() const { return impl->def; }
 
-torch::Tensor Model::logits(const torch::Tensor &ids) {
-  torch::Tensor h = impl->hidden(ids, /*training=*/false);
+torch::Tensor Model::logits(const torch::Tensor &ids) { return logits(ids, ImageInput{}); }
+
+torch::Tensor Model::logits(const torch::Tensor &ids, const ImageInput &images) {
+  torch::Tensor h = impl->hidden(ids, /*training=*/false, &images);
   return torch::linear(h, impl->lmHead).to(torch::kFloat32);
 }
 
 torch::Tensor Model::loss(const torch::Tensor &ids, const torch::Tensor &labels) {
-  torch::Tensor h = impl->hidden(ids, /*training=*/true);
+  return loss(ids, labels, ImageInput{});
+}
+
+torch::Tensor Model::loss(const torch::Tensor &ids, const torch::Tensor &labels, const ImageInput &images) {
+  torch::Tensor h = impl->hidden(ids, /*training=*/true, &images);
   torch::Tensor logits = torch::linear(h, impl->lmHead).to(torch::kFloat32);
   const int64_t seqLen = ids.size(1);
   torch::Tensor shifted = logits.narrow(1, 0, seqLen - 1).reshape({-1, logits.size(-1)});
@@ -406,10 +564,15 @@ std::vector<AdapterTensor> Model::adapters() const {
   };
   for (const Layer &layer : impl->layers) {
     const AttentionLayer &a = layer.attention;
-    for (const LoraLinear *l : {&a.q, &a.k, &a.v, &a.o, &a.qA, &a.qB, &a.kvA, &a.kvB})
+    for (const LoraLinear *l : {&a.q, &a.k, &a.v, &a.o, &a.qA, &a.qB, &a.kvA, &a.kvB, &a.indexQ, &a.indexK, &a.indexWeights})
       addLinear(*l);
     const FfnLayer &f = layer.ffn;
-    for (const LoraLinear *l : {&f.router, &f.gate, &f.up, &f.down, &f.sharedGate, &f.sharedUp, &f.sharedDown})
+    for (const LoraLinear *l : {&f.router, &f.gate, &f.up, &f.down, &f.sharedGate, &f.sharedUp, &f.sharedDown,
+                                &f.sharedExpertGate})
+      addLinear(*l);
+    for (const LoraLinear *l : layer.lightning.linears())
+      addLinear(*l);
+    for (const LoraLinear *l : layer.deltaNet.linears())
       addLinear(*l);
     // PEFT nests one ParamWrapper per targeted parameter of the experts
     // module; with both targeted, gate_up_proj is the inner (base_layer) one.
@@ -427,6 +590,9 @@ std::vector<AdapterTensor> Model::adapters() const {
       }
     }
   }
+  if (impl->vision)
+    for (const auto &[local, l] : std::as_const(*impl->vision).adaptable())
+      addLinear(*l);
   return out;
 }
 
@@ -437,7 +603,13 @@ std::string Model::peftConfigJson(const std::string &baseModelPath) const {
     const std::string &prefix = impl->def.layers[i].hfPrefix;
     auto rel = [&](const std::string &path) { return path.substr(prefix.size()); };
     const AttentionLayer &a = layer.attention;
-    for (const LoraLinear *l : {&a.q, &a.k, &a.v, &a.o, &a.qA, &a.qB, &a.kvA, &a.kvB})
+    for (const LoraLinear *l : {&a.q, &a.k, &a.v, &a.o, &a.qA, &a.qB, &a.kvA, &a.kvB, &a.indexQ, &a.indexK, &a.indexWeights})
+      if (l->hasLora())
+        modules.insert(rel(l->hfPath));
+    for (const LoraLinear *l : layer.lightning.linears())
+      if (l->hasLora())
+        modules.insert(rel(l->hfPath));
+    for (const LoraLinear *l : layer.deltaNet.linears())
       if (l->hasLora())
         modules.insert(rel(l->hfPath));
     const FfnLayer &f = layer.ffn;
@@ -459,10 +631,16 @@ std::string Model::peftConfigJson(const std::string &baseModelPath) const {
     }
     if (f.router.hasLora())
       parameters.insert(rel(f.router.hfPath) + ".weight");
+    if (f.sharedExpertGate.hasLora())
+      modules.insert(rel(f.sharedExpertGate.hfPath));
     for (const ExpertLinear *x : {&f.gateUp, &f.expertDown})
       if (x->hasLora())
         parameters.insert(rel(x->hfParam));
   }
+  if (impl->vision)
+    for (const auto &[local, l] : std::as_const(*impl->vision).adaptable())
+      if (l->hasLora())
+        modules.insert(local);
   auto list = [](const std::set<std::string> &items) {
     std::string s = "[";
     for (const std::string &i : items)
@@ -523,12 +701,22 @@ std::vector<std::pair<std::string, torch::Tensor>> Model::mergedWeights() const 
   auto emit = [&](const std::string &name, const torch::Tensor &t) {
     out.push_back({name, t.to(dtypeOf(name)).cpu().contiguous()});
   };
+  if (impl->vision)
+    for (const auto &[local, l] : std::as_const(*impl->vision).adaptable())
+      if (l->hasLora())
+        emit(l->checkpointName, mergedLinear(*l));
   for (size_t i = 0; i < impl->layers.size(); ++i) {
     const Layer &layer = impl->layers[i];
     const AttentionLayer &a = layer.attention;
     const FfnLayer &f = layer.ffn;
-    for (const LoraLinear *l : {&a.q, &a.k, &a.v, &a.o, &a.qA, &a.qB, &a.kvA, &a.kvB, &f.router, &f.gate,
-                                &f.up, &f.down, &f.sharedGate, &f.sharedUp, &f.sharedDown})
+    for (const LoraLinear *l : {&a.q, &a.k, &a.v, &a.o, &a.qA, &a.qB, &a.kvA, &a.kvB, &a.indexQ, &a.indexK, &a.indexWeights, &f.router, &f.gate,
+                                &f.up, &f.down, &f.sharedGate, &f.sharedUp, &f.sharedDown, &f.sharedExpertGate})
+      if (l->hasLora())
+        emit(l->checkpointName, mergedLinear(*l));
+    for (const LoraLinear *l : layer.lightning.linears())
+      if (l->hasLora())
+        emit(l->checkpointName, mergedLinear(*l));
+    for (const LoraLinear *l : layer.deltaNet.linears())
       if (l->hasLora())
         emit(l->checkpointName, mergedLinear(*l));
     const auto &w = f.def.weights;
@@ -609,7 +797,35 @@ double Model::flopsPerToken(int64_t seqLen) const {
   for (const LayerDef &l : d.layers) {
     const AttentionDef &a = l.attention;
     double proj;
-    if (a.kind == AttentionKind::Mla) {
+    if (a.kind == AttentionKind::GatedDeltaNet) {
+      // Projections, plus per value head the chunked rule's state reads and
+      // writes (~4 dk dv) and its intra-chunk matrices (~2 C (dk + dv)).
+      const LinearAttentionDef &g = a.linear;
+      const double keyDim = g.keyHeads * g.keyHeadDim, valueDim = g.valueHeads * g.valueHeadDim;
+      flops += 2.0 * d.hidden * (2 * keyDim + 2 * valueDim + 2 * g.valueHeads + valueDim) +
+               2.0 * g.valueHeads * (4.0 * g.keyHeadDim * g.valueHeadDim +
+                                     2.0 * g.chunkSize * (g.keyHeadDim + g.valueHeadDim));
+      const FfnDef &f = l.ffn;
+      flops += 2.0 * (f.experts > 0 ? 3.0 * d.hidden * f.intermediate * f.topK + d.hidden * f.experts +
+                                          3.0 * d.hidden * f.sharedIntermediate
+                                    : 3.0 * d.hidden * f.intermediate);
+      continue;
+    }
+    if (a.kind == AttentionKind::Lightning) {
+      // qkv_proj, output_gate, out_proj; per head the state read and update
+      // (~4 d^2) and the intra-block products (~2 b d, b the block).
+      const LinearAttentionDef &g = a.linear;
+      const double width = g.keyHeads * g.keyHeadDim;
+      flops += 2.0 * d.hidden * 5.0 * width +
+               2.0 * g.keyHeads * (4.0 * g.keyHeadDim * g.keyHeadDim +
+                                   2.0 * std::min<double>(g.chunkSize, seqLen) * g.keyHeadDim);
+      const FfnDef &f = l.ffn;
+      flops += 2.0 * (f.experts > 0 ? 3.0 * d.hidden * f.intermediate * f.topK + d.hidden * f.experts +
+                                          3.0 * d.hidden * f.sharedIntermediate
+                                    : 3.0 * d.hidden * f.intermediate);
+      continue;
+    }
+    if (a.kind == AttentionKind::Mla || a.kind == AttentionKind::SparseMla) {
       double qHead = a.qkNopeDim + a.qkRopeDim;
       double q = a.qLoraRank > 0 ? a.qLoraRank * (d.hidden + a.heads * qHead) : d.hidden * a.heads * qHead;
       proj = q + d.hidden * (a.kvLoraRank + a.qkRopeDim) + a.kvLoraRank * a.heads * (a.qkNopeDim + a.vHeadDim) +
@@ -622,6 +838,9 @@ double Model::flopsPerToken(int64_t seqLen) const {
       span = std::min<double>(span, a.slidingWindow);
     if (a.chunkSize > 0)
       span = std::min<double>(span, a.chunkSize / 2.0);
+    if (a.kind == AttentionKind::SparseMla) // top-k keys, plus the indexer's scores over seqLen / 2
+      span = std::min<double>(span, a.indexer.topK) +
+             a.indexer.heads * a.indexer.headDim * (seqLen / 2.0) / (a.heads * (a.headDim + a.vHeadDim));
     flops += 2.0 * proj + 2.0 * a.heads * (a.headDim + a.vHeadDim) * span;
     const FfnDef &f = l.ffn;
     double ffn = f.experts > 0 ? 3.0 * d.hidden * f.intermediate * f.topK + d.hidden * f.experts +

@@ -10,6 +10,7 @@
 #define ADAPT_RUNTIME_MODEL_H
 
 #include "runtime/ModelDef.h"
+#include "runtime/Vision.h"
 
 #include <torch/torch.h>
 
@@ -58,6 +59,13 @@ public:
   /// Mean next-token cross-entropy: position t predicts ids[t+1]; labels
   /// equal to -100 are ignored. A scalar with a graph back to the adapters.
   torch::Tensor loss(const torch::Tensor &ids, const torch::Tensor &labels);
+  /// logits() and loss() for a batch with images (ModelDef.vision): the
+  /// vision tower's features replace the image placeholder tokens, deepstack
+  /// features join the first text layers, image tokens get M-RoPE positions.
+  /// Empty \p images: the text-only forward. Throws BadInput when the model
+  /// has no vision tower or the tokens do not match the images.
+  torch::Tensor logits(const torch::Tensor &ids, const ImageInput &images);
+  torch::Tensor loss(const torch::Tensor &ids, const torch::Tensor &labels, const ImageInput &images);
 
   /// Every adapter tensor, in a fixed order (layer, module, A before B).
   std::vector<AdapterTensor> adapters() const;

@@ -33,6 +33,12 @@ struct RopeDef {
   double mscale = 1.0, mscaleAllDim = 0.0;         ///< YaRN (DeepSeek form).
   bool truncate = true;                            ///< YaRN: round the ramp bounds.
   double lowFreqFactor = 1.0, highFreqFactor = 4.0; ///< llama3.
+  /// Interleaved M-RoPE (Qwen3-VL): frequencies per position axis (t, h, w),
+  /// summing to rotaryDim/2. Frequency i rotates by the h position when
+  /// i % 3 == 1 and i < 3*section[1], by w when i % 3 == 2 and i < 3*section[2],
+  /// else by t. Empty: one position axis (plain RoPE). Text-only batches give
+  /// all three axes the same position, which is plain RoPE.
+  std::vector<int64_t> mropeSection;
 };
 
 /// Which token mixer a layer uses.
@@ -54,6 +60,11 @@ struct LinearAttentionDef {
   int64_t convKernel = 0;  ///< Short causal depthwise convolution width (0: none).
   int64_t chunkSize = 64;  ///< Chunk length of the chunked training form.
   // -- linear attention kind-specific fields below (one block per kind) --
+  // Lightning (MiniMax): chunkSize is the config's block_size (the blocked
+  // form's block; the result does not depend on it). The decay slopes follow
+  // from keyHeads, LayerDef::index and decayLayers; q, k, v are SiLU(qkv_proj).
+  int64_t decayLayers = 0;    ///< Lightning: num_hidden_layers in the slope's layer factor.
+  double outputNormEps = 1e-6; ///< Lightning: eps of the output RMSNorm (transformers' default, not rms_norm_eps).
 };
 
 /// DeepSeek sparse attention's lightning indexer: which keys each query sees.
@@ -61,6 +72,18 @@ struct SparseIndexerDef {
   int64_t heads = 0, headDim = 0;
   int64_t topK = 0;        ///< Keys kept per query.
   // -- indexer-specific fields below --
+  /// The indexer's own RoPE layout on the first qkRopeDim dims of its heads:
+  /// adjacent pairs (GLM-5) or halves (DeepSeek-V3.2). The MLA part keeps
+  /// AttentionDef::rope.interleaved.
+  bool ropeInterleaved = false;
+  double keyNormEps = 1e-6;   ///< indexer.k_norm is a LayerNorm (weight and bias).
+  /// Epsilon of the SparseMla layer's q_a_layernorm and kv_a_layernorm:
+  /// transformers' DSA classes build them with the default 1e-6, not
+  /// rms_norm_eps (GLM-5: 1e-5).
+  double latentNormEps = 1e-6;
+  int64_t queryBlock = 64;    ///< Queries scored and attended per block.
+  /// Role -> checkpoint name (in AttentionDef::weights): indexer.wq_b,
+  /// indexer.wk, indexer.k_norm, indexer.k_norm.bias, indexer.weights_proj.
 };
 
 /// One attention layer: GQA/MHA (with QK-norm, biases, sinks, windows) or
@@ -121,7 +144,9 @@ struct FfnDef {
   bool expertBias = false;
   /// Checkpoint stores fused gate_up: "" per-expert split tensors,
   /// "concat_out_in" [E, 2I, H] gate then up, "interleaved_in_out" [E, H, 2I]
-  /// gate/up alternating (gpt-oss), "concat_in_out" [E, H, 2I] (Llama-4).
+  /// gate/up alternating (gpt-oss), "concat_in_out" [E, H, 2I] (Llama-4),
+  /// "concat_in_out_converted" [E, H, 2I] on disk that transformers (and so
+  /// PEFT) holds as [E, 2I, H] (Qwen3-VL-MoE).
   std::string fusedLayout;
   int64_t sharedIntermediate = 0; ///< Shared expert width (all shared fused).
   bool sharedGate = false;        ///< Sigmoid gate on the shared expert.
@@ -142,9 +167,13 @@ struct LayerDef {
   /// "model.layers.3." The FFN's module is "mlp." there in every family.
   std::string hfPrefix;
   std::string hfAttention = "self_attn.", hfFfn = "mlp.";
-  /// Residual scaling (MiniMax-M1 with postnorm false): h = alpha * h + beta * f(norm(h)); 1, 1 otherwise.
+  /// Residual scaling (MiniMax): h' = alpha * r + beta * f(norm(h)), where the
+  /// residual r is h, or norm(h) when normedResidual; 1, 1 otherwise.
   double attentionResidualAlpha = 1.0, attentionResidualBeta = 1.0;
   double ffnResidualAlpha = 1.0, ffnResidualBeta = 1.0;
+  /// MiniMax-M1 postnorm (always so in transformers' MiniMaxDecoderLayer): the
+  /// residual of both sublayers is the normalised input, not the input.
+  bool normedResidual = false;
 };
 
 /// The LoRA adapters: settings, and the modules that get them.
@@ -163,6 +192,27 @@ struct LoraDef {
   bool router = false;   ///< Record: --lora-router was given.
 };
 
+/// The Qwen3-VL vision tower: patch embedding, learned position embeddings
+/// bilinearly resampled to each image's grid, 2-D rotary ViT blocks with
+/// attention inside each image, a 2x2 patch merger into the text width and
+/// deepstack mergers whose features are added to the first text layers'
+/// outputs. depth == 0: no tower (text-only model).
+struct VisionDef {
+  int64_t depth = 0, hidden = 0, heads = 0, intermediate = 0;
+  int64_t patchSize = 16, temporalPatch = 2, inChannels = 3, spatialMerge = 2;
+  int64_t numPositions = 0;     ///< Learned position embeddings (a square grid).
+  int64_t outHidden = 0;        ///< Merger output width (the text hidden size).
+  std::vector<int64_t> deepstackLayers; ///< Blocks whose output feeds a deepstack merger.
+  std::string act = "gelu_pytorch_tanh"; ///< Block MLP activation (mergers use exact GELU).
+  double ropeTheta = 10000.0;   ///< 2-D (axial) rotary base.
+  double normEps = 1e-6;        ///< LayerNorm epsilon.
+  int64_t imageTokenId = -1;    ///< Placeholder token the merged features replace.
+  /// Checkpoint prefix of the tower's tensors; also its module path in the
+  /// Hugging Face model ("model.visual.").
+  std::string prefix = "model.visual.";
+  bool enabled() const { return depth > 0; }
+};
+
 /// The whole decoder-only model.
 struct ModelDef {
   std::string family;       ///< adapt's family id, e.g. "qwen3_moe".
@@ -176,6 +226,7 @@ struct ModelDef {
   bool normWeightOffset = false;
   std::vector<LayerDef> layers;
   LoraDef lora;
+  VisionDef vision;         ///< Image encoder (Qwen3-VL); depth 0: none.
 };
 
 } // namespace adapt::rt

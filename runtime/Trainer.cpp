@@ -395,7 +395,7 @@ int Trainer::run(const PackedDataset &data) {
     Batch b = data.batch(index, opts.batch);
     torch::Tensor ids = b.ids.to(opts.device), labels = b.labels.to(opts.device);
     optimizer->zero_grad();
-    torch::Tensor loss = model.loss(ids, labels);
+    torch::Tensor loss = model.loss(ids, labels, ImageInput{b.pixels, b.gridThw});
     const double lossValue = loss.item<double>();
     auto notFinite = [&](const char *what, double v) {
       return RuntimeError("", "",

@@ -101,9 +101,17 @@ int validateModelStage(Model &model, const std::string &modelDir, const std::str
     }
   }
   torch::Tensor ids = fixture.view("input_ids").to(torch::kInt64).clone();
+  // A family with a vision tower: the fixture's images go through it.
+  ImageInput images;
+  if (fixture.find("pixel_values")) {
+    if (!fixture.find("image_grid_thw"))
+      throw badInput(dataPath, "image_grid_thw", "expected the images' grids next to pixel_values");
+    images.pixels = fixture.view("pixel_values").to(torch::kFloat32).clone();
+    images.gridThw = fixture.view("image_grid_thw").to(torch::kInt64).clone();
+  }
   std::vector<std::pair<std::string, torch::Tensor>> activations;
   model.captureActivations(&activations);
-  torch::Tensor loss = model.loss(ids, ids);
+  torch::Tensor loss = model.loss(ids, ids, images);
   model.captureActivations(nullptr);
   loss.backward();
   activations.clear();
@@ -111,7 +119,7 @@ int validateModelStage(Model &model, const std::string &modelDir, const std::str
   torch::Tensor logits;
   {
     torch::NoGradGuard noGrad;
-    logits = model.logits(ids);
+    logits = model.logits(ids, images);
   }
   model.captureActivations(nullptr);
 

@@ -29,10 +29,16 @@ import sys
 import peft
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from make_fixture import lora_targets  # noqa: E402
+
+
+def reference_class(model_dir):
+    """Qwen3-VL loads as its conditional-generation class (text-only batches here)."""
+    vision = hasattr(AutoConfig.from_pretrained(model_dir), "vision_config")
+    return AutoModelForImageTextToText if vision else AutoModelForCausalLM
 
 
 def main():
@@ -51,8 +57,8 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).to(args.device)
-    vocab = model.config.vocab_size
+    model = reference_class(args.model).from_pretrained(args.model, dtype=dtype).to(args.device)
+    vocab = getattr(model.config, "text_config", model.config).vocab_size
     modules, params = lora_targets(model)
     config = peft.LoraConfig(r=args.rank, lora_alpha=2 * args.rank, target_modules=modules,
                              target_parameters=params or None)
@@ -130,12 +136,12 @@ def main():
         a, b = a.double().flatten(), b.double().flatten()
         return (a @ b / (a.norm() * b.norm())).item()
 
-    base = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    base = reference_class(args.model).from_pretrained(args.model, dtype=torch.float32)
     with torch.no_grad():
         peft_logits = peft.PeftModel.from_pretrained(base, peft_adapter)(probe).logits
     ours_logits = load_file(logits_file)["logits"]
     peft_into_ours = cosine(ours_logits, peft_logits)
-    base = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    base = reference_class(args.model).from_pretrained(args.model, dtype=torch.float32)
     ours_adapter = os.path.join(args.out, "ours-adapter")
     proc = subprocess.run([args.train, "--model", args.model, "--data", data, "--out", os.path.join(args.out, "probe2"),
                            "--batch", str(args.batch), "--seq-len", str(args.seq_len), "--dtype", "fp32",

@@ -661,6 +661,7 @@ std::vector<Check> registry() {
   addLinearAttentionChecks(all);
   addSparseAttentionChecks(all);
   addVisionChecks(all);
+  addLightningChecks(all);
   return all;
 }
 

@@ -125,6 +125,8 @@ void addLinearAttentionChecks(std::vector<Check> &all);
 void addSparseAttentionChecks(std::vector<Check> &all);
 /// The Qwen3-VL vision tower's ops (OpCheckVision.cpp).
 void addVisionChecks(std::vector<Check> &all);
+/// MiniMax lightning attention, blocked and recurrent (OpCheckLightning.cpp).
+void addLightningChecks(std::vector<Check> &all);
 
 } // namespace adapt::rt::opcheck
 

@@ -1,13 +1,165 @@
 //===- OpCheckLinear.cpp - op-stage checks: linear attention (gated delta rule, Kimi delta, lightning) ===//
 //
 // Checks of linear attention (gated delta rule, Kimi delta, lightning) against float64 references written here.
+// The references are the definitions, token by token: the state update
+// S_t = (I - b_t k_t k_t^T) diag(exp(g_t)) S_{t-1} + b_t k_t v_t^T as matrix
+// products, the convolution as a sum over the window, the norms as formulas.
 //
 //===----------------------------------------------------------------------===//
 
 #include "runtime/tools/OpCheckHarness.h"
 
+#include "runtime/LinearAttention.h"
+
 namespace adapt::rt::opcheck {
 
-void addLinearAttentionChecks(std::vector<Check> &all) { (void)all; }
+namespace {
+
+/// The gated delta rule in float64, one token at a time, for q, k [B, H, T,
+/// dk], v [B, H, T, dv], g [B, H, T] or [B, H, T, dk], beta [B, H, T].
+Tensor refDeltaRule(const Tensor &q, const Tensor &k, const Tensor &v, const Tensor &g, const Tensor &beta) {
+  const int64_t B = k.size(0), H = k.size(1), T = k.size(2), dk = k.size(3), dv = v.size(3);
+  const double scale = 1.0 / std::sqrt(double(dk));
+  Tensor eye = torch::eye(dk, f64);
+  std::vector<Tensor> rows;
+  for (int64_t b = 0; b < B; ++b) {
+    std::vector<Tensor> heads;
+    for (int64_t h = 0; h < H; ++h) {
+      Tensor S = torch::zeros({dk, dv}, f64);
+      std::vector<Tensor> outs;
+      for (int64_t t = 0; t < T; ++t) {
+        Tensor kt = k[b][h][t].unsqueeze(1), vt = v[b][h][t].unsqueeze(1), qt = q[b][h][t].unsqueeze(1);
+        Tensor decay = g.dim() == 4 ? torch::diag(torch::exp(g[b][h][t])) : torch::exp(g[b][h][t]) * eye;
+        Tensor bt = beta[b][h][t];
+        S = torch::matmul(eye - bt * torch::matmul(kt, kt.t()), torch::matmul(decay, S)) + bt * torch::matmul(kt, vt.t());
+        outs.push_back(torch::matmul(S.t(), qt).squeeze(1) * scale);
+      }
+      heads.push_back(torch::stack(outs));
+    }
+    rows.push_back(torch::stack(heads));
+  }
+  return torch::stack(rows);
+}
+
+struct DeltaCase {
+  int64_t H, T, dk, dv, chunk;
+  bool perChannel = false;
+  bool recurrent = false; ///< Check the recurrent form instead of the chunked one.
+};
+
+Trial deltaRuleTrial(const Ctx &c, const DeltaCase &d) {
+  const int64_t B = 2;
+  // Unit keys and queries, as the layers feed them (l2-normalised).
+  auto unit = [](Tensor x) { return x / x.norm(2, -1, true); };
+  Input q = input(c, unit(torch::randn({B, d.H, d.T, d.dk}, f64)), true);
+  Input k = input(c, unit(torch::randn({B, d.H, d.T, d.dk}, f64)), true);
+  Input v = input(c, torch::randn({B, d.H, d.T, d.dv}, f64), true);
+  std::vector<int64_t> gShape = {B, d.H, d.T};
+  if (d.perChannel)
+    gShape.push_back(d.dk);
+  // Log decays spread over (-3, 0): some strong, some close to 1.
+  Input g = input(c, -torch::nn::functional::softplus(torch::randn(gShape, f64) * 1.5 - 1.0), true);
+  Input beta = input(c, torch::sigmoid(torch::randn({B, d.H, d.T}, f64)), true);
+  DeltaRuleInputs in{q.ours, k.ours, v.ours, g.ours, beta.ours};
+  Tensor ours = d.recurrent ? gatedDeltaRuleRecurrent(in) : gatedDeltaRuleChunked(in, d.chunk);
+  Tensor ref = refDeltaRule(q.ref, k.ref, v.ref, g.ref, beta.ref);
+  Trial t{{"out", ours, ref}};
+  backward(t, ours, ref, {{"q", &q}, {"k", &k}, {"v", &v}, {"g", &g}, {"beta", &beta}});
+  return t;
+}
+
+/// Causal depthwise convolution + SiLU in float64, summing the window.
+Tensor refConv(const Tensor &x, const Tensor &w) {
+  const int64_t T = x.size(1), K = w.size(1);
+  std::vector<Tensor> outs;
+  for (int64_t t = 0; t < T; ++t) {
+    Tensor acc = torch::zeros({x.size(0), x.size(2)}, f64);
+    for (int64_t j = 0; j < K; ++j) {
+      int64_t src = t - (K - 1) + j;
+      if (src >= 0)
+        acc = acc + x.select(1, src) * w.select(1, j);
+    }
+    outs.push_back(acc * torch::sigmoid(acc));
+  }
+  return torch::stack(outs, 1);
+}
+
+Trial convTrial(const Ctx &c, int64_t T, int64_t C, int64_t K) {
+  Input x = input(c, torch::randn({2, T, C}, f64), true);
+  Input w = input(c, torch::randn({C, K}, f64) * 0.5, true);
+  Tensor ours = causalConv1dSilu(x.ours, w.ours.unsqueeze(1));
+  Tensor ref = refConv(x.ref, w.ref);
+  Trial t{{"out", ours, ref}};
+  backward(t, ours, ref, {{"x", &x}, {"w", &w}});
+  return t;
+}
+
+Tensor refRms(const Tensor &x, double eps) { return x / torch::sqrt(x.pow(2).mean(-1, true) + eps); }
+
+Trial gatedNormTrial(const Ctx &c, int64_t N, int64_t D) {
+  Input x = input(c, torch::randn({N, D}, f64), true);
+  Input z = input(c, torch::randn({N, D}, f64), true);
+  Input w = input(c, torch::randn({D}, f64) * 0.1 + 1.0, true);
+  Tensor ours = gatedRmsNorm(x.ours, w.ours, z.ours, 1e-6);
+  Tensor ref = refRms(x.ref, 1e-6) * w.ref * z.ref * torch::sigmoid(z.ref);
+  Trial t{{"out", ours, ref}};
+  backward(t, ours, ref, {{"x", &x}, {"z", &z}, {"w", &w}});
+  return t;
+}
+
+Trial zeroCentredTrial(const Ctx &c, int64_t N, int64_t D) {
+  Input x = input(c, torch::randn({N, D}, f64), true);
+  Input w = input(c, torch::randn({D}, f64) * 0.1, true);
+  Tensor ours = zeroCentredRmsNorm(x.ours, w.ours, 1e-6);
+  Tensor ref = refRms(x.ref, 1e-6) * (1.0 + w.ref);
+  Trial t{{"out", ours, ref}};
+  backward(t, ours, ref, {{"x", &x}, {"w", &w}});
+  return t;
+}
+
+Trial l2Trial(const Ctx &c, int64_t N, int64_t D) {
+  Input x = input(c, torch::randn({N, D}, f64), true);
+  Tensor ours = l2Normalize(x.ours, 1e-6);
+  Tensor ref = x.ref / torch::sqrt(x.ref.pow(2).sum(-1, true) + 1e-6);
+  Trial t{{"out", ours, ref}};
+  backward(t, ours, ref, {{"x", &x}});
+  return t;
+}
+
+} // namespace
+
+void addLinearAttentionChecks(std::vector<Check> &all) {
+  auto delta = [&](const std::string &id, DeltaCase d) {
+    std::string shape = shapeText({{"B", 2}, {"H", d.H}, {"T", d.T}, {"dk", d.dk}, {"dv", d.dv}});
+    if (!d.recurrent)
+      shape += " C" + std::to_string(d.chunk);
+    addCheck(all, id, shape, [=](const Ctx &c) { return deltaRuleTrial(c, d); });
+  };
+  // Gated delta rule (one decay per head): T a multiple of the chunk, not
+  // one, shorter than one; dk != dv.
+  delta("gated_delta_rule.recurrent", {3, 13, 8, 12, 0, false, true});
+  delta("gated_delta_rule.chunked", {3, 16, 8, 8, 8});
+  delta("gated_delta_rule.chunked", {3, 13, 8, 12, 5});
+  delta("gated_delta_rule.chunked", {2, 5, 16, 10, 16});
+  delta("gated_delta_rule.chunked", {3, 37, 10, 6, 8});
+  delta("gated_delta_rule.chunked", {2, 67, 16, 16, 64});
+  // Kimi delta attention (one decay per key channel).
+  delta("kimi_delta.recurrent", {3, 13, 8, 12, 0, true, true});
+  delta("kimi_delta.chunked", {3, 16, 8, 8, 8, true});
+  delta("kimi_delta.chunked", {3, 13, 8, 12, 5, true});
+  delta("kimi_delta.chunked", {2, 5, 16, 10, 16, true});
+  delta("kimi_delta.chunked", {3, 37, 10, 6, 8, true});
+  delta("kimi_delta.chunked", {2, 67, 16, 16, 64, true});
+
+  for (auto [T, C, K] : std::vector<std::array<int64_t, 3>>{{13, 10, 4}, {3, 7, 4}, {17, 5, 2}})
+    addCheck(all, "causal_conv1d.silu", shapeText({{"B", 2}, {"T", T}, {"C", C}, {"K", K}}),
+             [=](const Ctx &c) { return convTrial(c, T, C, K); });
+  for (auto [N, D] : std::vector<std::array<int64_t, 2>>{{13, 16}, {7, 33}}) {
+    std::string shape = shapeText({{"N", N}, {"D", D}});
+    addCheck(all, "norm.gated_rms", shape, [=](const Ctx &c) { return gatedNormTrial(c, N, D); });
+    addCheck(all, "norm.zero_centred_rms", shape, [=](const Ctx &c) { return zeroCentredTrial(c, N, D); });
+    addCheck(all, "norm.l2", shape, [=](const Ctx &c) { return l2Trial(c, N, D); });
+  }
+}
 
 } // namespace adapt::rt::opcheck

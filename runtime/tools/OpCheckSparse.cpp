@@ -2,12 +2,162 @@
 //
 // Checks of DeepSeek sparse attention against float64 references written here.
 //
+// The reference indexer is the naive definition: for query t and visible key
+// j <= t, score = sum_h w[t, h] * relu(scale * q[t, h] . k[j]), keep the
+// min(k, t + 1) best. Equal scores (relu's zeros) make several selections
+// correct, so the selection is judged by a verdict (the right count, visible
+// keys only, nothing left out scoring above anything kept), and the attention
+// reference is dense masked attention in float64 whose mask is the top-k
+// selection: exp of the logit on selected visible keys, 0 elsewhere.
+//
 //===----------------------------------------------------------------------===//
 
 #include "runtime/tools/OpCheckHarness.h"
 
+#include "runtime/SparseAttention.h"
+
 namespace adapt::rt::opcheck {
 
-void addSparseAttentionChecks(std::vector<Check> &all) { (void)all; }
+namespace {
+
+/// One sparse attention case.
+struct SparseCase {
+  int64_t B, H, KV, T, Dq, Dv; ///< Attention: heads, KV heads (H % KV == 0).
+  int64_t indexHeads, indexDim, topK;
+  int64_t queryBlock;          ///< Block size of both ops (odd: ragged last block).
+};
+
+/// Float64 index scores [B, T, T] (-inf on future keys).
+Tensor refIndexScores(const Tensor &q, const Tensor &k, const Tensor &w, double scale) {
+  // q [B, H, T, D], k [B, T, D], w [B, T, H].
+  Tensor perHead = torch::relu(torch::einsum("bhtd,bsd->bths", {q, k}) * scale); // [B, T, H, S]
+  Tensor scores = torch::einsum("bth,bths->bts", {w, perHead});
+  const int64_t T = q.size(2);
+  Tensor future = torch::ones({T, T}, torch::kBool).triu(1);
+  return scores.masked_fill(future, -kInf);
+}
+
+/// What is wrong with \p selection against the float64 \p scores, "" if
+/// nothing: per query min(k, t + 1) distinct visible keys, and no visible key
+/// left out scoring above a kept one (beyond rounding).
+std::string judgeSelection(const SparseSelection &selection, const Tensor &scores, int64_t topK) {
+  Tensor idx = selection.indices.to(torch::kCPU, i64), valid = selection.valid.to(torch::kCPU);
+  const int64_t B = scores.size(0), T = scores.size(1);
+  if (idx.size(0) != B || idx.size(1) != T || idx.size(2) != std::min(topK, T))
+    return "indices " + str(idx.sizes()) + ", expected [" + std::to_string(B) + ", " + std::to_string(T) + ", " +
+           std::to_string(std::min(topK, T)) + "]";
+  auto ia = idx.accessor<int64_t, 3>();
+  auto va = valid.accessor<bool, 3>();
+  auto sa = scores.accessor<double, 3>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<bool> kept(T, false);
+      int64_t count = 0;
+      double worstKept = kInf, bestLeft = -kInf;
+      for (int64_t s = 0; s < idx.size(2); ++s) {
+        int64_t j = ia[b][t][s];
+        if (j < 0 || j >= T)
+          return "query " + std::to_string(t) + ": key " + std::to_string(j) + " out of range";
+        if (va[b][t][s] != (j <= t))
+          return "query " + std::to_string(t) + ": key " + std::to_string(j) + " marked " +
+                 (va[b][t][s] ? "valid" : "invalid");
+        if (!va[b][t][s])
+          continue;
+        if (kept[j])
+          return "query " + std::to_string(t) + ": key " + std::to_string(j) + " kept twice";
+        kept[j] = true;
+        ++count;
+        worstKept = std::min(worstKept, sa[b][t][j]);
+      }
+      if (count != std::min(topK, t + 1))
+        return "query " + std::to_string(t) + ": " + std::to_string(count) + " keys kept, expected " +
+               std::to_string(std::min(topK, t + 1));
+      for (int64_t j = 0; j <= t; ++j)
+        if (!kept[j])
+          bestLeft = std::max(bestLeft, sa[b][t][j]);
+      if (bestLeft > worstKept + 1e-5 * (1.0 + std::abs(worstKept)))
+        return "query " + std::to_string(t) + ": a key scoring " + std::to_string(bestLeft) +
+               " was left out while one scoring " + std::to_string(worstKept) + " was kept";
+    }
+  return "";
+}
+
+/// Dense float64 attention restricted to the selected keys of each query.
+Tensor refSparseAttention(const Tensor &q, const Tensor &k, const Tensor &v, const SparseSelection &selection,
+                          double scale) {
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), groups = H / k.size(1);
+  Tensor idx = selection.indices.to(torch::kCPU, i64);
+  Tensor keep = torch::zeros({B, T, T}, torch::kBool).scatter(2, idx, selection.valid.to(torch::kCPU));
+  keep = keep.logical_and(torch::ones({T, T}, torch::kBool).tril()); // causal, independently of `valid`
+  Tensor kk = k.repeat_interleave(groups, 1), vv = v.repeat_interleave(groups, 1);
+  Tensor logits = torch::matmul(q, kk.transpose(-1, -2)) * scale;
+  logits = logits.masked_fill(keep.logical_not().unsqueeze(1), -kInf);
+  Tensor probs = torch::softmax(logits, -1);
+  return torch::matmul(probs, vv);
+}
+
+Trial sparseTrial(const Ctx &c, const SparseCase &s) {
+  // The indexer: fp32 scores from inputs in the tested dtype.
+  Input iq = input(c, torch::randn({s.B, s.indexHeads, s.T, s.indexDim}, f64), false);
+  Input ik = input(c, torch::randn({s.B, s.T, s.indexDim}, f64), false);
+  Input iw = input(c, torch::randn({s.B, s.T, s.indexHeads}, f64), false);
+  const double indexScale = 1.0 / std::sqrt(double(s.indexDim));
+  SparseSelection selection = lightningTopK(iq.ours, ik.ours, iw.ours, indexScale, s.topK, s.queryBlock);
+  Tensor scores = refIndexScores(iq.ref, ik.ref, iw.ref, indexScale);
+  Trial t{verdict("selection", judgeSelection(selection, scores, s.topK))};
+
+  Input q = input(c, torch::randn({s.B, s.H, s.T, s.Dq}, f64), true);
+  Input k = input(c, torch::randn({s.B, s.KV, s.T, s.Dq}, f64), true);
+  Input v = input(c, torch::randn({s.B, s.KV, s.T, s.Dv}, f64), true);
+  const double scale = 1.0 / std::sqrt(double(s.Dq));
+  Tensor ours = sparseAttention(q.ours, k.ours, v.ours, selection, scale, s.queryBlock);
+  Tensor ref = refSparseAttention(q.ref, k.ref, v.ref, selection, scale);
+  t.push_back({"out", ours, ref});
+  backward(t, ours, ref, {{"q", &q}, {"k", &k}, {"v", &v}});
+  return t;
+}
+
+/// The indexer's RoPE relayout: rotating halves with relaid interleaved
+/// tables equals rotating halves with tables built that way (and back).
+Trial relayoutTrial(const Ctx &c, int64_t T, int64_t rotary) {
+  RopeDef pairs, halves;
+  pairs.rotaryDim = halves.rotaryDim = rotary;
+  pairs.interleaved = true;
+  pairs.scaling = halves.scaling = "yarn";
+  pairs.factor = halves.factor = 4.0;
+  pairs.originalMaxPositions = halves.originalMaxPositions = 16;
+  pairs.mscaleAllDim = halves.mscaleAllDim = 0.707;
+  RopeTables fromPairs = relayoutRope(ropeTables(pairs, T, c.device), true, false);
+  RopeTables fromHalves = relayoutRope(ropeTables(halves, T, c.device), false, true);
+  RopeTables wantHalves = ropeTables(halves, T, torch::kCPU), wantPairs = ropeTables(pairs, T, torch::kCPU);
+  return {{"cos halves", fromPairs.cos, wantHalves.cos.to(f64)},
+          {"sin halves", fromPairs.sin, wantHalves.sin.to(f64)},
+          {"cos pairs", fromHalves.cos, wantPairs.cos.to(f64)},
+          {"sin pairs", fromHalves.sin, wantPairs.sin.to(f64)}};
+}
+
+} // namespace
+
+void addSparseAttentionChecks(std::vector<Check> &all) {
+  auto sparse = [&](const char *id, SparseCase s) {
+    std::string shape = shapeText({{"B", s.B}, {"H", s.H}, {"KV", s.KV}, {"T", s.T}, {"Dq", s.Dq}, {"Dv", s.Dv},
+                                   {"Hi", s.indexHeads}, {"Di", s.indexDim}, {"k", s.topK}, {"blk", s.queryBlock}});
+    addCheck(all, id, shape, [=](const Ctx &c) { return sparseTrial(c, s); });
+  };
+  // T > k: keys are dropped once t + 1 > k; ragged query blocks.
+  sparse("sparse_attention.topk", {2, 4, 1, 37, 13, 11, 3, 10, 8, 7});
+  sparse("sparse_attention.topk", {1, 6, 2, 67, 20, 16, 4, 12, 5, 16});
+  sparse("sparse_attention.topk", {2, 3, 3, 29, 9, 7, 2, 6, 11, 64});
+  // MLA's latent form: one shared KV head, keys wider than values.
+  sparse("sparse_attention.latent", {1, 5, 1, 41, 24, 16, 4, 16, 6, 8});
+  // T < k: every visible key is kept (k' = T).
+  sparse("sparse_attention.short", {2, 4, 2, 5, 12, 10, 3, 8, 8, 2});
+  sparse("sparse_attention.short", {1, 3, 1, 7, 11, 11, 2, 6, 7, 64});
+  // One query per block.
+  sparse("sparse_attention.topk", {1, 2, 1, 13, 8, 8, 2, 6, 4, 1});
+  for (int64_t T : {7, 19})
+    addCheck(all, "sparse_attention.rope_relayout", shapeText({{"T", T}, {"rot", 8}}),
+             [=](const Ctx &c) { return relayoutTrial(c, T, 8); });
+}
 
 } // namespace adapt::rt::opcheck

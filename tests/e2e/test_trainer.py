@@ -27,7 +27,8 @@ import unittest
 
 ADAPT = None
 PYTHON = os.environ.get("ADAPT_PYTHON", "")
-FAMILIES = ["qwen3_moe", "mixtral", "deepseek_v3", "kimi_k2", "gpt_oss", "glm4_moe", "minimax_m2", "llama4"]
+FAMILIES = ["qwen3_moe", "mixtral", "deepseek_v3", "kimi_k2", "gpt_oss", "glm4_moe", "minimax_m2", "llama4", "minimax",
+            "qwen3_vl_moe", "qwen3_next", "deepseek_v32", "glm_moe_dsa"]
 VOCAB = 256
 TRAIN = ["--steps", "40", "--batch", "4", "--seq-len", "32", "--lr", "1e-2", "--log-every", "0"]
 
@@ -35,10 +36,12 @@ TRAIN = ["--steps", "40", "--batch", "4", "--seq-len", "32", "--lr", "1e-2", "--
 REFERENCE = r"""
 import sys, torch, peft
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 model_dir, adapter, logits_file = sys.argv[1:4]
 ours = load_file(logits_file)
-model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+vision = hasattr(AutoConfig.from_pretrained(model_dir), "vision_config")  # Qwen3-VL, text-only batches
+auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+model = auto.from_pretrained(model_dir, dtype=torch.float32)
 peft_model = peft.PeftModel.from_pretrained(model, adapter)
 params = dict(peft_model.named_parameters())
 saved = load_file(adapter + "/adapter_model.safetensors")
@@ -87,6 +90,20 @@ def write_dataset(path, documents=64, length=48, vocab=VOCAB, seed=1):
                 ids.append(token)
                 token = (token * 5 + 3) % vocab
             f.write(json.dumps({"input_ids": ids}) + "\n")
+
+
+def write_images(path, pixels, shape, grid):
+    """A safetensors file with pixel_values (F32 [patches, C*T*P*P]) and
+    image_grid_thw (I64 [1, 3]), written with the standard library."""
+    values = struct.pack(f"<{len(pixels)}f", *pixels)
+    thw = struct.pack("<3q", *grid)
+    header = json.dumps({
+        "pixel_values": {"dtype": "F32", "shape": shape, "data_offsets": [0, len(values)]},
+        "image_grid_thw": {"dtype": "I64", "shape": [1, 3], "data_offsets": [len(values), len(values) + len(thw)]},
+    }).encode()
+    header += b" " * (-len(header) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header + values + thw)
 
 
 class Trainer(unittest.TestCase):
@@ -148,7 +165,42 @@ class Trainer(unittest.TestCase):
 
     def top_k(self, model, family):
         config = json.load(open(os.path.join(model, "config.json")))
-        return config.get("num_experts_per_tok", 1)
+        return config.get("text_config", config).get("num_experts_per_tok", 1)
+
+    def test_image_documents_train(self):
+        """Qwen3-VL: JSONL documents with images (docs/datasets.md) go through
+        the vision tower; a document longer than a window is refused."""
+        model, train = self.build("qwen3_vl_moe")
+        config = json.load(open(os.path.join(model, "config.json")))
+        vision, image_token = config["vision_config"], config["image_token_id"]
+        width = vision["in_channels"] * vision["temporal_patch_size"] * vision["patch_size"] ** 2
+        rng = random.Random(3)
+        folder = os.path.join(self.work, "images")
+        os.makedirs(folder, exist_ok=True)
+        data = os.path.join(folder, "data.jsonl")
+        with open(data, "w") as f:
+            for d in range(16):
+                grid = [1, 4, 4] if d % 2 else [1, 2, 4]  # 4 or 2 merged tokens
+                patches = grid[1] * grid[2]
+                write_images(os.path.join(folder, f"doc{d}.safetensors"),
+                             [rng.uniform(-1, 1) for _ in range(patches * width)], [patches, width], grid)
+                token, text = rng.randrange(VOCAB), []
+                for _ in range(20):
+                    text.append(token if token not in (image_token, image_token + 1) else 3)
+                    token = (token * 5 + 3) % VOCAB
+                ids = text[:4] + [image_token] * (patches // 4) + text[4:]
+                f.write(json.dumps({"input_ids": ids, "images": f"doc{d}.safetensors"}) + "\n")
+        out = os.path.join(self.work, "run-images")
+        proc = run(train, "--model", model, "--data", data, "--out", out, "--steps", "30", "--batch", "4",
+                   "--seq-len", "32", "--lr", "1e-2", "--log-every", "0")
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        curve = losses(out)
+        self.assertEqual(len(curve), 30)
+        self.assertLess(sum(curve[-5:]), 0.75 * sum(curve[:5]), curve)
+        proc = run(train, "--model", model, "--data", data, "--out", out + "-short", "--steps", "1",
+                   "--seq-len", "16")
+        self.assertEqual(proc.returncode, 2, proc.stderr[-3000:])
+        self.assertIn("fit in one window", proc.stderr)
 
     def test_killed_run_resumes_to_the_same_loss_curve(self):
         for family in ("qwen3_moe", "deepseek_v3"):

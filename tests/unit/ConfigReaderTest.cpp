@@ -67,6 +67,43 @@ TEST(ConfigReader, LayerPatternKeysAllResolve) {
   EXPECT_EQ(maverick.layers[0].mixer.window, "chunked");
 }
 
+TEST(ConfigReader, MiniMaxResidualScalingPostnormAndBlocks) {
+  // MiniMax-M1: layernorm_*_alpha/beta by the layer's mixer, postnorm, and
+  // lightning's block_size (256 when absent).
+  ModelSpec m1 = read("MiniMax-M1");
+  EXPECT_TRUE(m1.layers[0].postNorm);
+  EXPECT_DOUBLE_EQ(m1.layers[0].attentionAlpha, 3.5565588200778455);
+  EXPECT_DOUBLE_EQ(m1.layers[7].attentionAlpha, 3.5565588200778455);
+  EXPECT_DOUBLE_EQ(m1.layers[7].ffnAlpha, 3.5565588200778455);
+  EXPECT_DOUBLE_EQ(m1.layers[0].attentionBeta, 1.0);
+  EXPECT_EQ(m1.layers[0].mixer.blockSize, 256);
+  EXPECT_EQ(m1.layers[7].mixer.blockSize, 0);
+  // transformers' minimax form: *_alpha/beta_factor keys, layer_types, and
+  // postnorm implied (MiniMaxDecoderLayer always takes the normed residual).
+  Result<ModelSpec> hf = parseModelConfig(
+      R"({"model_type": "minimax", "hidden_size": 64, "vocab_size": 256,
+          "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+          "head_dim": 16, "intermediate_size": 32, "num_local_experts": 4,
+          "num_experts_per_tok": 2, "block_size": 8,
+          "layer_types": ["linear_attention", "full_attention"],
+          "linear_attn_alpha_factor": 1.7, "linear_attn_beta_factor": 0.8,
+          "full_attn_alpha_factor": 1.5, "full_attn_beta_factor": 0.9,
+          "mlp_alpha_factor": 1.3, "mlp_beta_factor": 0.7})",
+      "minimax/config.json");
+  ASSERT_TRUE(hf.ok()) << hf.error().message();
+  const ModelSpec &t = hf.value();
+  EXPECT_EQ(t.family, "minimax_m1");
+  EXPECT_EQ(t.layers[0].mixer.kind, MixerKind::Lightning);
+  EXPECT_EQ(t.layers[0].mixer.blockSize, 8);
+  EXPECT_TRUE(t.layers[0].postNorm);
+  EXPECT_DOUBLE_EQ(t.layers[0].attentionAlpha, 1.7);
+  EXPECT_DOUBLE_EQ(t.layers[0].attentionBeta, 0.8);
+  EXPECT_DOUBLE_EQ(t.layers[1].attentionAlpha, 1.5);
+  EXPECT_DOUBLE_EQ(t.layers[1].attentionBeta, 0.9);
+  EXPECT_DOUBLE_EQ(t.layers[1].ffnAlpha, 1.3);
+  EXPECT_DOUBLE_EQ(t.layers[1].ffnBeta, 0.7);
+}
+
 TEST(ConfigReader, HunyuanPerLayerListsAndNtkAlpha) {
   ModelSpec s = read("Hunyuan-A13B");
   EXPECT_EQ(s.layers[5].ffn.topK, 8);

@@ -117,3 +117,34 @@ TEST(LoraTargets, UnmatchedPatternListsTheModules) {
   EXPECT_NE(s.error.find("mlp.gate (router)"), std::string::npos);
   EXPECT_NE(selectLoraTargets(deepseekLayer(), {"a..b"}, false).error, "");
 }
+
+TEST(LoraTargets, VisionProjectionsOnlyWhenNamed) {
+  // Qwen3-VL: the vision tower's linears are PEFT modules under model.visual.
+  std::vector<LoraModule> modules = deepseekLayer();
+  modules.push_back(moduleOf("encoder", "attn.qkv", "model.visual.blocks.2.attn.qkv.weight"));
+  modules.push_back(moduleOf("encoder", "mlp.linear_fc1", "model.visual.blocks.2.mlp.linear_fc1.weight"));
+  modules.push_back(moduleOf("encoder", "merger.linear_fc1", "model.visual.merger.linear_fc1.weight"));
+  modules.push_back(moduleOf("encoder", "deepstack_merger.linear_fc2",
+                             "model.visual.deepstack_merger_list.1.linear_fc2.weight"));
+  EXPECT_EQ(modules[8].local, "attn.qkv");
+  EXPECT_EQ(modules[8].path, "model.visual.blocks.2.attn.qkv");
+  EXPECT_EQ(modules[10].local, "merger.linear_fc1");
+  EXPECT_EQ(modules[11].local, "deepstack_merger_list.1.linear_fc2");
+  EXPECT_EQ(modules[11].path, "model.visual.deepstack_merger_list.1.linear_fc2");
+  // Norms and embeddings of the tower are never targets.
+  EXPECT_FALSE(loraModuleOf("encoder", "norm1", "model.visual.blocks.2.norm1.weight", "qwen3_moe"));
+  EXPECT_FALSE(loraModuleOf("encoder", "patch_embed", "model.visual.patch_embed.proj.weight", "qwen3_moe"));
+  // all-linear, "mlp" and "attn" leave the tower alone.
+  for (const char *pattern : {"all-linear", "mlp"}) {
+    LoraSelection s = selectLoraTargets(modules, {pattern}, false);
+    for (size_t i = 8; i < modules.size(); ++i)
+      EXPECT_FALSE(s.selected[i]) << pattern << " " << modules[i].path;
+  }
+  // Naming a projection selects it (and only it).
+  LoraSelection qkv = selectLoraTargets(modules, {"qkv"}, false);
+  EXPECT_TRUE(qkv.error.empty()) << qkv.error;
+  EXPECT_EQ(count(qkv), 1);
+  EXPECT_TRUE(qkv.selected[8]);
+  LoraSelection fc1 = selectLoraTargets(modules, {"linear_fc1"}, false);
+  EXPECT_EQ(count(fc1), 2); // the block MLP's and the merger's, as PEFT's suffix match
+}

@@ -1,0 +1,154 @@
+//===- LinearAttention.cpp - linear attention's stateless kernels ---------===//
+
+#include "runtime/LinearAttention.h"
+
+#include <cmath>
+
+namespace adapt::rt {
+
+torch::Tensor causalConv1dSilu(const torch::Tensor &x, const torch::Tensor &weight) {
+  TORCH_CHECK(x.dim() == 3, "causalConv1dSilu: expected x [B, T, C], got ", x.sizes());
+  torch::Tensor w = weight.dim() == 2 ? weight.unsqueeze(1) : weight;
+  TORCH_CHECK(w.dim() == 3 && w.size(1) == 1 && w.size(0) == x.size(2),
+              "causalConv1dSilu: expected weight [C, 1, K] with C = ", x.size(2), ", got ", weight.sizes());
+  const int64_t seqLen = x.size(1), kernel = w.size(2);
+  // [B, C, T], left-padded by K - 1 (conv1d pads both sides; keep the first T).
+  torch::Tensor out = torch::conv1d(x.transpose(1, 2).to(w.scalar_type()), w, /*bias=*/{}, /*stride=*/1,
+                                    /*padding=*/kernel - 1, /*dilation=*/1, /*groups=*/x.size(2));
+  out = torch::silu(out.narrow(2, 0, seqLen));
+  return out.transpose(1, 2).to(x.scalar_type());
+}
+
+torch::Tensor l2Normalize(const torch::Tensor &x, double eps) {
+  return x * torch::rsqrt((x * x).sum(-1, /*keepdim=*/true) + eps);
+}
+
+torch::Tensor gatedRmsNorm(const torch::Tensor &x, const torch::Tensor &weight,
+                           const torch::Tensor &gate, double eps) {
+  const auto dtype = x.scalar_type();
+  torch::Tensor h = x.to(torch::kFloat32);
+  h = h * torch::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  h = weight * h.to(dtype);
+  h = h * torch::silu(gate.to(torch::kFloat32));
+  return h.to(dtype);
+}
+
+torch::Tensor zeroCentredRmsNorm(const torch::Tensor &x, const torch::Tensor &weight, double eps) {
+  torch::Tensor h = x.to(torch::kFloat32);
+  h = h * torch::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return (h * (1.0 + weight.to(torch::kFloat32))).to(x.scalar_type());
+}
+
+namespace {
+
+/// The inputs in fp32 with the query scaled and the decay as [B, H, T, G]
+/// (G = 1 for a per-head decay, dk per channel).
+struct Fp32Inputs {
+  torch::Tensor q, k, v, g, beta;
+};
+
+Fp32Inputs prepare(const DeltaRuleInputs &in, const char *op) {
+  const auto &k = in.key;
+  TORCH_CHECK(k.dim() == 4, op, ": expected key [B, H, T, dk], got ", k.sizes());
+  const int64_t b = k.size(0), h = k.size(1), t = k.size(2), dk = k.size(3);
+  TORCH_CHECK(in.query.sizes() == k.sizes(), op, ": expected query ", k.sizes(), ", got ", in.query.sizes());
+  TORCH_CHECK(in.value.dim() == 4 && in.value.size(0) == b && in.value.size(1) == h && in.value.size(2) == t,
+              op, ": expected value [", b, ", ", h, ", ", t, ", dv], got ", in.value.sizes());
+  TORCH_CHECK(in.beta.sizes() == torch::IntArrayRef({b, h, t}), op, ": expected beta [", b, ", ", h, ", ", t,
+              "], got ", in.beta.sizes());
+  const bool perChannel = in.decay.dim() == 4;
+  TORCH_CHECK((!perChannel && in.decay.sizes() == in.beta.sizes()) ||
+                  (perChannel && in.decay.sizes() == k.sizes()),
+              op, ": expected decay [B, H, T] or [B, H, T, dk], got ", in.decay.sizes());
+  Fp32Inputs f;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(dk));
+  f.q = in.query.to(torch::kFloat32) * scale;
+  f.k = in.key.to(torch::kFloat32);
+  f.v = in.value.to(torch::kFloat32);
+  f.beta = in.beta.to(torch::kFloat32);
+  f.g = perChannel ? in.decay.to(torch::kFloat32) : in.decay.to(torch::kFloat32).unsqueeze(-1);
+  return f;
+}
+
+} // namespace
+
+torch::Tensor gatedDeltaRuleRecurrent(const DeltaRuleInputs &in, torch::Tensor *finalState) {
+  Fp32Inputs f = prepare(in, "gatedDeltaRuleRecurrent");
+  const int64_t b = f.k.size(0), h = f.k.size(1), t = f.k.size(2), dk = f.k.size(3), dv = f.v.size(3);
+  torch::Tensor state = torch::zeros({b, h, dk, dv}, f.v.options());
+  std::vector<torch::Tensor> outs;
+  outs.reserve(t);
+  for (int64_t i = 0; i < t; ++i) {
+    torch::Tensor qi = f.q.select(2, i), ki = f.k.select(2, i), vi = f.v.select(2, i);
+    // Decay the state rows (key channels), then write the corrected value.
+    state = state * f.g.select(2, i).exp().unsqueeze(-1);
+    torch::Tensor predicted = (state * ki.unsqueeze(-1)).sum(-2);
+    torch::Tensor delta = (vi - predicted) * f.beta.select(2, i).unsqueeze(-1);
+    state = state + ki.unsqueeze(-1) * delta.unsqueeze(-2);
+    outs.push_back((state * qi.unsqueeze(-1)).sum(-2));
+  }
+  if (finalState)
+    *finalState = state;
+  return torch::stack(outs, 2).to(in.query.scalar_type());
+}
+
+torch::Tensor gatedDeltaRuleChunked(const DeltaRuleInputs &in, int64_t chunkSize, torch::Tensor *finalState) {
+  TORCH_CHECK(chunkSize > 0, "gatedDeltaRuleChunked: expected a positive chunk size, got ", chunkSize);
+  Fp32Inputs f = prepare(in, "gatedDeltaRuleChunked");
+  const int64_t b = f.k.size(0), h = f.k.size(1), t = f.k.size(2), dk = f.k.size(3), dv = f.v.size(3);
+  const int64_t c = chunkSize, pad = (c - t % c) % c, chunks = (t + pad) / c;
+  const bool perChannel = f.g.size(-1) > 1;
+  // Padding tokens have k = 0, beta = 0 and decay 0: they change nothing.
+  auto chunked = [&](const torch::Tensor &x) {
+    return torch::constant_pad_nd(x, {0, 0, 0, pad}).view({b, h, chunks, c, x.size(-1)});
+  };
+  torch::Tensor q = chunked(f.q), k = chunked(f.k), v = chunked(f.v), g = chunked(f.g);
+  torch::Tensor beta = chunked(f.beta.unsqueeze(-1));
+  torch::Tensor kBeta = k * beta, vBeta = v * beta;
+
+  // Log decay from the chunk start through each position, and the decay
+  // between positions i <= t of a chunk (zero above the diagonal).
+  torch::Tensor cum = g.cumsum(3);                                          // [b, h, n, c, G]
+  torch::Tensor upper = torch::ones({c, c}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
+  torch::Tensor pairwise = (cum.unsqueeze(4) - cum.unsqueeze(3))            // [b, h, n, t, i, G]
+                               .masked_fill(upper.unsqueeze(-1), -INFINITY)
+                               .exp();
+  // sum_c x_tc y_ic exp(cum_tc - cum_ic) for every pair (t, i).
+  auto decayedScores = [&](const torch::Tensor &x, const torch::Tensor &y) {
+    if (!perChannel)
+      return torch::matmul(x, y.transpose(-1, -2)) * pairwise.squeeze(-1);
+    return (x.unsqueeze(4) * y.unsqueeze(3) * pairwise).sum(-1);
+  };
+  // The UT transform: (I + strictly-lower(beta_t k_t.k_i decay)) W = X for
+  // the values and the decayed keys that read the chunk's incoming state.
+  torch::Tensor system = decayedScores(kBeta, k);
+  torch::Tensor newValues = torch::linalg_solve_triangular(system, vBeta, /*upper=*/false, /*left=*/true,
+                                                           /*unitriangular=*/true);
+  torch::Tensor keysReadingState = torch::linalg_solve_triangular(system, kBeta * cum.exp(), /*upper=*/false,
+                                                                  /*left=*/true, /*unitriangular=*/true);
+  torch::Tensor intra = decayedScores(q, k);                                 // [b, h, n, t, i], i <= t
+  torch::Tensor queryDecayed = q * cum.exp();                                // reads the incoming state
+  torch::Tensor last = cum.narrow(3, c - 1, 1);                              // [b, h, n, 1, G]
+  torch::Tensor keyToEnd = k * (last - cum).exp();                           // writes the outgoing state
+  torch::Tensor chunkDecay = last.exp().transpose(-1, -2);                   // [b, h, n, G, 1]
+
+  torch::Tensor state = torch::zeros({b, h, dk, dv}, f.v.options());
+  std::vector<torch::Tensor> outs;
+  outs.reserve(chunks);
+  // unbind, not select: select's backward writes a zero tensor of the whole
+  // sequence per chunk (O(T^2 / C) work); unbind's stacks the chunks once.
+  const std::vector<torch::Tensor> values = newValues.unbind(2), reads = keysReadingState.unbind(2),
+                                   queries = queryDecayed.unbind(2), scores = intra.unbind(2),
+                                   decays = chunkDecay.unbind(2), writes = keyToEnd.unbind(2);
+  for (int64_t n = 0; n < chunks; ++n) {
+    torch::Tensor corrected = values[n] - torch::matmul(reads[n], state);
+    outs.push_back(torch::matmul(queries[n], state) + torch::matmul(scores[n], corrected));
+    state = state * decays[n] + torch::matmul(writes[n].transpose(-1, -2), corrected);
+  }
+  if (finalState)
+    *finalState = state;
+  torch::Tensor out = torch::stack(outs, 2).view({b, h, chunks * c, dv}).narrow(2, 0, t);
+  return out.to(in.query.scalar_type());
+}
+
+} // namespace adapt::rt

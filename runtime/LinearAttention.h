@@ -1,0 +1,69 @@
+//===- LinearAttention.h - linear attention's stateless kernels -*- C++ -*-===//
+//
+// The ops of the gated delta rule family (Qwen3-Next's Gated DeltaNet,
+// Kimi-Linear's delta attention): the short causal depthwise convolution,
+// L2 and gated RMS norms, and the gated delta rule itself in two forms:
+//
+//   S_t = (I - b_t k_t k_t^T) diag(exp(g_t)) S_{t-1} + b_t k_t v_t^T,
+//   o_t = S_t^T q_t / sqrt(dk),
+//
+// with a per-head state S [dk, dv]. The decay g_t is one scalar per head and
+// token (GDN) or one value per key channel (KDA). The recurrent form loops
+// over tokens (a reference); the chunked form is the training form: the
+// WY/UT transform solves a chunk's delta updates with triangular solves,
+// the state is carried from chunk to chunk, so work is O(T d^2) per head and
+// no tensor spans more than one chunk in time. Both compute in fp32 (as
+// transformers' torch fallbacks do) and return the input dtype; backward is
+// LibTorch autograd's.
+//
+//===----------------------------------------------------------------------===//
+#ifndef ADAPT_RUNTIME_LINEARATTENTION_H
+#define ADAPT_RUNTIME_LINEARATTENTION_H
+
+#include <torch/torch.h>
+
+namespace adapt::rt {
+
+/// Causal depthwise convolution over time followed by SiLU, as transformers'
+/// causal_conv1d_fn fallback: x [B, T, C], \p weight [C, 1, K] or [C, K];
+/// output t sees inputs t-K+1..t (zeros before the start). Returns [B, T, C].
+torch::Tensor causalConv1dSilu(const torch::Tensor &x, const torch::Tensor &weight);
+
+/// x * rsqrt(sum(x^2) + eps) over the last dim (the FLA/transformers l2norm).
+torch::Tensor l2Normalize(const torch::Tensor &x, double eps = 1e-6);
+
+/// Gated RMSNorm (Qwen3-Next's RMSNormGated): rmsnorm(x) * weight * silu(z)
+/// over the last dim, statistics and gate in fp32, result in x's dtype.
+torch::Tensor gatedRmsNorm(const torch::Tensor &x, const torch::Tensor &weight,
+                           const torch::Tensor &gate, double eps);
+
+/// Zero-centred RMSNorm (Qwen3-Next): rmsnorm(x) * (1 + weight), all in fp32,
+/// result in x's dtype.
+torch::Tensor zeroCentredRmsNorm(const torch::Tensor &x, const torch::Tensor &weight, double eps);
+
+/// The inputs of the gated delta rule for H heads over T tokens.
+struct DeltaRuleInputs {
+  torch::Tensor query; ///< [B, H, T, dk], unscaled (the op scales by 1/sqrt(dk)).
+  torch::Tensor key;   ///< [B, H, T, dk].
+  torch::Tensor value; ///< [B, H, T, dv].
+  /// Log decay (<= 0): [B, H, T] one per head (GDN) or [B, H, T, dk] per key
+  /// channel (KDA).
+  torch::Tensor decay;
+  torch::Tensor beta;  ///< [B, H, T] write strength.
+};
+
+/// The recurrent form: one state update per token. A reference, O(T) steps.
+/// Returns [B, H, T, dv] in the query's dtype; \p finalState (if given)
+/// receives S_T [B, H, dk, dv] in fp32.
+torch::Tensor gatedDeltaRuleRecurrent(const DeltaRuleInputs &in, torch::Tensor *finalState = nullptr);
+
+/// The chunked (training) form over chunks of \p chunkSize tokens (T need
+/// not be a multiple). Same result and outputs as gatedDeltaRuleRecurrent.
+/// Memory per head: O(T (dk + dv)) plus O(T C) for the intra-chunk
+/// matrices, O(T C dk) with a per-channel decay.
+torch::Tensor gatedDeltaRuleChunked(const DeltaRuleInputs &in, int64_t chunkSize,
+                                    torch::Tensor *finalState = nullptr);
+
+} // namespace adapt::rt
+
+#endif // ADAPT_RUNTIME_LINEARATTENTION_H

@@ -1,0 +1,49 @@
+//===- LinearLayers.cpp - linear attention modules with weights -----------===//
+
+#include "runtime/LinearLayers.h"
+
+#include "runtime/LinearAttention.h"
+
+namespace adapt::rt {
+
+torch::Tensor GatedDeltaNetLayer::forward(const torch::Tensor &x, bool training) const {
+  const int64_t batch = x.size(0), seqLen = x.size(1);
+  const int64_t keyHeads = def.keyHeads, valueHeads = def.valueHeads;
+  const int64_t dk = def.keyHeadDim, dv = def.valueHeadDim;
+  const int64_t perGroup = valueHeads / keyHeads; // value heads per key head
+  const int64_t keyDim = keyHeads * dk, valueDim = valueHeads * dv;
+
+  // Per key-head group: q, k, v, z and b, a, as transformers splits them.
+  torch::Tensor qkvz = inProjQkvz.forward(x, training).view({batch, seqLen, keyHeads, 2 * dk + 2 * perGroup * dv});
+  torch::Tensor ba = inProjBa.forward(x, training).view({batch, seqLen, keyHeads, 2 * perGroup});
+  auto parts = torch::split_with_sizes(qkvz, {dk, dk, perGroup * dv, perGroup * dv}, 3);
+  torch::Tensor z = parts[3].reshape({batch, seqLen, valueHeads, dv});
+  auto gates = torch::split_with_sizes(ba, {perGroup, perGroup}, 3);
+  torch::Tensor b = gates[0].reshape({batch, seqLen, valueHeads});
+  torch::Tensor a = gates[1].reshape({batch, seqLen, valueHeads});
+
+  torch::Tensor mixed = torch::cat({parts[0].reshape({batch, seqLen, keyDim}), parts[1].reshape({batch, seqLen, keyDim}),
+                                    parts[2].reshape({batch, seqLen, valueDim})},
+                                   -1);
+  mixed = causalConv1dSilu(mixed, conv);
+  auto qkv = torch::split_with_sizes(mixed, {keyDim, keyDim, valueDim}, -1);
+  torch::Tensor query = qkv[0].reshape({batch, seqLen, keyHeads, dk});
+  torch::Tensor key = qkv[1].reshape({batch, seqLen, keyHeads, dk});
+  torch::Tensor value = qkv[2].reshape({batch, seqLen, valueHeads, dv});
+
+  torch::Tensor beta = torch::sigmoid(b);
+  torch::Tensor decay = -aLog.to(torch::kFloat32).exp() * torch::softplus(a.to(torch::kFloat32) + dtBias);
+  if (perGroup > 1) {
+    query = query.repeat_interleave(perGroup, 2);
+    key = key.repeat_interleave(perGroup, 2);
+  }
+  // L2 norms in fp32 (as the reference kernel), heads before time.
+  DeltaRuleInputs in{l2Normalize(query.to(torch::kFloat32)).transpose(1, 2),
+                     l2Normalize(key.to(torch::kFloat32)).transpose(1, 2), value.transpose(1, 2),
+                     decay.transpose(1, 2), beta.transpose(1, 2)};
+  torch::Tensor core = gatedDeltaRuleChunked(in, def.chunkSize).transpose(1, 2).to(x.scalar_type());
+  core = gatedRmsNorm(core, norm, z, normEps);
+  return outProj.forward(core.reshape({batch, seqLen, valueDim}), training);
+}
+
+} // namespace adapt::rt

@@ -1,0 +1,287 @@
+//===- SparseAttention.cpp - DeepSeek sparse attention (DSA) --------------===//
+//
+// The attention over selected keys is one autograd Function: the forward
+// keeps only its output and the per-row log-sum-exp, and the backward
+// recomputes each query block's gathered keys and probabilities, scattering
+// key/value gradients into one accumulator. Nothing of size T * k * D stays
+// alive between blocks.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/SparseAttention.h"
+
+#include "runtime/Errors.h"
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+namespace adapt::rt {
+
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+std::string sizesText(const torch::Tensor &t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.dim(); ++i)
+    s += (i ? ", " : "") + std::to_string(t.size(i));
+  return s + "]";
+}
+
+} // namespace
+
+SparseSelection lightningTopK(const torch::Tensor &q, const torch::Tensor &k,
+                              const torch::Tensor &headWeights, double scale, int64_t topK,
+                              int64_t queryBlock, int64_t tileBudget) {
+  torch::NoGradGuard noGrad;
+  if (q.dim() != 4 || k.dim() != 3 || headWeights.dim() != 3 || k.size(0) != q.size(0) ||
+      k.size(1) != q.size(2) || k.size(2) != q.size(3) || headWeights.size(0) != q.size(0) ||
+      headWeights.size(1) != q.size(2) || headWeights.size(2) != q.size(1))
+    throw badInput("", "lightning indexer",
+                   "expected q [B, H, T, D], k [B, T, D], weights [B, T, H]; found q " + sizesText(q) +
+                       ", k " + sizesText(k) + ", weights " + sizesText(headWeights));
+  if (topK < 1)
+    throw badInput("", "lightning indexer", "expected top_k >= 1, found " + std::to_string(topK));
+  const int64_t batch = q.size(0), heads = q.size(1), seqLen = q.size(2);
+  const int64_t keep = std::min(topK, seqLen);
+  const int64_t block =
+      std::max<int64_t>(1, std::min(std::max<int64_t>(queryBlock, 1), tileBudget / std::max<int64_t>(1, heads * seqLen)));
+  // As transformers: q [B, S, H, D] @ k^T [B, 1, D, T] in fp32, scaled, relu,
+  // then the per-head weights [B, S, 1, H] @ [B, S, H, T].
+  torch::Tensor keysT = k.to(torch::kFloat32).transpose(1, 2).unsqueeze(1);
+  torch::Tensor weights = headWeights.to(torch::kFloat32);
+  torch::Tensor positions = torch::arange(seqLen, torch::TensorOptions().dtype(torch::kInt64).device(q.device()));
+  std::vector<torch::Tensor> parts;
+  for (int64_t start = 0; start < seqLen; start += block) {
+    const int64_t n = std::min(block, seqLen - start);
+    torch::Tensor qb = q.narrow(2, start, n).transpose(1, 2).to(torch::kFloat32).contiguous();
+    torch::Tensor scores = torch::relu(torch::matmul(qb, keysT) * scale);
+    torch::Tensor index = torch::matmul(weights.narrow(1, start, n).unsqueeze(-2), scores).squeeze(-2);
+    torch::Tensor future = positions.view({1, seqLen}) > positions.narrow(0, start, n).view({n, 1});
+    index = index.masked_fill(future, kNegInf);
+    parts.push_back(std::get<1>(index.topk(keep, -1)));
+  }
+  SparseSelection s;
+  s.indices = torch::cat(parts, 1);
+  s.valid = s.indices <= positions.view({1, seqLen, 1});
+  (void)batch;
+  return s;
+}
+
+namespace {
+
+/// One query block's gathered keys and values and its fp32 logits.
+struct GatheredBlock {
+  torch::Tensor rows;   ///< [B*n*k'] flat key rows of [B*T].
+  torch::Tensor query;  ///< [B, n, KV, G, Dq]
+  torch::Tensor keys;   ///< [B, n, KV, k', Dq]
+  torch::Tensor values; ///< [B, n, KV, k', Dv]
+  torch::Tensor logits; ///< [B, n, KV, G, k'] fp32, -inf where invalid.
+};
+
+/// Shapes shared by forward and backward.
+struct SparseShapes {
+  int64_t batch, heads, seqLen, qkDim, kvHeads, vDim, groups, keep;
+};
+
+/// \p q [B, T, H, Dq], \p keys [B*T, KV, Dq], \p values [B*T, KV, Dv].
+GatheredBlock gatherBlock(const SparseShapes &s, const torch::Tensor &q, const torch::Tensor &keys,
+                          const torch::Tensor &values, const torch::Tensor &indices, const torch::Tensor &valid,
+                          double scale, int64_t start, int64_t n) {
+  GatheredBlock b;
+  torch::Tensor offsets =
+      (torch::arange(s.batch, torch::TensorOptions().dtype(torch::kInt64).device(indices.device())) * s.seqLen)
+          .view({s.batch, 1, 1});
+  b.rows = (indices.narrow(1, start, n) + offsets).reshape({-1});
+  b.keys = keys.index_select(0, b.rows).view({s.batch, n, s.keep, s.kvHeads, s.qkDim}).permute({0, 1, 3, 2, 4});
+  b.values = values.index_select(0, b.rows).view({s.batch, n, s.keep, s.kvHeads, s.vDim}).permute({0, 1, 3, 2, 4});
+  b.query = q.narrow(1, start, n).reshape({s.batch, n, s.kvHeads, s.groups, s.qkDim});
+  torch::Tensor logits = torch::matmul(b.query, b.keys.transpose(-1, -2)) * scale;
+  torch::Tensor hidden = valid.narrow(1, start, n).logical_not().view({s.batch, n, 1, 1, s.keep});
+  b.logits = logits.to(torch::kFloat32).masked_fill(hidden, kNegInf);
+  return b;
+}
+
+/// The attention as one autograd node (see the file comment).
+struct SparseAttentionFunction : torch::autograd::Function<SparseAttentionFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext *ctx, const torch::Tensor &q,
+                               const torch::Tensor &k, const torch::Tensor &v, const torch::Tensor &indices,
+                               const torch::Tensor &valid, double scale, int64_t block) {
+    SparseShapes s{q.size(0), q.size(1), q.size(2), q.size(3), k.size(1), v.size(3),
+                   q.size(1) / k.size(1), indices.size(2)};
+    torch::Tensor qt = q.transpose(1, 2).contiguous();
+    torch::Tensor keys = k.transpose(1, 2).reshape({s.batch * s.seqLen, s.kvHeads, s.qkDim});
+    torch::Tensor values = v.transpose(1, 2).reshape({s.batch * s.seqLen, s.kvHeads, s.vDim});
+    torch::Tensor out = torch::empty({s.batch, s.seqLen, s.heads, s.vDim}, q.options());
+    torch::Tensor lse = torch::empty({s.batch, s.seqLen, s.heads}, q.options().dtype(torch::kFloat32));
+    for (int64_t start = 0; start < s.seqLen; start += block) {
+      const int64_t n = std::min(block, s.seqLen - start);
+      GatheredBlock b = gatherBlock(s, qt, keys, values, indices, valid, scale, start, n);
+      torch::Tensor rowLse = torch::logsumexp(b.logits, -1, /*keepdim=*/true);
+      torch::Tensor probs = torch::exp(b.logits - rowLse).to(q.scalar_type());
+      out.narrow(1, start, n).copy_(torch::matmul(probs, b.values).reshape({s.batch, n, s.heads, s.vDim}));
+      lse.narrow(1, start, n).copy_(rowLse.reshape({s.batch, n, s.heads}));
+    }
+    ctx->save_for_backward({q, k, v, indices, valid, out, lse});
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["block"] = block;
+    return out; // [B, T, H, Dv]
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const torch::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &indices = saved[3], &valid = saved[4];
+    const torch::Tensor &out = saved[5], &lse = saved[6];
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const int64_t block = ctx->saved_data["block"].toInt();
+    SparseShapes s{q.size(0), q.size(1), q.size(2), q.size(3), k.size(1), v.size(3),
+                   q.size(1) / k.size(1), indices.size(2)};
+    torch::Tensor qt = q.transpose(1, 2).contiguous();
+    torch::Tensor keys = k.transpose(1, 2).reshape({s.batch * s.seqLen, s.kvHeads, s.qkDim});
+    torch::Tensor values = v.transpose(1, 2).reshape({s.batch * s.seqLen, s.kvHeads, s.vDim});
+    torch::Tensor gradOut = grads[0].to(torch::kFloat32); // [B, T, H, Dv]
+    auto f32 = q.options().dtype(torch::kFloat32);
+    torch::Tensor dq = torch::empty({s.batch, s.seqLen, s.heads, s.qkDim}, f32);
+    torch::Tensor dk = torch::zeros({s.batch * s.seqLen, s.kvHeads, s.qkDim}, f32);
+    torch::Tensor dv = torch::zeros({s.batch * s.seqLen, s.kvHeads, s.vDim}, f32);
+    for (int64_t start = 0; start < s.seqLen; start += block) {
+      const int64_t n = std::min(block, s.seqLen - start);
+      GatheredBlock b = gatherBlock(s, qt, keys, values, indices, valid, scale, start, n);
+      auto heads5 = [&](const torch::Tensor &t, int64_t dim) {
+        return t.narrow(1, start, n).reshape({s.batch, n, s.kvHeads, s.groups, dim});
+      };
+      torch::Tensor probs = torch::exp(b.logits - heads5(lse, 1));
+      torch::Tensor dOut = heads5(gradOut, s.vDim);
+      torch::Tensor rowDot = (dOut * heads5(out, s.vDim).to(torch::kFloat32)).sum(-1, /*keepdim=*/true);
+      torch::Tensor dProbs = torch::matmul(dOut, b.values.to(torch::kFloat32).transpose(-1, -2));
+      torch::Tensor dLogits = probs * (dProbs - rowDot) * scale; // [B, n, KV, G, k']
+      dq.narrow(1, start, n)
+          .copy_(torch::matmul(dLogits, b.keys.to(torch::kFloat32)).reshape({s.batch, n, s.heads, s.qkDim}));
+      torch::Tensor dKeys = torch::matmul(dLogits.transpose(-1, -2), b.query.to(torch::kFloat32));
+      torch::Tensor dValues = torch::matmul(probs.transpose(-1, -2), dOut);
+      dk.index_add_(0, b.rows, dKeys.permute({0, 1, 3, 2, 4}).reshape({-1, s.kvHeads, s.qkDim}));
+      dv.index_add_(0, b.rows, dValues.permute({0, 1, 3, 2, 4}).reshape({-1, s.kvHeads, s.vDim}));
+    }
+    auto back = [&](const torch::Tensor &g, const torch::Tensor &like) {
+      return g.view({s.batch, s.seqLen, like.size(1), like.size(3)}).transpose(1, 2).to(like.scalar_type());
+    };
+    return {dq.transpose(1, 2).to(q.scalar_type()), back(dk, k), back(dv, v), torch::Tensor(), torch::Tensor(),
+            torch::Tensor(), torch::Tensor()};
+  }
+};
+
+} // namespace
+
+torch::Tensor sparseAttention(const torch::Tensor &q, const torch::Tensor &k, const torch::Tensor &v,
+                              const SparseSelection &selection, double scale, int64_t queryBlock) {
+  const torch::Tensor &idx = selection.indices;
+  bool ok = q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.size(0) == q.size(0) && v.size(0) == q.size(0) &&
+            k.size(1) > 0 && q.size(1) % k.size(1) == 0 && v.size(1) == k.size(1) && k.size(2) == q.size(2) &&
+            v.size(2) == q.size(2) && k.size(3) == q.size(3) && idx.dim() == 3 && idx.size(0) == q.size(0) &&
+            idx.size(1) == q.size(2) && selection.valid.sizes() == idx.sizes();
+  if (!ok)
+    throw badInput("", "sparse attention",
+                   "expected q [B, H, T, Dq], k [B, KV, T, Dq], v [B, KV, T, Dv], indices [B, T, k]; found q " +
+                       sizesText(q) + ", k " + sizesText(k) + ", v " + sizesText(v) + ", indices " + sizesText(idx));
+  return SparseAttentionFunction::apply(q, k, v, idx.to(torch::kInt64), selection.valid.to(torch::kBool), scale,
+                                        std::max<int64_t>(1, queryBlock))
+      .transpose(1, 2);
+}
+
+RopeTables relayoutRope(const RopeTables &tables, bool fromInterleaved, bool toInterleaved) {
+  if (fromInterleaved == toInterleaved || !tables.cos.defined())
+    return tables;
+  auto convert = [&](const torch::Tensor &t) {
+    const int64_t half = t.size(-1) / 2;
+    if (fromInterleaved) { // [f0, f0, f1, f1, ...] -> [f0, f1, ..., f0, f1, ...]
+      torch::Tensor freqs = t.unflatten(-1, {half, 2}).select(-1, 0);
+      return torch::cat({freqs, freqs}, -1);
+    }
+    return t.narrow(-1, 0, half).repeat_interleave(2, -1);
+  };
+  return {convert(tables.cos), convert(tables.sin)};
+}
+
+namespace {
+
+/// The indexer's top-k for one layer: frozen, no gradient (transformers runs
+/// it under no_grad). \p qResid is q_a_layernorm(q_a_proj(x)).
+SparseSelection indexerSelection(const AttentionLayer &a, const torch::Tensor &x, const torch::Tensor &qResid,
+                                 const RopeTables &rope, bool training) {
+  torch::NoGradGuard noGrad;
+  const SparseIndexerDef &ix = a.def.indexer;
+  const int64_t batch = x.size(0), seqLen = x.size(1);
+  RopeTables tables = relayoutRope(rope, a.def.rope.interleaved, ix.ropeInterleaved);
+  torch::Tensor q = a.indexQ.forward(qResid.detach(), training)
+                        .view({batch, seqLen, ix.heads, ix.headDim})
+                        .transpose(1, 2);
+  q = applyRope(q, tables, ix.ropeInterleaved);
+  torch::Tensor k = torch::layer_norm(a.indexK.forward(x.detach(), training), {ix.headDim}, a.indexKNorm,
+                                      a.indexKNormBias, ix.keyNormEps);
+  k = applyRope(k.unsqueeze(1), tables, ix.ropeInterleaved).squeeze(1);
+  // weights_proj stays fp32 in transformers (_keep_in_fp32_modules).
+  torch::Tensor w = a.indexWeights.forward(x.detach().to(a.indexWeights.weight.scalar_type()), training)
+                        .to(torch::kFloat32) *
+                    std::pow(static_cast<double>(ix.heads), -0.5);
+  return lightningTopK(q, k, w, std::pow(static_cast<double>(ix.headDim), -0.5), ix.topK, ix.queryBlock);
+}
+
+} // namespace
+
+torch::Tensor sparseMlaForward(const AttentionLayer &a, const torch::Tensor &x, const RopeTables &rope,
+                               bool training) {
+  const AttentionDef &d = a.def;
+  if (d.qLoraRank <= 0)
+    throw badInput("", "sparse attention", "expected q_lora_rank > 0 (the indexer reads the query latent)");
+  const int64_t batch = x.size(0), seqLen = x.size(1), heads = d.heads;
+  const int64_t nope = d.qkNopeDim, ropeDim = d.qkRopeDim, rank = d.kvLoraRank, vDim = d.vHeadDim;
+  const double latentEps = d.indexer.latentNormEps;
+  torch::Tensor qResid = rmsNorm(a.qA.forward(x, training), a.qANorm, latentEps);
+  torch::Tensor qs = a.qB.forward(qResid, training).view({batch, seqLen, heads, nope + ropeDim}).transpose(1, 2);
+  torch::Tensor qPass = qs.narrow(-1, 0, nope);
+  torch::Tensor qRot = applyRope(qs.narrow(-1, nope, ropeDim), rope, d.rope.interleaved);
+  torch::Tensor kv = a.kvA.forward(x, training);
+  torch::Tensor latent = rmsNorm(kv.narrow(-1, 0, rank), a.kvANorm, latentEps).unsqueeze(1); // [B, 1, T, R]
+  torch::Tensor kRot = applyRope(kv.narrow(-1, rank, ropeDim).view({batch, 1, seqLen, ropeDim}), rope,
+                                 d.rope.interleaved);
+  SparseSelection selection = indexerSelection(a, x, qResid, rope, training);
+
+  // kv_b_proj absorbed: keys are the shared latents, queries W_UK^T q_nope,
+  // and the output W_UV times the attended latent. LoRA on kv_b_proj joins
+  // the weight; with LoRA dropout its path gets its own (dropped) latent.
+  const auto dtype = x.scalar_type();
+  std::vector<torch::Tensor> latents = {latent}, projections = {a.kvB.weight};
+  if (a.kvB.hasLora()) {
+    torch::Tensor delta = torch::matmul(a.kvB.loraB.to(dtype), a.kvB.loraA.to(dtype)) * a.kvB.scale;
+    if (training && a.kvB.dropout > 0.0) {
+      latents.push_back(torch::dropout(latent, a.kvB.dropout, /*train=*/true));
+      projections.push_back(delta);
+    } else {
+      projections[0] = projections[0] + delta;
+    }
+  }
+  std::vector<torch::Tensor> queryParts, keyParts, valueUps;
+  for (size_t i = 0; i < latents.size(); ++i) {
+    torch::Tensor w = projections[i].view({heads, nope + vDim, rank});
+    queryParts.push_back(torch::matmul(qPass, w.narrow(1, 0, nope).unsqueeze(0))); // [B, H, T, R]
+    valueUps.push_back(w.narrow(1, nope, vDim).transpose(1, 2).unsqueeze(0));      // [1, H, R, Dv]
+  }
+  queryParts.push_back(qRot);
+  std::vector<torch::Tensor> keyList = latents;
+  keyList.push_back(kRot);
+  torch::Tensor query = torch::cat(queryParts, -1);
+  torch::Tensor key = torch::cat(keyList, -1);
+  torch::Tensor value = latents.size() == 1 ? latent : torch::cat(latents, -1);
+  torch::Tensor attended = sparseAttention(query, key, value, selection, a.softmaxScale(), d.indexer.queryBlock);
+  torch::Tensor out;
+  for (size_t i = 0; i < latents.size(); ++i) {
+    torch::Tensor part = torch::matmul(attended.narrow(-1, int64_t(i) * rank, rank), valueUps[i]);
+    out = out.defined() ? out + part : part;
+  }
+  out = out.transpose(1, 2).reshape({batch, seqLen, heads * vDim});
+  return a.o.forward(out, training);
+}
+
+} // namespace adapt::rt

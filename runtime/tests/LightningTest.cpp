@@ -1,0 +1,70 @@
+//===- LightningTest.cpp - MiniMax lightning attention's kernels ----------===//
+//
+// Properties of runtime/Lightning.h beyond the op stage's float64 checks:
+// the blocked form does not depend on the block length (1, odd, longer than
+// the sequence), its gradients equal the recurrent form's, the slopes are
+// transformers' numbers, and bad shapes are refused with a clear error.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/Errors.h"
+#include "runtime/Lightning.h"
+
+#include <gtest/gtest.h>
+
+using namespace adapt::rt;
+
+namespace {
+
+double relative(const torch::Tensor &a, const torch::Tensor &b) {
+  return ((a - b).norm() / b.norm()).item<double>();
+}
+
+} // namespace
+
+TEST(Lightning, SlopesAreTransformersNumbers) {
+  // 4 heads: base 2^(-8/4) = 1/4, rates 4^-(h+1); layer 0 of 4 scales by 1 + 1e-5.
+  torch::Tensor s = lightningSlopes(4, 0, 4);
+  const double expected[] = {0.25, 0.0625, 0.015625, 0.00390625};
+  for (int64_t h = 0; h < 4; ++h)
+    EXPECT_NEAR(s[h].item<double>(), expected[h] * (1.0 + 1e-5), expected[h] * 1e-7); // fp32
+  // The last layer barely decays: factor 1 - (L-1)/(L-1+1e-5) + 1e-5.
+  torch::Tensor last = lightningSlopes(4, 3, 4);
+  const double factor = 1.0 - 3.0 / (3.0 + 1e-5) + 1e-5;
+  EXPECT_NEAR(last[0].item<double>(), 0.25 * factor, 0.25 * factor * 1e-6);
+}
+
+TEST(Lightning, BlockedMatchesRecurrentForAnyBlock) {
+  torch::manual_seed(5);
+  const int64_t B = 2, H = 3, T = 23, d = 8;
+  torch::Tensor q = torch::randn({B, H, T, d}, torch::requires_grad());
+  torch::Tensor k = torch::randn({B, H, T, d}, torch::requires_grad());
+  torch::Tensor v = torch::randn({B, H, T, d}, torch::requires_grad());
+  torch::Tensor slopes = lightningSlopes(H, 1, 6);
+  torch::Tensor cot = torch::randn({B, H, T, d});
+  torch::Tensor ref = lightningAttentionRecurrent(q, k, v, slopes);
+  auto refGrads = torch::autograd::grad({ref}, {q, k, v}, {cot});
+  for (int64_t block : {1, 5, 8, 23, 64}) {
+    torch::Tensor out = lightningAttentionBlocked(q, k, v, slopes, block);
+    EXPECT_LT(relative(out, ref), 1e-6) << "block " << block;
+    auto grads = torch::autograd::grad({out}, {q, k, v}, {cot});
+    for (size_t i = 0; i < grads.size(); ++i)
+      EXPECT_LT(relative(grads[i], refGrads[i]), 1e-6) << "block " << block << " grad " << i;
+  }
+}
+
+TEST(Lightning, KeepsTheInputDtype) {
+  torch::Tensor x = torch::randn({1, 2, 9, 4}).to(torch::kBFloat16);
+  torch::Tensor out = lightningAttentionBlocked(x, x, x, lightningSlopes(2, 0, 2), 4);
+  EXPECT_EQ(out.scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(out.sizes(), x.sizes());
+}
+
+TEST(Lightning, RefusesBadShapes) {
+  torch::Tensor x = torch::randn({1, 2, 5, 4});
+  EXPECT_THROW(lightningAttentionBlocked(x, x, x, lightningSlopes(3, 0, 2), 4), RuntimeError);
+  EXPECT_THROW(lightningAttentionBlocked(x, x, x, lightningSlopes(2, 0, 2), 0), RuntimeError);
+  EXPECT_THROW(lightningAttentionBlocked(x, torch::randn({1, 2, 6, 4}), x, lightningSlopes(2, 0, 2), 4),
+               RuntimeError);
+  EXPECT_THROW(lightningSlopes(2, 2, 2), RuntimeError);
+}
