@@ -795,6 +795,13 @@ Result<ModelSpec> parseModelConfig(std::string_view text,
     if (spec.modelType == "glm_moe_dsa")
       for (LayerSpec &l : spec.layers)
         l.mixer.indexRopeInterleaved = true;
+    if (std::any_of(spec.layers.begin(), spec.layers.end(),
+                    [](const LayerSpec &l) { return l.mixer.indexTopK > 0; }))
+      spec.notes.push_back(
+          "DeepSeek sparse attention: LoRA trains through the attention over "
+          "the indexer's top-k keys; the lightning indexer itself stays "
+          "frozen (its selection is discrete and gets no gradient, as in "
+          "transformers) and its KL training loss is not implemented");
     spec.family = recogniseFamily(spec, text);
     applyFamilyFeatures(spec);
     top.markRead({"mlp_depth", "use_unified_vision_chunk",

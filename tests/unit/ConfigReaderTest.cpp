@@ -45,6 +45,29 @@ TEST(ConfigReader, DeepSeekV32HasMlaSparseAttentionAndDenseLead) {
   EXPECT_EQ(s.numMtpLayers, 1);
 }
 
+TEST(ConfigReader, SparseAttentionIndexerRopeAndSharedLayers) {
+  // transformers fixes the indexer's RoPE per class: halves for DeepSeek-V3.2,
+  // adjacent pairs for GLM-5.
+  EXPECT_FALSE(read("DeepSeek-V3.2").layers[3].mixer.indexRopeInterleaved);
+  ModelSpec glm = read("GLM-5");
+  ASSERT_EQ(glm.layers.size(), 78u);
+  EXPECT_EQ(glm.layers[0].mixer.indexTopK, 2048);
+  EXPECT_TRUE(glm.layers[0].mixer.indexRopeInterleaved);
+  EXPECT_TRUE(glm.layers[0].mixer.rope.interleaved);
+  // Layers reusing an earlier layer's top-k are refused by name.
+  std::string text = R"({"model_type": "glm_moe_dsa", "hidden_size": 64,
+    "num_hidden_layers": 2, "vocab_size": 100, "num_attention_heads": 4,
+    "kv_lora_rank": 16, "q_lora_rank": 32, "qk_nope_head_dim": 8,
+    "qk_rope_head_dim": 8, "v_head_dim": 8, "n_routed_experts": 8,
+    "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+    "intermediate_size": 128, "scoring_func": "sigmoid", "index_topk": 4,
+    "index_n_heads": 2, "index_head_dim": 16,
+    "indexer_types": ["full", "shared"]})";
+  Result<ModelSpec> r = parseModelConfig(text, "glm/config.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message().find("indexer_types"), std::string::npos);
+}
+
 TEST(ConfigReader, LayerPatternKeysAllResolve) {
   // full_attention_interval (Qwen3-Next), attn_type_list (MiniMax-M1),
   // linear_attn_config with 1-based layers (Kimi-Linear), layer_types.
