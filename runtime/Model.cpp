@@ -1,6 +1,7 @@
 //===- Model.cpp - a decoder assembled from the operator library ----------===//
 
 #include "runtime/Model.h"
+#include "runtime/Recompute.h"
 
 #include "runtime/Errors.h"
 #include "runtime/Layers.h"
@@ -468,24 +469,35 @@ public:
                                             ? mropeTables(rope, splice.positions, x.device())
                                             : ropeTables(rope, seqLen, x.device()))
                  .first;
-      const RopeTables &t = it == tables.end() ? none : it->second;
-      torch::Tensor normed = norm(x, layer.inputNorm);
-      torch::Tensor attn = layer.isDeltaNet    ? layer.deltaNet.forward(normed, training)
-                           : layer.isLightning ? layer.lightning.forward(normed, training)
-                                               : layer.attention.forward(normed, t, training);
+      // The layer as a function of its input; with recomputation it runs
+      // again in the backward pass, after this function has returned, so it
+      // holds its RoPE tables by value.
       const LayerDef &ld = def.layers[i];
-      x = scaledResidual(ld.normedResidual ? normed : x, attn, ld.attentionResidualAlpha, ld.attentionResidualBeta);
-      torch::Tensor load;
-      torch::Tensor ffnIn = norm(x, layer.postAttentionNorm);
-      torch::Tensor ffn = layer.ffn.forward(ffnIn, training, &load);
-      x = scaledResidual(ld.normedResidual ? ffnIn : x, ffn, ld.ffnResidualAlpha, ld.ffnResidualBeta);
+      torch::Tensor attn, ffn; // for capture only
+      const bool keep = capture != nullptr;
+      RecomputedFunction body = [this, &layer, &ld, i, training, keep, &attn, &ffn,
+                                 t = it == tables.end() ? none : it->second](const torch::Tensor &in) {
+        torch::Tensor normed = norm(in, layer.inputNorm);
+        torch::Tensor a = layer.isDeltaNet    ? layer.deltaNet.forward(normed, training)
+                          : layer.isLightning ? layer.lightning.forward(normed, training)
+                                              : layer.attention.forward(normed, t, training);
+        torch::Tensor h = scaledResidual(ld.normedResidual ? normed : in, a, ld.attentionResidualAlpha,
+                                         ld.attentionResidualBeta);
+        torch::Tensor load;
+        torch::Tensor ffnIn = norm(h, layer.postAttentionNorm);
+        torch::Tensor f = layer.ffn.forward(ffnIn, training, &load);
+        lastLoad[i] = load.defined() ? load.detach() : torch::Tensor();
+        if (keep)
+          attn = a, ffn = f;
+        return scaledResidual(ld.normedResidual ? ffnIn : h, f, ld.ffnResidualAlpha, ld.ffnResidualBeta);
+      };
+      x = options.recomputeLayers && training && !keep ? recompute(body, x) : body(x);
       if (capture) {
         std::string prefix = "layers." + std::to_string(i) + ".";
         capture->push_back({prefix + "attention", attn.detach()});
         capture->push_back({prefix + "ffn", ffn.detach()});
         capture->push_back({prefix + "output", x.detach()});
       }
-      lastLoad[i] = load.defined() ? load.detach() : torch::Tensor();
       if (i < splice.deepstack.size())
         x = x.flatten(0, 1).index_add(0, splice.rows, splice.deepstack[i].to(x.scalar_type())).view_as(x);
     }

@@ -26,6 +26,12 @@ struct ModelOptions {
   torch::Device device = torch::kCPU;
   torch::ScalarType dtype = torch::kFloat32; ///< Base weights and activations.
   uint64_t seed = 0;                         ///< LoRA A initialisation.
+  /// Keep only each decoder layer's input during a training forward and
+  /// recompute the layer in the backward pass (runtime/Recompute.h): about
+  /// one more forward of compute for activation memory that no longer grows
+  /// with the layer count times the layer's intermediates. Not used while
+  /// activations are captured (validation).
+  bool recomputeLayers = false;
   /// Called while loading: (tensors done, tensors in all). May be empty.
   std::function<void(int64_t, int64_t)> progress;
 };

@@ -63,6 +63,9 @@ Training (defaults in brackets):
   --device cpu|cuda[:N]  [cuda when available, else cpu]
   --dtype fp32|bf16      base weights and activations; adapters stay fp32
                          [bf16 on cuda, fp32 on cpu]
+  --recompute            keep only each layer's input and recompute the layer
+                         in the backward pass: ~1/3 more compute, activation
+                         memory for long contexts [off]
   --checkpoint-every N   steps between checkpoints; 0 = only at the end [100]
   --log-every N          steps between progress lines on stderr; 0 = none [10]
   --peak-tflops X        peak for the mfu metric [989 on cuda bf16, else none]
@@ -104,7 +107,7 @@ const std::set<std::string> kValueFlags = {
     "--model", "--data", "--out", "--steps", "--batch", "--seq-len", "--lr", "--weight-decay",
     "--warmup", "--seed", "--device", "--dtype", "--grad-clip", "--checkpoint-every",
     "--log-every", "--export", "--merge", "--eos", "--peak-tflops", "--logits-out", "--validate", "--init-adapter", "--dump-batches"};
-const std::set<std::string> kBoolFlags = {"--resume", "--help", "-h"};
+const std::set<std::string> kBoolFlags = {"--resume", "--recompute", "--help", "-h"};
 
 /// The parsed command line: flag -> value ("" for booleans).
 struct Args {
@@ -345,6 +348,7 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
   modelOptions.dtype = opts.dtype;
   modelOptions.seed = opts.seed;
   modelOptions.progress = loadProgress();
+  modelOptions.recomputeLayers = args.has("--recompute");
   Model model(def, opts.modelDir, modelOptions);
   if (args.has("--init-adapter"))
     loadInitialAdapter(model, args.values.at("--init-adapter"));

@@ -227,6 +227,31 @@ class Trainer(unittest.TestCase):
                 self.assertIn("resumed from", proc.stderr)
                 self.assertEqual(losses(killed), losses(whole))
 
+    def test_recomputed_layers_train_exactly_like_stored_ones(self):
+        # --recompute trades compute for activation memory; it must not change
+        # a single number: same losses and same adapter, with LoRA dropout
+        # (the recomputation must draw the same masks) and MoE routing.
+        model, _ = self.build("qwen3_moe")
+        project = os.path.join(self.work, "build-qwen3_moe-dropout")
+        proc = run(ADAPT, "build", model, "--out", project, "--lora-dropout", "0.2")
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        trainers = {"qwen3_moe with dropout": (model, os.path.join(project, "train")),
+                    "minimax": self.build("minimax")}
+        for family, (model, train) in trainers.items():
+            with self.subTest(family=family):
+                args = ["--model", model, "--data", self.data, "--steps", "6", "--batch", "2",
+                        "--seq-len", "32", "--lr", "1e-2", "--log-every", "0", "--seed", "3"]
+                runs = {}
+                for mode in ("stored", "recomputed"):
+                    out = os.path.join(self.work, f"{mode}-{family.replace(' ', '-')}")
+                    flags = ["--recompute"] if mode == "recomputed" else []
+                    proc = run(train, "--out", out, "--export", out + "/adapter", *args, *flags)
+                    self.assertEqual(proc.returncode, 0, proc.stderr)
+                    with open(out + "/adapter/adapter_model.safetensors", "rb") as f:
+                        runs[mode] = (losses(out), f.read())
+                self.assertEqual(runs["recomputed"][0], runs["stored"][0])
+                self.assertEqual(runs["recomputed"][1], runs["stored"][1], "the adapters differ")
+
     def test_sigterm_finishes_the_step_and_checkpoints(self):
         model, train = self.build("qwen3_moe")
         out = os.path.join(self.work, "sigterm")
