@@ -33,6 +33,14 @@ torch::Tensor gatedRmsNorm(const torch::Tensor &x, const torch::Tensor &weight,
   return h.to(dtype);
 }
 
+torch::Tensor sigmoidGatedRmsNorm(const torch::Tensor &x, const torch::Tensor &weight,
+                                  const torch::Tensor &gate, double eps) {
+  torch::Tensor h = x.to(torch::kFloat32);
+  h = h * torch::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  h = weight.to(torch::kFloat32) * h * torch::sigmoid(gate.to(torch::kFloat32));
+  return h.to(x.scalar_type());
+}
+
 torch::Tensor zeroCentredRmsNorm(const torch::Tensor &x, const torch::Tensor &weight, double eps) {
   torch::Tensor h = x.to(torch::kFloat32);
   h = h * torch::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);

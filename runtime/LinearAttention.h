@@ -33,9 +33,15 @@ torch::Tensor causalConv1dSilu(const torch::Tensor &x, const torch::Tensor &weig
 torch::Tensor l2Normalize(const torch::Tensor &x, double eps = 1e-6);
 
 /// Gated RMSNorm (Qwen3-Next's RMSNormGated): rmsnorm(x) * weight * silu(z)
-/// over the last dim, statistics and gate in fp32, result in x's dtype.
+/// over the last dim, statistics and gate in fp32, the normalised x rounded
+/// to x's dtype before the weight (as transformers), result in x's dtype.
 torch::Tensor gatedRmsNorm(const torch::Tensor &x, const torch::Tensor &weight,
                            const torch::Tensor &gate, double eps);
+
+/// Kimi-Linear's gated RMSNorm (KimiLinearRMSNormGated): rmsnorm(x) *
+/// weight * sigmoid(z), everything in fp32 (weight too), result in x's dtype.
+torch::Tensor sigmoidGatedRmsNorm(const torch::Tensor &x, const torch::Tensor &weight,
+                                  const torch::Tensor &gate, double eps);
 
 /// Zero-centred RMSNorm (Qwen3-Next): rmsnorm(x) * (1 + weight), all in fp32,
 /// result in x's dtype.

@@ -43,7 +43,7 @@ SparseSelection lightningTopK(const torch::Tensor &q, const torch::Tensor &k,
                        ", k " + sizesText(k) + ", weights " + sizesText(headWeights));
   if (topK < 1)
     throw badInput("", "lightning indexer", "expected top_k >= 1, found " + std::to_string(topK));
-  const int64_t batch = q.size(0), heads = q.size(1), seqLen = q.size(2);
+  const int64_t heads = q.size(1), seqLen = q.size(2);
   const int64_t keep = std::min(topK, seqLen);
   const int64_t block =
       std::max<int64_t>(1, std::min(std::max<int64_t>(queryBlock, 1), tileBudget / std::max<int64_t>(1, heads * seqLen)));
@@ -65,7 +65,6 @@ SparseSelection lightningTopK(const torch::Tensor &q, const torch::Tensor &k,
   SparseSelection s;
   s.indices = torch::cat(parts, 1);
   s.valid = s.indices <= positions.view({1, seqLen, 1});
-  (void)batch;
   return s;
 }
 

@@ -107,6 +107,17 @@ Trial gatedNormTrial(const Ctx &c, int64_t N, int64_t D) {
   return t;
 }
 
+Trial sigmoidGatedNormTrial(const Ctx &c, int64_t N, int64_t D) {
+  Input x = input(c, torch::randn({N, D}, f64), true);
+  Input z = input(c, torch::randn({N, D}, f64), true);
+  Input w = input(c, torch::randn({D}, f64) * 0.1 + 1.0, true);
+  Tensor ours = sigmoidGatedRmsNorm(x.ours, w.ours, z.ours, 1e-5);
+  Tensor ref = refRms(x.ref, 1e-5) * w.ref * torch::sigmoid(z.ref);
+  Trial t{{"out", ours, ref}};
+  backward(t, ours, ref, {{"x", &x}, {"z", &z}, {"w", &w}});
+  return t;
+}
+
 Trial zeroCentredTrial(const Ctx &c, int64_t N, int64_t D) {
   Input x = input(c, torch::randn({N, D}, f64), true);
   Input w = input(c, torch::randn({D}, f64) * 0.1, true);
@@ -157,6 +168,7 @@ void addLinearAttentionChecks(std::vector<Check> &all) {
   for (auto [N, D] : std::vector<std::array<int64_t, 2>>{{13, 16}, {7, 33}}) {
     std::string shape = shapeText({{"N", N}, {"D", D}});
     addCheck(all, "norm.gated_rms", shape, [=](const Ctx &c) { return gatedNormTrial(c, N, D); });
+    addCheck(all, "norm.gated_rms_sigmoid", shape, [=](const Ctx &c) { return sigmoidGatedNormTrial(c, N, D); });
     addCheck(all, "norm.zero_centred_rms", shape, [=](const Ctx &c) { return zeroCentredTrial(c, N, D); });
     addCheck(all, "norm.l2", shape, [=](const Ctx &c) { return l2Trial(c, N, D); });
   }
