@@ -35,7 +35,8 @@ fi
 echo "== long context: forward+backward, bf16, LoRA r16"
 for T in $LENGTHS; do
   for m in ${MIXERS:-gdn dsa hybrid}; do
-    flags="--iters 2"; [ $m = hybrid ] && flags="$flags --recompute"
+    flags="--iters 2"; [ $T -ge 524288 ] && flags="--iters 1 --no-warmup"
+    [ $m = hybrid ] && flags="$flags --recompute"
     timeout ${STEP_TIMEOUT:-280} $W/lc/long_context --mixer $m --tokens $T $flags 2>&1 | tail -1 | tee -a $OUT/long_context.jsonl
   done
 done

@@ -5,7 +5,7 @@
 // length, on one GPU. Prints one JSON line: mixer, tokens, milliseconds per
 // forward+backward (median of the timed iterations), peak allocated GiB.
 //
-//   long_context --mixer gdn|dsa|hybrid --tokens T [--recompute] [--iters N]
+//   long_context --mixer gdn|dsa|hybrid --tokens T [--recompute] [--iters N] [--no-warmup]
 //   long_context --delta-rule B H T DK DV [--iters N]   (the op alone)
 //
 // gdn: Qwen3-Next's Gated DeltaNet (16 key / 32 value heads of 128, conv 4).
@@ -120,10 +120,13 @@ void resetPeak() {
 #endif
 }
 
-/// Median milliseconds of \p iters calls of \p step after one warm-up, and
-/// the peak allocation over the timed calls.
+/// Median milliseconds of \p iters calls of \p step after one warm-up (none
+/// with --no-warmup: the longest lengths), and the peak allocation over the
+/// timed calls.
+bool warmUp = true;
 template <typename F> std::pair<double, double> measure(F step, int iters) {
-  step();
+  if (warmUp)
+    step();
   torch::cuda::synchronize();
   resetPeak();
   std::vector<double> ms;
@@ -160,6 +163,8 @@ int main(int argc, char **argv) {
       iters = std::atoll(argv[++i]);
     else if (a == "--recompute")
       recomputeLayers = true;
+    else if (a == "--no-warmup")
+      warmUp = false;
     else if (a == "--delta-rule" && i + 5 < argc)
       for (int k = 0; k < 5; ++k)
         op.push_back(std::atoll(argv[++i]));
