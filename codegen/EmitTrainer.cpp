@@ -242,20 +242,27 @@ private:
 
   /// Linear attention: Qwen3-Next's Gated DeltaNet.
   bool writeLinearAttention(LinearAttentionOp l, std::string &error) {
-    if (l.getKind() != "gated_delta_rule") {
+    const bool kimi = l.getKind() == "kimi_delta";
+    if (!kimi && l.getKind() != "gated_delta_rule") {
       error = "layer " + std::to_string(layer.index) + " uses linear attention (" + l.getKind().str() +
-              "), which the runtime's ModelDef cannot express yet (gated_delta_rule only)";
+              "), which the runtime's ModelDef cannot express yet";
       return false;
     }
-    if (l.getValueHeads() % l.getKeyHeads() != 0 || l.getConvKernel() <= 0) {
+    if (l.getValueHeads() % l.getKeyHeads() != 0 || l.getConvKernel() <= 0 ||
+        (kimi && (l.getKeyHeads() != l.getValueHeads() || l.getKeyHeadDim() != l.getValueHeadDim()))) {
       error = "layer " + std::to_string(layer.index) +
-              ": gated delta rule needs value heads a multiple of key heads and a convolution width";
+              ": gated delta rule needs value heads a multiple of key heads (Kimi delta: equal) and a "
+              "convolution width";
       return false;
     }
-    static const std::set<std::string> roles = {"in_proj_qkvz", "in_proj_ba", "conv1d", "dt_bias",
-                                                 "A_log",        "norm",       "out_proj"};
+    static const std::set<std::string> gdnRoles = {"in_proj_qkvz", "in_proj_ba", "conv1d", "dt_bias",
+                                                    "A_log",        "norm",       "out_proj"};
+    static const std::set<std::string> kimiRoles = {
+        "q_proj",   "k_proj",   "v_proj", "q_conv1d", "k_conv1d", "v_conv1d", "f_a_proj", "f_b_proj",
+        "b_proj",   "g_a_proj", "g_b_proj", "A_log",  "dt_bias",  "o_norm",   "o_proj"};
+    const std::set<std::string> &roles = kimi ? kimiRoles : gdnRoles;
     line("rt::AttentionDef &a = d.attention;");
-    set("a.kind", "rt::AttentionKind::GatedDeltaNet");
+    set("a.kind", kimi ? "rt::AttentionKind::KimiDelta" : "rt::AttentionKind::GatedDeltaNet");
     setInt("a.linear.keyHeads", l.getKeyHeads());
     setInt("a.linear.valueHeads", l.getValueHeads());
     setInt("a.linear.keyHeadDim", l.getKeyHeadDim());
@@ -277,9 +284,10 @@ private:
     writeWeights("a.weights", weights);
     if (hfAttention != "self_attn." && !hfAttention.empty())
       set("d.hfAttention", quote(hfAttention));
-    summaryText = "gated delta rule " + std::to_string(l.getKeyHeads()) + " key / " +
-                  std::to_string(l.getValueHeads()) + " value heads";
-    shapeName = "deltaNet";
+    summaryText = kimi ? "Kimi delta attention " + std::to_string(l.getKeyHeads()) + " heads"
+                       : "gated delta rule " + std::to_string(l.getKeyHeads()) + " key / " +
+                             std::to_string(l.getValueHeads()) + " value heads";
+    shapeName = kimi ? "kimiDelta" : "deltaNet";
     return true;
   }
 

@@ -158,6 +158,9 @@ std::optional<LoraModule> loraModuleOf(const std::string &component,
   if (component == "attention" || component == "mla" ||
       component == "sparse_attention" || component == "linear_attention") {
     m.local = inLayer;
+    // transformers moves Kimi-Linear's f_a/f_b_proj into a forget_gate module.
+    if (family == "kimi_linear" && (role == "f_a_proj" || role == "f_b_proj"))
+      m.local.insert(m.local.size() - role.size(), "forget_gate.");
     m.kind = startsWith(role, "indexer.") ? LoraModuleKind::Other
                                           : LoraModuleKind::Attention;
   } else if (component == "mlp") {

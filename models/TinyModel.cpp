@@ -57,7 +57,7 @@ const FamilyInfo kFamilies[] = {
     {"qwen3_moe", 2, ""},   {"mixtral", 2, ""},     {"deepseek_v3", 3, "fp8"},
     {"kimi_k2", 3, "fp8"},  {"gpt_oss", 2, "mxfp4"}, {"glm4_moe", 3, ""},
     {"minimax_m2", 2, ""},  {"llama4", 4, ""},
-    {"qwen3_next", 4, ""},
+    {"qwen3_next", 4, ""},   {"kimi_linear", 4, ""},
     {"deepseek_v32", 3, ""},
     {"glm_moe_dsa", 3, ""},
     {"qwen3_vl_moe", 2, ""},
@@ -410,8 +410,12 @@ ojson minimaxConfig(int64_t n) {
 /// every second layer (decoder_sparse_step 2; the release has 1), so the
 /// dense MLP form is covered too and fewer routers make the 50-step loss
 /// alignment less sensitive to fp32 routing flips.
-/// Value heads (4) are twice the key heads (2) and dk != dv, as the layout
-/// of in_proj_qkvz/in_proj_ba interleaves them per key head.
+/// Value heads (4) are twice the key heads (2), as the layout of
+/// in_proj_qkvz/in_proj_ba interleaves them per key head. dk == dv (16): with
+/// dv 8 or 24 training the in_proj_qkvz adapters of this random model is
+/// chaotic in fp32 (transformers' own fp32 run drifts 1.8e-3 from float64 in
+/// 50 steps), which the loss alignment cannot tell from a bug; dk != dv is
+/// covered by the op stage.
 ojson qwen3NextConfig(int64_t n) {
   ojson c;
   c["architectures"] = {"Qwen3NextForCausalLM"};
@@ -429,7 +433,7 @@ ojson qwen3NextConfig(int64_t n) {
   c["linear_key_head_dim"] = 16;
   c["linear_num_key_heads"] = 2;
   c["linear_num_value_heads"] = 4;
-  c["linear_value_head_dim"] = 8;
+  c["linear_value_head_dim"] = 16;
   c["max_position_embeddings"] = kMaxPositions;
   c["mlp_only_layers"] = ojson::array();
   c["model_type"] = "qwen3_next";
@@ -451,6 +455,64 @@ ojson qwen3NextConfig(int64_t n) {
   c["torch_dtype"] = "bfloat16";
   c["use_cache"] = true;
   c["use_sliding_window"] = false;
+  c["vocab_size"] = kVocab;
+  return c;
+}
+
+/// Kimi-Linear: Kimi delta attention layers with an MLA (NoPE) layer every
+/// fourth (linear_attn_config's 1-based layer lists), a dense first layer,
+/// sigmoid-routed MoE with a shared expert after it.
+ojson kimiLinearConfig(int64_t n) {
+  ojson c;
+  c["architectures"] = {"KimiLinearForCausalLM"};
+  c["bos_token_id"] = 1;
+  c["dtype"] = "bfloat16";
+  c["eos_token_id"] = 2;
+  c["first_k_dense_replace"] = 1;
+  c["head_dim"] = 8;
+  c["hidden_act"] = "silu";
+  c["hidden_size"] = kHidden;
+  c["initializer_range"] = 0.02;
+  c["intermediate_size"] = kDenseWidth;
+  c["kv_lora_rank"] = 16;
+  ojson linear;
+  std::vector<int64_t> full, kda;
+  for (int64_t i = 1; i <= n; ++i)
+    (i % 4 == 0 ? full : kda).push_back(i);
+  linear["full_attn_layers"] = full;
+  linear["head_dim"] = 16;
+  linear["kda_layers"] = kda;
+  linear["num_heads"] = kHeads;
+  linear["short_conv_kernel_size"] = 4;
+  c["linear_attn_config"] = linear;
+  c["mla_use_nope"] = true;
+  c["model_max_length"] = kMaxPositions;
+  c["model_type"] = "kimi_linear";
+  c["moe_intermediate_size"] = kExpertWidth;
+  c["moe_layer_freq"] = 1;
+  c["moe_renormalize"] = true;
+  c["moe_router_activation_func"] = "sigmoid";
+  c["num_attention_heads"] = kHeads;
+  c["num_expert_group"] = 1;
+  c["num_experts"] = kExperts;
+  c["num_experts_per_token"] = kTopK;
+  c["num_hidden_layers"] = n;
+  c["num_key_value_heads"] = kHeads;
+  c["num_nextn_predict_layers"] = 0;
+  c["num_shared_experts"] = 1;
+  c["pad_token_id"] = 3;
+  c["q_lora_rank"] = nullptr;
+  c["qk_nope_head_dim"] = 16;
+  c["qk_rope_head_dim"] = 8;
+  c["rms_norm_eps"] = 1e-05;
+  c["rope_scaling"] = nullptr;
+  c["rope_theta"] = 10000.0;
+  c["routed_scaling_factor"] = 2.446;
+  c["tie_word_embeddings"] = false;
+  c["topk_group"] = 1;
+  c["use_cache"] = true;
+  c["use_grouped_topk"] = true;
+  c["v_head_dim"] = 16;
   c["vocab_size"] = kVocab;
   return c;
 }
@@ -579,6 +641,8 @@ ojson familyConfig(const TinyModelOptions &o, int64_t n) {
     return minimaxM2Config(n);
   if (f == "qwen3_next")
     return qwen3NextConfig(n);
+  if (f == "kimi_linear")
+    return kimiLinearConfig(n);
   const TinySizes sizes{kHidden, kHeads, kVocab, kExperts, kTopK, kExpertWidth, kMaxPositions};
   if (f == "deepseek_v32")
     return tinyDeepseekV32Config(n, sizes);

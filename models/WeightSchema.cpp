@@ -150,7 +150,9 @@ void declareKimiDelta(const ModelSpec &spec, const MixerSpec &m,
   b.linear("b_proj", m.linearKeyHeads, h);
   b.linear("g_a_proj", d, h);
   b.linear("g_b_proj", width, d);
-  b.add("A_log", "A_log", {m.linearKeyHeads});
+  // [1, 1, H, 1], as transformers' KimiLinearForgetGate holds it (its
+  // checkpoint conversion renames A_log without reshaping).
+  b.add("A_log", "A_log", {1, 1, m.linearKeyHeads, 1});
   b.add("dt_bias", "dt_bias", {width});
   b.add("o_norm", "o_norm.weight", {d});
   b.linear("o_proj", h, width);
@@ -169,7 +171,7 @@ void declareLightning(const ModelSpec &spec, const MixerSpec &m,
 
 /// The name of the feed-forward module for the family.
 std::string ffnModule(const ModelSpec &spec, bool moe) {
-  if (isFamily(spec, {"mixtral", "minimax_m1", "minimax_m2"}))
+  if (isFamily(spec, {"mixtral", "minimax_m1", "minimax_m2", "kimi_linear"}))
     return moe ? "block_sparse_moe." : "mlp.";
   if (spec.family == "llama4")
     return "feed_forward.";
@@ -218,7 +220,7 @@ void declareMoe(const ModelSpec &spec, const FfnSpec &f, ComponentBuilder &b) {
     b.fusedExperts("experts.down_proj", "experts.down_proj", {e, h, w}, true);
     return;
   }
-  bool mixtralNames = isFamily(spec, {"mixtral", "minimax_m1", "minimax_m2"});
+  bool mixtralNames = isFamily(spec, {"mixtral", "minimax_m1", "minimax_m2", "kimi_linear"});
   b.add("gate", spec.family == "hunyuan" ? "gate.wg.weight" : "gate.weight",
         {e, h}, true);
   if (f.biasCorrection)

@@ -737,6 +737,14 @@ void applyFamilyFeatures(ModelSpec &spec) {
     }
     if (spec.family == "qwen3_next" && layer.ffn.isMoe && layer.ffn.numShared)
       layer.ffn.sharedGate = true;
+    // Kimi-Linear's router (transformers' KimiLinearTopkRouter) always adds
+    // e_score_correction_bias for selection; its shared experts are
+    // num_shared_experts experts of moe_intermediate_size.
+    if (spec.family == "kimi_linear" && layer.ffn.isMoe) {
+      layer.ffn.biasCorrection = true;
+      if (layer.ffn.numShared > 0 && layer.ffn.sharedIntermediate == 0)
+        layer.ffn.sharedIntermediate = layer.ffn.expertIntermediate;
+    }
     if (spec.family != "gpt_oss")
       m.outBias = false;
   }

@@ -90,8 +90,12 @@ torch::Tensor AttentionLayer::forward(const torch::Tensor &x, const RopeTables &
                                .transpose(1, 2);
     torch::Tensor kPass = kvFull.narrow(-1, 0, def.qkNopeDim);
     value = kvFull.narrow(-1, def.qkNopeDim, def.vHeadDim);
-    qRot = applyRope(qRot, rope, def.rope.interleaved);
-    kRot = applyRope(kRot, rope, def.rope.interleaved).expand({batch, heads, seqLen, def.qkRopeDim});
+    // Kimi-Linear's MLA is NoPE: the shared key part stays unrotated.
+    if (def.rope.enabled) {
+      qRot = applyRope(qRot, rope, def.rope.interleaved);
+      kRot = applyRope(kRot, rope, def.rope.interleaved);
+    }
+    kRot = kRot.expand({batch, heads, seqLen, def.qkRopeDim});
     query = torch::cat({qPass, qRot}, -1);
     key = torch::cat({kPass, kRot}, -1);
   } else {

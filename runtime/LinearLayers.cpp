@@ -46,4 +46,29 @@ torch::Tensor GatedDeltaNetLayer::forward(const torch::Tensor &x, bool training)
   return outProj.forward(core.reshape({batch, seqLen, valueDim}), training);
 }
 
+torch::Tensor KimiDeltaLayer::forward(const torch::Tensor &x, bool training) const {
+  const int64_t batch = x.size(0), seqLen = x.size(1);
+  const int64_t heads = def.keyHeads, d = def.keyHeadDim, width = heads * d;
+  torch::Tensor mixed = torch::cat({q.forward(x, training), k.forward(x, training), v.forward(x, training)}, -1);
+  mixed = causalConv1dSilu(mixed, conv);
+  auto qkv = torch::split_with_sizes(mixed, {width, width, width}, -1);
+  torch::Tensor query = qkv[0].reshape({batch, seqLen, heads, d});
+  torch::Tensor key = qkv[1].reshape({batch, seqLen, heads, d});
+  torch::Tensor value = qkv[2].reshape({batch, seqLen, heads, d});
+
+  // Per-channel log decay, in fp32.
+  torch::Tensor forget = fB.forward(fA.forward(x, training), training).to(torch::kFloat32) + dtBias.to(torch::kFloat32);
+  torch::Tensor decay = -aLog.to(torch::kFloat32).exp().view({1, 1, heads, 1}) *
+                        torch::softplus(forget.view({batch, seqLen, heads, d}));
+  torch::Tensor beta = torch::sigmoid(b.forward(x, training));
+
+  DeltaRuleInputs in{l2Normalize(query.to(torch::kFloat32)).transpose(1, 2),
+                     l2Normalize(key.to(torch::kFloat32)).transpose(1, 2), value.transpose(1, 2),
+                     decay.transpose(1, 2), beta.transpose(1, 2)};
+  torch::Tensor core = gatedDeltaRuleChunked(in, def.chunkSize).transpose(1, 2).to(x.scalar_type());
+  torch::Tensor gate = gB.forward(gA.forward(x, training), training).view({batch, seqLen, heads, d});
+  core = sigmoidGatedRmsNorm(core, norm, gate, normEps);
+  return o.forward(core.reshape({batch, seqLen, width}), training);
+}
+
 } // namespace adapt::rt

@@ -37,6 +37,30 @@ struct GatedDeltaNetLayer {
   std::vector<const LoraLinear *> linears() const { return {&inProjQkvz, &inProjBa, &outProj}; }
 };
 
+/// Kimi-Linear's delta attention (transformers' KimiLinearDeltaAttention):
+/// H heads of width d for q, k and v.
+///
+/// q, k, v = q_proj(x), k_proj(x), v_proj(x), each through its causal
+/// convolution (+SiLU); q, k L2-normalised; a per-channel decay
+/// g = -exp(A_log[h]) softplus(f_b(f_a(x)) + dt_bias); beta = sigmoid(b_proj(x));
+/// the gated delta rule runs chunked; its output passes the sigmoid-gated
+/// RMSNorm with gate g_b(g_a(x)) and o_proj. f_a/f_b sit in transformers'
+/// forget_gate submodule, which their PEFT paths follow.
+struct KimiDeltaLayer {
+  LinearAttentionDef def;
+  double normEps = 1e-6;
+  LoraLinear q, k, v, fA, fB, b, gA, gB, o;
+  torch::Tensor conv;    ///< [3 H d, 1, K]: the q, k and v convolutions stacked.
+  torch::Tensor aLog;    ///< [H], fp32.
+  torch::Tensor dtBias;  ///< [H d].
+  torch::Tensor norm;    ///< [d], the gated norm's weight.
+
+  /// x [B, T, hidden] -> [B, T, hidden].
+  torch::Tensor forward(const torch::Tensor &x, bool training) const;
+  std::vector<LoraLinear *> linears() { return {&q, &k, &v, &fA, &fB, &b, &gA, &gB, &o}; }
+  std::vector<const LoraLinear *> linears() const { return {&q, &k, &v, &fA, &fB, &b, &gA, &gB, &o}; }
+};
+
 } // namespace adapt::rt
 
 #endif // ADAPT_RUNTIME_LINEARLAYERS_H

@@ -36,6 +36,8 @@ struct Layer {
   bool isDeltaNet = false;
   LightningLayer lightning;      ///< Used instead of attention for AttentionKind::Lightning.
   bool isLightning = false;
+  KimiDeltaLayer kimiDelta;      ///< Used instead of attention for AttentionKind::KimiDelta.
+  bool isKimiDelta = false;
   FfnLayer ffn;
 };
 
@@ -214,8 +216,11 @@ public:
     layer.postAttentionNorm = load(l.postAttentionNorm, {def.hidden});
     layer.isDeltaNet = l.attention.kind == AttentionKind::GatedDeltaNet;
     layer.isLightning = l.attention.kind == AttentionKind::Lightning;
+    layer.isKimiDelta = l.attention.kind == AttentionKind::KimiDelta;
     if (layer.isDeltaNet)
       buildGatedDeltaNet(l, layer.deltaNet);
+    else if (layer.isKimiDelta)
+      buildKimiDelta(l, layer.kimiDelta);
     else if (layer.isLightning)
       buildLightning(l, layer.lightning);
     else
@@ -237,6 +242,41 @@ public:
     g.norm = load(name(w, "norm", l), {width});
     g.outProj = linear(l, w, "out_proj", h, width, false);
     g.slopes = g.slopes.to(options.device);
+  }
+
+  /// Kimi-Linear's delta attention: weights by role (q/k/v_proj, their
+  /// q/k/v_conv1d, f_a_proj, f_b_proj, b_proj, g_a_proj, g_b_proj, A_log,
+  /// dt_bias, o_norm, o_proj).
+  void buildKimiDelta(const LayerDef &l, KimiDeltaLayer &g) {
+    const LinearAttentionDef &d = l.attention.linear;
+    const auto &w = l.attention.weights;
+    if (d.keyHeads <= 0 || d.keyHeadDim <= 0 || d.convKernel <= 0)
+      throw LoadError(modelDir, "layer " + std::to_string(l.index) + " linear attention",
+                      "expected heads, a head width and a convolution width (regenerate with adapt build)");
+    const int64_t h = def.hidden, heads = d.keyHeads, dim = d.keyHeadDim, width = heads * dim;
+    g.def = d;
+    g.normEps = def.normEps;
+    g.q = linear(l, w, "q_proj", width, h, false);
+    g.k = linear(l, w, "k_proj", width, h, false);
+    g.v = linear(l, w, "v_proj", width, h, false);
+    g.conv = torch::cat({load(name(w, "q_conv1d", l), {width, 1, d.convKernel}),
+                         load(name(w, "k_conv1d", l), {width, 1, d.convKernel}),
+                         load(name(w, "v_conv1d", l), {width, 1, d.convKernel})});
+    g.fA = linear(l, w, "f_a_proj", dim, h, false);
+    g.fB = linear(l, w, "f_b_proj", width, dim, false);
+    g.b = linear(l, w, "b_proj", heads, h, false);
+    g.gA = linear(l, w, "g_a_proj", dim, h, false);
+    g.gB = linear(l, w, "g_b_proj", width, dim, false);
+    g.aLog = load(name(w, "A_log", l), {1, 1, heads, 1}, torch::kFloat32).view({heads});
+    g.dtBias = load(name(w, "dt_bias", l), {width});
+    g.norm = load(name(w, "o_norm", l), {dim});
+    g.o = linear(l, w, "o_proj", h, width, false);
+    // transformers keeps f_a/f_b in a forget_gate submodule: PEFT's paths.
+    for (LoraLinear *f : {&g.fA, &g.fB}) {
+      size_t at = f->hfPath.rfind(".f_");
+      if (at != std::string::npos)
+        f->hfPath.insert(at + 1, "forget_gate.");
+    }
   }
 
   /// Qwen3-Next's Gated DeltaNet: weights by role (in_proj_qkvz, in_proj_ba,
@@ -431,6 +471,9 @@ public:
       for (LoraLinear *l : layers[i].lightning.linears())
         if (l->weight.defined() && targeted(l->hfPath, d))
           addLora(*l);
+      for (LoraLinear *l : layers[i].kimiDelta.linears())
+        if (l->weight.defined() && targeted(l->hfPath, d))
+          addLora(*l);
       if (f.isMoe())
         for (ExpertLinear *x : {&f.gateUp, &f.expertDown})
           if (targeted(x->hfParam, d))
@@ -480,6 +523,7 @@ public:
         torch::Tensor normed = norm(in, layer.inputNorm);
         torch::Tensor a = layer.isDeltaNet    ? layer.deltaNet.forward(normed, training)
                           : layer.isLightning ? layer.lightning.forward(normed, training)
+                          : layer.isKimiDelta ? layer.kimiDelta.forward(normed, training)
                                               : layer.attention.forward(normed, t, training);
         torch::Tensor h = scaledResidual(ld.normedResidual ? normed : in, a, ld.attentionResidualAlpha,
                                          ld.attentionResidualBeta);
@@ -584,6 +628,8 @@ std::vector<AdapterTensor> Model::adapters() const {
       addLinear(*l);
     for (const LoraLinear *l : layer.lightning.linears())
       addLinear(*l);
+    for (const LoraLinear *l : layer.kimiDelta.linears())
+      addLinear(*l);
     for (const LoraLinear *l : layer.deltaNet.linears())
       addLinear(*l);
     // PEFT nests one ParamWrapper per targeted parameter of the experts
@@ -619,6 +665,9 @@ std::string Model::peftConfigJson(const std::string &baseModelPath) const {
       if (l->hasLora())
         modules.insert(rel(l->hfPath));
     for (const LoraLinear *l : layer.lightning.linears())
+      if (l->hasLora())
+        modules.insert(rel(l->hfPath));
+    for (const LoraLinear *l : layer.kimiDelta.linears())
       if (l->hasLora())
         modules.insert(rel(l->hfPath));
     for (const LoraLinear *l : layer.deltaNet.linears())
@@ -726,6 +775,9 @@ std::vector<std::pair<std::string, torch::Tensor>> Model::mergedWeights() const 
       if (l->hasLora())
         emit(l->checkpointName, mergedLinear(*l));
     for (const LoraLinear *l : layer.lightning.linears())
+      if (l->hasLora())
+        emit(l->checkpointName, mergedLinear(*l));
+    for (const LoraLinear *l : layer.kimiDelta.linears())
       if (l->hasLora())
         emit(l->checkpointName, mergedLinear(*l));
     for (const LoraLinear *l : layer.deltaNet.linears())

@@ -224,7 +224,10 @@ SparseSelection indexerSelection(const AttentionLayer &a, const torch::Tensor &x
   torch::Tensor w = a.indexWeights.forward(x.detach().to(a.indexWeights.weight.scalar_type()), training)
                         .to(torch::kFloat32) *
                     std::pow(static_cast<double>(ix.heads), -0.5);
-  return lightningTopK(q, k, w, std::pow(static_cast<double>(ix.headDim), -0.5), ix.topK, ix.queryBlock);
+  // One fp32 score tile of at most 2^28 elements (1 GiB) on a GPU, 2^26 elsewhere.
+  const int64_t tileBudget = int64_t(1) << (q.is_cuda() ? 28 : 26);
+  return lightningTopK(q, k, w, std::pow(static_cast<double>(ix.headDim), -0.5), ix.topK, ix.queryBlock,
+                       tileBudget);
 }
 
 } // namespace

@@ -20,7 +20,7 @@ import unittest
 ADAPT = sys.argv[1] if len(sys.argv) > 1 else "build/bin/adapt"
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FAMILIES = ["qwen3_moe", "mixtral", "deepseek_v3", "kimi_k2", "gpt_oss",
-            "glm4_moe", "minimax_m2", "llama4", "minimax", "qwen3_vl_moe", "qwen3_next",
+            "glm4_moe", "minimax_m2", "llama4", "minimax", "qwen3_vl_moe", "qwen3_next", "kimi_linear",
             "deepseek_v32", "glm_moe_dsa"]
 # (family, quant): the quantized variants. Without a GPU transformers
 # dequantizes them to BF16 on load, which checks names, shapes and scales.

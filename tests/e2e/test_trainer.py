@@ -28,7 +28,7 @@ import unittest
 ADAPT = None
 PYTHON = os.environ.get("ADAPT_PYTHON", "")
 FAMILIES = ["qwen3_moe", "mixtral", "deepseek_v3", "kimi_k2", "gpt_oss", "glm4_moe", "minimax_m2", "llama4", "minimax",
-            "qwen3_vl_moe", "qwen3_next", "deepseek_v32", "glm_moe_dsa"]
+            "qwen3_vl_moe", "qwen3_next", "kimi_linear", "deepseek_v32", "glm_moe_dsa"]
 VOCAB = 256
 TRAIN = ["--steps", "40", "--batch", "4", "--seq-len", "32", "--lr", "1e-2", "--log-every", "0"]
 
@@ -165,7 +165,8 @@ class Trainer(unittest.TestCase):
 
     def top_k(self, model, family):
         config = json.load(open(os.path.join(model, "config.json")))
-        return config.get("text_config", config).get("num_experts_per_tok", 1)
+        config = config.get("text_config", config)
+        return config.get("num_experts_per_tok", config.get("num_experts_per_token", 1))  # Kimi-Linear: _token
 
     def test_image_documents_train(self):
         """Qwen3-VL: JSONL documents with images (docs/datasets.md) go through

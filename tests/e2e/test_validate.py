@@ -28,7 +28,7 @@ PYTHON = os.environ.get("ADAPT_PYTHON", "")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIXTURES = os.path.join(ROOT, "validation", "fixtures")
 FAMILIES = ["qwen3_moe", "mixtral", "deepseek_v3", "kimi_k2", "gpt_oss", "glm4_moe", "minimax_m2", "llama4", "minimax",
-            "qwen3_vl_moe", "qwen3_next", "deepseek_v32", "glm_moe_dsa"]
+            "qwen3_vl_moe", "qwen3_next", "kimi_linear", "deepseek_v32", "glm_moe_dsa"]
 
 # Regenerated fixture against the committed one.
 COMPARE = r"""
