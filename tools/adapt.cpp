@@ -59,7 +59,8 @@ PATH is a model folder (config.json, optionally model.safetensors.index.json
 and shards), a config.json file, or an .onnx file.
 
 tiny writes a tiny random-weight model of FAMILY (qwen3_moe, mixtral,
-deepseek_v3, kimi_k2, gpt_oss, glm4_moe, minimax_m2, llama4, qwen3_vl_moe): config.json,
+deepseek_v3, kimi_k2, gpt_oss, glm4_moe, minimax_m2, llama4, qwen3_next,
+kimi_linear, minimax, deepseek_v32, glm_moe_dsa, qwen3_vl_moe): config.json,
 index and two BF16 shards; --quant fp8 for deepseek_v3/kimi_k2, mxfp4 for
 gpt_oss. The same arguments write the same bytes.
 
