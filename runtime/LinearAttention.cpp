@@ -1,6 +1,7 @@
 //===- LinearAttention.cpp - linear attention's stateless kernels ---------===//
 
 #include "runtime/LinearAttention.h"
+#include "runtime/Recompute.h"
 
 #include <cmath>
 
@@ -100,9 +101,11 @@ torch::Tensor gatedDeltaRuleRecurrent(const DeltaRuleInputs &in, torch::Tensor *
   return torch::stack(outs, 2).to(in.query.scalar_type());
 }
 
-torch::Tensor gatedDeltaRuleChunked(const DeltaRuleInputs &in, int64_t chunkSize, torch::Tensor *finalState) {
-  TORCH_CHECK(chunkSize > 0, "gatedDeltaRuleChunked: expected a positive chunk size, got ", chunkSize);
-  Fp32Inputs f = prepare(in, "gatedDeltaRuleChunked");
+namespace {
+
+/// The chunked form from \p initialState (undefined: zeros); returns fp32.
+torch::Tensor chunkedForm(const Fp32Inputs &f, int64_t chunkSize, const torch::Tensor &initialState,
+                          torch::Tensor *finalState) {
   const int64_t b = f.k.size(0), h = f.k.size(1), t = f.k.size(2), dk = f.k.size(3), dv = f.v.size(3);
   const int64_t c = chunkSize, pad = (c - t % c) % c, chunks = (t + pad) / c;
   const bool perChannel = f.g.size(-1) > 1;
@@ -140,7 +143,7 @@ torch::Tensor gatedDeltaRuleChunked(const DeltaRuleInputs &in, int64_t chunkSize
   torch::Tensor keyToEnd = k * (last - cum).exp();                           // writes the outgoing state
   torch::Tensor chunkDecay = last.exp().transpose(-1, -2);                   // [b, h, n, G, 1]
 
-  torch::Tensor state = torch::zeros({b, h, dk, dv}, f.v.options());
+  torch::Tensor state = initialState.defined() ? initialState : torch::zeros({b, h, dk, dv}, f.v.options());
   std::vector<torch::Tensor> outs;
   outs.reserve(chunks);
   // unbind, not select: select's backward writes a zero tensor of the whole
@@ -155,8 +158,44 @@ torch::Tensor gatedDeltaRuleChunked(const DeltaRuleInputs &in, int64_t chunkSize
   }
   if (finalState)
     *finalState = state;
-  torch::Tensor out = torch::stack(outs, 2).view({b, h, chunks * c, dv}).narrow(2, 0, t);
-  return out.to(in.query.scalar_type());
+  return torch::stack(outs, 2).view({b, h, chunks * c, dv}).narrow(2, 0, t);
+}
+
+} // namespace
+
+torch::Tensor gatedDeltaRuleChunked(const DeltaRuleInputs &in, int64_t chunkSize, torch::Tensor *finalState) {
+  TORCH_CHECK(chunkSize > 0, "gatedDeltaRuleChunked: expected a positive chunk size, got ", chunkSize);
+  return chunkedForm(prepare(in, "gatedDeltaRuleChunked"), chunkSize, torch::Tensor(), finalState)
+      .to(in.query.scalar_type());
+}
+
+torch::Tensor gatedDeltaRuleSegmented(const DeltaRuleInputs &in, int64_t chunkSize, int64_t segmentTokens) {
+  TORCH_CHECK(chunkSize > 0, "gatedDeltaRuleSegmented: expected a positive chunk size, got ", chunkSize);
+  const int64_t t = in.key.dim() == 4 ? in.key.size(2) : 0;
+  if (segmentTokens <= 0 || segmentTokens >= t || !torch::GradMode::is_enabled())
+    return gatedDeltaRuleChunked(in, chunkSize);
+  prepare(in, "gatedDeltaRuleSegmented"); // shape checks, with this op's name
+  // Segments of whole chunks, so the chunk boundaries match the plain form's.
+  const int64_t segment = std::max<int64_t>(1, segmentTokens / chunkSize) * chunkSize;
+  // split, not narrow: one backward node stacks every segment's gradient.
+  const std::vector<torch::Tensor> q = in.query.split(segment, 2), k = in.key.split(segment, 2),
+                                   v = in.value.split(segment, 2), g = in.decay.split(segment, 2),
+                                   beta = in.beta.split(segment, 2);
+  const int64_t b = in.key.size(0), h = in.key.size(1), dk = in.key.size(3), dv = in.value.size(3);
+  torch::Tensor state = torch::zeros({b, h, dk, dv}, in.value.options().dtype(torch::kFloat32));
+  RecomputedFunctions segmentFn = [chunkSize](const std::vector<torch::Tensor> &x) {
+    DeltaRuleInputs part{x[0], x[1], x[2], x[3], x[4]};
+    torch::Tensor leaving;
+    torch::Tensor out = chunkedForm(prepare(part, "gatedDeltaRuleSegmented"), chunkSize, x[5], &leaving);
+    return std::vector<torch::Tensor>{out.to(x[0].scalar_type()), leaving};
+  };
+  std::vector<torch::Tensor> outs;
+  for (size_t s = 0; s < q.size(); ++s) {
+    std::vector<torch::Tensor> r = recompute(segmentFn, {q[s], k[s], v[s], g[s], beta[s], state});
+    outs.push_back(r[0]);
+    state = r[1];
+  }
+  return torch::cat(outs, 2);
 }
 
 } // namespace adapt::rt

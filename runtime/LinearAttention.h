@@ -70,6 +70,16 @@ torch::Tensor gatedDeltaRuleRecurrent(const DeltaRuleInputs &in, torch::Tensor *
 torch::Tensor gatedDeltaRuleChunked(const DeltaRuleInputs &in, int64_t chunkSize,
                                     torch::Tensor *finalState = nullptr);
 
+/// The chunked form over segments of \p segmentTokens tokens (rounded down to
+/// whole chunks), each recomputed in the backward pass (Recompute.h): between
+/// forward and backward only the inputs and the [B, H, dk, dv] state at each
+/// segment boundary are kept, so the activation memory of the op is one
+/// segment's instead of the whole sequence's (the chunked form keeps ~40 fp32
+/// values per token, head and channel for its backward). Same values and
+/// gradients as gatedDeltaRuleChunked, for one more forward of compute. With
+/// \p segmentTokens 0 (or >= T), or without grad mode, it is that function.
+torch::Tensor gatedDeltaRuleSegmented(const DeltaRuleInputs &in, int64_t chunkSize, int64_t segmentTokens);
+
 } // namespace adapt::rt
 
 #endif // ADAPT_RUNTIME_LINEARATTENTION_H

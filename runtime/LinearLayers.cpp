@@ -41,7 +41,7 @@ torch::Tensor GatedDeltaNetLayer::forward(const torch::Tensor &x, bool training)
   DeltaRuleInputs in{l2Normalize(query.to(torch::kFloat32)).transpose(1, 2),
                      l2Normalize(key.to(torch::kFloat32)).transpose(1, 2), value.transpose(1, 2),
                      decay.transpose(1, 2), beta.transpose(1, 2)};
-  torch::Tensor core = gatedDeltaRuleChunked(in, def.chunkSize).transpose(1, 2).to(x.scalar_type());
+  torch::Tensor core = gatedDeltaRuleSegmented(in, def.chunkSize, def.segmentTokens).transpose(1, 2).to(x.scalar_type());
   core = gatedRmsNorm(core, norm, z, normEps);
   return outProj.forward(core.reshape({batch, seqLen, valueDim}), training);
 }
@@ -65,7 +65,7 @@ torch::Tensor KimiDeltaLayer::forward(const torch::Tensor &x, bool training) con
   DeltaRuleInputs in{l2Normalize(query.to(torch::kFloat32)).transpose(1, 2),
                      l2Normalize(key.to(torch::kFloat32)).transpose(1, 2), value.transpose(1, 2),
                      decay.transpose(1, 2), beta.transpose(1, 2)};
-  torch::Tensor core = gatedDeltaRuleChunked(in, def.chunkSize).transpose(1, 2).to(x.scalar_type());
+  torch::Tensor core = gatedDeltaRuleSegmented(in, def.chunkSize, def.segmentTokens).transpose(1, 2).to(x.scalar_type());
   torch::Tensor gate = gB.forward(gA.forward(x, training), training).view({batch, seqLen, heads, d});
   core = sigmoidGatedRmsNorm(core, norm, gate, normEps);
   return o.forward(core.reshape({batch, seqLen, width}), training);

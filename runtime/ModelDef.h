@@ -59,6 +59,11 @@ struct LinearAttentionDef {
   int64_t keyHeadDim = 0, valueHeadDim = 0;
   int64_t convKernel = 0;  ///< Short causal depthwise convolution width (0: none).
   int64_t chunkSize = 64;  ///< Chunk length of the chunked training form.
+  /// Delta rule (GatedDeltaNet, KimiDelta): sequences longer than this are
+  /// run in segments recomputed in the backward pass, keeping only the state
+  /// at segment boundaries (LinearAttention.h gatedDeltaRuleSegmented); the
+  /// values are identical. 0: never.
+  int64_t segmentTokens = 16384;
   // -- linear attention kind-specific fields below (one block per kind) --
   // Lightning (MiniMax): chunkSize is the config's block_size (the blocked
   // form's block; the result does not depend on it). The decay slopes follow

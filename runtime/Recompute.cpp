@@ -72,7 +72,70 @@ struct RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
   }
 };
 
+/// Keeps a many-to-many function alive as long as the graph node needs it.
+struct FunctionsHolder : torch::CustomClassHolder {
+  explicit FunctionsHolder(RecomputedFunctions f) : fn(std::move(f)) {}
+  RecomputedFunctions fn;
+};
+
+/// The many-to-many node: the inputs arrive as one tensor list (each element
+/// an autograd input), \p always first.
+struct RecomputeManyFunction : public torch::autograd::Function<RecomputeManyFunction> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext *ctx, at::TensorList inputs,
+                                                c10::intrusive_ptr<FunctionsHolder> holder) {
+    std::vector<torch::Tensor> xs(inputs.begin() + 1, inputs.end());
+    const torch::Device device = xs.front().device();
+    ctx->saved_data["rng"] = generatorState(device);
+    std::vector<torch::Tensor> ys;
+    {
+      torch::NoGradGuard noGrad;
+      ys = holder->fn(xs);
+    }
+    ctx->save_for_backward(xs);
+    ctx->saved_data["fn"] = c10::IValue::make_capsule(holder);
+    return ys;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
+                                                 torch::autograd::variable_list gradOutputs) {
+    std::vector<torch::Tensor> saved = ctx->get_saved_variables();
+    auto holder = c10::static_intrusive_pointer_cast<FunctionsHolder>(ctx->saved_data["fn"].toCapsule());
+    const torch::Device device = saved.front().device();
+    torch::Tensor current = generatorState(device);
+    setGeneratorState(device, ctx->saved_data["rng"].toTensor());
+    std::vector<torch::Tensor> inputs;
+    for (const torch::Tensor &x : saved)
+      inputs.push_back(x.detach().requires_grad_(x.requires_grad()));
+    std::vector<torch::Tensor> ys;
+    {
+      torch::AutoGradMode enable(true);
+      ys = holder->fn(inputs);
+    }
+    setGeneratorState(device, current);
+    std::vector<torch::Tensor> roots, grads;
+    for (size_t i = 0; i < ys.size(); ++i)
+      if (gradOutputs[i].defined() && ys[i].requires_grad())
+        roots.push_back(ys[i]), grads.push_back(gradOutputs[i]);
+    if (!roots.empty())
+      torch::autograd::backward(roots, grads);
+    torch::autograd::variable_list result{torch::Tensor()}; // for `always`
+    for (const torch::Tensor &x : inputs)
+      result.push_back(x.requires_grad() ? x.grad() : torch::Tensor());
+    result.push_back(torch::Tensor()); // for the holder
+    return result;
+  }
+};
+
 } // namespace
+
+std::vector<torch::Tensor> recompute(const RecomputedFunctions &fn, const std::vector<torch::Tensor> &inputs) {
+  if (!torch::GradMode::is_enabled() || inputs.empty())
+    return fn(inputs);
+  static thread_local torch::Tensor always = torch::empty({0}).requires_grad_();
+  std::vector<torch::Tensor> all{always};
+  all.insert(all.end(), inputs.begin(), inputs.end());
+  return RecomputeManyFunction::apply(at::TensorList(all), c10::make_intrusive<FunctionsHolder>(fn));
+}
 
 torch::Tensor recompute(const RecomputedFunction &fn, const torch::Tensor &x) {
   if (!torch::GradMode::is_enabled())

@@ -29,6 +29,15 @@ using RecomputedFunction = std::function<torch::Tensor(const torch::Tensor &)>;
 /// or when nothing needs a gradient, it is fn(x).
 torch::Tensor recompute(const RecomputedFunction &fn, const torch::Tensor &x);
 
+/// A function of several tensors with several results.
+using RecomputedFunctions = std::function<std::vector<torch::Tensor>(const std::vector<torch::Tensor> &)>;
+
+/// recompute() for several inputs and results (e.g. a segment of a sequence
+/// and the recurrent state entering it -> the segment's output and the
+/// state leaving it). Results with no incoming gradient are skipped in the
+/// backward pass.
+std::vector<torch::Tensor> recompute(const RecomputedFunctions &fn, const std::vector<torch::Tensor> &inputs);
+
 } // namespace adapt::rt
 
 #endif // ADAPT_RUNTIME_RECOMPUTE_H

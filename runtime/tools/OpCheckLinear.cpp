@@ -45,6 +45,7 @@ struct DeltaCase {
   int64_t H, T, dk, dv, chunk;
   bool perChannel = false;
   bool recurrent = false; ///< Check the recurrent form instead of the chunked one.
+  int64_t segment = 0;    ///< >0: the segmented (recomputed) form with this segment length.
 };
 
 Trial deltaRuleTrial(const Ctx &c, const DeltaCase &d) {
@@ -61,7 +62,9 @@ Trial deltaRuleTrial(const Ctx &c, const DeltaCase &d) {
   Input g = input(c, -torch::nn::functional::softplus(torch::randn(gShape, f64) * 1.5 - 1.0), true);
   Input beta = input(c, torch::sigmoid(torch::randn({B, d.H, d.T}, f64)), true);
   DeltaRuleInputs in{q.ours, k.ours, v.ours, g.ours, beta.ours};
-  Tensor ours = d.recurrent ? gatedDeltaRuleRecurrent(in) : gatedDeltaRuleChunked(in, d.chunk);
+  Tensor ours = d.recurrent     ? gatedDeltaRuleRecurrent(in)
+                : d.segment > 0 ? gatedDeltaRuleSegmented(in, d.chunk, d.segment)
+                                : gatedDeltaRuleChunked(in, d.chunk);
   Tensor ref = refDeltaRule(q.ref, k.ref, v.ref, g.ref, beta.ref);
   Trial t{{"out", ours, ref}};
   backward(t, ours, ref, {{"q", &q}, {"k", &k}, {"v", &v}, {"g", &g}, {"beta", &beta}});
@@ -144,6 +147,8 @@ void addLinearAttentionChecks(std::vector<Check> &all) {
     std::string shape = shapeText({{"B", 2}, {"H", d.H}, {"T", d.T}, {"dk", d.dk}, {"dv", d.dv}});
     if (!d.recurrent)
       shape += " C" + std::to_string(d.chunk);
+    if (d.segment > 0)
+      shape += " S" + std::to_string(d.segment);
     addCheck(all, id, shape, [=](const Ctx &c) { return deltaRuleTrial(c, d); });
   };
   // Gated delta rule (one decay per head): T a multiple of the chunk, not
@@ -154,6 +159,12 @@ void addLinearAttentionChecks(std::vector<Check> &all) {
   delta("gated_delta_rule.chunked", {2, 5, 16, 10, 16});
   delta("gated_delta_rule.chunked", {3, 37, 10, 6, 8});
   delta("gated_delta_rule.chunked", {2, 67, 16, 16, 64});
+  // Segments recomputed in the backward pass: state and gradients carried
+  // across segment boundaries (ragged last segment, segment not a multiple
+  // of the chunk, per-channel decay).
+  delta("gated_delta_rule.segmented", {3, 37, 10, 6, 4, false, false, 8});
+  delta("gated_delta_rule.segmented", {2, 67, 16, 16, 8, false, false, 20});
+  delta("kimi_delta.segmented", {3, 37, 10, 6, 4, true, false, 12});
   // Kimi delta attention (one decay per key channel).
   delta("kimi_delta.recurrent", {3, 13, 8, 12, 0, true, true});
   delta("kimi_delta.chunked", {3, 16, 8, 8, 8, true});
