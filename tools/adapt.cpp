@@ -19,6 +19,9 @@
 #include "passes/Passes.h"
 #include "passes/ReportWriter.h"
 #include "tools/BuildCommand.h"
+#include "tools/GenerateCommand.h"
+#include "tools/ReviewCommand.h"
+#include "tools/ServeCommand.h"
 #include "tools/ValidateCommand.h"
 
 #include "mlir/IR/MLIRContext.h"
@@ -53,6 +56,13 @@ constexpr const char *kUsage = R"(usage:
               [--no-compile] [--runtime-dir DIR] [--allow-gaps] [--registry FILE]
   adapt validate PATH --stage op|model|parallel|full --out DIR
                  [--fixture DIR] [--runtime-dir DIR]
+  adapt serve [--port N] [--host ADDR] [--token TOKEN] [--allow-host NAME]
+              [--max-body BYTES] [--test-mode]
+  adapt generate PATH --out DIR [--registry FILE] [--endpoint URL] [--model NAME]
+                 [--api-key KEY] [--max-attempts N] [--max-tokens N] [--timeout S]
+                 [--test-timeout S] [--retries N] [--target libtorch|cuda] [--only ID]
+  adapt review DIR [--only ID] | --approve ID [--by NAME]
+               | --reject ID --reason TEXT [--by NAME] | --export FILE [--registry BASE]
   adapt --help | --version
 
 PATH is a model folder (config.json, optionally model.safetensors.index.json
@@ -64,10 +74,19 @@ kimi_linear, minimax, deepseek_v32, glm_moe_dsa, qwen3_vl_moe): config.json,
 index and two BF16 shards; --quant fp8 for deepseek_v3/kimi_k2, mxfp4 for
 gpt_oss. The same arguments write the same bytes.
 
+generate proposes a candidate for every gap of PATH (a model or a gaps.json):
+reuse rules first, then an LLM at an OpenAI-compatible endpoint (--endpoint or
+ADAPT_LLM_BASE_URL, ADAPT_LLM_MODEL, ADAPT_LLM_API_KEY); records under DIR.
+review shows them (diffs, IR, evidence) and records approvals (docs/agent.md).
+
+serve runs a Model Context Protocol server on http://ADDR:N/mcp (default
+127.0.0.1, port 0 = any free port, printed on stdout) until SIGINT/SIGTERM.
+
 exit codes: 0 success (gaps: nothing missing), 2 bad input or usage,
             3 gaps found (gaps; build: the runtime cannot run the model),
             4 the generated trainer did not compile (build); a validation
               check failed (validate: the record names the first divergence)
+            generate: 0 every gap has a candidate, 3 some gap has none
 )";
 
 /// Parsed command line.
@@ -370,6 +389,12 @@ int run(int argc, char **argv) {
     return runBuildCommand(argc, argv);
   if (argc >= 2 && !std::strcmp(argv[1], "validate"))
     return runValidateCommand(argc, argv);
+  if (argc >= 2 && !std::strcmp(argv[1], "serve"))
+    return runServeCommand(argc, argv);
+  if (argc >= 2 && !std::strcmp(argv[1], "generate"))
+    return runGenerateCommand(argc, argv);
+  if (argc >= 2 && !std::strcmp(argv[1], "review"))
+    return runReviewCommand(argc, argv);
   Options opts;
   std::string error;
   if (!parseArgs(argc, argv, opts, error) ||

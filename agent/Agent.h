@@ -1,0 +1,100 @@
+//===- Agent.h - reuse rules, the LLM candidate loop, candidate records -*- C++ -*-===//
+//
+// What `adapt generate` and `adapt review` share. A candidate is one proposed
+// way to close one gap of a gaps.json report; it lives in
+// DIR/candidates/<id>/ (candidate.json plus the files it lists), see
+// docs/agent.md for the layout. No LibTorch here: candidate code is compiled
+// and tested in child processes (adapt-candidate-check).
+//
+//===----------------------------------------------------------------------===//
+#ifndef ADAPT_AGENT_AGENT_H
+#define ADAPT_AGENT_AGENT_H
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace adapt::agent {
+
+using Json = nlohmann::json;
+
+//===-- records ---------------------------------------------------------===//
+
+/// True for operators whose candidates always need an explicit approval:
+/// attention of every kind, MoE routing, anything numerical in the loss path.
+bool isCriticalOp(const std::string &op);
+
+/// Writes \p text to \p path (creating folders); false + \p error on failure.
+bool writeText(const std::string &path, const std::string &text, std::string &error);
+
+/// Reads a whole file; false when it cannot be read.
+bool readText(const std::string &path, std::string &text);
+
+/// Lowercase hex SHA-256 of \p data.
+std::string sha256Hex(const std::string &data);
+
+/// The hash a reviewer approves: SHA-256 over candidate.json's claims (id,
+/// op, kind, rule, status, critical, validation) and the names and bytes of
+/// the files it lists under "files" (what `adapt review` shows).
+/// Missing files hash as "<missing>" so deleting one voids an approval too.
+std::string candidateContentHash(const std::string &candidateDir, const Json &candidate);
+
+//===-- reuse rules ------------------------------------------------------===//
+
+/// A reuse rule's proposal for one gap: the registry entry that makes the
+/// component available and the adapter that maps the model onto it.
+struct ReuseMatch {
+  std::string rule;        ///< Rule name, e.g. "split_projection_layout".
+  std::string explanation; ///< One paragraph: why the rule applies.
+  Json registryEntry;      ///< New or changed ops.json entry.
+  std::string adapter;     ///< Adapter code / weight mapping (C++ or text).
+};
+
+/// Tries every reuse rule on one gaps.json component against the registry
+/// (ops.json as JSON). Returns false when no rule covers it.
+bool matchReuseRules(const Json &component, const Json &registry, ReuseMatch &match);
+
+//===-- LLM candidates ---------------------------------------------------===//
+
+/// How to reach an OpenAI-compatible Chat Completions endpoint.
+struct LlmConfig {
+  std::string baseUrl;        ///< e.g. http://127.0.0.1:8000/v1 ("" = none).
+  std::string model;
+  std::string apiKey;
+  int maxAttempts = 4;        ///< Model turns per candidate.
+  int64_t maxTokens = 200000; ///< Prompt + completion tokens per candidate.
+  int requestTimeoutS = 120;  ///< One HTTP request.
+  int retries = 3;            ///< Per request, on timeouts, 5xx, bad JSON.
+  int backoffMs = 500;        ///< First retry delay; doubles each retry.
+  int testTimeoutS = 60;      ///< One compile or one test run.
+  int64_t testMemoryMb = 6144;///< Address-space limit of the test child.
+  std::string target = "libtorch"; ///< libtorch | cuda (asked for, not run here).
+};
+
+/// Tools the candidate loop needs from the outside.
+struct CandidateTools {
+  std::string checker;      ///< Path of adapt-candidate-check ("" = none).
+  std::string compiler = "c++";
+};
+
+/// Whether an op-stage task exists for a component (only those can be
+/// generated: a candidate nobody can test is never proposed).
+bool hasCandidateTask(const Json &component);
+
+/// The static check: reasons the source is refused before compiling (calls
+/// into the reference, dlopen/dlsym, extern declarations, shelling out).
+/// Empty when clean.
+std::vector<std::string> staticCheck(const std::string &source);
+
+/// Runs the LLM loop for one component; writes prompts, responses, sources,
+/// logs and candidate.json into \p candidateDir and returns candidate.json.
+/// Never throws: every fault ends as status "failed" with a reason.
+Json generateCandidate(const Json &component, const std::string &irText,
+                       const LlmConfig &config, const CandidateTools &tools,
+                       const std::string &candidateDir);
+
+} // namespace adapt::agent
+
+#endif // ADAPT_AGENT_AGENT_H

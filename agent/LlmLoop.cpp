@@ -1,0 +1,471 @@
+//===- LlmLoop.cpp - ask an LLM for a candidate, compile it, test it -----===//
+//
+// The loop of `adapt generate` for gaps no reuse rule covers. It talks to an
+// OpenAI-compatible Chat Completions endpoint (libcurl) with one tool,
+// compile_and_test(source): every call compiles the source as a shared object
+// in a child process (time and memory limits) and runs the op stage
+// (adapt-candidate-check, another child) on it; compiler errors and failed
+// checks go back to the model. The loop stops at the first candidate that
+// passes, or when the attempt or token budget is spent. HTTP faults
+// (timeouts, 5xx, 429, malformed JSON) are retried with exponential backoff;
+// calls to tools that do not exist are answered with an error message. Every
+// request, response, source and log is written under the candidate folder.
+//
+//===----------------------------------------------------------------------===//
+
+#include "agent/Agent.h"
+
+#include "llvm/ADT/SmallVector.h"
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Program.h"
+
+#include <curl/curl.h>
+
+#include <algorithm>
+#include <chrono>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+namespace adapt::agent {
+
+bool hasCandidateTask(const Json &component) {
+  return component.value("op", "") == "adapt.moe";
+}
+
+std::vector<std::string> staticCheck(const std::string &source) {
+  std::vector<std::string> reasons;
+  struct Pattern {
+    const char *regex, *why;
+  };
+  static const Pattern patterns[] = {
+      {R"(adapt_reference|reference_routing|routingReference)",
+       "calls the reference it is compared against"},
+      {R"(\badapt\s*::)", "calls into adapt's own library (the op being replaced)"},
+      {R"(\bdlopen\b|\bdlsym\b|RTLD_)", "loads symbols at run time (dlopen/dlsym)"},
+      {R"(\bextern\b)", "declares external symbols (extern)"},
+      {R"(#\s*include\s*")", "includes local files"},
+      {R"(\bsystem\s*\(|\bpopen\b|\bfork\b|\bexec[lv]p?e?\s*\()", "starts processes"},
+      {R"(\basm\b|__asm__)", "uses inline assembly"}};
+  for (const Pattern &p : patterns)
+    if (std::regex_search(source, std::regex(p.regex)))
+      reasons.push_back(p.why);
+  return reasons;
+}
+
+namespace {
+
+size_t collect(char *data, size_t size, size_t count, void *user) {
+  static_cast<std::string *>(user)->append(data, size * count);
+  return size * count;
+}
+
+/// One HTTP exchange's outcome.
+struct HttpResult {
+  long status = 0;      ///< 0 when no HTTP answer (timeout, refused).
+  std::string body, error;
+};
+
+HttpResult postJson(const LlmConfig &config, const std::string &body) {
+  HttpResult r;
+  CURL *curl = curl_easy_init();
+  if (!curl) {
+    r.error = "libcurl could not start";
+    return r;
+  }
+  std::string url = config.baseUrl;
+  while (!url.empty() && url.back() == '/')
+    url.pop_back();
+  url += "/chat/completions";
+  curl_slist *headers = curl_slist_append(nullptr, "Content-Type: application/json");
+  if (!config.apiKey.empty())
+    headers = curl_slist_append(headers, ("Authorization: Bearer " + config.apiKey).c_str());
+  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
+  curl_easy_setopt(curl, CURLOPT_POSTFIELDS, body.c_str());
+  curl_easy_setopt(curl, CURLOPT_POSTFIELDSIZE, long(body.size()));
+  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, collect);
+  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &r.body);
+  curl_easy_setopt(curl, CURLOPT_TIMEOUT, long(config.requestTimeoutS));
+  curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT, 10L);
+  curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
+  CURLcode rc = curl_easy_perform(curl);
+  if (rc != CURLE_OK)
+    r.error = curl_easy_strerror(rc);
+  else
+    curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &r.status);
+  curl_slist_free_all(headers);
+  curl_easy_cleanup(curl);
+  return r;
+}
+
+/// Posts a chat request with retries. Returns the parsed response, or sets
+/// \p error (the last fault) after the retries. \p log gets one line per try.
+bool chat(const LlmConfig &config, const Json &request, Json &response, std::string &error,
+          std::vector<std::string> &log) {
+  std::string body = request.dump();
+  int delay = config.backoffMs;
+  for (int attempt = 0; attempt <= config.retries; ++attempt) {
+    if (attempt > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(delay));
+      delay *= 2;
+    }
+    HttpResult r = postJson(config, body);
+    if (!r.error.empty()) {
+      error = "endpoint unreachable or timed out: " + r.error;
+    } else if (r.status == 429 || r.status >= 500) {
+      error = "endpoint answered HTTP " + std::to_string(r.status);
+    } else if (r.status != 200) {
+      error = "endpoint answered HTTP " + std::to_string(r.status) + ": " + r.body.substr(0, 300);
+      log.push_back("try " + std::to_string(attempt + 1) + ": " + error + " (not retried)");
+      return false; // 4xx: retrying the same request will not help.
+    } else {
+      response = Json::parse(r.body, nullptr, /*allow_exceptions=*/false);
+      if (response.is_discarded() || !response.contains("choices") ||
+          !response["choices"].is_array() || response["choices"].empty() ||
+          !response["choices"][0].contains("message")) {
+        error = "malformed response (not a Chat Completions JSON): " + r.body.substr(0, 200);
+      } else {
+        log.push_back("try " + std::to_string(attempt + 1) + ": ok");
+        return true;
+      }
+    }
+    log.push_back("try " + std::to_string(attempt + 1) + ": " + error);
+  }
+  error += " (after " + std::to_string(config.retries + 1) + " tries)";
+  return false;
+}
+
+/// Runs \p args with limits, output to \p logPath; returns a description of
+/// an abnormal end ("" on exit 0) and sets \p exitCode.
+std::string runChild(const std::vector<std::string> &args, const std::string &logPath,
+                     int seconds, unsigned memoryMb, int &exitCode) {
+  llvm::SmallVector<llvm::StringRef, 16> argv(args.begin(), args.end());
+  std::optional<llvm::StringRef> redirects[] = {llvm::StringRef(""), llvm::StringRef(logPath),
+                                                llvm::StringRef(logPath)};
+  std::string message;
+  bool failed = false;
+  exitCode = llvm::sys::ExecuteAndWait(args[0], argv, std::nullopt, redirects, seconds,
+                                       memoryMb, &message, &failed);
+  if (failed)
+    return "could not start " + args[0] + ": " + message;
+  if (exitCode == -2)
+    return "timed out or crashed: " + message;
+  if (exitCode < 0)
+    return "ended abnormally: " + message;
+  return "";
+}
+
+std::string tail(const std::string &path, size_t chars) {
+  std::string text;
+  readText(path, text);
+  return text.size() > chars ? "..." + text.substr(text.size() - chars) : text;
+}
+
+/// The op's semantics and the library's conventions, for the system prompt.
+std::string taskPrompt(const Json &component, const std::string &irText,
+                       const LlmConfig &config) {
+  const Json f = component.value("features", Json::object());
+  std::ostringstream os;
+  os << "You write operators for adapt, a C++17 LibTorch LoRA training runtime.\n\n"
+     << "Missing component: " << component.value("id", "") << " (" << component.value("op", "")
+     << "; " << component.value("variant", "") << ").\n"
+     << "Why it is missing: ";
+  for (const Json &r : component.value("reasons", Json::array()))
+    os << r.get<std::string>() << " ";
+  os << "\n\nIR of the op in this model:\n" << irText << "\n\n"
+     << "Write the MoE router weights of this variant as a LibTorch composite:\n"
+        "  scores = " << (f.value("scoring", "softmax") == "sigmoid" ? "sigmoid(logits)" : "softmax(logits, -1)")
+     << "            // float32, [T, E]\n"
+        "  choice = scores + bias                   // if params[\"use_bias\"] != 0\n"
+        "  grouped (n_group > 1): experts split into n_group equal groups; a group's score is\n"
+        "    the sum of its two largest choice values; keep the topk_group best groups, others\n"
+        "    are excluded (-inf) from the choice\n"
+        "  idx = top_k indices of choice per token\n"
+        "  w = scores gathered at idx; if norm_topk_prob != 0: w = w / (w.sum(-1) + 1e-20)\n"
+        "  w = w * routed_scaling_factor\n"
+        "  return a dense [T, E] tensor: w at idx, 0 elsewhere (differentiable w.r.t. logits)\n\n"
+        "Conventions: define exactly\n"
+        "  #include <torch/torch.h>\n"
+        "  torch::Tensor adapt_candidate(const std::vector<torch::Tensor> &inputs,\n"
+        "                                const std::map<std::string, double> &params);\n"
+        "inputs = {logits [T, E] float32, bias [E] float32} (views: may be non-contiguous);\n"
+        "params: top_k, n_group, topk_group, norm_topk_prob, routed_scaling_factor, use_bias,\n"
+        "scoring (0 softmax, 1 sigmoid). No other includes of project files, no extern, no\n"
+        "dlopen, no processes. Use LibTorch autograd for the backward.\n"
+        "Test with the compile_and_test tool: it compiles your source and checks forward and\n"
+        "backward against a float64 reference on several shapes (e.g. T=5 E=8 top_k=2\n"
+        "n_group=4 topk_group=2, and shapes you are not shown), tolerance 1e-5.\n";
+  if (config.target == "cuda")
+    os << "A CUDA kernel was asked for: keep the LibTorch composite as the entry point; it is "
+          "the reference the kernel is later checked against.\n";
+  return os.str();
+}
+
+Json toolSchema() {
+  return Json::array({Json{
+      {"type", "function"},
+      {"function",
+       {{"name", "compile_and_test"},
+        {"description", "Compile a C++ LibTorch source defining adapt_candidate and run the op "
+                        "checks; returns compiler errors or check results."},
+        {"parameters",
+         {{"type", "object"},
+          {"properties", {{"source", {{"type", "string"}, {"description", "whole C++ file"}}}}},
+          {"required", Json::array({"source"})}}}}}}});
+}
+
+/// The task parameters for the checker, from the component's features/IR.
+std::vector<std::string> checkerParams(const Json &component, const std::string &irText) {
+  const Json f = component.value("features", Json::object());
+  std::vector<std::string> p = {
+      "--param", std::string("scoring=") + (f.value("scoring", "") == "sigmoid" ? "1" : "0"),
+      "--param", std::string("use_bias=") + (f.value("bias_correction", "") == "yes" ? "1" : "0"),
+      "--param", std::string("norm_topk_prob=") +
+                     (irText.find("norm_topk") != std::string::npos ? "1" : "0")};
+  std::smatch m;
+  if (std::regex_search(irText, m, std::regex(R"(routed_scaling = ([0-9.eE+-]+))")))
+    p.insert(p.end(), {"--param", "routed_scaling_factor=" + m[1].str()});
+  return p;
+}
+
+} // namespace
+
+namespace {
+
+/// The loop itself; \p record is filled as it goes (the caller catches).
+Json runLoop(const Json &component, const std::string &irText, const LlmConfig &config,
+             const CandidateTools &tools, const std::string &dir, Json &record) {
+  record = {{"id", component.value("id", "")},
+                 {"component", component.value("id", "")},
+                 {"op", component.value("op", "")},
+                 {"features", component.value("features", Json::object())},
+                 {"kind", "llm"},
+                 {"rule", nullptr},
+                 {"critical", isCriticalOp(component.value("op", ""))},
+                 {"status", "failed"},
+                 {"reason", ""},
+                 {"endpoint", config.baseUrl},
+                 {"model", config.model},
+                 {"target", config.target},
+                 {"files", Json::array()},
+                 {"attempts", Json::array()},
+                 {"tokens", {{"prompt", 0}, {"completion", 0}, {"total", 0}}},
+                 {"flags", Json::array()}};
+  std::string error;
+  std::string flagsLog = dir + "/compile-flags.log";
+  int code = 0;
+  std::string flags;
+  if (tools.checker.empty() || !llvm::sys::fs::exists(tools.checker)) {
+    record["reason"] = "no op-stage checker (adapt-candidate-check): build the runtime";
+    return record;
+  }
+  llvm::sys::fs::create_directories(dir);
+  if (!runChild({tools.checker, "--compile-flags"}, flagsLog, 30, 0, code).empty() || code != 0 ||
+      !readText(flagsLog, flags)) {
+    record["reason"] = "adapt-candidate-check --compile-flags failed";
+    return record;
+  }
+  while (!flags.empty() && (flags.back() == '\n' || flags.back() == ' '))
+    flags.pop_back();
+
+  Json messages = Json::array(
+      {Json{{"role", "system"}, {"content", taskPrompt(component, irText, config)}},
+       Json{{"role", "user"},
+            {"content", "Write the candidate and test it with compile_and_test."}}});
+  int64_t tokens = 0;
+  std::string lastFailure = "the model proposed no source";
+  for (int turn = 1; turn <= config.maxAttempts; ++turn) {
+    if (tokens >= config.maxTokens) {
+      lastFailure = "token budget spent (" + std::to_string(tokens) + " tokens)";
+      break;
+    }
+    Json request = {{"model", config.model}, {"messages", messages}, {"tools", toolSchema()},
+                    {"tool_choice", "auto"}, {"temperature", 0.2}};
+    std::string tn = std::to_string(turn);
+    writeText(dir + "/llm/request-" + tn + ".json", request.dump(2), error);
+    Json response;
+    std::vector<std::string> httpLog;
+    bool ok = chat(config, request, response, error, httpLog);
+    Json attempt = {{"turn", turn}, {"http", httpLog}};
+    if (!ok) {
+      attempt["result"] = error;
+      record["attempts"].push_back(attempt);
+      lastFailure = error;
+      break; // The endpoint is down after retries: stop, nothing else affected.
+    }
+    writeText(dir + "/llm/response-" + tn + ".json", response.dump(2), error);
+    if (response.contains("usage") && response["usage"].is_object()) {
+      int64_t p = response["usage"].value("prompt_tokens", 0);
+      int64_t c = response["usage"].value("completion_tokens", 0);
+      record["tokens"]["prompt"] = record["tokens"]["prompt"].get<int64_t>() + p;
+      record["tokens"]["completion"] = record["tokens"]["completion"].get<int64_t>() + c;
+      tokens += p + c;
+      record["tokens"]["total"] = tokens;
+    }
+    Json message = response["choices"][0]["message"];
+    if (!message.is_object()) {
+      attempt["result"] = "malformed response: message is not an object";
+      record["attempts"].push_back(attempt);
+      lastFailure = attempt["result"];
+      continue;
+    }
+    Json assistant = {{"role", "assistant"}, {"content", message.value("content", Json(""))}};
+    if (message.contains("tool_calls") && message["tool_calls"].is_array())
+      assistant["tool_calls"] = message["tool_calls"];
+    messages.push_back(assistant);
+    if (!assistant.contains("tool_calls") || assistant["tool_calls"].empty()) {
+      attempt["result"] = "no tool call";
+      record["attempts"].push_back(attempt);
+      messages.push_back({{"role", "user"},
+                          {"content", "Call compile_and_test with your source."}});
+      lastFailure = "the model answered without calling compile_and_test";
+      continue;
+    }
+    bool passed = false;
+    for (const Json &call : assistant["tool_calls"]) {
+      if (!call.is_object()) {
+        attempt["result"] = "malformed tool call";
+        lastFailure = "the model sent a malformed tool call";
+        continue;
+      }
+      std::string callId = call.value("id", "call");
+      std::string name = call.contains("function") ? call["function"].value("name", "") : "";
+      std::string reply;
+      // Arguments are a JSON string per the API; some servers send an object.
+      Json args;
+      if (call.contains("function") && call["function"].contains("arguments")) {
+        const Json &raw = call["function"]["arguments"];
+        args = raw.is_string() ? Json::parse(raw.get<std::string>(), nullptr, false) : raw;
+      }
+      if (!args.is_object())
+        args = Json(Json::value_t::discarded);
+      if (name != "compile_and_test") {
+        reply = "error: there is no tool '" + name + "'; the only tool is compile_and_test";
+        attempt["result"] = "called unknown tool '" + name + "'";
+        lastFailure = attempt["result"];
+      } else if (args.is_discarded() || !args.contains("source") || !args["source"].is_string()) {
+        reply = "error: compile_and_test expects JSON arguments {\"source\": \"...\"}";
+        attempt["result"] = "malformed tool arguments";
+        lastFailure = attempt["result"];
+      } else {
+        std::string source = args["source"];
+        std::string src = "attempt-" + tn + "/candidate.cpp";
+        writeText(dir + "/" + src, source, error);
+        std::vector<std::string> refused = staticCheck(source);
+        if (!refused.empty()) {
+          std::string why;
+          for (const std::string &r : refused)
+            why += (why.empty() ? "" : "; ") + r;
+          reply = "refused by the static check: " + why;
+          attempt["result"] = "static check: " + why;
+          lastFailure = attempt["result"];
+        } else {
+          // Compile: the candidate plus the entry point the checker looks up.
+          std::string build = dir + "/attempt-" + tn + "/build.cpp";
+          writeText(build, "#line 1 \"candidate.cpp\"\n" + source +
+                               "\nextern \"C\" void *adapt_candidate_entry() {\n"
+                               "  return reinterpret_cast<void *>(&adapt_candidate);\n}\n",
+                    error);
+          std::string so = dir + "/attempt-" + tn + "/candidate.so";
+          std::string compileLog = dir + "/attempt-" + tn + "/compile.log";
+          auto compilerPath = llvm::sys::findProgramByName(tools.compiler);
+          std::vector<std::string> cmd = {compilerPath ? *compilerPath : tools.compiler};
+          std::istringstream fs(flags);
+          for (std::string w; fs >> w;)
+            cmd.push_back(w);
+          cmd.insert(cmd.begin() + 1, {build, "-o", so});
+          std::string abnormal =
+              runChild(cmd, compileLog, std::max(config.testTimeoutS * 3, 300), 0, code);
+          if (!abnormal.empty() || code != 0) {
+            reply = "compile failed" + (abnormal.empty() ? "" : " (" + abnormal + ")") + ":\n" +
+                    tail(compileLog, 3000);
+            attempt["result"] = "did not compile";
+            lastFailure = "did not compile: " + tail(compileLog, 300);
+          } else {
+            std::string resultPath = dir + "/attempt-" + tn + "/test.json";
+            std::string testLog = dir + "/attempt-" + tn + "/test.log";
+            std::vector<std::string> test = {tools.checker, "--task", "moe_routing", "--library",
+                                             so, "--out", resultPath};
+            std::vector<std::string> params = checkerParams(component, irText);
+            test.insert(test.end(), params.begin(), params.end());
+            abnormal = runChild(test, testLog, config.testTimeoutS,
+                                unsigned(config.testMemoryMb), code);
+            std::string resultText;
+            Json result = readText(resultPath, resultText)
+                              ? Json::parse(resultText, nullptr, false)
+                              : Json();
+            if (!abnormal.empty() || result.is_discarded() || result.is_null()) {
+              std::string why = abnormal.empty() ? "the test ended without a result (exit " +
+                                                       std::to_string(code) + ")"
+                                                 : "the test " + abnormal;
+              reply = why + "\n" + tail(testLog, 1500);
+              attempt["result"] = why;
+              lastFailure = why;
+            } else {
+              attempt["validation"] = result;
+              passed = result.value("status", "") == "passed";
+              reply = "checks: " + result["checks"].dump();
+              attempt["result"] = passed ? "passed" : "validation failed";
+              if (!passed) {
+                lastFailure = "validation failed";
+                for (const Json &c : result["checks"])
+                  if (c.value("status", "") != "passed") {
+                    lastFailure += ": " + c.value("shape", "") + ": " + c.value("detail", "");
+                    break;
+                  }
+                if (result.contains("reason"))
+                  lastFailure += ": " + result.value("reason", "");
+              } else {
+                writeText(dir + "/candidate.cpp", source, error);
+                record["files"] = Json::array({"candidate.cpp"});
+                record["validation"] = result;
+                double speedup = result.value("speedup_over_composite", 0.0);
+                if (speedup > 10)
+                  record["flags"].push_back("speed-up " + std::to_string(speedup) +
+                                            "x over the composite baseline: flagged for review, "
+                                            "not trusted");
+              }
+            }
+          }
+        }
+      }
+      messages.push_back({{"role", "tool"}, {"tool_call_id", callId}, {"content", reply}});
+      writeText(dir + "/attempt-" + tn + "/tool-reply.txt", reply, error);
+      if (passed)
+        break;
+    }
+    record["attempts"].push_back(attempt);
+    if (passed) {
+      record["status"] = "validated";
+      record["reason"] = "passed the op stage (forward + backward, " +
+                         std::to_string(record["validation"]["checks"].size()) +
+                         " shapes incl. unseen ones, poisoned inputs) and the static check";
+      return record;
+    }
+  }
+  record["reason"] = lastFailure;
+  if (record["attempts"].size() >= size_t(config.maxAttempts))
+    record["reason"] = lastFailure + " (attempt budget of " +
+                       std::to_string(config.maxAttempts) + " spent)";
+  return record;
+}
+
+} // namespace
+
+Json generateCandidate(const Json &component, const std::string &irText,
+                       const LlmConfig &config, const CandidateTools &tools,
+                       const std::string &dir) {
+  Json record;
+  try {
+    return runLoop(component, irText, config, tools, dir, record);
+  } catch (const std::exception &e) {
+    // A response shaped unlike the API (wrong types deep inside): this
+    // candidate fails, nothing else is affected.
+    record["status"] = "failed";
+    record["reason"] = std::string("malformed response or internal error: ") + e.what();
+    return record;
+  }
+}
+
+} // namespace adapt::agent

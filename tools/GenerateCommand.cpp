@@ -1,0 +1,368 @@
+//===- GenerateCommand.cpp - `adapt generate` -----------------------------===//
+//
+//   adapt generate PATH --out DIR [--registry FILE] [--endpoint URL]
+//                  [--model NAME] [--api-key KEY] [--max-attempts N]
+//                  [--max-tokens N] [--timeout S] [--test-timeout S]
+//                  [--retries N] [--target libtorch|cuda] [--only ID]
+//
+// For every gap of PATH's gap report (PATH: a model folder/config, or a
+// gaps.json): first the reuse rules (agent/ReuseRules.cpp); then, for what
+// no rule covers and an op-stage task exists, the LLM loop
+// (agent/LlmLoop.cpp) when an endpoint is configured. Everything is recorded
+// under DIR (docs/agent.md): DIR/generate.json and DIR/candidates/<id>/.
+// Candidates are proposals: only `adapt review --approve` lets them in.
+//
+//===----------------------------------------------------------------------===//
+
+#include "tools/GenerateCommand.h"
+
+#include "agent/Agent.h"
+#include "parser/InputError.h"
+
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Path.h"
+#include "llvm/Support/Program.h"
+
+#include <cstdlib>
+#include <iostream>
+
+namespace adapt {
+
+const char *const kGenerateUsage =
+    "  adapt generate PATH --out DIR [--registry FILE] [--endpoint URL] [--model NAME]\n"
+    "                 [--api-key KEY] [--max-attempts N] [--max-tokens N] [--timeout S]\n"
+    "                 [--test-timeout S] [--retries N] [--target libtorch|cuda] [--only ID]\n";
+
+namespace {
+
+using agent::Json;
+
+const char *kBuiltinRegistry =
+#include "RegistryData.inc"
+    ;
+
+struct GenerateOptions {
+  std::string path, out, registry, only;
+  agent::LlmConfig llm;
+};
+
+std::string envOr(const char *a, const char *b = nullptr) {
+  if (const char *v = std::getenv(a))
+    return v;
+  if (b)
+    if (const char *v = std::getenv(b))
+      return v;
+  return "";
+}
+
+int usageError(const std::string &message) {
+  std::cerr << "adapt: error: " << message << "\nusage:\n" << kGenerateUsage;
+  return kExitBadInput;
+}
+
+/// This executable's path (to run `adapt gaps` / `inspect` as children).
+std::string selfPath(const char *argv0) {
+  return llvm::sys::fs::getMainExecutable(argv0, reinterpret_cast<void *>(&runGenerateCommand));
+}
+
+/// Runs a child to completion; stdout+stderr into \p log. Returns the exit code.
+int runTool(const std::vector<std::string> &args, const std::string &log) {
+  llvm::SmallVector<llvm::StringRef, 16> argv(args.begin(), args.end());
+  std::optional<llvm::StringRef> redirects[] = {llvm::StringRef(""), llvm::StringRef(log),
+                                                llvm::StringRef(log)};
+  return llvm::sys::ExecuteAndWait(args[0], argv, std::nullopt, redirects, 600);
+}
+
+/// The first IR line of the op whose variant is \p id, or "".
+std::string irLineFor(const std::string &ir, const std::string &id) {
+  std::string needle = "variant = \"" + id + "\"";
+  size_t at = ir.find(needle);
+  if (at == std::string::npos)
+    return "";
+  size_t begin = ir.rfind('\n', at), end = ir.find('\n', at);
+  begin = begin == std::string::npos ? 0 : begin + 1;
+  std::string line = ir.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+  size_t first = line.find_first_not_of(' ');
+  return first == std::string::npos ? line : line.substr(first);
+}
+
+/// The IR line as it reads once the candidate is in the library.
+std::string irAfter(std::string line, const std::string &entryId) {
+  for (const char *from : {"status = \"missing\"", "status = \"partial\""}) {
+    size_t at = line.find(from);
+    if (at != std::string::npos)
+      line.replace(at, std::string(from).size(), "status = \"supported\"");
+  }
+  size_t g = line.find("gap_reasons = [");
+  if (g != std::string::npos) {
+    size_t end = line.find("], ", g);
+    if (end != std::string::npos)
+      line.erase(g, end + 3 - g);
+  }
+  return line + "  // registry entry " + entryId;
+}
+
+} // namespace
+
+int runGenerateCommand(int argc, char **argv) {
+  GenerateOptions o;
+  o.llm.baseUrl = envOr("ADAPT_LLM_BASE_URL", "OPENAI_BASE_URL");
+  o.llm.model = envOr("ADAPT_LLM_MODEL");
+  o.llm.apiKey = envOr("ADAPT_LLM_API_KEY", "OPENAI_API_KEY");
+  if (std::string b = envOr("ADAPT_LLM_BACKOFF_MS"); !b.empty())
+    o.llm.backoffMs = std::atoi(b.c_str());
+  auto number = [](const std::string &flag, const std::string &text, int64_t lo, int64_t hi,
+                   int64_t &into) {
+    char *end = nullptr;
+    long long v = std::strtoll(text.c_str(), &end, 10);
+    if (text.empty() || *end || v < lo || v > hi)
+      return flag + " expects an integer in " + std::to_string(lo) + ".." + std::to_string(hi) +
+             ", found \"" + text + "\"";
+    into = v;
+    return std::string();
+  };
+  for (int i = 2; i < argc; ++i) {
+    std::string arg = argv[i];
+    bool takesValue = arg == "--out" || arg == "-o" || arg == "--registry" ||
+                      arg == "--endpoint" || arg == "--model" || arg == "--api-key" ||
+                      arg == "--max-attempts" || arg == "--max-tokens" || arg == "--timeout" ||
+                      arg == "--test-timeout" || arg == "--target" || arg == "--only" ||
+                      arg == "--retries";
+    if (takesValue && i + 1 >= argc)
+      return usageError(arg + " expects a value");
+    std::string v = takesValue ? argv[++i] : "";
+    int64_t n = 0;
+    std::string err;
+    if (arg == "--out" || arg == "-o")
+      o.out = v;
+    else if (arg == "--registry")
+      o.registry = v;
+    else if (arg == "--endpoint")
+      o.llm.baseUrl = v;
+    else if (arg == "--model")
+      o.llm.model = v;
+    else if (arg == "--api-key")
+      o.llm.apiKey = v;
+    else if (arg == "--only")
+      o.only = v;
+    else if (arg == "--target") {
+      if (v != "libtorch" && v != "cuda")
+        return usageError("--target expects libtorch or cuda, found \"" + v + "\"");
+      o.llm.target = v;
+    } else if (arg == "--max-attempts") {
+      if (!(err = number(arg, v, 1, 100, n)).empty())
+        return usageError(err);
+      o.llm.maxAttempts = int(n);
+    } else if (arg == "--max-tokens") {
+      if (!(err = number(arg, v, 1, 100000000, n)).empty())
+        return usageError(err);
+      o.llm.maxTokens = n;
+    } else if (arg == "--timeout") {
+      if (!(err = number(arg, v, 1, 3600, n)).empty())
+        return usageError(err);
+      o.llm.requestTimeoutS = int(n);
+    } else if (arg == "--retries") {
+      if (!(err = number(arg, v, 0, 20, n)).empty())
+        return usageError(err);
+      o.llm.retries = int(n);
+    } else if (arg == "--test-timeout") {
+      if (!(err = number(arg, v, 1, 3600, n)).empty())
+        return usageError(err);
+      o.llm.testTimeoutS = int(n);
+    } else if (!arg.empty() && arg[0] == '-')
+      return usageError("unknown option " + arg);
+    else if (o.path.empty())
+      o.path = arg;
+    else
+      return usageError("unexpected argument " + arg);
+  }
+  if (o.path.empty())
+    return usageError("generate expects a PATH");
+  if (o.out.empty())
+    return usageError("generate expects --out DIR");
+  if (!o.llm.baseUrl.empty() && o.llm.model.empty())
+    o.llm.model = "default";
+  if (std::error_code ec = llvm::sys::fs::create_directories(o.out)) {
+    std::cerr << "adapt: error: " << o.out << ": cannot create the folder: " << ec.message()
+              << "\n";
+    return kExitBadInput;
+  }
+  std::string self = selfPath(argv[0]);
+  std::string error;
+
+  // The registry, as JSON.
+  std::string registryText = kBuiltinRegistry;
+  if (!o.registry.empty() && !agent::readText(o.registry, registryText)) {
+    std::cerr << "adapt: error: " << o.registry << ": cannot read the registry\n";
+    return kExitBadInput;
+  }
+  Json registry = Json::parse(registryText, nullptr, false);
+  if (registry.is_discarded() || !registry.contains("ops")) {
+    std::cerr << "adapt: error: " << (o.registry.empty() ? "built-in registry" : o.registry)
+              << ": not a registry (JSON with \"ops\")\n";
+    return kExitBadInput;
+  }
+
+  // The gap report: given, or made by `adapt gaps` in a child.
+  std::string gapsPath;
+  bool isJson = llvm::StringRef(o.path).ends_with(".json") &&
+                llvm::sys::path::filename(o.path) != "config.json";
+  std::string ir;
+  if (isJson) {
+    gapsPath = o.path;
+  } else if (llvm::sys::fs::exists(o.path + "/gaps.json") &&
+             !llvm::sys::fs::exists(o.path + "/config.json")) {
+    gapsPath = o.path + "/gaps.json";
+  } else {
+    std::vector<std::string> gaps = {self, "gaps", o.path, "--out", o.out + "/gaps"};
+    std::vector<std::string> inspect = {self, "inspect", o.path, "--emit", "analysed"};
+    if (!o.registry.empty()) {
+      gaps.insert(gaps.end(), {"--registry", o.registry});
+      inspect.insert(inspect.end(), {"--registry", o.registry});
+    }
+    int rc = runTool(gaps, o.out + "/gaps.log");
+    if (rc != kExitOk && rc != kExitGapsFound) {
+      std::string log;
+      agent::readText(o.out + "/gaps.log", log);
+      std::cerr << log << "adapt: error: " << o.path << ": `adapt gaps` failed (exit " << rc
+                << ")\n";
+      return kExitBadInput;
+    }
+    gapsPath = o.out + "/gaps/gaps.json";
+    if (runTool(inspect, o.out + "/ir-before.mlir") == 0)
+      agent::readText(o.out + "/ir-before.mlir", ir);
+  }
+  std::string gapsText;
+  Json report;
+  if (!agent::readText(gapsPath, gapsText) ||
+      (report = Json::parse(gapsText, nullptr, false)).is_discarded() ||
+      !report.contains("components") || !report["components"].is_array()) {
+    std::cerr << "adapt: error: " << gapsPath << ": not a gap report (gaps.json)\n";
+    return kExitBadInput;
+  }
+
+  agent::CandidateTools tools;
+  {
+    llvm::SmallString<256> checker(self);
+    llvm::sys::path::remove_filename(checker);
+    llvm::sys::path::append(checker, "..", "runtime", "adapt-candidate-check");
+    llvm::sys::path::remove_dots(checker, true);
+    if (const char *env = std::getenv("ADAPT_CANDIDATE_CHECK"))
+      tools.checker = env;
+    else if (llvm::sys::fs::exists(checker))
+      tools.checker = std::string(checker);
+  }
+
+  llvm::SmallString<256> absRegistry(o.registry);
+  if (!o.registry.empty())
+    llvm::sys::fs::make_absolute(absRegistry);
+  Json summary = {{"source", o.path},
+                  {"registry", o.registry.empty() ? Json(nullptr) : Json(std::string(absRegistry))},
+                  {"gaps", gapsPath},
+                  {"endpoint", o.llm.baseUrl.empty() ? Json(nullptr) : Json(o.llm.baseUrl)},
+                  {"model", o.llm.model},
+                  {"candidates", Json::array()},
+                  {"needs_llm", Json::array()},
+                  {"failed", Json::array()},
+                  {"tokens", 0}};
+  int gaps = 0, covered = 0;
+  for (const Json &c : report["components"]) {
+    std::string status = c.value("status", "");
+    if (status != "missing" && status != "partial")
+      continue;
+    std::string id = c.value("id", "");
+    if (!o.only.empty() && id != o.only)
+      continue;
+    ++gaps;
+    std::string dir = o.out + "/candidates/" + id;
+    std::string irLine = irLineFor(ir, id);
+    agent::ReuseMatch match;
+    Json record;
+    if (agent::matchReuseRules(c, registry, match)) {
+      std::string entryId = match.registryEntry.value("id", "");
+      record = {{"id", id},
+                {"component", id},
+                {"op", c.value("op", "")},
+                {"features", c.value("features", Json::object())},
+                {"kind", "reuse"},
+                {"rule", match.rule},
+                {"explanation", match.explanation},
+                {"critical", agent::isCriticalOp(c.value("op", ""))},
+                {"status", "proposed"},
+                {"reason", "reuse rule " + match.rule + " matched"},
+                {"registry_entry_id", entryId},
+                {"files", Json::array({"registry-entry.json", "adapter.txt"})},
+                {"ir_before", irLine},
+                {"ir_after", irLine.empty() ? "" : irAfter(irLine, entryId)},
+                {"tokens", {{"prompt", 0}, {"completion", 0}, {"total", 0}}},
+                {"flags", Json::array()}};
+      if (!agent::writeText(dir + "/registry-entry.json", match.registryEntry.dump(2) + "\n",
+                            error) ||
+          !agent::writeText(dir + "/adapter.txt", match.adapter, error)) {
+        std::cerr << "adapt: error: " << error << "\n";
+        return kExitBadInput;
+      }
+      std::cout << "reuse     " << id << ": rule " << match.rule << " -> " << entryId << "\n";
+      ++covered;
+    } else if (!agent::hasCandidateTask(c)) {
+      record = {{"id", id}, {"component", id}, {"op", c.value("op", "")},
+                {"features", c.value("features", Json::object())}, {"kind", "llm"},
+                {"rule", nullptr}, {"critical", agent::isCriticalOp(c.value("op", ""))},
+                {"status", "needs_llm"}, {"files", Json::array()}, {"ir_before", irLine},
+                {"reason", "no reuse rule covers it and there is no op-stage task for " +
+                               c.value("op", "") +
+                               " yet: a candidate could not be validated, so none is asked for"}};
+      summary["needs_llm"].push_back(id);
+      std::cout << "needs LLM " << id << ": no reuse rule; no op-stage task for "
+                << c.value("op", "") << "\n";
+    } else if (o.llm.baseUrl.empty()) {
+      record = {{"id", id}, {"component", id}, {"op", c.value("op", "")},
+                {"features", c.value("features", Json::object())}, {"kind", "llm"},
+                {"rule", nullptr}, {"critical", agent::isCriticalOp(c.value("op", ""))},
+                {"status", "needs_llm"}, {"files", Json::array()}, {"ir_before", irLine},
+                {"reason", "no reuse rule covers it; an LLM candidate needs an endpoint "
+                           "(--endpoint or ADAPT_LLM_BASE_URL)"}};
+      summary["needs_llm"].push_back(id);
+      std::cout << "needs LLM " << id << ": no reuse rule; no endpoint configured\n";
+    } else {
+      std::cout << "llm       " << id << ": asking " << o.llm.model << " at " << o.llm.baseUrl
+                << std::endl;
+      record = agent::generateCandidate(c, irLine, o.llm, tools, dir);
+      record["ir_before"] = irLine;
+      if (record["status"] == "validated") {
+        record["ir_after"] = irLine.empty() ? "" : irAfter(irLine, "candidate " + id);
+        ++covered;
+      } else {
+        summary["failed"].push_back(id);
+      }
+      summary["tokens"] = summary["tokens"].get<int64_t>() + record["tokens"].value("total", 0);
+      std::cout << "          " << record.value("status", "") << ": " << record.value("reason", "")
+                << "\n";
+    }
+    record["gap_reasons"] = c.value("reasons", Json::array());
+    record["content_sha256"] = agent::candidateContentHash(dir, record);
+    if (!agent::writeText(dir + "/candidate.json", record.dump(2) + "\n", error)) {
+      std::cerr << "adapt: error: " << error << "\n";
+      return kExitBadInput;
+    }
+    summary["candidates"].push_back(
+        {{"id", id}, {"status", record["status"]}, {"kind", record["kind"]},
+         {"rule", record["rule"]}, {"critical", record["critical"]}});
+  }
+  if (!o.only.empty() && gaps == 0) {
+    std::cerr << "adapt: error: --only " << o.only << ": no missing or partial component "
+              << "with that id in " << gapsPath << "\n";
+    return kExitBadInput;
+  }
+  if (!agent::writeText(o.out + "/generate.json", summary.dump(2) + "\n", error)) {
+    std::cerr << "adapt: error: " << error << "\n";
+    return kExitBadInput;
+  }
+  std::cout << gaps << " gaps: " << covered << " with a candidate, "
+            << summary["needs_llm"].size() << " need an LLM, " << summary["failed"].size()
+            << " failed; wrote " << o.out << "/generate.json; review with `adapt review "
+            << o.out << "`\n";
+  return covered == gaps ? kExitOk : kExitGapsFound;
+}
+
+} // namespace adapt

@@ -1,0 +1,354 @@
+//===- ReviewCommand.cpp - `adapt review` ---------------------------------===//
+//
+//   adapt review DIR [--only ID]
+//   adapt review DIR --approve ID [--by NAME]
+//   adapt review DIR --reject ID --reason TEXT [--by NAME]
+//   adapt review DIR --export FILE [--registry BASE]
+//
+// Shows each candidate `adapt generate` left in DIR as a unified diff against
+// the library (registry entry before/after, or the new source file), the IR
+// line before/after, and its validation evidence. A decision is written to
+// DIR/candidates/<id>/review.json with who made it, when, and the SHA-256 of
+// the files shown; changing any of them afterwards voids an approval. Only
+// approved, unchanged candidates are exported into a registry (--export);
+// nothing enters the library any other way.
+//
+//===----------------------------------------------------------------------===//
+
+#include "tools/ReviewCommand.h"
+
+#include "agent/Agent.h"
+#include "parser/InputError.h"
+
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Path.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <ctime>
+#include <iostream>
+#include <sstream>
+
+namespace adapt {
+
+const char *const kReviewUsage =
+    "  adapt review DIR [--only ID]\n"
+    "  adapt review DIR --approve ID [--by NAME] | --reject ID --reason TEXT [--by NAME]\n"
+    "  adapt review DIR --export FILE [--registry BASE]\n";
+
+namespace {
+
+using agent::Json;
+
+const char *kBuiltinRegistry =
+#include "RegistryData.inc"
+    ;
+
+int usageError(const std::string &message) {
+  std::cerr << "adapt: error: " << message << "\nusage:\n" << kReviewUsage;
+  return kExitBadInput;
+}
+
+std::vector<std::string> splitLines(const std::string &text) {
+  std::vector<std::string> lines;
+  std::istringstream is(text);
+  for (std::string l; std::getline(is, l);)
+    lines.push_back(l);
+  return lines;
+}
+
+/// A unified diff of two small texts (one hunk; LCS line alignment).
+std::string unifiedDiff(const std::string &a, const std::string &b, const std::string &nameA,
+                        const std::string &nameB) {
+  std::vector<std::string> x = splitLines(a), y = splitLines(b);
+  size_t n = x.size(), m = y.size();
+  std::vector<std::vector<int>> lcs(n + 1, std::vector<int>(m + 1, 0));
+  for (size_t i = n; i-- > 0;)
+    for (size_t j = m; j-- > 0;)
+      lcs[i][j] = x[i] == y[j] ? lcs[i + 1][j + 1] + 1 : std::max(lcs[i + 1][j], lcs[i][j + 1]);
+  std::ostringstream os;
+  os << "--- " << nameA << "\n+++ " << nameB << "\n@@ -" << (n ? 1 : 0) << "," << n << " +"
+     << (m ? 1 : 0) << "," << m << " @@\n";
+  size_t i = 0, j = 0;
+  while (i < n || j < m) {
+    if (i < n && j < m && x[i] == y[j])
+      os << " " << x[i++] << "\n", ++j;
+    else if (i < n && (j == m || lcs[i + 1][j] >= lcs[i][j + 1]))
+      os << "-" << x[i++] << "\n";
+    else
+      os << "+" << y[j++] << "\n";
+  }
+  return os.str();
+}
+
+/// A candidate folder's records.
+struct Candidate {
+  std::string id, dir;
+  Json record, review;
+};
+
+/// "pending", "approved", "rejected" or "void" (approved, then changed).
+std::string reviewState(const Candidate &c) {
+  if (c.review.is_null())
+    return "pending";
+  std::string decision = c.review.value("decision", "");
+  if (decision == "approved" &&
+      c.review.value("sha256", "") != agent::candidateContentHash(c.dir, c.record))
+    return "void";
+  return decision;
+}
+
+bool loadCandidates(const std::string &dir, std::vector<Candidate> &out, std::string &error) {
+  std::string root = dir + "/candidates";
+  if (!llvm::sys::fs::is_directory(root)) {
+    error = dir + ": no candidates/ folder (run `adapt generate ... --out " + dir + "` first)";
+    return false;
+  }
+  std::error_code ec;
+  for (llvm::sys::fs::directory_iterator it(root, ec), end; it != end && !ec; it.increment(ec)) {
+    Candidate c;
+    c.dir = it->path();
+    c.id = std::string(llvm::sys::path::filename(c.dir));
+    std::string text;
+    if (!agent::readText(c.dir + "/candidate.json", text))
+      continue;
+    c.record = Json::parse(text, nullptr, false);
+    if (c.record.is_discarded()) {
+      error = c.dir + "/candidate.json: not JSON";
+      return false;
+    }
+    if (agent::readText(c.dir + "/review.json", text)) {
+      c.review = Json::parse(text, nullptr, false);
+      if (c.review.is_discarded())
+        c.review = Json();
+    }
+    out.push_back(std::move(c));
+  }
+  std::sort(out.begin(), out.end(),
+            [](const Candidate &a, const Candidate &b) { return a.id < b.id; });
+  return true;
+}
+
+Json builtinEntry(const Json &registry, const std::string &id) {
+  for (const Json &e : registry.value("ops", Json::array()))
+    if (e.value("id", "") == id)
+      return e;
+  return Json();
+}
+
+void show(const Candidate &c, const Json &registry) {
+  const Json &r = c.record;
+  std::cout << "== " << c.id << "  [" << r.value("kind", "") << "; "
+            << (r["rule"].is_string() ? "rule " + r["rule"].get<std::string>() : "no rule")
+            << "; " << r.value("status", "") << "; "
+            << (r.value("critical", false) ? "critical: approval required" : "not critical")
+            << "; review: " << reviewState(c) << "]\n";
+  std::cout << "   " << r.value("reason", "") << "\n";
+  if (r.contains("explanation"))
+    std::cout << "   " << r.value("explanation", "") << "\n";
+  for (const Json &f : r.value("flags", Json::array()))
+    std::cout << "   FLAG: " << f.get<std::string>() << "\n";
+  std::string text;
+  if (r.value("kind", "") == "reuse" && agent::readText(c.dir + "/registry-entry.json", text)) {
+    Json before = builtinEntry(registry, r.value("registry_entry_id", ""));
+    std::cout << unifiedDiff(before.is_null() ? "" : before.dump(2) + "\n", text,
+                             "a/runtime/registry/ops.json (" + r.value("registry_entry_id", "") + ")",
+                             "b/runtime/registry/ops.json (" + r.value("registry_entry_id", "") + ")");
+    if (agent::readText(c.dir + "/adapter.txt", text))
+      std::cout << unifiedDiff("", text, "/dev/null", "b/runtime/adapters/" + c.id + ".txt");
+  } else if (agent::readText(c.dir + "/candidate.cpp", text)) {
+    std::cout << unifiedDiff("", text, "/dev/null", "b/runtime/generated/" + c.id + ".cpp");
+  }
+  if (!r.value("ir_before", "").empty()) {
+    std::cout << "IR before: " << r.value("ir_before", "") << "\n";
+    if (!r.value("ir_after", "").empty())
+      std::cout << "IR after:  " << r.value("ir_after", "") << "\n";
+  }
+  if (r.contains("validation")) {
+    const Json &v = r["validation"];
+    std::cout << "validation: " << v.value("status", "") << ", speed-up over composite "
+              << v.value("speedup_over_composite", 0.0) << "x\n";
+    for (const Json &check : v.value("checks", Json::array()))
+      std::cout << "  " << check.value("status", "") << "  " << check.value("shape", "")
+                << "  fwd " << check.value("forward_max_rel_error", 0.0) << "  bwd "
+                << check.value("backward_max_rel_error", 0.0) << "\n";
+  }
+  if (r.contains("tokens"))
+    std::cout << "tokens: " << r["tokens"].dump() << ", attempts: "
+              << r.value("attempts", Json::array()).size() << "\n";
+  std::cout << "sha256: " << agent::candidateContentHash(c.dir, r) << "\n";
+  if (!c.review.is_null())
+    std::cout << "decision: " << c.review.value("decision", "") << " by "
+              << c.review.value("by", "") << " at " << c.review.value("at", "")
+              << " (sha256 " << c.review.value("sha256", "").substr(0, 12) << ")"
+              << (reviewState(c) == "void" ? " -- VOID: files changed after approval" : "")
+              << (c.review.contains("reason") ? ", reason: " + c.review.value("reason", "") : "")
+              << "\n";
+  std::cout << "\n";
+}
+
+std::string nowUtc() {
+  std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+} // namespace
+
+int runReviewCommand(int argc, char **argv) {
+  std::string dir, approve, reject, reason, by, exportPath, registryPath, only;
+  for (int i = 2; i < argc; ++i) {
+    std::string arg = argv[i];
+    bool takesValue = arg == "--approve" || arg == "--reject" || arg == "--reason" ||
+                      arg == "--by" || arg == "--export" || arg == "--registry" || arg == "--only";
+    if (takesValue && i + 1 >= argc)
+      return usageError(arg + " expects a value");
+    std::string v = takesValue ? argv[++i] : "";
+    if (arg == "--approve")
+      approve = v;
+    else if (arg == "--reject")
+      reject = v;
+    else if (arg == "--reason")
+      reason = v;
+    else if (arg == "--by")
+      by = v;
+    else if (arg == "--export")
+      exportPath = v;
+    else if (arg == "--registry")
+      registryPath = v;
+    else if (arg == "--only")
+      only = v;
+    else if (!arg.empty() && arg[0] == '-')
+      return usageError("unknown option " + arg);
+    else if (dir.empty())
+      dir = arg;
+    else
+      return usageError("unexpected argument " + arg);
+  }
+  if (dir.empty())
+    return usageError("review expects a DIR (the --out of `adapt generate`)");
+  if (!approve.empty() && !reject.empty())
+    return usageError("--approve and --reject exclude each other");
+  if (!reject.empty() && reason.empty())
+    return usageError("--reject expects --reason TEXT");
+  if (by.empty())
+    by = std::getenv("USER") ? std::getenv("USER") : "unknown";
+
+  std::string registryText = kBuiltinRegistry, error;
+  if (registryPath.empty()) {
+    // The registry generate compared against (generate.json), if not built in.
+    std::string text;
+    Json summary;
+    if (agent::readText(dir + "/generate.json", text) &&
+        !(summary = Json::parse(text, nullptr, false)).is_discarded() &&
+        summary.contains("registry") && summary["registry"].is_string())
+      registryPath = summary["registry"].get<std::string>();
+  }
+  if (!registryPath.empty() && !agent::readText(registryPath, registryText)) {
+    std::cerr << "adapt: error: " << registryPath << ": cannot read the registry\n";
+    return kExitBadInput;
+  }
+  Json registry = Json::parse(registryText, nullptr, false);
+  if (registry.is_discarded() || !registry.contains("ops")) {
+    std::cerr << "adapt: error: registry is not JSON with \"ops\"\n";
+    return kExitBadInput;
+  }
+  std::vector<Candidate> candidates;
+  if (!loadCandidates(dir, candidates, error)) {
+    std::cerr << "adapt: error: " << error << "\n";
+    return kExitBadInput;
+  }
+
+  if (!approve.empty() || !reject.empty()) {
+    std::string id = approve.empty() ? reject : approve;
+    auto it = std::find_if(candidates.begin(), candidates.end(),
+                           [&](const Candidate &c) { return c.id == id; });
+    if (it == candidates.end()) {
+      std::cerr << "adapt: error: " << dir << ": no candidate '" << id << "'\n";
+      return kExitBadInput;
+    }
+    std::string status = it->record.value("status", "");
+    if (!approve.empty() && status != "proposed" && status != "validated") {
+      std::cerr << "adapt: error: " << id << ": cannot approve a candidate with status '"
+                << status << "' (" << it->record.value("reason", "") << ")\n";
+      return kExitBadInput;
+    }
+    Json review = {{"candidate", id},
+                   {"decision", approve.empty() ? "rejected" : "approved"},
+                   {"by", by},
+                   {"at", nowUtc()},
+                   {"sha256", agent::candidateContentHash(it->dir, it->record)},
+                   {"files", it->record.value("files", Json::array())},
+                   {"critical", it->record.value("critical", false)}};
+    if (!reason.empty())
+      review["reason"] = reason;
+    if (!agent::writeText(it->dir + "/review.json", review.dump(2) + "\n", error)) {
+      std::cerr << "adapt: error: " << error << "\n";
+      return kExitBadInput;
+    }
+    std::cout << review.value("decision", "") << " " << id << " by " << by << " (sha256 "
+              << review.value("sha256", "") << ")\n";
+    return kExitOk;
+  }
+
+  if (!exportPath.empty()) {
+    Json out = registry;
+    Json generated = Json::array();
+    int exported = 0;
+    for (const Candidate &c : candidates) {
+      if (reviewState(c) != "approved")
+        continue;
+      std::string text;
+      if (c.record.value("kind", "") == "reuse" &&
+          agent::readText(c.dir + "/registry-entry.json", text)) {
+        Json entry = Json::parse(text, nullptr, false);
+        if (entry.is_discarded())
+          continue;
+        entry["approved"] = {{"candidate", c.id}, {"by", c.review.value("by", "")},
+                             {"sha256", c.review.value("sha256", "")}};
+        bool replaced = false;
+        for (Json &e : out["ops"])
+          if (e.value("id", "") == entry.value("id", "")) {
+            e = entry;
+            replaced = true;
+          }
+        if (!replaced)
+          out["ops"].push_back(entry);
+      } else {
+        llvm::SmallString<256> src(c.dir + "/candidate.cpp");
+        llvm::sys::fs::make_absolute(src);
+        generated.push_back({{"candidate", c.id}, {"op", c.record.value("op", "")},
+                             {"source", std::string(src)}, {"by", c.review.value("by", "")},
+                             {"sha256", c.review.value("sha256", "")}});
+      }
+      ++exported;
+    }
+    if (!generated.empty())
+      out["generated_candidates"] = generated;
+    if (!agent::writeText(exportPath, out.dump(2) + "\n", error)) {
+      std::cerr << "adapt: error: " << error << "\n";
+      return kExitBadInput;
+    }
+    std::cout << "exported " << exported << " approved candidate(s) into " << exportPath << "\n";
+    return kExitOk;
+  }
+
+  int pending = 0;
+  for (const Candidate &c : candidates) {
+    if (!only.empty() && c.id != only)
+      continue;
+    show(c, registry);
+    std::string state = reviewState(c);
+    std::string status = c.record.value("status", "");
+    if ((status == "proposed" || status == "validated") && state != "approved" &&
+        state != "rejected")
+      ++pending;
+  }
+  std::cout << candidates.size() << " candidate(s), " << pending
+            << " awaiting a decision (adapt review " << dir << " --approve ID)\n";
+  return kExitOk;
+}
+
+} // namespace adapt

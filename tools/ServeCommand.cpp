@@ -1,0 +1,99 @@
+//===- ServeCommand.cpp - `adapt serve` -----------------------------------===//
+//
+// Parses the flags and starts the MCP server (tools/mcp). The bearer token
+// may also come from ADAPT_MCP_TOKEN, so it need not appear in `ps`.
+//
+//===----------------------------------------------------------------------===//
+
+#include "tools/ServeCommand.h"
+#include "tools/mcp/McpServer.h"
+
+#include <climits>
+#include <cstdlib>
+#include <iostream>
+#include <string>
+#include <unistd.h>
+
+namespace adapt {
+
+const char *const kServeUsage =
+    "  adapt serve [--port N] [--host ADDR] [--token TOKEN] [--allow-host NAME]\n"
+    "              [--max-body BYTES] [--test-mode]\n";
+
+namespace {
+
+/// The path of the running adapt binary (the tools run it as a child).
+std::string selfPath(const char *argv0) {
+  char buffer[PATH_MAX];
+  ssize_t size = readlink("/proc/self/exe", buffer, sizeof buffer - 1);
+  if (size > 0)
+    return std::string(buffer, size);
+  return argv0;
+}
+
+bool parseNumber(const std::string &text, long long low, long long high,
+                 long long &into) {
+  if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos ||
+      text.size() > 12)
+    return false;
+  into = std::stoll(text);
+  return into >= low && into <= high;
+}
+
+int usageError(const std::string &message) {
+  std::cerr << "adapt: error: " << message << "\nusage:\n" << kServeUsage;
+  return 2;
+}
+
+} // namespace
+
+int runServeCommand(int argc, char **argv) {
+  mcp::ServeOptions options;
+  bool testMode = false;
+  if (const char *token = std::getenv("ADAPT_MCP_TOKEN"))
+    options.bearerToken = token;
+  for (int i = 2; i < argc; ++i) {
+    std::string arg = argv[i];
+    auto value = [&](std::string &into) {
+      if (i + 1 >= argc)
+        return false;
+      into = argv[++i];
+      return true;
+    };
+    std::string text;
+    long long number = 0;
+    if (arg == "--port") {
+      if (!value(text) || !parseNumber(text, 0, 65535, number))
+        return usageError("--port expects an integer in 0..65535");
+      options.port = static_cast<int>(number);
+    } else if (arg == "--host") {
+      if (!value(options.host) || options.host.empty())
+        return usageError("--host expects an address");
+    } else if (arg == "--token") {
+      if (!value(options.bearerToken) || options.bearerToken.empty())
+        return usageError("--token expects a value");
+    } else if (arg == "--allow-host") {
+      if (!value(text) || text.empty())
+        return usageError("--allow-host expects a host name");
+      options.allowedHosts.push_back(text);
+    } else if (arg == "--max-body") {
+      if (!value(text) || !parseNumber(text, 1024, 1LL << 32, number))
+        return usageError("--max-body expects a byte count in 1024..4294967296");
+      options.maxBodyBytes = static_cast<size_t>(number);
+    } else if (arg == "--test-mode") {
+      testMode = true;
+    } else {
+      return usageError("unknown argument " + arg);
+    }
+  }
+  if (options.host != "127.0.0.1" && options.host != "localhost" &&
+      options.host != "::1")
+    options.allowedHosts.push_back(options.host);
+  mcp::Registry registry;
+  mcp::addAdaptTools(registry, selfPath(argv[0]));
+  if (testMode)
+    mcp::addConformanceFixtures(registry);
+  return mcp::serve(options, registry);
+}
+
+} // namespace adapt

@@ -1,0 +1,502 @@
+//===- AdaptTools.cpp - the adapt commands as MCP tools ------------------===//
+//
+// Each tool runs the adapt binary itself as a child process (the same code
+// path as the command line, and a crash in a command cannot take the server
+// down), streams a progress heartbeat while it runs, kills it when the client
+// cancels, and returns the exit code and output as structured content.
+// Exit codes follow README.md: 0 ok, 2 bad input, 3 gaps, 4 check failed.
+//
+//===----------------------------------------------------------------------===//
+
+#include "tools/mcp/McpRegistry.h"
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <dirent.h>
+#include <fcntl.h>
+#include <fstream>
+#include <poll.h>
+#include <spawn.h>
+#include <sstream>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char **environ;
+
+namespace adapt::mcp {
+namespace {
+
+/// What a finished child process left behind.
+struct ChildResult {
+  int exitCode = -1;
+  std::string stdoutText, stderrText;
+  bool cancelled = false;
+};
+
+/// Keeps at most this much of each stream (the tail), so a chatty build
+/// cannot exhaust memory.
+constexpr size_t kMaxOutput = 256 * 1024;
+
+void appendBounded(std::string &into, const char *data, size_t size) {
+  into.append(data, size);
+  if (into.size() > kMaxOutput)
+    into.erase(0, into.size() - kMaxOutput);
+}
+
+/// Runs EXE ARGS, reporting a heartbeat through CONTEXT every second.
+ChildResult runChild(const std::string &exe, const std::vector<std::string> &args,
+                     CallContext &context, const std::string &label) {
+  int outPipe[2], errPipe[2];
+  if (pipe2(outPipe, O_CLOEXEC) != 0 || pipe2(errPipe, O_CLOEXEC) != 0)
+    throw std::runtime_error("cannot create pipes: " + std::string(strerror(errno)));
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, outPipe[1], 1);
+  posix_spawn_file_actions_adddup2(&actions, errPipe[1], 2);
+  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+  std::vector<std::string> argvStore = {exe};
+  argvStore.insert(argvStore.end(), args.begin(), args.end());
+  std::vector<char *> argv;
+  for (std::string &arg : argvStore)
+    argv.push_back(arg.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  int spawned = posix_spawn(&pid, exe.c_str(), &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(outPipe[1]);
+  close(errPipe[1]);
+  if (spawned != 0) {
+    close(outPipe[0]);
+    close(errPipe[0]);
+    throw std::runtime_error("cannot run " + exe + ": " + strerror(spawned));
+  }
+  ChildResult result;
+  pollfd fds[2] = {{outPipe[0], POLLIN, 0}, {errPipe[0], POLLIN, 0}};
+  int open = 2;
+  auto start = std::chrono::steady_clock::now();
+  int lastBeat = -1;
+  context.progress(0, std::nullopt, label + ": started");
+  while (open > 0) {
+    int ready = poll(fds, 2, 200);
+    if (ready < 0 && errno != EINTR)
+      break;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR)))
+        continue;
+      char buffer[8192];
+      ssize_t got = read(fds[i].fd, buffer, sizeof buffer);
+      if (got > 0) {
+        appendBounded(i == 0 ? result.stdoutText : result.stderrText, buffer, got);
+      } else if (got == 0 || errno != EINTR) {
+        close(fds[i].fd);
+        fds[i].fd = -1;
+        --open;
+      }
+    }
+    int seconds = static_cast<int>(std::chrono::duration_cast<std::chrono::seconds>(
+                                       std::chrono::steady_clock::now() - start)
+                                       .count());
+    if (seconds != lastBeat && seconds > 0) {
+      lastBeat = seconds;
+      context.progress(seconds, std::nullopt,
+                       label + ": running for " + std::to_string(seconds) + " s");
+    }
+    if (context.cancelled() && !result.cancelled) {
+      result.cancelled = true;
+      kill(pid, SIGTERM);
+    }
+  }
+  for (pollfd &fd : fds)
+    if (fd.fd >= 0)
+      close(fd.fd);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  result.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return result;
+}
+
+json stringProperty(const std::string &description) {
+  return json{{"type", "string"}, {"description", description}};
+}
+
+json objectSchema(json properties, json required) {
+  return json{{"type", "object"},
+              {"properties", std::move(properties)},
+              {"required", std::move(required)},
+              {"additionalProperties", false}};
+}
+
+/// The output schema shared by the command-running tools.
+json commandOutputSchema(json extra = json::object()) {
+  json properties = {{"exitCode", {{"type", "integer"}}},
+                     {"stdout", {{"type", "string"}}},
+                     {"stderr", {{"type", "string"}}}};
+  for (auto it = extra.begin(); it != extra.end(); ++it)
+    properties[it.key()] = it.value();
+  return json{{"type", "object"},
+              {"properties", properties},
+              {"required", {"exitCode", "stdout", "stderr"}}};
+}
+
+std::string readFile(const std::string &path, bool &ok) {
+  std::ifstream in(path, std::ios::binary);
+  ok = static_cast<bool>(in);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+bool isDirectory(const std::string &path) {
+  struct stat info;
+  return stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode);
+}
+
+/// A candidate id is one path component: no separators, no "..".
+bool safeId(const std::string &id) {
+  return !id.empty() && id != "." && id != ".." &&
+         id.find('/') == std::string::npos && id.find('\0') == std::string::npos;
+}
+
+/// Runs `adapt ARGS` and shapes the result: exit codes in OK_CODES are
+/// successes; any other is an isError result carrying the same structure.
+json runCommand(const std::string &exe, const std::vector<std::string> &args,
+                CallContext &context, const std::string &label,
+                std::initializer_list<int> okCodes, json extra = json::object()) {
+  ChildResult child = runChild(exe, args, context, label);
+  if (child.cancelled)
+    return toolError(label + " was cancelled");
+  json structured = {{"exitCode", child.exitCode},
+                     {"stdout", child.stdoutText},
+                     {"stderr", child.stderrText}};
+  for (auto it = extra.begin(); it != extra.end(); ++it)
+    structured[it.key()] = it.value();
+  bool ok = false;
+  for (int code : okCodes)
+    ok = ok || code == child.exitCode;
+  json result = toolStructured(structured, !ok);
+  if (!ok)
+    result["content"] = json::array(
+        {{{"type", "text"},
+          {"text", "adapt " + label + " failed (exit " + std::to_string(child.exitCode) +
+                       "): " + (child.stderrText.empty() ? child.stdoutText : child.stderrText)}}});
+  return result;
+}
+
+ToolDef inspectTool(const std::string &exe) {
+  ToolDef tool;
+  tool.name = "inspect";
+  tool.title = "Inspect a model";
+  tool.description = "Reads a model folder (config.json + weight manifest) or an .onnx "
+                     "file and prints its summary, its adapt-dialect MLIR, or the MLIR "
+                     "after analysis (`adapt inspect`).";
+  tool.inputSchema = objectSchema(
+      {{"path", stringProperty("model folder, config.json or .onnx file")},
+       {"emit", {{"type", "string"}, {"enum", {"summary", "mlir", "analysed"}}}},
+       {"registry", stringProperty("operator registry (ops.json) to match against")}},
+      {"path"});
+  tool.outputSchema = commandOutputSchema();
+  tool.handler = [exe](const json &arguments, CallContext &context) {
+    std::vector<std::string> args = {"inspect", arguments["path"],
+                                     "--emit", arguments.value("emit", "summary")};
+    if (arguments.contains("registry"))
+      args.insert(args.end(), {"--registry", arguments["registry"]});
+    return runCommand(exe, args, context, "inspect", {0});
+  };
+  return tool;
+}
+
+ToolDef gapsTool(const std::string &exe) {
+  ToolDef tool;
+  tool.name = "gaps";
+  tool.title = "Gap report";
+  tool.description = "Lists the model's components the operator library lacks "
+                     "(`adapt gaps`); writes gaps.json and gaps.md to `out`. "
+                     "`complete` is true when nothing is missing.";
+  tool.inputSchema = objectSchema(
+      {{"path", stringProperty("model folder, config.json or .onnx file")},
+       {"out", stringProperty("folder for gaps.json and gaps.md")},
+       {"registry", stringProperty("operator registry (ops.json)")}},
+      {"path", "out"});
+  tool.outputSchema = commandOutputSchema(
+      {{"complete", {{"type", "boolean"}}}, {"report", {{"type", "object"}}}});
+  tool.handler = [exe](const json &arguments, CallContext &context) {
+    std::string out = arguments["out"];
+    std::vector<std::string> args = {"gaps", arguments["path"], "--out", out};
+    if (arguments.contains("registry"))
+      args.insert(args.end(), {"--registry", arguments["registry"]});
+    json result = runCommand(exe, args, context, "gaps", {0, 3});
+    if (result.contains("structuredContent")) {
+      json &structured = result["structuredContent"];
+      structured["complete"] = structured["exitCode"] == 0;
+      bool ok = false;
+      std::string report = readFile(out + "/gaps.json", ok);
+      if (ok)
+        structured["report"] = json::parse(report, nullptr, false);
+      if (structured["report"].is_discarded())
+        structured.erase("report");
+      if (!result.value("isError", false))
+        result["content"][0]["text"] = structured.dump(2, ' ', false, json::error_handler_t::replace);
+    }
+    return result;
+  };
+  return tool;
+}
+
+ToolDef buildTool(const std::string &exe) {
+  ToolDef tool;
+  tool.name = "build";
+  tool.title = "Build a LoRA trainer";
+  tool.description = "Generates (and unless noCompile, compiles) the C++ LoRA training "
+                     "program for a model into `out` (`adapt build`). Long: reports "
+                     "progress while the compiler runs.";
+  tool.inputSchema = objectSchema(
+      {{"path", stringProperty("model folder, config.json or .onnx file")},
+       {"out", stringProperty("output folder of the trainer project")},
+       {"loraTargets", {{"type", "array"}, {"items", {{"type", "string"}}}}},
+       {"loraRank", {{"type", "integer"}, {"minimum", 1}}},
+       {"loraAlpha", {{"type", "number"}}},
+       {"loraDropout", {{"type", "number"}, {"minimum", 0}, {"maximum", 1}}},
+       {"rslora", {{"type", "boolean"}}},
+       {"loraRouter", {{"type", "boolean"}}},
+       {"noCompile", {{"type", "boolean"}}},
+       {"allowGaps", {{"type", "boolean"}}},
+       {"runtimeDir", stringProperty("runtime source folder")},
+       {"registry", stringProperty("operator registry (ops.json)")}},
+      {"path", "out"});
+  tool.outputSchema = commandOutputSchema({{"out", {{"type", "string"}}}});
+  tool.handler = [exe](const json &arguments, CallContext &context) {
+    std::string out = arguments["out"];
+    std::vector<std::string> args = {"build", arguments["path"], "--out", out};
+    if (arguments.contains("loraTargets")) {
+      std::string joined;
+      for (const json &target : arguments["loraTargets"])
+        joined += (joined.empty() ? "" : ",") + target.get<std::string>();
+      args.insert(args.end(), {"--lora-targets", joined});
+    }
+    if (arguments.contains("loraRank"))
+      args.insert(args.end(), {"--lora-rank", arguments["loraRank"].dump()});
+    if (arguments.contains("loraAlpha"))
+      args.insert(args.end(), {"--lora-alpha", arguments["loraAlpha"].dump()});
+    if (arguments.contains("loraDropout"))
+      args.insert(args.end(), {"--lora-dropout", arguments["loraDropout"].dump()});
+    for (auto [key, flag] : {std::pair{"rslora", "--rslora"},
+                             {"loraRouter", "--lora-router"},
+                             {"noCompile", "--no-compile"},
+                             {"allowGaps", "--allow-gaps"}})
+      if (arguments.value(key, false))
+        args.push_back(flag);
+    if (arguments.contains("runtimeDir"))
+      args.insert(args.end(), {"--runtime-dir", arguments["runtimeDir"]});
+    if (arguments.contains("registry"))
+      args.insert(args.end(), {"--registry", arguments["registry"]});
+    return runCommand(exe, args, context, "build", {0}, json{{"out", out}});
+  };
+  return tool;
+}
+
+ToolDef validateTool(const std::string &exe) {
+  ToolDef tool;
+  tool.name = "validate";
+  tool.title = "Validate against the reference";
+  tool.description = "Runs a stage of the validation ladder (`adapt validate`). "
+                     "`passed` is false when a check failed (exit 4): a result, "
+                     "not a tool failure; the record in `out` names the divergence.";
+  tool.inputSchema = objectSchema(
+      {{"path", stringProperty("model folder")},
+       {"stage", {{"type", "string"}, {"enum", {"op", "model", "parallel", "full"}}}},
+       {"out", stringProperty("folder for the validation record")},
+       {"fixture", stringProperty("reference fixture folder (model stage)")},
+       {"runtimeDir", stringProperty("runtime source folder")}},
+      {"path", "stage", "out"});
+  tool.outputSchema = commandOutputSchema({{"passed", {{"type", "boolean"}}}});
+  tool.handler = [exe](const json &arguments, CallContext &context) {
+    std::vector<std::string> args = {"validate", arguments["path"], "--stage",
+                                     arguments["stage"], "--out", arguments["out"]};
+    if (arguments.contains("fixture"))
+      args.insert(args.end(), {"--fixture", arguments["fixture"]});
+    if (arguments.contains("runtimeDir"))
+      args.insert(args.end(), {"--runtime-dir", arguments["runtimeDir"]});
+    json result = runCommand(exe, args, context, "validate", {0, 4});
+    if (result.contains("structuredContent")) {
+      result["structuredContent"]["passed"] =
+          result["structuredContent"]["exitCode"] == 0;
+      if (!result.value("isError", false))
+        result["content"][0]["text"] = result["structuredContent"].dump(2, ' ', false, json::error_handler_t::replace);
+    }
+    return result;
+  };
+  return tool;
+}
+
+/// The folder of review candidates under DIR (DIR/candidates/<id>/candidate.json).
+std::string candidatesDir(const json &arguments) {
+  return arguments["dir"].get<std::string>() + "/candidates";
+}
+
+ToolDef listCandidatesTool() {
+  ToolDef tool;
+  tool.name = "list_candidates";
+  tool.title = "List review candidates";
+  tool.description = "Lists the generated operator candidates awaiting review under "
+                     "DIR/candidates/<id>/candidate.json. Approving one stays with a "
+                     "human on the command line (`adapt review`).";
+  tool.inputSchema = objectSchema({{"dir", stringProperty("output folder of adapt generate")}},
+                                  {"dir"});
+  tool.outputSchema = {
+      {"type", "object"},
+      {"properties", {{"candidates", {{"type", "array"},
+                                      {"items", {{"type", "object"},
+                                                 {"properties", {{"id", {{"type", "string"}}},
+                                                                 {"record", {{"type", "object"}}}}},
+                                                 {"required", {"id"}}}}}}}},
+      {"required", {"candidates"}}};
+  tool.handler = [](const json &arguments, CallContext &) {
+    std::string dir = candidatesDir(arguments);
+    json candidates = json::array();
+    if (DIR *folder = opendir(dir.c_str())) {
+      std::vector<std::string> ids;
+      while (dirent *entry = readdir(folder))
+        if (safeId(entry->d_name) && isDirectory(dir + "/" + entry->d_name))
+          ids.push_back(entry->d_name);
+      closedir(folder);
+      std::sort(ids.begin(), ids.end());
+      for (const std::string &id : ids) {
+        bool ok = false;
+        std::string text = readFile(dir + "/" + id + "/candidate.json", ok);
+        json record = ok ? json::parse(text, nullptr, false) : json(nullptr);
+        json entry = {{"id", id}};
+        if (record.is_object())
+          entry["record"] = record;
+        candidates.push_back(entry);
+      }
+    } else if (!isDirectory(arguments["dir"])) {
+      return toolError("no such folder: " + arguments["dir"].get<std::string>());
+    }
+    return toolStructured(json{{"candidates", candidates}});
+  };
+  return tool;
+}
+
+ToolDef showCandidateTool() {
+  ToolDef tool;
+  tool.name = "show_candidate";
+  tool.title = "Show a review candidate";
+  tool.description = "Returns one candidate's record (DIR/candidates/<id>/candidate.json) "
+                     "and the names of its files.";
+  tool.inputSchema = objectSchema({{"dir", stringProperty("output folder of adapt generate")},
+                                   {"id", stringProperty("candidate id")}},
+                                  {"dir", "id"});
+  tool.outputSchema = {{"type", "object"},
+                       {"properties", {{"id", {{"type", "string"}}},
+                                       {"record", {{"type", "object"}}},
+                                       {"files", {{"type", "array"},
+                                                  {"items", {{"type", "string"}}}}}}},
+                       {"required", {"id", "record", "files"}}};
+  tool.handler = [](const json &arguments, CallContext &) {
+    std::string id = arguments["id"];
+    if (!safeId(id))
+      return toolError("invalid candidate id \"" + id + "\"");
+    std::string folder = candidatesDir(arguments) + "/" + id;
+    bool ok = false;
+    std::string text = readFile(folder + "/candidate.json", ok);
+    if (!ok)
+      return toolError("no candidate \"" + id + "\" (" + folder + "/candidate.json)");
+    json record = json::parse(text, nullptr, false);
+    if (!record.is_object())
+      return toolError(folder + "/candidate.json is not a JSON object");
+    json files = json::array();
+    if (DIR *dir = opendir(folder.c_str())) {
+      std::vector<std::string> names;
+      while (dirent *entry = readdir(dir))
+        if (safeId(entry->d_name))
+          names.push_back(entry->d_name);
+      closedir(dir);
+      std::sort(names.begin(), names.end());
+      for (const std::string &name : names)
+        files.push_back(name);
+    }
+    return toolStructured(json{{"id", id}, {"record", record}, {"files", files}});
+  };
+  return tool;
+}
+
+/// `adapt generate`: candidates for the model's gaps under OUT/candidates.
+/// The LLM's key stays in the server's environment (ADAPT_LLM_API_KEY), never
+/// in a tool argument. Built without tools/GenerateCommand.cpp, the tool
+/// answers isError "not available".
+ToolDef generateTool(const std::string &exe) {
+  ToolDef tool;
+  tool.name = "generate";
+  tool.title = "Generate operator candidates";
+  tool.description = "Proposes a candidate implementation for every gap of a model "
+                     "(reuse rules, then an LLM) into out/candidates for human review "
+                     "(`adapt generate`). `complete` is false when some gap has no "
+                     "candidate (exit 3). Approval stays with a human: `adapt review`.";
+  tool.inputSchema = objectSchema(
+      {{"path", stringProperty("model folder or a gaps.json")},
+       {"out", stringProperty("output folder; candidates land in out/candidates")},
+       {"registry", stringProperty("operator registry (ops.json)")},
+       {"endpoint", stringProperty("OpenAI-compatible base URL (else ADAPT_LLM_BASE_URL)")},
+       {"model", stringProperty("LLM model name (else ADAPT_LLM_MODEL)")},
+       {"maxAttempts", {{"type", "integer"}, {"minimum", 1}}},
+       {"target", {{"type", "string"}, {"enum", {"libtorch", "cuda"}}}},
+       {"only", stringProperty("generate for this gap id only")}},
+      {"path", "out"});
+  tool.outputSchema = commandOutputSchema({{"out", {{"type", "string"}}},
+                                           {"complete", {{"type", "boolean"}}},
+                                           {"summary", {{"type", "object"}}}});
+  tool.handler = [exe](const json &arguments, CallContext &context) -> json {
+#ifdef ADAPT_WITH_GENERATE
+    std::string out = arguments["out"];
+    std::vector<std::string> args = {"generate", arguments["path"], "--out", out};
+    for (auto [key, flag] : {std::pair{"registry", "--registry"},
+                             {"endpoint", "--endpoint"},
+                             {"model", "--model"},
+                             {"target", "--target"},
+                             {"only", "--only"}})
+      if (arguments.contains(key))
+        args.insert(args.end(), {flag, arguments[key].get<std::string>()});
+    if (arguments.contains("maxAttempts"))
+      args.insert(args.end(), {"--max-attempts", arguments["maxAttempts"].dump()});
+    json result = runCommand(exe, args, context, "generate", {0, 3}, json{{"out", out}});
+    if (result.contains("structuredContent")) {
+      json &structured = result["structuredContent"];
+      structured["complete"] = structured["exitCode"] == 0;
+      bool ok = false;
+      json summary = json::parse(readFile(out + "/generate.json", ok), nullptr, false);
+      if (ok && summary.is_object())
+        structured["summary"] = summary;
+      if (!result.value("isError", false))
+        result["content"][0]["text"] = structured.dump(2, ' ', false, json::error_handler_t::replace);
+    }
+    return result;
+#else
+    (void)exe;
+    (void)arguments;
+    (void)context;
+    return toolError("generate is not available in this build of adapt");
+#endif
+  };
+  return tool;
+}
+
+} // namespace
+
+void addAdaptTools(Registry &registry, const std::string &adaptExe) {
+  registry.tools.push_back(inspectTool(adaptExe));
+  registry.tools.push_back(gapsTool(adaptExe));
+  registry.tools.push_back(buildTool(adaptExe));
+  registry.tools.push_back(validateTool(adaptExe));
+  registry.tools.push_back(generateTool(adaptExe));
+  registry.tools.push_back(listCandidatesTool());
+  registry.tools.push_back(showCandidateTool());
+  registry.instructions =
+      "adapt analyses released MoE models and builds LoRA trainers for them. "
+      "Paths are on the server's machine, relative to its working folder.";
+}
+
+} // namespace adapt::mcp
