@@ -10,12 +10,6 @@
 namespace adapt::rt {
 namespace {
 
-/// Keeps the recomputed function alive as long as the graph node needs it.
-struct FunctionHolder : torch::CustomClassHolder {
-  explicit FunctionHolder(RecomputedFunction f) : fn(std::move(f)) {}
-  RecomputedFunction fn;
-};
-
 /// The generator dropout draws from on \p device.
 at::Generator generatorOf(const torch::Device &device) {
   return at::globalContext().defaultGenerator(device);
@@ -33,56 +27,19 @@ void setGeneratorState(const torch::Device &device, const torch::Tensor &state) 
   gen.set_state(state);
 }
 
-/// The autograd node: forward without a graph, backward by recomputing.
-/// \p always is an empty tensor that requires grad, so the node is recorded
-/// even when x does not require grad but the function's adapters do.
-struct RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
-  static torch::Tensor forward(torch::autograd::AutogradContext *ctx, torch::Tensor x, torch::Tensor always,
-                               c10::intrusive_ptr<FunctionHolder> holder) {
-    (void)always;
-    ctx->saved_data["rng"] = generatorState(x.device());
-    torch::Tensor y;
-    {
-      torch::NoGradGuard noGrad;
-      y = holder->fn(x);
-    }
-    ctx->save_for_backward({x});
-    ctx->saved_data["fn"] = c10::IValue::make_capsule(holder);
-    return y;
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
-                                                 torch::autograd::variable_list gradOutputs) {
-    torch::Tensor x = ctx->get_saved_variables()[0];
-    auto holder = c10::static_intrusive_pointer_cast<FunctionHolder>(ctx->saved_data["fn"].toCapsule());
-    torch::Tensor current = generatorState(x.device());
-    setGeneratorState(x.device(), ctx->saved_data["rng"].toTensor());
-    torch::Tensor input = x.detach().requires_grad_(x.requires_grad());
-    torch::Tensor y;
-    {
-      torch::AutoGradMode enable(true);
-      y = holder->fn(input);
-    }
-    setGeneratorState(x.device(), current);
-    // Accumulates into every captured adapter's .grad, and into input.grad.
-    if (y.requires_grad())
-      torch::autograd::backward({y}, {gradOutputs[0]});
-    torch::Tensor gradX = input.requires_grad() ? input.grad() : torch::Tensor();
-    return {gradX, torch::Tensor(), torch::Tensor()};
-  }
-};
-
 /// Keeps a many-to-many function alive as long as the graph node needs it.
-struct FunctionsHolder : torch::CustomClassHolder {
-  explicit FunctionsHolder(RecomputedFunctions f) : fn(std::move(f)) {}
+struct FunctionHolder : torch::CustomClassHolder {
+  explicit FunctionHolder(RecomputedFunctions f) : fn(std::move(f)) {}
   RecomputedFunctions fn;
 };
 
-/// The many-to-many node: the inputs arrive as one tensor list (each element
-/// an autograd input), \p always first.
-struct RecomputeManyFunction : public torch::autograd::Function<RecomputeManyFunction> {
+/// The autograd node: forward without a graph, backward by recomputing. The
+/// inputs arrive as one tensor list (each element an autograd input), led by
+/// \p always, an empty tensor that requires grad, so the node is recorded
+/// even when no input requires grad but the function's adapters do.
+struct RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext *ctx, at::TensorList inputs,
-                                                c10::intrusive_ptr<FunctionsHolder> holder) {
+                                                c10::intrusive_ptr<FunctionHolder> holder) {
     std::vector<torch::Tensor> xs(inputs.begin() + 1, inputs.end());
     const torch::Device device = xs.front().device();
     ctx->saved_data["rng"] = generatorState(device);
@@ -99,7 +56,7 @@ struct RecomputeManyFunction : public torch::autograd::Function<RecomputeManyFun
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
                                                  torch::autograd::variable_list gradOutputs) {
     std::vector<torch::Tensor> saved = ctx->get_saved_variables();
-    auto holder = c10::static_intrusive_pointer_cast<FunctionsHolder>(ctx->saved_data["fn"].toCapsule());
+    auto holder = c10::static_intrusive_pointer_cast<FunctionHolder>(ctx->saved_data["fn"].toCapsule());
     const torch::Device device = saved.front().device();
     torch::Tensor current = generatorState(device);
     setGeneratorState(device, ctx->saved_data["rng"].toTensor());
@@ -134,14 +91,14 @@ std::vector<torch::Tensor> recompute(const RecomputedFunctions &fn, const std::v
   static thread_local torch::Tensor always = torch::empty({0}).requires_grad_();
   std::vector<torch::Tensor> all{always};
   all.insert(all.end(), inputs.begin(), inputs.end());
-  return RecomputeManyFunction::apply(at::TensorList(all), c10::make_intrusive<FunctionsHolder>(fn));
+  return RecomputeFunction::apply(at::TensorList(all), c10::make_intrusive<FunctionHolder>(fn));
 }
 
 torch::Tensor recompute(const RecomputedFunction &fn, const torch::Tensor &x) {
   if (!torch::GradMode::is_enabled())
     return fn(x);
-  static thread_local torch::Tensor always = torch::empty({0}).requires_grad_();
-  return RecomputeFunction::apply(x, always, c10::make_intrusive<FunctionHolder>(fn));
+  return recompute([fn](const std::vector<torch::Tensor> &in) { return std::vector<torch::Tensor>{fn(in[0])}; },
+                   std::vector<torch::Tensor>{x})[0];
 }
 
 } // namespace adapt::rt

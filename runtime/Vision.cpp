@@ -118,20 +118,25 @@ torch::Tensor interpolatePositionEmbeddings(const torch::Tensor &table, const to
 
 torch::Tensor segmentAttention(const torch::Tensor &q, const torch::Tensor &k, const torch::Tensor &v,
                                const std::vector<int64_t> &lengths, double scale) {
+  int64_t total = 0;
+  for (int64_t len : lengths)
+    total += len;
+  if (total != q.size(0))
+    throw badInput("images", "pixel_values",
+                   "expected " + std::to_string(total) + " patches (image_grid_thw), found " +
+                       std::to_string(q.size(0)));
+  // split, not narrow per segment: one backward node for all segments
+  // (narrow's would write a whole-length zero gradient per image).
+  const std::vector<torch::Tensor> qs = q.split_with_sizes(lengths), ks = k.split_with_sizes(lengths),
+                                   vs = v.split_with_sizes(lengths);
   std::vector<torch::Tensor> outs;
-  int64_t start = 0;
-  for (int64_t len : lengths) {
+  for (size_t s = 0; s < lengths.size(); ++s) {
     // [1, heads, len, D] per segment, no mask.
-    auto part = [&](const torch::Tensor &x) { return x.narrow(0, start, len).transpose(0, 1).unsqueeze(0); };
-    torch::Tensor o = at::scaled_dot_product_attention(part(q), part(k), part(v), /*attn_mask=*/{}, 0.0,
+    auto part = [](const torch::Tensor &x) { return x.transpose(0, 1).unsqueeze(0); };
+    torch::Tensor o = at::scaled_dot_product_attention(part(qs[s]), part(ks[s]), part(vs[s]), /*attn_mask=*/{}, 0.0,
                                                        /*is_causal=*/false, scale);
     outs.push_back(o.squeeze(0).transpose(0, 1));
-    start += len;
   }
-  if (start != q.size(0))
-    throw badInput("images", "pixel_values",
-                   "expected " + std::to_string(start) + " patches (image_grid_thw), found " +
-                       std::to_string(q.size(0)));
   return torch::cat(outs, 0);
 }
 
