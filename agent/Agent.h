@@ -26,6 +26,12 @@ using Json = nlohmann::json;
 /// attention of every kind, MoE routing, anything numerical in the loss path.
 bool isCriticalOp(const std::string &op);
 
+/// Whether one candidate needs an individual approval: every candidate of a
+/// critical op, except reuse rules that change no arithmetic (a renamed
+/// weight). Non-critical, validated, unflagged candidates may be approved in
+/// bulk (`adapt review --approve-noncritical`).
+bool isCriticalCandidate(const std::string &op, const std::string &rule);
+
 /// Writes \p text to \p path (creating folders); false + \p error on failure.
 bool writeText(const std::string &path, const std::string &text, std::string &error);
 

@@ -32,8 +32,17 @@ namespace adapt::agent {
 bool isCriticalOp(const std::string &op) {
   static const std::set<std::string> critical = {
       "adapt.attention", "adapt.sparse_attention", "adapt.linear_attention",
-      "adapt.moe",       "adapt.rms_norm",         "adapt.lm_head"};
+      "adapt.moe",       "adapt.mlp",              "adapt.rms_norm",
+      "adapt.lm_head",   "adapt.embedding",        "adapt.encoder"};
   return critical.count(op) > 0;
+}
+
+bool isCriticalCandidate(const std::string &op, const std::string &rule) {
+  // A renamed weight changes no arithmetic: the same op reads its tensor
+  // under another name, and the manifest check verifies names and shapes.
+  if (rule == "renamed_weight")
+    return false;
+  return isCriticalOp(op);
 }
 
 bool writeText(const std::string &path, const std::string &text, std::string &error) {

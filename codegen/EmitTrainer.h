@@ -18,9 +18,22 @@
 namespace adapt {
 
 /// What the generated project needs besides the IR.
+/// An approved generated operator to compile into the trainer (adapt review
+/// --export, then adapt build --registry; see runtime/GeneratedOps.h).
+struct GeneratedOpUse {
+  std::string component;  ///< gaps.json component id it closes.
+  std::string task;       ///< Op-stage task; "moe_routing" is wired today.
+  std::string symbol;     ///< C identifier the candidate's entry is renamed to.
+  std::string source;     ///< The approved source, byte for byte.
+  std::string sha256;     ///< Of `source`, as approved.
+  std::string approvedBy;
+  std::vector<int64_t> layers; ///< Decoder layers whose component it is.
+};
+
 struct TrainerOptions {
   std::string sourcePath; ///< PATH as the user gave it (header comment only).
   std::string modelDir;   ///< Absolute model folder: the trainer's default.
+  std::vector<GeneratedOpUse> generatedOps;
 };
 
 /// One file of the generated project, relative to its folder.

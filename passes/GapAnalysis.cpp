@@ -150,25 +150,25 @@ struct GapAnalysisPass : impl::GapAnalysisPassBase<GapAnalysisPass> {
         gap.registryEntry = entry->id;
         std::string uncovered;
         bool lora = !hasLinear || loraCovered(*entry, weights, symbols, uncovered);
-        gap.blocks.forward = !entry->forward;
-        gap.blocks.backward = !entry->backward;
-        gap.blocks.lora = !lora || !entry->backward;
+        const bool forward = entry->runsForward(), backward = entry->runsBackward();
+        gap.blocks.forward = !forward;
+        gap.blocks.backward = !backward;
+        gap.blocks.lora = !lora || !backward;
         for (const std::string &layout : layouts)
           if (std::find(entry->parallel.begin(), entry->parallel.end(), layout) ==
               entry->parallel.end())
             gap.blocks.parallelLayouts.push_back(layout);
-        if (!entry->forward)
+        if (!forward)
           gap.reasons.push_back("library variant " + entry->id + " is " +
                                 entry->status + (entry->tracking.empty() ? "" : " (" + entry->tracking + ")") +
                                 ": no forward yet");
-        else if (!entry->backward)
+        else if (!backward)
           gap.reasons.push_back("library variant " + entry->id + " has no backward yet");
         if (!lora)
           gap.reasons.push_back("LoRA not available on " + uncovered);
-        gap.status = entry->forward && entry->backward && lora
-                         ? GapStatus::Supported
-                     : entry->forward ? GapStatus::Partial
-                                      : GapStatus::Missing;
+        gap.status = forward && backward && lora ? GapStatus::Supported
+                     : forward                    ? GapStatus::Partial
+                                                  : GapStatus::Missing;
         if (entry->status == "excluded") {
           // Deliberately not run by the training forward: the note says why.
           gap.status = GapStatus::Excluded;

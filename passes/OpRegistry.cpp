@@ -79,6 +79,21 @@ Result<OpRegistry> parseOpRegistry(const std::string &text,
     entry.status = item.value("status", "planned");
     entry.tracking = item.value("tracking", "");
     entry.note = item.value("note", "");
+    if (item.contains("implementation")) {
+      const json &impl = item["implementation"];
+      if (!impl.is_object() || impl.value("kind", "") != "generated" ||
+          !impl.contains("source") || !impl["source"].is_string() ||
+          !impl.contains("sha256") || !impl["sha256"].is_string())
+        return InputError{file, field + ".implementation",
+                          "expected {\"kind\": \"generated\", \"source\": PATH, "
+                          "\"sha256\": HEX, ...} as `adapt review --export` writes it"};
+      entry.generated.candidate = impl.value("candidate", "");
+      entry.generated.task = impl.value("task", "");
+      entry.generated.source = impl["source"].get<std::string>();
+      entry.generated.sha256 = impl["sha256"].get<std::string>();
+      if (impl.contains("approved") && impl["approved"].is_object())
+        entry.generated.approvedBy = impl["approved"].value("by", "");
+    }
     registry.entries.push_back(std::move(entry));
   }
   return registry;

@@ -28,6 +28,18 @@ struct RegistryEntry {
   std::string status;
   std::string tracking; ///< where the work is tracked
   std::string note;     ///< what the entry covers; for excluded: why
+  /// An approved generated operator (`adapt review --export`): the source
+  /// file, its SHA-256 as approved, the op-stage task it passed, who approved
+  /// it. Empty source: the library's own implementation.
+  struct Generated {
+    std::string candidate, task, source, sha256, approvedBy;
+  } generated;
+  /// Whether the runtime really runs this entry: only `implemented` and
+  /// `validated` entries do, whatever their forward/backward flags say. The
+  /// gap analysis and `adapt build` both decide support through this.
+  bool runnable() const { return status == "implemented" || status == "validated"; }
+  bool runsForward() const { return runnable() && forward; }
+  bool runsBackward() const { return runnable() && backward; }
 };
 
 /// The registry.

@@ -153,6 +153,9 @@ struct FfnDef {
   /// "concat_in_out_converted" [E, H, 2I] on disk that transformers (and so
   /// PEFT) holds as [E, 2I, H] (Qwen3-VL-MoE).
   std::string fusedLayout;
+  /// An approved generated router (runtime/GeneratedOps.h) named by its
+  /// gaps.json component; "" = the library's router for `router`.
+  std::string generatedRouter;
   int64_t sharedIntermediate = 0; ///< Shared expert width (all shared fused).
   bool sharedGate = false;        ///< Sigmoid gate on the shared expert.
   /// Role -> checkpoint name. Dense: gate_proj, up_proj, down_proj.

@@ -2,6 +2,9 @@
 
 #include "runtime/Ops.h"
 
+#include "runtime/Errors.h"
+#include "runtime/GeneratedOps.h"
+
 #include <cmath>
 
 namespace adapt::rt {
@@ -144,9 +147,39 @@ torch::Tensor attention(const torch::Tensor &q, const torch::Tensor &k,
   return torch::matmul(probs.to(v.scalar_type()), vv);
 }
 
+namespace {
+/// Routing by an approved generated operator: it returns dense [N, E] combine
+/// weights (zero off the chosen experts) from the logits and the correction
+/// bias, with the parameters the op stage checked it with.
+Routing routeGenerated(const torch::Tensor &logits, const FfnDef &ffn, const torch::Tensor &bias) {
+  const GeneratedOp &op = generatedOp(ffn.generatedRouter);
+  const bool sigmoid = ffn.router == RouterKind::SigmoidTopK;
+  std::map<std::string, double> params = {
+      {"top_k", double(ffn.topK)},
+      {"n_group", double(ffn.groups)},
+      {"topk_group", double(ffn.topKGroups)},
+      {"norm_topk_prob", ffn.normTopK ? 1.0 : 0.0},
+      {"routed_scaling_factor", ffn.routedScaling},
+      {"use_bias", bias.defined() ? 1.0 : 0.0},
+      {"scoring", sigmoid ? 1.0 : 0.0}};
+  torch::Tensor b = bias.defined() ? bias.to(torch::kFloat32)
+                                   : torch::zeros({logits.size(1)}, logits.options());
+  torch::Tensor dense = op.fn({logits, b}, params);
+  if (!dense.defined() || dense.sizes() != logits.sizes())
+    throw RuntimeError("", ffn.generatedRouter,
+                       "the generated router returned " +
+                           (dense.defined() ? c10::str(dense.sizes()) : std::string("nothing")) +
+                           ", expected dense weights " + c10::str(logits.sizes()));
+  auto [w, idx] = dense.topk(ffn.topK, -1);
+  return {idx, w};
+}
+} // namespace
+
 Routing route(const torch::Tensor &logits, const FfnDef &ffn, const torch::Tensor &bias) {
   const int64_t k = ffn.topK;
   torch::Tensor l = logits.to(torch::kFloat32);
+  if (!ffn.generatedRouter.empty())
+    return routeGenerated(l, ffn, bias);
   switch (ffn.router) {
   case RouterKind::SoftmaxTopK: {
     torch::Tensor probs = torch::softmax(l, -1);

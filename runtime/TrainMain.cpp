@@ -12,6 +12,7 @@
 #include "runtime/Dataset.h"
 #include "runtime/Errors.h"
 #include "runtime/FileSystem.h"
+#include "runtime/GeneratedOps.h"
 #include "runtime/Json.h"
 #include "runtime/Model.h"
 #include "runtime/Trainer.h"
@@ -318,6 +319,14 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
   TrainOptions opts = resolveOptions(args, saved, defaultModelDir);
   if (opts.steps > 0 && opts.dataPath.empty())
     throw badInput("", "--data", "expected a dataset (JSONL or ADAPTTOK) to train on");
+  // Provenance of every generated operator compiled in (adapt review).
+  for (const GeneratedOp &op : generatedOps())
+    std::fprintf(stderr, "generated operator: %s (%s; sha256 %.12s; approved by %s)\n",
+                 op.component.c_str(), op.task.c_str(), op.sha256.c_str(),
+                 op.approvedBy.c_str());
+  for (const LayerDef &layer : def.layers)
+    if (!layer.ffn.generatedRouter.empty())
+      generatedOp(layer.ffn.generatedRouter); // Fails before any weight is read.
   if (args.has("--validate")) {
     ModelOptions validateOptions;
     validateOptions.device = torch::kCPU;

@@ -15,6 +15,7 @@
 
 #include "tools/BuildCommand.h"
 
+#include "agent/Agent.h"
 #include "codegen/EmitTrainer.h"
 #include "ir/AdaptDialect.h"
 #include "ir/ImportModel.h"
@@ -31,6 +32,7 @@
 #include "llvm/Support/Path.h"
 #include "llvm/Support/Program.h"
 
+#include <cctype>
 #include <cstdlib>
 #include <deque>
 #include <fstream>
@@ -169,6 +171,10 @@ void printDiagnostic(mlir::Diagnostic &d) {
 /// leaves an identical file alone (its timestamp too, so rebuilds are no-ops).
 bool writeAtomically(const std::string &path, const std::string &contents,
                      std::string &error) {
+  llvm::SmallString<256> parent(path);
+  llvm::sys::path::remove_filename(parent);
+  if (!parent.empty())
+    llvm::sys::fs::create_directories(parent); // candidates/ of generated ops.
   {
     std::ifstream in(path, std::ios::binary);
     if (in) {
@@ -255,18 +261,65 @@ std::string runtimeGaps(const GapReport &report, const OpRegistry &registry) {
   for (const ComponentGap &c : report.components) {
     if (c.op == "adapt.mtp" || c.op == "adapt.encoder")
       continue; // Not part of the trainer.
-    std::string status = "missing from the registry";
+    const RegistryEntry *entry = nullptr;
     for (const RegistryEntry &e : registry.entries)
       if (!c.registryEntry.empty() && e.id == c.registryEntry)
-        status = e.status;
-    if (status == "implemented" || status == "validated")
+        entry = &e;
+    if (entry && entry->runsForward() && entry->runsBackward())
       continue;
+    std::string status = !entry                ? "missing from the registry"
+                         : !entry->runnable() ? entry->status
+                                               : "without a forward and backward";
     std::string where = c.layers.empty() || c.layers.front() < 0
                             ? std::string()
                             : " (layers " + formatLayerRanges(c.layers) + ")";
     out += (out.empty() ? "" : ", ") + c.id + " is " + status + where;
   }
   return out;
+}
+
+/// The approved generated operators the trainer runs: for every component
+/// whose registry entry names one, the source checked against the SHA-256
+/// that was approved. False + \p error (exit 2) when a source is missing or
+/// changed after approval, or its task cannot be wired into trainers yet.
+bool collectGeneratedOps(const GapReport &report, const OpRegistry &registry,
+                         std::vector<GeneratedOpUse> &uses, std::string &error) {
+  for (const ComponentGap &c : report.components) {
+    const RegistryEntry *entry = nullptr;
+    for (const RegistryEntry &e : registry.entries)
+      if (!c.registryEntry.empty() && e.id == c.registryEntry)
+        entry = &e;
+    if (!entry || entry->generated.source.empty())
+      continue;
+    const RegistryEntry::Generated &g = entry->generated;
+    GeneratedOpUse use;
+    if (!agent::readText(g.source, use.source)) {
+      error = g.source + ": the approved source of " + c.id + " cannot be read";
+      return false;
+    }
+    use.sha256 = agent::sha256Hex(use.source);
+    if (use.sha256 != g.sha256) {
+      error = g.source + ": changed after approval (sha256 " + use.sha256.substr(0, 12) +
+              ", approved " + g.sha256.substr(0, 12) + "): review and export it again";
+      return false;
+    }
+    if (g.task != "moe_routing" || c.op != "adapt.moe") {
+      error = entry->id + ": a generated operator for task '" + g.task +
+              "' cannot be wired into a trainer yet (only moe_routing)";
+      return false;
+    }
+    use.component = c.id;
+    use.task = g.task;
+    use.approvedBy = g.approvedBy;
+    use.symbol = "adapt_generated_";
+    for (char ch : c.id)
+      use.symbol += std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+    for (int64_t layer : c.layers)
+      if (layer >= 0)
+        use.layers.push_back(layer);
+    uses.push_back(std::move(use));
+  }
+  return true;
 }
 
 } // namespace
@@ -386,6 +439,14 @@ int runBuildCommand(int argc, char **argv) {
   TrainerOptions trainer;
   trainer.sourcePath = o.path;
   trainer.modelDir = absoluteModelDir(o.path);
+  if (!collectGeneratedOps(report, registry, trainer.generatedOps, error)) {
+    std::cerr << "adapt: error: " << error << "\n";
+    return kExitBadInput;
+  }
+  for (const GeneratedOpUse &use : trainer.generatedOps)
+    std::cout << "   generated operator " << use.component << " (" << use.task
+              << ", approved by " << use.approvedBy << ", sha256 "
+              << use.sha256.substr(0, 12) << ")" << std::endl;
   std::vector<GeneratedFile> generated;
   if (!emitTrainer(*module, trainer, generated, error)) {
     std::cerr << "adapt: error: " << o.path << ": " << error << "\n";

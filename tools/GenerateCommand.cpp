@@ -287,7 +287,7 @@ int runGenerateCommand(int argc, char **argv) {
                 {"kind", "reuse"},
                 {"rule", match.rule},
                 {"explanation", match.explanation},
-                {"critical", agent::isCriticalOp(c.value("op", ""))},
+                {"critical", agent::isCriticalCandidate(c.value("op", ""), match.rule)},
                 {"status", "proposed"},
                 {"reason", "reuse rule " + match.rule + " matched"},
                 {"registry_entry_id", entryId},
