@@ -77,6 +77,9 @@ struct LlmConfig {
   int testTimeoutS = 60;      ///< One compile or one test run.
   int64_t testMemoryMb = 6144;///< Address-space limit of the test child.
   std::string target = "libtorch"; ///< libtorch | cuda (asked for, not run here).
+  /// A validated candidate measured faster than the composite baseline by
+  /// more than this factor is flagged for review (`--flag-speedup`).
+  double flagSpeedup = 10.0;
 };
 
 /// Tools the candidate loop needs from the outside.
@@ -85,21 +88,49 @@ struct CandidateTools {
   std::string compiler = "c++";
 };
 
+/// The op-stage task of adapt-candidate-check that can validate a
+/// candidate for one gap (agent/CandidateTasks.cpp), or why there is none.
+struct CandidateTask {
+  std::string name;         ///< moe_routing | rope | attention_core | glu_activation; "" = none.
+  std::string feature;      ///< The differing feature(s) that chose it, e.g. "sinks=yes".
+  std::string closestEntry; ///< The registry entry the component was compared with.
+  std::string reason;       ///< When name is empty: why no task applies (precise).
+};
+
+/// Chooses the task from the feature that makes \p component a gap: its
+/// features against the closest registry entry of its op, the differing
+/// feature mapped through the task table. A value the task's reference does
+/// not define (e.g. rope=video_rope) gives no task and says so in `reason`;
+/// so does a task whose model params \p irText (the op's IR line) lacks.
+CandidateTask chooseCandidateTask(const Json &component, const Json &registry,
+                                  const std::string &irText);
+
 /// Whether an op-stage task exists for a component (only those can be
 /// generated: a candidate nobody can test is never proposed).
-bool hasCandidateTask(const Json &component);
+bool hasCandidateTask(const Json &component, const Json &registry, const std::string &irText);
+
+/// The task's part of the system prompt: the op's exact semantics, the
+/// candidate's inputs and params, the shape shown, this model's params.
+std::string candidateTaskPrompt(const CandidateTask &task, const Json &component,
+                                const std::string &irText);
+
+/// The checker's model-level params ("--param", "key=value", ...) from the
+/// component's features and its IR line.
+std::vector<std::string> candidateCheckerParams(const CandidateTask &task, const Json &component,
+                                                const std::string &irText);
 
 /// The static check: reasons the source is refused before compiling (calls
 /// into the reference, dlopen/dlsym, extern declarations, shelling out).
 /// Empty when clean.
 std::vector<std::string> staticCheck(const std::string &source);
 
-/// Runs the LLM loop for one component; writes prompts, responses, sources,
-/// logs and candidate.json into \p candidateDir and returns candidate.json.
+/// Runs the LLM loop for one component and its task (from
+/// chooseCandidateTask); writes prompts, responses, sources, logs and
+/// candidate.json into \p candidateDir and returns candidate.json.
 /// Never throws: every fault ends as status "failed" with a reason.
-Json generateCandidate(const Json &component, const std::string &irText,
-                       const LlmConfig &config, const CandidateTools &tools,
-                       const std::string &candidateDir);
+Json generateCandidate(const Json &component, const CandidateTask &task,
+                       const std::string &irText, const LlmConfig &config,
+                       const CandidateTools &tools, const std::string &candidateDir);
 
 } // namespace adapt::agent
 

@@ -23,15 +23,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
+#include <cstdlib>
 #include <regex>
 #include <sstream>
 #include <thread>
 
 namespace adapt::agent {
-
-bool hasCandidateTask(const Json &component) {
-  return component.value("op", "") == "adapt.moe";
-}
 
 std::vector<std::string> staticCheck(const std::string &source) {
   std::vector<std::string> reasons;
@@ -39,11 +37,12 @@ std::vector<std::string> staticCheck(const std::string &source) {
     const char *regex, *why;
   };
   static const Pattern patterns[] = {
-      {R"(adapt_reference|reference_routing|routingReference)",
+      {R"(adapt_reference|reference_routing|routingReference|ropeReference|)"
+       R"(attentionReference|gluReference|candidate_check)",
        "calls the reference it is compared against"},
       {R"(\badapt\s*::)", "calls into adapt's own library (the op being replaced)"},
       {R"(\bdlopen\b|\bdlsym\b|RTLD_)", "loads symbols at run time (dlopen/dlsym)"},
-      {R"(\bextern\b)", "declares external symbols (extern)"},
+      {R"(\bextern\b(?!\s+__shared__))", "declares external symbols (extern)"},
       {R"(#\s*include\s*")", "includes local files"},
       {R"(\bsystem\s*\(|\bpopen\b|\bfork\b|\bexec[lv]p?e?\s*\()", "starts processes"},
       {R"(\basm\b|__asm__)", "uses inline assembly"}};
@@ -162,10 +161,24 @@ std::string tail(const std::string &path, size_t chars) {
   return text.size() > chars ? "..." + text.substr(text.size() - chars) : text;
 }
 
-/// The op's semantics and the library's conventions, for the system prompt.
-std::string taskPrompt(const Json &component, const std::string &irText,
-                       const LlmConfig &config) {
-  const Json f = component.value("features", Json::object());
+/// nvcc from PATH, $CUDA_HOME/bin or /usr/local/cuda/bin; none when absent.
+std::optional<std::string> findNvcc() {
+  if (auto onPath = llvm::sys::findProgramByName("nvcc"))
+    return *onPath;
+  std::vector<std::string> dirs;
+  if (const char *home = std::getenv("CUDA_HOME"))
+    dirs.push_back(std::string(home) + "/bin");
+  dirs.push_back("/usr/local/cuda/bin");
+  for (const std::string &d : dirs)
+    if (llvm::sys::fs::can_execute(d + "/nvcc"))
+      return d + "/nvcc";
+  return std::nullopt;
+}
+
+/// The op's semantics (from the task table) and the library's conventions,
+/// for the system prompt.
+std::string taskPrompt(const Json &component, const CandidateTask &task,
+                       const std::string &irText, const LlmConfig &config) {
   std::ostringstream os;
   os << "You write operators for adapt, a C++17 LibTorch LoRA training runtime.\n\n"
      << "Missing component: " << component.value("id", "") << " (" << component.value("op", "")
@@ -174,31 +187,24 @@ std::string taskPrompt(const Json &component, const std::string &irText,
   for (const Json &r : component.value("reasons", Json::array()))
     os << r.get<std::string>() << " ";
   os << "\n\nIR of the op in this model:\n" << irText << "\n\n"
-     << "Write the MoE router weights of this variant as a LibTorch composite:\n"
-        "  scores = " << (f.value("scoring", "softmax") == "sigmoid" ? "sigmoid(logits)" : "softmax(logits, -1)")
-     << "            // float32, [T, E]\n"
-        "  choice = scores + bias                   // if params[\"use_bias\"] != 0\n"
-        "  grouped (n_group > 1): experts split into n_group equal groups; a group's score is\n"
-        "    the sum of its two largest choice values; keep the topk_group best groups, others\n"
-        "    are excluded (-inf) from the choice\n"
-        "  idx = top_k indices of choice per token\n"
-        "  w = scores gathered at idx; if norm_topk_prob != 0: w = w / (w.sum(-1) + 1e-20)\n"
-        "  w = w * routed_scaling_factor\n"
-        "  return a dense [T, E] tensor: w at idx, 0 elsewhere (differentiable w.r.t. logits)\n\n"
-        "Conventions: define exactly\n"
+     << candidateTaskPrompt(task, component, irText) << "\n"
+     << "Conventions: define exactly\n"
         "  #include <torch/torch.h>\n"
         "  torch::Tensor adapt_candidate(const std::vector<torch::Tensor> &inputs,\n"
         "                                const std::map<std::string, double> &params);\n"
-        "inputs = {logits [T, E] float32, bias [E] float32} (views: may be non-contiguous);\n"
-        "params: top_k, n_group, topk_group, norm_topk_prob, routed_scaling_factor, use_bias,\n"
-        "scoring (0 softmax, 1 sigmoid). No other includes of project files, no extern, no\n"
-        "dlopen, no processes. Use LibTorch autograd for the backward.\n"
+        "Inputs are views: they may be non-contiguous. No other includes of project files, no\n"
+        "extern, no dlopen, no processes. Use LibTorch autograd for the backward.\n"
         "Test with the compile_and_test tool: it compiles your source and checks forward and\n"
-        "backward against a float64 reference on several shapes (e.g. T=5 E=8 top_k=2\n"
-        "n_group=4 topk_group=2, and shapes you are not shown), tolerance 1e-5.\n";
+        "backward against a float64 reference on several shapes (the one shown and shapes you\n"
+        "are not shown), relative tolerance 1e-5.\n";
   if (config.target == "cuda")
-    os << "A CUDA kernel was asked for: keep the LibTorch composite as the entry point; it is "
-          "the reference the kernel is later checked against.\n";
+    os << "\nA CUDA kernel is asked for: the source is a .cu file, compiled with nvcc\n"
+          "(-arch=native, C++17) against LibTorch, that defines adapt_candidate as above and\n"
+          "does the op's work in at least one __global__ kernel of your own, launched on\n"
+          "at::cuda::getCurrentCUDAStream() (#include <ATen/cuda/CUDAContext.h>). The inputs\n"
+          "live on the GPU; return the output on the same device. Gradients: differentiable\n"
+          "ATen ops around the kernel, or a torch::autograd::Function whose backward you write.\n"
+          "The checks run on the GPU against the same float64 reference.\n";
   return os.str();
 }
 
@@ -215,33 +221,22 @@ Json toolSchema() {
           {"required", Json::array({"source"})}}}}}}});
 }
 
-/// The task parameters for the checker, from the component's features/IR.
-std::vector<std::string> checkerParams(const Json &component, const std::string &irText) {
-  const Json f = component.value("features", Json::object());
-  std::vector<std::string> p = {
-      "--param", std::string("scoring=") + (f.value("scoring", "") == "sigmoid" ? "1" : "0"),
-      "--param", std::string("use_bias=") + (f.value("bias_correction", "") == "yes" ? "1" : "0"),
-      "--param", std::string("norm_topk_prob=") +
-                     (irText.find("norm_topk") != std::string::npos ? "1" : "0")};
-  std::smatch m;
-  if (std::regex_search(irText, m, std::regex(R"(routed_scaling = ([0-9.eE+-]+))")))
-    p.insert(p.end(), {"--param", "routed_scaling_factor=" + m[1].str()});
-  return p;
-}
-
 } // namespace
 
 namespace {
 
 /// The loop itself; \p record is filled as it goes (the caller catches).
-Json runLoop(const Json &component, const std::string &irText, const LlmConfig &config,
-             const CandidateTools &tools, const std::string &dir, Json &record) {
+Json runLoop(const Json &component, const CandidateTask &task, const std::string &irText,
+             const LlmConfig &config, const CandidateTools &tools, const std::string &dir,
+             Json &record) {
   record = {{"id", component.value("id", "")},
                  {"component", component.value("id", "")},
                  {"op", component.value("op", "")},
                  {"features", component.value("features", Json::object())},
                  {"kind", "llm"},
                  {"rule", nullptr},
+                 {"task", task.name},
+                 {"task_feature", task.feature},
                  {"critical", isCriticalOp(component.value("op", ""))},
                  {"status", "failed"},
                  {"reason", ""},
@@ -268,9 +263,37 @@ Json runLoop(const Json &component, const std::string &irText, const LlmConfig &
   }
   while (!flags.empty() && (flags.back() == '\n' || flags.back() == ' '))
     flags.pop_back();
+  // A CUDA candidate is compiled with nvcc and run on a GPU; where either is
+  // missing nobody could test it, so the model is not asked.
+  const bool cuda = config.target == "cuda";
+  std::string compiler = tools.compiler;
+  if (cuda) {
+    std::string why;
+    if (auto nvcc = findNvcc())
+      compiler = *nvcc;
+    else
+      why = "no CUDA compiler (nvcc on PATH, in $CUDA_HOME/bin or /usr/local/cuda/bin)";
+    std::string cudaLog = dir + "/cuda-available.log";
+    if (why.empty() &&
+        (!runChild({tools.checker, "--cuda-available"}, cudaLog, 60, 0, code).empty() || code != 0))
+      why = "no CUDA device visible to LibTorch";
+    if (why.empty() &&
+        (!runChild({tools.checker, "--cuda-compile-flags"}, flagsLog, 30, 0, code).empty() ||
+         code != 0 || !readText(flagsLog, flags)))
+      why = "adapt-candidate-check --cuda-compile-flags failed";
+    if (!why.empty()) {
+      record["reason"] = "--target cuda: " + why +
+                         " on this machine; CUDA candidates are compiled and checked on a GPU "
+                         "(run adapt generate --target cuda there, or use --target libtorch)";
+      return record;
+    }
+    while (!flags.empty() && (flags.back() == '\n' || flags.back() == ' '))
+      flags.pop_back();
+  }
+  const std::string ext = cuda ? ".cu" : ".cpp";
 
   Json messages = Json::array(
-      {Json{{"role", "system"}, {"content", taskPrompt(component, irText, config)}},
+      {Json{{"role", "system"}, {"content", taskPrompt(component, task, irText, config)}},
        Json{{"role", "user"},
             {"content", "Write the candidate and test it with compile_and_test."}}});
   int64_t tokens = 0;
@@ -350,9 +373,11 @@ Json runLoop(const Json &component, const std::string &irText, const LlmConfig &
         lastFailure = attempt["result"];
       } else {
         std::string source = args["source"];
-        std::string src = "attempt-" + tn + "/candidate.cpp";
+        std::string src = "attempt-" + tn + "/candidate" + ext;
         writeText(dir + "/" + src, source, error);
         std::vector<std::string> refused = staticCheck(source);
+        if (cuda && !std::regex_search(source, std::regex(R"(__global__)")))
+          refused.push_back("defines no __global__ kernel (a CUDA kernel was asked for)");
         if (!refused.empty()) {
           std::string why;
           for (const std::string &r : refused)
@@ -362,15 +387,15 @@ Json runLoop(const Json &component, const std::string &irText, const LlmConfig &
           lastFailure = attempt["result"];
         } else {
           // Compile: the candidate plus the entry point the checker looks up.
-          std::string build = dir + "/attempt-" + tn + "/build.cpp";
-          writeText(build, "#line 1 \"candidate.cpp\"\n" + source +
+          std::string build = dir + "/attempt-" + tn + "/build" + ext;
+          writeText(build, "#line 1 \"candidate" + ext + "\"\n" + source +
                                "\nextern \"C\" void *adapt_candidate_entry() {\n"
                                "  return reinterpret_cast<void *>(&adapt_candidate);\n}\n",
                     error);
           std::string so = dir + "/attempt-" + tn + "/candidate.so";
           std::string compileLog = dir + "/attempt-" + tn + "/compile.log";
-          auto compilerPath = llvm::sys::findProgramByName(tools.compiler);
-          std::vector<std::string> cmd = {compilerPath ? *compilerPath : tools.compiler};
+          auto compilerPath = llvm::sys::findProgramByName(compiler);
+          std::vector<std::string> cmd = {compilerPath ? *compilerPath : compiler};
           std::istringstream fs(flags);
           for (std::string w; fs >> w;)
             cmd.push_back(w);
@@ -385,9 +410,10 @@ Json runLoop(const Json &component, const std::string &irText, const LlmConfig &
           } else {
             std::string resultPath = dir + "/attempt-" + tn + "/test.json";
             std::string testLog = dir + "/attempt-" + tn + "/test.log";
-            std::vector<std::string> test = {tools.checker, "--task", "moe_routing", "--library",
-                                             so, "--out", resultPath};
-            std::vector<std::string> params = checkerParams(component, irText);
+            std::vector<std::string> test = {tools.checker, "--task", task.name, "--library",
+                                             so, "--out", resultPath,
+                                             "--device", cuda ? "cuda" : "cpu"};
+            std::vector<std::string> params = candidateCheckerParams(task, component, irText);
             test.insert(test.end(), params.begin(), params.end());
             abnormal = runChild(test, testLog, config.testTimeoutS,
                                 unsigned(config.testMemoryMb), code);
@@ -417,14 +443,18 @@ Json runLoop(const Json &component, const std::string &irText, const LlmConfig &
                 if (result.contains("reason"))
                   lastFailure += ": " + result.value("reason", "");
               } else {
-                writeText(dir + "/candidate.cpp", source, error);
-                record["files"] = Json::array({"candidate.cpp"});
-                record["validation"] = result;
+                writeText(dir + "/candidate" + ext, source, error);
+                record["files"] = Json::array({"candidate" + ext});
                 double speedup = result.value("speedup_over_composite", 0.0);
-                if (speedup > 10)
-                  record["flags"].push_back("speed-up " + std::to_string(speedup) +
-                                            "x over the composite baseline: flagged for review, "
-                                            "not trusted");
+                result["flag_speedup_threshold"] = config.flagSpeedup;
+                record["validation"] = result;
+                if (speedup > config.flagSpeedup) {
+                  std::ostringstream flag;
+                  flag.precision(3);
+                  flag << "speed-up " << speedup << "x over the composite baseline (threshold "
+                       << config.flagSpeedup << "x): flagged for review, not trusted";
+                  record["flags"].push_back(flag.str());
+                }
               }
             }
           }
@@ -438,7 +468,7 @@ Json runLoop(const Json &component, const std::string &irText, const LlmConfig &
     record["attempts"].push_back(attempt);
     if (passed) {
       record["status"] = "validated";
-      record["reason"] = "passed the op stage (forward + backward, " +
+      record["reason"] = "passed the op stage (task " + task.name + ": forward + backward, " +
                          std::to_string(record["validation"]["checks"].size()) +
                          " shapes incl. unseen ones, poisoned inputs) and the static check";
       return record;
@@ -453,12 +483,12 @@ Json runLoop(const Json &component, const std::string &irText, const LlmConfig &
 
 } // namespace
 
-Json generateCandidate(const Json &component, const std::string &irText,
-                       const LlmConfig &config, const CandidateTools &tools,
-                       const std::string &dir) {
+Json generateCandidate(const Json &component, const CandidateTask &task,
+                       const std::string &irText, const LlmConfig &config,
+                       const CandidateTools &tools, const std::string &dir) {
   Json record;
   try {
-    return runLoop(component, irText, config, tools, dir, record);
+    return runLoop(component, task, irText, config, tools, dir, record);
   } catch (const std::exception &e) {
     // A response shaped unlike the API (wrong types deep inside): this
     // candidate fails, nothing else is affected.

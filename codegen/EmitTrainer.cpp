@@ -812,8 +812,8 @@ std::string emitGeneratedOpUses(const std::vector<GeneratedOpUse> &uses) {
       loop = "  for (int64_t i : {" + list + "})\n";
     }
     out += "  // Approved generated operator (adapt review): candidates/" + use.symbol +
-           ".cpp, sha256 " + use.sha256.substr(0, 12) + ".\n" + loop +
-           "    m.layers[i].ffn.generatedRouter = " + quote(use.component) + ";\n";
+           (use.cuda ? ".cu" : ".cpp") + ", sha256 " + use.sha256.substr(0, 12) + ".\n" + loop +
+           "    m.layers[i]." + use.field + " = " + quote(use.component) + ";\n";
   }
   return out;
 }
@@ -821,11 +821,21 @@ std::string emitGeneratedOpUses(const std::vector<GeneratedOpUse> &uses) {
 /// The CMake lines compiling each approved source with its entry renamed.
 std::string generatedOpsCmake(const std::vector<GeneratedOpUse> &uses) {
   std::string out;
+  bool cuda = false;
   for (const GeneratedOpUse &use : uses)
+    cuda |= use.cuda;
+  if (cuda)
+    out += "# CUDA candidates: nvcc for the GPU of the machine that builds.\n"
+           "set(CMAKE_CUDA_ARCHITECTURES native)\n"
+           "set(CMAKE_CUDA_STANDARD 17)\n"
+           "enable_language(CUDA)\n";
+  for (const GeneratedOpUse &use : uses) {
+    std::string file = "candidates/" + use.symbol + (use.cuda ? ".cu" : ".cpp");
     out += "# " + use.component + " (" + use.task + "), approved by " + use.approvedBy + "\n"
-           "target_sources(train PRIVATE candidates/" + use.symbol + ".cpp)\n"
-           "set_source_files_properties(candidates/" + use.symbol +
-           ".cpp PROPERTIES COMPILE_DEFINITIONS adapt_candidate=" + use.symbol + ")\n";
+           "target_sources(train PRIVATE " + file + ")\n"
+           "set_source_files_properties(" + file +
+           " PROPERTIES COMPILE_DEFINITIONS adapt_candidate=" + use.symbol + ")\n";
+  }
   return out;
 }
 
@@ -850,7 +860,7 @@ void addGeneratedOpFiles(const std::vector<GeneratedOpUse> &uses,
   os << "} // namespace\n";
   files.push_back({"generated_ops.cpp", os.str()});
   for (const GeneratedOpUse &use : uses)
-    files.push_back({"candidates/" + use.symbol + ".cpp", use.source});
+    files.push_back({"candidates/" + use.symbol + (use.cuda ? ".cu" : ".cpp"), use.source});
 }
 
 } // namespace

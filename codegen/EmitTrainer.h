@@ -22,8 +22,10 @@ namespace adapt {
 /// --export, then adapt build --registry; see runtime/GeneratedOps.h).
 struct GeneratedOpUse {
   std::string component;  ///< gaps.json component id it closes.
-  std::string task;       ///< Op-stage task; "moe_routing" is wired today.
+  std::string task;       ///< Op-stage task it passed, e.g. "moe_routing".
+  std::string field;      ///< LayerDef field naming it, e.g. "ffn.generatedRouter".
   std::string symbol;     ///< C identifier the candidate's entry is renamed to.
+  bool cuda = false;      ///< A .cu source (nvcc; runs with --device cuda only).
   std::string source;     ///< The approved source, byte for byte.
   std::string sha256;     ///< Of `source`, as approved.
   std::string approvedBy;

@@ -131,7 +131,10 @@ torch::Tensor AttentionLayer::forward(const torch::Tensor &x, const RopeTables &
                            .view({1, 1, seqLen, 1}))
                   .to(query.scalar_type());
   }
-  torch::Tensor out = attention(query, key, value, softmaxScale(), mask, sinks);
+  torch::Tensor out =
+      def.generatedCore.empty()
+          ? attention(query, key, value, softmaxScale(), mask, sinks)
+          : generatedAttention(def.generatedCore, query, key, value, softmaxScale(), mask, sinks);
   out = out.transpose(1, 2).reshape({batch, seqLen, def.heads * def.vHeadDim});
   if (gate.defined())
     out = out * torch::sigmoid(gate);

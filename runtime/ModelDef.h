@@ -107,6 +107,10 @@ struct AttentionDef {
   int64_t slidingWindow = 0;  ///< >0: attend to the last N positions only.
   int64_t chunkSize = 0;      ///< >0: attend within fixed chunks (Llama-4).
   double softmaxScale = 0.0;  ///< 0: 1/sqrt(headDim).
+  /// An approved generated attention core (task attention_core: softmax over
+  /// causal, windowed keys with optional sinks; runtime/GeneratedOps.h);
+  /// "" = the library's attention().
+  std::string generatedCore;
   /// Llama-4 NoPE layers: q scaled by log1p(floor((pos+1)/floorScale))*attnScale+1.
   bool temperatureTuning = false;
   double floorScale = 8192.0, attnScale = 0.1;
@@ -156,6 +160,9 @@ struct FfnDef {
   /// An approved generated router (runtime/GeneratedOps.h) named by its
   /// gaps.json component; "" = the library's router for `router`.
   std::string generatedRouter;
+  /// An approved generated gated activation for the routed experts (task
+  /// glu_activation); "" = the library's for `act`.
+  std::string generatedActivation;
   int64_t sharedIntermediate = 0; ///< Shared expert width (all shared fused).
   bool sharedGate = false;        ///< Sigmoid gate on the shared expert.
   /// Role -> checkpoint name. Dense: gate_proj, up_proj, down_proj.

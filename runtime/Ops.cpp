@@ -148,11 +148,24 @@ torch::Tensor attention(const torch::Tensor &q, const torch::Tensor &k,
 }
 
 namespace {
+/// Calls the generated operator for \p component and checks the shape of what
+/// it returns (a RuntimeError naming the component otherwise).
+torch::Tensor callGenerated(const std::string &component, const std::vector<torch::Tensor> &inputs,
+                            const std::map<std::string, double> &params,
+                            c10::IntArrayRef expected) {
+  torch::Tensor out = generatedOp(component).fn(inputs, params);
+  if (!out.defined() || out.sizes() != expected)
+    throw RuntimeError("", component,
+                       "the generated operator returned " +
+                           (out.defined() ? c10::str(out.sizes()) : std::string("nothing")) +
+                           ", expected " + c10::str(expected));
+  return out;
+}
+
 /// Routing by an approved generated operator: it returns dense [N, E] combine
 /// weights (zero off the chosen experts) from the logits and the correction
 /// bias, with the parameters the op stage checked it with.
 Routing routeGenerated(const torch::Tensor &logits, const FfnDef &ffn, const torch::Tensor &bias) {
-  const GeneratedOp &op = generatedOp(ffn.generatedRouter);
   const bool sigmoid = ffn.router == RouterKind::SigmoidTopK;
   std::map<std::string, double> params = {
       {"top_k", double(ffn.topK)},
@@ -164,16 +177,35 @@ Routing routeGenerated(const torch::Tensor &logits, const FfnDef &ffn, const tor
       {"scoring", sigmoid ? 1.0 : 0.0}};
   torch::Tensor b = bias.defined() ? bias.to(torch::kFloat32)
                                    : torch::zeros({logits.size(1)}, logits.options());
-  torch::Tensor dense = op.fn({logits, b}, params);
-  if (!dense.defined() || dense.sizes() != logits.sizes())
-    throw RuntimeError("", ffn.generatedRouter,
-                       "the generated router returned " +
-                           (dense.defined() ? c10::str(dense.sizes()) : std::string("nothing")) +
-                           ", expected dense weights " + c10::str(logits.sizes()));
+  torch::Tensor dense = callGenerated(ffn.generatedRouter, {logits, b}, params, logits.sizes());
   auto [w, idx] = dense.topk(ffn.topK, -1);
   return {idx, w};
 }
 } // namespace
+
+torch::Tensor generatedAttention(const std::string &component, const torch::Tensor &q,
+                                 const torch::Tensor &k, const torch::Tensor &v, double scale,
+                                 const AttentionMask &mask, const torch::Tensor &sinks) {
+  if (mask.chunkSize > 0)
+    throw RuntimeError("", component,
+                       "the attention_core task has no chunked mask; a generated core cannot "
+                       "run Llama-4's chunked layers");
+  const std::map<std::string, double> params = {{"window", double(mask.slidingWindow)},
+                                                {"use_sinks", sinks.defined() ? 1.0 : 0.0},
+                                                {"scale", scale}};
+  torch::Tensor noSinks = torch::zeros({q.size(1)}, q.options().dtype(torch::kFloat32));
+  std::vector<torch::Tensor> outputs;
+  // The task's layout is one sequence [T, heads, D]; the runtime's [B, H, T, D].
+  for (int64_t b = 0; b < q.size(0); ++b) {
+    torch::Tensor qb = q[b].transpose(0, 1), kb = k[b].transpose(0, 1), vb = v[b].transpose(0, 1);
+    std::vector<int64_t> expected = {qb.size(0), qb.size(1), vb.size(2)};
+    outputs.push_back(callGenerated(component,
+                                    {qb, kb, vb, sinks.defined() ? sinks : noSinks}, params,
+                                    expected)
+                          .transpose(0, 1));
+  }
+  return torch::stack(outputs);
+}
 
 Routing route(const torch::Tensor &logits, const FfnDef &ffn, const torch::Tensor &bias) {
   const int64_t k = ffn.topK;
@@ -302,6 +334,12 @@ torch::Tensor gatedActivation(const torch::Tensor &gateUp, bool interleaved, con
     gate = gateUp.narrow(-1, 0, width);
     up = gateUp.narrow(-1, width, width);
   }
+  if (!ffn.generatedActivation.empty())
+    return callGenerated(ffn.generatedActivation, {gate, up},
+                         {{"clamped", ffn.act == ExpertAct::ClampedSwiGLU ? 1.0 : 0.0},
+                          {"alpha", ffn.swigluAlpha},
+                          {"limit", ffn.swigluLimit}},
+                         gate.sizes());
   if (ffn.act == ExpertAct::ClampedSwiGLU) {
     gate = gate.clamp_max(ffn.swigluLimit);
     up = up.clamp(-ffn.swigluLimit, ffn.swigluLimit);

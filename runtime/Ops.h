@@ -50,6 +50,13 @@ torch::Tensor attention(const torch::Tensor &q, const torch::Tensor &k,
                         const torch::Tensor &v, double scale,
                         const AttentionMask &mask, const torch::Tensor &sinks);
 
+/// attention() by the approved generated core \p component (task
+/// attention_core, runtime/GeneratedOps.h): same layouts and result; one call
+/// per sequence of the batch; chunked masks are refused.
+torch::Tensor generatedAttention(const std::string &component, const torch::Tensor &q,
+                                 const torch::Tensor &k, const torch::Tensor &v, double scale,
+                                 const AttentionMask &mask, const torch::Tensor &sinks);
+
 /// Expert choice of a router for N tokens.
 struct Routing {
   torch::Tensor experts; ///< [N, k] int64 expert ids.

@@ -325,8 +325,10 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
                  op.component.c_str(), op.task.c_str(), op.sha256.c_str(),
                  op.approvedBy.c_str());
   for (const LayerDef &layer : def.layers)
-    if (!layer.ffn.generatedRouter.empty())
-      generatedOp(layer.ffn.generatedRouter); // Fails before any weight is read.
+    for (const std::string *name : {&layer.ffn.generatedRouter, &layer.ffn.generatedActivation,
+                                    &layer.attention.generatedCore})
+      if (!name->empty())
+        generatedOp(*name); // Fails before any weight is read.
   if (args.has("--validate")) {
     ModelOptions validateOptions;
     validateOptions.device = torch::kCPU;

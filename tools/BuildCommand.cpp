@@ -35,6 +35,7 @@
 #include <cctype>
 #include <cstdlib>
 #include <deque>
+#include <map>
 #include <fstream>
 #include <iostream>
 #include <sstream>
@@ -303,12 +304,21 @@ bool collectGeneratedOps(const GapReport &report, const OpRegistry &registry,
               ", approved " + g.sha256.substr(0, 12) + "): review and export it again";
       return false;
     }
-    if (g.task != "moe_routing" || c.op != "adapt.moe") {
-      error = entry->id + ": a generated operator for task '" + g.task +
-              "' cannot be wired into a trainer yet (only moe_routing)";
+    // Where the runtime calls each task's operator (runtime/GeneratedOps.h).
+    static const std::map<std::pair<std::string, std::string>, std::string> sites = {
+        {{"moe_routing", "adapt.moe"}, "ffn.generatedRouter"},
+        {{"glu_activation", "adapt.moe"}, "ffn.generatedActivation"},
+        {{"attention_core", "adapt.attention"}, "attention.generatedCore"}};
+    auto site = sites.find({g.task, c.op});
+    if (site == sites.end()) {
+      error = entry->id + ": a generated operator for task '" + g.task + "' on " + c.op +
+              " cannot be wired into a trainer yet (moe_routing and glu_activation on "
+              "adapt.moe, attention_core on adapt.attention)";
       return false;
     }
+    use.field = site->second;
     use.component = c.id;
+    use.cuda = llvm::StringRef(g.source).ends_with(".cu");
     use.task = g.task;
     use.approvedBy = g.approvedBy;
     use.symbol = "adapt_generated_";
@@ -463,7 +473,12 @@ int runBuildCommand(int argc, char **argv) {
       return kExitBadInput;
     }
   if (o.noCompile) {
-    std::cout << "wrote " << o.out << "/model.cpp, CMakeLists.txt, README.md\n";
+    std::cout << "wrote " << o.out << "/model.cpp, CMakeLists.txt, README.md"
+              << (trainer.generatedOps.empty()
+                      ? std::string()
+                      : ", generated_ops.cpp, " + std::to_string(trainer.generatedOps.size()) +
+                            " approved source(s) in candidates/")
+              << "\n";
     return kExitOk;
   }
 

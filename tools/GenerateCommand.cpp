@@ -4,10 +4,12 @@
 //                  [--model NAME] [--api-key KEY] [--max-attempts N]
 //                  [--max-tokens N] [--timeout S] [--test-timeout S]
 //                  [--retries N] [--target libtorch|cuda] [--only ID]
+//                  [--flag-speedup X]
 //
 // For every gap of PATH's gap report (PATH: a model folder/config, or a
 // gaps.json): first the reuse rules (agent/ReuseRules.cpp); then, for what
-// no rule covers and an op-stage task exists, the LLM loop
+// no rule covers and an op-stage task exists (agent/CandidateTasks.cpp:
+// the task follows from the feature that makes the component a gap), the LLM loop
 // (agent/LlmLoop.cpp) when an endpoint is configured. Everything is recorded
 // under DIR (docs/agent.md): DIR/generate.json and DIR/candidates/<id>/.
 // Candidates are proposals: only `adapt review --approve` lets them in.
@@ -23,6 +25,7 @@
 #include "llvm/Support/Path.h"
 #include "llvm/Support/Program.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <iostream>
 
@@ -31,7 +34,8 @@ namespace adapt {
 const char *const kGenerateUsage =
     "  adapt generate PATH --out DIR [--registry FILE] [--endpoint URL] [--model NAME]\n"
     "                 [--api-key KEY] [--max-attempts N] [--max-tokens N] [--timeout S]\n"
-    "                 [--test-timeout S] [--retries N] [--target libtorch|cuda] [--only ID]\n";
+    "                 [--test-timeout S] [--retries N] [--target libtorch|cuda] [--only ID]\n"
+    "                 [--flag-speedup X]\n";
 
 namespace {
 
@@ -127,7 +131,7 @@ int runGenerateCommand(int argc, char **argv) {
                       arg == "--endpoint" || arg == "--model" || arg == "--api-key" ||
                       arg == "--max-attempts" || arg == "--max-tokens" || arg == "--timeout" ||
                       arg == "--test-timeout" || arg == "--target" || arg == "--only" ||
-                      arg == "--retries";
+                      arg == "--retries" || arg == "--flag-speedup";
     if (takesValue && i + 1 >= argc)
       return usageError(arg + " expects a value");
     std::string v = takesValue ? argv[++i] : "";
@@ -165,6 +169,12 @@ int runGenerateCommand(int argc, char **argv) {
       if (!(err = number(arg, v, 0, 20, n)).empty())
         return usageError(err);
       o.llm.retries = int(n);
+    } else if (arg == "--flag-speedup") {
+      char *end = nullptr;
+      double x = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end || !(x > 0) || !std::isfinite(x))
+        return usageError("--flag-speedup expects a positive number, found \"" + v + "\"");
+      o.llm.flagSpeedup = x;
     } else if (arg == "--test-timeout") {
       if (!(err = number(arg, v, 1, 3600, n)).empty())
         return usageError(err);
@@ -278,6 +288,7 @@ int runGenerateCommand(int argc, char **argv) {
     std::string irLine = irLineFor(ir, id);
     agent::ReuseMatch match;
     Json record;
+    agent::CandidateTask task;
     if (agent::matchReuseRules(c, registry, match)) {
       std::string entryId = match.registryEntry.value("id", "");
       record = {{"id", id},
@@ -304,30 +315,30 @@ int runGenerateCommand(int argc, char **argv) {
       }
       std::cout << "reuse     " << id << ": rule " << match.rule << " -> " << entryId << "\n";
       ++covered;
-    } else if (!agent::hasCandidateTask(c)) {
+    } else if ((task = agent::chooseCandidateTask(c, registry, irLine)).name.empty()) {
       record = {{"id", id}, {"component", id}, {"op", c.value("op", "")},
                 {"features", c.value("features", Json::object())}, {"kind", "llm"},
                 {"rule", nullptr}, {"critical", agent::isCriticalOp(c.value("op", ""))},
                 {"status", "needs_llm"}, {"files", Json::array()}, {"ir_before", irLine},
-                {"reason", "no reuse rule covers it and there is no op-stage task for " +
-                               c.value("op", "") +
-                               " yet: a candidate could not be validated, so none is asked for"}};
+                {"task", nullptr},
+                {"reason", "no reuse rule covers it; " + task.reason +
+                               ": a candidate could not be validated, so none is asked for"}};
       summary["needs_llm"].push_back(id);
-      std::cout << "needs LLM " << id << ": no reuse rule; no op-stage task for "
-                << c.value("op", "") << "\n";
+      std::cout << "needs LLM " << id << ": no reuse rule; " << task.reason << "\n";
     } else if (o.llm.baseUrl.empty()) {
       record = {{"id", id}, {"component", id}, {"op", c.value("op", "")},
                 {"features", c.value("features", Json::object())}, {"kind", "llm"},
                 {"rule", nullptr}, {"critical", agent::isCriticalOp(c.value("op", ""))},
                 {"status", "needs_llm"}, {"files", Json::array()}, {"ir_before", irLine},
+                {"task", task.name}, {"task_feature", task.feature},
                 {"reason", "no reuse rule covers it; an LLM candidate needs an endpoint "
                            "(--endpoint or ADAPT_LLM_BASE_URL)"}};
       summary["needs_llm"].push_back(id);
       std::cout << "needs LLM " << id << ": no reuse rule; no endpoint configured\n";
     } else {
-      std::cout << "llm       " << id << ": asking " << o.llm.model << " at " << o.llm.baseUrl
-                << std::endl;
-      record = agent::generateCandidate(c, irLine, o.llm, tools, dir);
+      std::cout << "llm       " << id << ": task " << task.name << " (" << task.feature
+                << "), asking " << o.llm.model << " at " << o.llm.baseUrl << std::endl;
+      record = agent::generateCandidate(c, task, irLine, o.llm, tools, dir);
       record["ir_before"] = irLine;
       if (record["status"] == "validated") {
         record["ir_after"] = irLine.empty() ? "" : irAfter(irLine, "candidate " + id);

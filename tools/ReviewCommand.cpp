@@ -139,6 +139,17 @@ Json builtinEntry(const Json &registry, const std::string &id) {
   return Json();
 }
 
+/// The candidate's source file (candidate.cpp, or candidate.cu for CUDA).
+std::string sourceFile(const Candidate &c) {
+  for (const Json &f : c.record.value("files", Json::array()))
+    if (f.is_string()) {
+      std::string name = f.get<std::string>();
+      if (name == "candidate.cpp" || name == "candidate.cu")
+        return name;
+    }
+  return "candidate.cpp";
+}
+
 void show(const Candidate &c, const Json &registry) {
   const Json &r = c.record;
   std::cout << "== " << c.id << "  [" << r.value("kind", "") << "; "
@@ -160,8 +171,9 @@ void show(const Candidate &c, const Json &registry) {
                              "b/runtime/registry/ops.json (" + r.value("registry_entry_id", "") + ")");
     if (agent::readText(c.dir + "/adapter.txt", text))
       std::cout << unifiedDiff("", text, "/dev/null", "b/runtime/adapters/" + c.id + ".txt");
-  } else if (agent::readText(c.dir + "/candidate.cpp", text)) {
-    std::cout << unifiedDiff("", text, "/dev/null", "b/runtime/generated/" + c.id + ".cpp");
+  } else if (agent::readText(c.dir + "/" + sourceFile(c), text)) {
+    std::string ext = sourceFile(c).substr(sourceFile(c).find('.'));
+    std::cout << unifiedDiff("", text, "/dev/null", "b/runtime/generated/" + c.id + ext);
   }
   if (!r.value("ir_before", "").empty()) {
     std::cout << "IR before: " << r.value("ir_before", "") << "\n";
@@ -239,7 +251,7 @@ Json generatedEntry(const Candidate &c, const Json &registry) {
         parallel = e.value("parallel", Json::array());
     }
   std::string source, text;
-  llvm::SmallString<256> path(c.dir + "/candidate.cpp");
+  llvm::SmallString<256> path(c.dir + "/" + sourceFile(c));
   llvm::sys::fs::make_absolute(path);
   agent::readText(std::string(path), text);
   std::string task = r.contains("task") && r["task"].is_string() ? r["task"].get<std::string>()
@@ -412,7 +424,7 @@ int runReviewCommand(int argc, char **argv) {
         if (!replaced)
           out["ops"].push_back(entry);
       } else {
-        llvm::SmallString<256> src(c.dir + "/candidate.cpp");
+        llvm::SmallString<256> src(c.dir + "/" + sourceFile(c));
         llvm::sys::fs::make_absolute(src);
         generated.push_back({{"candidate", c.id}, {"op", c.record.value("op", "")},
                              {"source", std::string(src)}, {"by", c.review.value("by", "")},

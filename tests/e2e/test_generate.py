@@ -11,6 +11,11 @@
   numerically wrong one, one that calls the reference, one that crashes and
   one that hangs while tested, and endpoint faults (5xx, malformed JSON, an
   unknown tool, timeouts, an endpoint that stays down);
+- op-stage tasks beyond MoE routing (rope, attention_core, glu_activation)
+  chosen from the feature that makes a real model's component a gap
+  (registry copies dropping one value), each with a correct, a wrong and
+  (glu) a contiguity-assuming candidate; the speed-up flag; Ming's
+  video_rope stays needs_llm with the precise reason;
 - review: diffs and IR, approve/reject with who and the hash seen, a changed
   file voids an approval, only approved candidates are exported, and the
   exported registry closes the gap in `adapt gaps`.
@@ -321,6 +326,199 @@ class LlmLoop(unittest.TestCase):
         proc, out, c = self.generate("hang", "--max-attempts", "1", "--test-timeout", "8")
         self.assertEqual(c["status"], "failed")
         self.assertIn("timed out", c["reason"])
+
+
+def registry_without(work, name, entry_id, feature, value):
+    """A registry copy whose entry `entry_id` no longer lists `value` for
+    `feature`: the real model then has a gap only that value explains."""
+    with open(REGISTRY) as f:
+        registry = json.load(f)
+    for entry in registry["ops"]:
+        if entry["id"] == entry_id:
+            entry["match"][feature].remove(value)
+    path = os.path.join(work, name + ".json")
+    with open(path, "w") as f:
+        json.dump(registry, f)
+    return path
+
+
+class OpStageTasks(unittest.TestCase):
+    """The task table: the task follows from the feature that makes the
+    component a gap (real configs, registry copies dropping one value), and
+    each task's checker validates a correct candidate and names the failing
+    check of a wrong one."""
+
+    ATTN = "attention.gqa.qkv_bias.yarn.sinks"
+    GLU = "moe.router_bias.softmax.clamped"
+
+    @classmethod
+    def setUpClass(cls):
+        if not CHECKER or not os.path.exists(CHECKER):
+            raise unittest.SkipTest("no adapt-candidate-check (runtime not built)")
+        cls.gpt_oss = model("gpt-oss-20b")
+        cls.work = tempfile.mkdtemp(prefix="adapt-tasks-")
+        cls.requests = os.path.join(cls.work, "requests.jsonl")
+        cls.server = subprocess.Popen(
+            [sys.executable, os.path.join(ROOT, "tests", "e2e", "llm_stub_server.py"), "0",
+             cls.requests], stdout=subprocess.PIPE, text=True)
+        cls.url = "http://127.0.0.1:%s/v1" % cls.server.stdout.readline().strip()
+        cls.no_sinks = registry_without(cls.work, "no-sinks", "attention.gqa", "sinks", "yes")
+        cls.no_clamp = registry_without(cls.work, "no-clamp", "moe.softmax", "swiglu", "clamped")
+        cls.no_mrope = registry_without(cls.work, "no-mrope", "attention.gqa", "rope", "mrope")
+        cls.no_llama3 = registry_without(cls.work, "no-llama3", "attention.gqa", "rope", "llama3")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.terminate()
+        cls.server.wait()
+        shutil.rmtree(cls.work, ignore_errors=True)
+
+    def generate(self, path, registry, cid, scenario, *extra):
+        out = os.path.join(self.work, scenario + "-" + cid)
+        proc = run(ADAPT, "generate", path, "--out", out, "--registry", registry, "--only", cid,
+                   "--endpoint", self.url, "--model", scenario, *extra)
+        return proc, out, candidate(out, cid)
+
+    def system_prompt(self, out, cid):
+        with open(os.path.join(out, "candidates", cid, "llm", "request-1.json")) as f:
+            return json.load(f)["messages"][0]["content"]
+
+    def assert_validated(self, proc, c, task, feature, min_checks=5):
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertEqual(c["status"], "validated", c["reason"])
+        self.assertEqual((c["task"], c["task_feature"]), (task, feature))
+        self.assertIn("task " + task, c["reason"])
+        checks = c["validation"]["checks"]
+        self.assertGreaterEqual(len(checks), min_checks)
+        self.assertEqual(sum("unseen shape" not in k["shape"] for k in checks), 1)
+        self.assertTrue(all(k["status"] == "passed" for k in checks), checks)
+        self.assertTrue(all(k["forward_max_rel_error"] <= 1e-5 and
+                            k["backward_max_rel_error"] <= 1e-5 for k in checks))
+        return checks
+
+    def assert_failed(self, proc, c, *needles):
+        self.assertEqual(proc.returncode, 3, proc.stdout + proc.stderr)
+        self.assertEqual(c["status"], "failed")
+        self.assertIn("validation failed", c["reason"])
+        for needle in needles:
+            self.assertIn(needle, c["reason"])
+        self.assertEqual(c["files"], [])
+
+    def test_attention_core_for_sinks(self):
+        sliding = self.ATTN + ".sliding"
+        proc, out, c = self.generate(self.gpt_oss, self.no_sinks, sliding, "attention_correct")
+        checks = self.assert_validated(proc, c, "attention_core", "sinks=yes")
+        self.assertEqual(c["flags"], [])  # well under the default 10x speed-up threshold
+        self.assertTrue(any("window=128" in k["shape"] for k in checks))  # the model's window
+        system = self.system_prompt(out, sliding)
+        self.assertIn("window_size = 128", system)       # the IR line
+        self.assertIn("t - window < s <= t", system)     # HF's sliding-window boundary
+        self.assertIn("use_sinks=1", system)
+        # One key too many at the window's edge: named by the failing check.
+        proc, out, c = self.generate(self.gpt_oss, self.no_sinks, sliding, "attention_wrong",
+                                     "--max-attempts", "1")
+        self.assert_failed(proc, c, "window=3", "forward differs")
+        # Sinks that take no gradient: the backward check w.r.t. the sinks.
+        proc, out, c = self.generate(self.gpt_oss, self.no_sinks, self.ATTN,
+                                     "attention_detached_sinks", "--max-attempts", "1")
+        self.assert_failed(proc, c, "no gradient reached input 'sinks'")
+
+    def test_glu_activation_for_clamped_swiglu_and_speedup_flag(self):
+        # A threshold below any real ratio: the validated candidate is flagged.
+        proc, out, c = self.generate(self.gpt_oss, self.no_clamp, self.GLU, "glu_correct",
+                                     "--flag-speedup", "0.0001")
+        self.assert_validated(proc, c, "glu_activation", "swiglu=clamped")
+        self.assertIn("limit=7 alpha=1.702", self.system_prompt(out, self.GLU))
+        ratio = c["validation"]["speedup_over_composite"]
+        self.assertGreater(ratio, 0.0001)
+        self.assertEqual(c["validation"]["flag_speedup_threshold"], 0.0001)
+        self.assertEqual(len(c["flags"]), 1)
+        self.assertIn("flagged for review", c["flags"][0])
+        proc = run(ADAPT, "review", out)
+        self.assertIn("flagged for review", proc.stdout)
+        self.assertEqual(run(ADAPT, "generate", self.gpt_oss, "--out", out, "--flag-speedup",
+                             "0").returncode, 2)
+        # gpt-oss's +1 on up forgotten.
+        proc, out, c = self.generate(self.gpt_oss, self.no_clamp, self.GLU, "glu_wrong",
+                                     "--max-attempts", "1")
+        self.assert_failed(proc, c, "T=5 I=16", "forward differs")
+        # Reads its inputs as contiguous memory: the poisoned views catch it.
+        proc, out, c = self.generate(self.gpt_oss, self.no_clamp, self.GLU, "glu_contiguous",
+                                     "--max-attempts", "1")
+        self.assert_failed(proc, c, "NaN")
+
+    def test_rope_for_interleaved_mrope(self):
+        qwen = model("Qwen3-VL-30B-A3B-Instruct")
+        cid = "attention.gqa.mrope"
+        proc, out, c = self.generate(qwen, self.no_mrope, cid, "rope_correct")
+        checks = self.assert_validated(proc, c, "rope", "rope=mrope")
+        self.assertTrue(any("mrope_section=[24,20,20]" in k["shape"] for k in checks))
+        system = self.system_prompt(out, cid)
+        self.assertIn("mrope_section_h=20", system)
+        self.assertIn("j % 3 == 1", system)
+        # Qwen2-VL's contiguous sections instead of Qwen3-VL's interleaving.
+        proc, out, c = self.generate(qwen, self.no_mrope, cid, "rope_wrong",
+                                     "--max-attempts", "1")
+        self.assert_failed(proc, c, "mrope_section=[4,2,2]", "forward differs")
+
+    def test_rope_for_llama3_interleaved_pairs(self):
+        scout = model("Llama-4-Scout-17B-16E-Instruct")
+        cid = "attention.gqa.qk_norm.llama3.chunked"
+        proc, out, c = self.generate(scout, self.no_llama3, cid, "rope_correct")
+        self.assert_validated(proc, c, "rope", "rope=llama3")
+        system = self.system_prompt(out, cid)
+        for needle in ("scaling=2", "interleaved=1", "factor=16", "high_freq_factor=1",
+                       "original_max_position_embeddings=8192"):
+            self.assertIn(needle, system)
+
+    def test_rope_for_yarn(self):
+        no_yarn = registry_without(self.work, "no-yarn", "attention.gqa", "rope", "yarn")
+        proc, out, c = self.generate(self.gpt_oss, no_yarn, self.ATTN, "rope_correct")
+        self.assert_validated(proc, c, "rope", "rope=yarn")
+        system = self.system_prompt(out, self.ATTN)
+        for needle in ("scaling=1", "factor=32", "original_max_position_embeddings=4096",
+                       "truncate=0", "theta=150000", "beta_fast=32"):
+            self.assertIn(needle, system)
+
+    def test_task_choice_without_an_endpoint(self):
+        # Two differing features that need different tasks: none is asked for.
+        both = os.path.join(self.work, "no-yarn-no-sinks.json")
+        with open(self.no_sinks) as f:
+            registry = json.load(f)
+        for entry in registry["ops"]:
+            if entry["id"] == "attention.gqa":
+                entry["match"]["rope"].remove("yarn")
+        with open(both, "w") as f:
+            json.dump(registry, f)
+        out = os.path.join(self.work, "two-features")
+        proc = run(ADAPT, "generate", self.gpt_oss, "--out", out, "--registry", both)
+        self.assertEqual(proc.returncode, 3, proc.stdout + proc.stderr)
+        c = candidate(out, self.ATTN)
+        self.assertEqual(c["status"], "needs_llm")
+        self.assertIn("need different tasks (attention_core, rope)", c["reason"])
+        # One differing feature: the task is named even before an endpoint exists.
+        out = os.path.join(self.work, "glu-no-endpoint")
+        proc = run(ADAPT, "generate", self.gpt_oss, "--out", out, "--registry", self.no_clamp)
+        self.assertEqual(proc.returncode, 3, proc.stdout + proc.stderr)
+        c = candidate(out, self.GLU)
+        self.assertEqual((c["status"], c["task"], c["task_feature"]),
+                         ("needs_llm", "glu_activation", "swiglu=clamped"))
+        self.assertIn("endpoint", c["reason"])
+
+    def test_video_rope_is_not_guessed(self):
+        ming = model("Ming-flash-omni-2.0")
+        cid = "attention.gqa.qk_norm.video_rope"
+        out = os.path.join(self.work, "ming-video-rope")
+        proc = run(ADAPT, "generate", ming, "--out", out, "--only", cid, "--endpoint", self.url,
+                   "--model", "video_probe")
+        self.assertEqual(proc.returncode, 3, proc.stdout + proc.stderr)
+        c = candidate(out, cid)
+        self.assertEqual(c["status"], "needs_llm")
+        self.assertIn("rope=video_rope: no definition of this rope kind in the op stage",
+                      c["reason"])
+        if os.path.exists(self.requests):  # the endpoint was never asked
+            with open(self.requests) as f:
+                self.assertNotIn('"scenario": "video_probe"', f.read())
 
 
 if __name__ == "__main__":

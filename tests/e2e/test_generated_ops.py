@@ -139,14 +139,7 @@ class GeneratedRouterInTrainer(unittest.TestCase):
             self.assertEqual(f.read(), source)  # the approved bytes, unchanged
 
         data = self.path("data.jsonl")
-        rng = random.Random(1)
-        with open(data, "w") as f:
-            for _ in range(64):
-                token, ids = rng.randrange(256), []
-                for _ in range(48):
-                    ids.append(token)
-                    token = (token * 5 + 3) % 256
-                f.write(json.dumps({"input_ids": ids}) + "\n")
+        write_dataset(data)
         runs = {}
         for name, project in (("library", lib), ("generated", gen_proj)):
             out = self.path("run-" + name)
@@ -168,6 +161,74 @@ class GeneratedRouterInTrainer(unittest.TestCase):
                    "--no-compile")
         self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
         self.assertIn("changed after approval", proc.stderr)
+
+    def test_generated_attention_core_and_activation_train_like_the_library(self):
+        """gpt-oss: attention with sinks (sliding and full layers) and the
+        clamped SwiGLU of its experts, each a gap in a registry copy, each
+        closed by an approved generated operator compiled into the trainer."""
+        tiny, registry = self.path("oss"), self.path("oss-planned.json")
+        proc = run(ADAPT, "tiny", "gpt_oss", "--out", tiny)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        with open(REGISTRY) as f:
+            reg = json.load(f)
+        for entry in reg["ops"]:
+            if entry["id"] == "moe.softmax":
+                entry["match"]["swiglu"] = ["plain"]
+            if entry["id"] == "attention.gqa":
+                entry["match"]["sinks"] = ["no"]
+        with open(registry, "w") as f:
+            json.dump(reg, f)
+        components = {"attention.gqa.qkv_bias.yarn.sinks.sliding": "attention_correct",
+                      "attention.gqa.qkv_bias.yarn.sinks": "attention_correct",
+                      "moe.router_bias.softmax.clamped": "glu_correct"}
+        exported = registry
+        for i, (component, scenario) in enumerate(sorted(components.items())):
+            gen = self.path("oss-gen-%d" % i)
+            proc = run(ADAPT, "generate", tiny, "--out", gen, "--registry", registry,
+                       "--only", component, "--endpoint", self.url, "--model", scenario)
+            self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+            self.assertEqual(run(ADAPT, "review", gen, "--approve", component).returncode, 0)
+            merged = self.path("oss-approved-%d.json" % i)
+            proc = run(ADAPT, "review", gen, "--export", merged, "--registry", exported)
+            self.assertIn("exported 1 approved", proc.stdout)
+            exported = merged
+        lib, gen_proj = self.path("oss-lib"), self.path("oss-gen-proj")
+        proc = run(ADAPT, "build", tiny, "--out", lib)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        proc = run(ADAPT, "build", tiny, "--out", gen_proj, "--registry", exported)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        with open(os.path.join(gen_proj, "model.cpp")) as f:
+            model_cpp = f.read()
+        for field, component in (("attention.generatedCore", "attention.gqa.qkv_bias.yarn.sinks"),
+                                 ("ffn.generatedActivation", "moe.router_bias.softmax.clamped")):
+            self.assertIn('m.layers[i].%s = "%s";' % (field, component), model_cpp)
+        data = self.path("data.jsonl")
+        write_dataset(data)
+        runs = {}
+        for name, project in (("library", lib), ("generated", gen_proj)):
+            out = self.path("oss-run-" + name)
+            proc = run(os.path.join(project, "train"), "--data", data, "--out", out, *TRAIN)
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            runs[name] = (losses(out), proc.stderr)
+        self.assertEqual(runs["generated"][1].count("generated operator: "), 3)
+        library, generated = runs["library"][0], runs["generated"][0]
+        self.assertLess(library[-1], library[0] - 0.5)
+        worst = max(abs(a - b) for a, b in zip(library, generated))
+        self.assertLess(worst, 1e-4, (library, generated))
+
+
+def write_dataset(path):
+    """Token sequences with a learnable rule: next = (5 * previous + 3) mod 256."""
+    if os.path.exists(path):
+        return
+    rng = random.Random(1)
+    with open(path, "w") as f:
+        for _ in range(64):
+            token, ids = rng.randrange(256), []
+            for _ in range(48):
+                ids.append(token)
+                token = (token * 5 + 3) % 256
+            f.write(json.dumps({"input_ids": ids}) + "\n")
 
 
 class ApprovalPolicy(unittest.TestCase):

@@ -212,6 +212,7 @@ ToolDef inspectTool(const std::string &exe) {
 ToolDef gapsTool(const std::string &exe) {
   ToolDef tool;
   tool.name = "gaps";
+  tool.taskSupport = "optional"; // may run long: a task when the client can
   tool.title = "Gap report";
   tool.description = "Lists the model's components the operator library lacks "
                      "(`adapt gaps`); writes gaps.json and gaps.md to `out`. "
@@ -249,6 +250,7 @@ ToolDef gapsTool(const std::string &exe) {
 ToolDef buildTool(const std::string &exe) {
   ToolDef tool;
   tool.name = "build";
+  tool.taskSupport = "optional"; // may run long: a task when the client can
   tool.title = "Build a LoRA trainer";
   tool.description = "Generates (and unless noCompile, compiles) the C++ LoRA training "
                      "program for a model into `out` (`adapt build`). Long: reports "
@@ -301,6 +303,7 @@ ToolDef buildTool(const std::string &exe) {
 ToolDef validateTool(const std::string &exe) {
   ToolDef tool;
   tool.name = "validate";
+  tool.taskSupport = "optional"; // may run long: a task when the client can
   tool.title = "Validate against the reference";
   tool.description = "Runs a stage of the validation ladder (`adapt validate`). "
                      "`passed` is false when a check failed (exit 4): a result, "
@@ -431,6 +434,7 @@ ToolDef showCandidateTool() {
 ToolDef generateTool(const std::string &exe) {
   ToolDef tool;
   tool.name = "generate";
+  tool.taskSupport = "optional"; // may run long: a task when the client can
   tool.title = "Generate operator candidates";
   tool.description = "Proposes a candidate implementation for every gap of a model "
                      "(reuse rules, then an LLM) into out/candidates for human review "

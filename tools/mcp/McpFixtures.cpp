@@ -345,6 +345,7 @@ void addConformanceFixtures(Registry &registry) {
   addResources(registry);
   addPrompts(registry);
   addMultiRoundFixtures(registry);
+  addTaskFixtures(registry);
   registry.completions = true;
 }
 

@@ -68,7 +68,20 @@ public:
   /// True for a stateless (2026-07-28) request: the client cannot be asked
   /// anything mid-call, so a tool needing input answers input_required.
   virtual bool stateless() const = 0;
+  /// Asks the client several things at once (key -> {method, params}) and
+  /// returns key -> result. A task parks with all of them pending, so the
+  /// client may answer them in any order; elsewhere they are asked one by one.
+  virtual json requestClientAll(const json &requests) {
+    json results = json::object();
+    for (auto it = requests.begin(); it != requests.end(); ++it)
+      results[it.key()] = requestClient(it->value("method", ""),
+                                        it->value("params", json::object()));
+    return results;
+  }
 };
+
+/// The tasks extension (SEP-2663): its capability key.
+constexpr const char *kTasksExtension = "io.modelcontextprotocol/tasks";
 
 /// One tool: its schemas and the function that runs it. The handler returns
 /// a CallToolResult object ({content, structuredContent?, isError?}); an
@@ -81,6 +94,15 @@ struct ToolDef {
   /// stateless caller lacking one gets error -32021 (HTTP 400).
   json requiredCapabilities = json::object();
   std::function<json(const json &arguments, CallContext &context)> handler;
+  /// Whether a call may run as a task (tasks extension): "forbidden" (always
+  /// answered in the call), "optional" (a task when the client declared the
+  /// extension, else in the call) or "required" (a client without the
+  /// extension gets -32021).
+  std::string taskSupport = "forbidden";
+  /// Optional, for task tools: runs in the call before a task is created; a
+  /// non-null result (an input_required round) is answered instead, so input
+  /// can be gathered synchronously before the work goes asynchronous.
+  std::function<json(const json &arguments, CallContext &context)> beforeTask;
 };
 
 /// A concrete resource (resources/list) or a template (resources/templates/list).
@@ -122,6 +144,10 @@ void addAdaptTools(Registry &registry, const std::string &adaptExe);
 /// Adds the tools, resources and prompts the MCP conformance suite expects
 /// of a server under test (only with `adapt serve --test-mode`).
 void addConformanceFixtures(Registry &registry);
+/// The part of the fixtures for the tasks extension (greet, slow_compute,
+/// failing_job, protocol_error_job, confirm_delete, multi_input,
+/// test_tool_with_task) and for Mcp-Param headers (test_param_header).
+void addTaskFixtures(Registry &registry);
 /// The part of the fixtures for 2026-07-28's multi-round requests
 /// (input_required results, requestState) and stateless diagnostics.
 void addMultiRoundFixtures(Registry &registry);

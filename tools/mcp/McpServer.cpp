@@ -6,14 +6,18 @@
 //          answered as application/json, or as text/event-stream for
 //          tools/call when the client accepts it (progress, log messages and
 //          server-to-client requests travel on that stream).
-//   GET    405: this server opens no standalone stream.
-//   DELETE ends the session named by Mcp-Session-Id.
+//   GET    opens the session's standalone SSE stream (server-initiated
+//          messages: task status notifications, keep-alive comments).
+//   DELETE ends the session named by Mcp-Session-Id (and its GET stream).
+// Tool calls may run as tasks (the tasks extension, McpTasks.h).
 // Stateful requests (2025-11-25 and older) carry Mcp-Session-Id after
 // initialize; stateless ones (2026-07-28) carry _meta on every request.
 //
 //===----------------------------------------------------------------------===//
 
 #include "tools/mcp/McpServer.h"
+#include "tools/mcp/McpParamHeaders.h"
+#include "tools/mcp/McpTasks.h"
 
 #include <httplib.h>
 
@@ -21,6 +25,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <iterator>
 #include <csignal>
 #include <iostream>
@@ -155,7 +160,22 @@ struct Session {
   std::atomic<int64_t> lastUsedSeconds{0};
   std::unordered_map<std::string, std::shared_ptr<PendingReply>> pending;
   std::unordered_map<std::string, std::shared_ptr<std::atomic<bool>>> inFlight;
+  /// The standalone GET streams: how many are open, the messages waiting
+  /// (each goes to exactly one stream), and whether the session ended
+  /// (DELETE) so the streams must close.
+  std::mutex streamMutex;
+  std::condition_variable streamWake;
+  int openStreams = 0;
+  bool ended = false;
+  std::deque<std::string> outbox;
 };
+
+/// Most GET streams open at once per session (each holds a worker thread).
+constexpr int kMaxStreamsPerSession = 4;
+/// Seconds between keep-alive comments on an idle GET stream.
+constexpr int kKeepAliveSeconds = 10;
+/// Most messages queued for a GET stream; older ones are dropped beyond it.
+constexpr size_t kMaxOutbox = 1000;
 
 /// Writes JSON-RPC messages on an SSE stream; null sink: JSON mode, where
 /// notifications have nowhere to go and are dropped.
@@ -372,23 +392,43 @@ bool matchTemplate(const std::string &pattern, const std::string &uri,
 class McpServer {
 public:
   McpServer(const ServeOptions &options, const Registry &registry)
-      : options(options), registry(registry) {}
+      : options(options), registry(registry),
+        tasks([this](const std::string &sessionId, const json &message) {
+          sendToSession(sessionId, message);
+        }) {}
 
   void install(httplib::Server &http);
+  /// Closes every GET stream and cancels every task, so that the HTTP
+  /// server's worker threads can finish: call before httplib's stop().
+  void shutdown();
 
 private:
   const ServeOptions &options;
   const Registry &registry;
   std::mutex sessionsMutex;
   std::unordered_map<std::string, std::shared_ptr<Session>> sessions;
+  TaskStore tasks;
+  std::atomic<bool> stopping{false};
+
+  /// Queues MESSAGE for the GET stream of session SESSIONID (dropped when
+  /// the session is gone).
+  void sendToSession(const std::string &sessionId, const json &message);
+  void handleGet(const httplib::Request &request, httplib::Response &response);
+  /// tasks/get, tasks/update, tasks/cancel.
+  json taskMethod(const std::string &method, const json &params,
+                  RequestContext &context);
+  /// Runs TOOL as a task and returns the CreateTaskResult.
+  json startTask(const ToolDef &tool, const json &arguments,
+                 const json &params, RequestContext &context,
+                 Session *session);
 
   json capabilities(bool stateless) const;
   json toolList() const;
   /// Runs one request; throws RpcError for protocol errors.
   json dispatch(const std::string &method, const json &params,
                 RequestContext &context, Session *session, bool stateless);
-  json callTool(const json &params, RequestContext &context);
-  json readResource(const json &params);
+  json callTool(const json &params, RequestContext &context, Session *session);
+  json readResource(const json &params, bool stateless);
   json getPrompt(const json &params, RequestContext &context);
 
   bool hostAllowed(const std::string &hostname) const;
@@ -418,6 +458,11 @@ json McpServer::capabilities(bool stateless) const {
     caps["prompts"] = json::object();
   if (registry.completions)
     caps["completions"] = json::object();
+  bool anyTaskTool = false;
+  for (const ToolDef &tool : registry.tools)
+    anyTaskTool = anyTaskTool || tool.taskSupport != "forbidden";
+  if (anyTaskTool)
+    caps["extensions"] = {{kTasksExtension, json::object()}};
   return caps;
 }
 
@@ -431,12 +476,44 @@ json McpServer::toolList() const {
       entry["description"] = tool.description;
     if (!tool.outputSchema.is_null())
       entry["outputSchema"] = tool.outputSchema;
+    if (tool.taskSupport != "forbidden")
+      entry["execution"] = {{"taskSupport", tool.taskSupport}};
     tools.push_back(entry);
   }
   return tools;
 }
 
-json McpServer::callTool(const json &params, RequestContext &context) {
+/// True when the call's client declared the tasks extension, for the session
+/// or (per request) in _meta's clientCapabilities.
+bool callDeclaresTasks(CallContext &context) {
+  const json &meta = context.requestMeta();
+  return declaresTasks(context.clientCapabilities()) ||
+         (meta.contains(kMetaCapabilities) &&
+          declaresTasks(meta[kMetaCapabilities]));
+}
+
+json McpServer::startTask(const ToolDef &tool, const json &arguments,
+                          const json &params, RequestContext &context,
+                          Session *session) {
+  const ToolDef *def = &tool;
+  auto work = [def, arguments](CallContext &taskContext) -> json {
+    try {
+      return def->handler(arguments, taskContext);
+    } catch (const RpcError &) {
+      throw;
+    } catch (const std::exception &error) {
+      return toolError(error.what());
+    }
+  };
+  // The task inherits the call's params without the transport's _meta keys
+  // it does not need, and keeps the capabilities it was started with.
+  json meta = context.requestMeta();
+  json caps = context.clientCapabilities();
+  return tasks.create(work, params, meta, caps, session ? session->id : "");
+}
+
+json McpServer::callTool(const json &params, RequestContext &context,
+                         Session *session) {
   if (!params.contains("name") || !params["name"].is_string())
     throw RpcError(kInvalidParams, "tools/call expects params.name");
   std::string name = params["name"];
@@ -452,6 +529,18 @@ json McpServer::callTool(const json &params, RequestContext &context) {
   std::string problem = checkArguments(tool->inputSchema, arguments);
   if (!problem.empty())
     return toolError("invalid arguments for " + name + ": " + problem);
+  if (tool->taskSupport != "forbidden") {
+    if (callDeclaresTasks(context)) {
+      if (tool->beforeTask) {
+        json early = tool->beforeTask(arguments, context);
+        if (!early.is_null())
+          return early;
+      }
+      return startTask(*tool, arguments, params, context, session);
+    }
+    if (tool->taskSupport == "required")
+      throw tasksNotNegotiated("tool " + name);
+  }
   try {
     return tool->handler(arguments, context);
   } catch (const RpcError &) {
@@ -461,7 +550,7 @@ json McpServer::callTool(const json &params, RequestContext &context) {
   }
 }
 
-json McpServer::readResource(const json &params) {
+json McpServer::readResource(const json &params, bool stateless) {
   if (!params.contains("uri") || !params["uri"].is_string())
     throw RpcError(kInvalidParams, "resources/read expects params.uri");
   std::string uri = params["uri"];
@@ -471,7 +560,9 @@ json McpServer::readResource(const json &params) {
                             : resource.uri == uri)
       return json{{"contents", resource.read(uri, variables)}};
   }
-  throw RpcError(kResourceNotFound, "Resource not found", json{{"uri", uri}});
+  // 2026-07-28 (SEP-2164) standardises on -32602; older revisions use -32002.
+  throw RpcError(stateless ? kInvalidParams : kResourceNotFound,
+                 "Resource not found", json{{"uri", uri}});
 }
 
 json McpServer::getPrompt(const json &params, RequestContext &context) {
@@ -508,7 +599,10 @@ json McpServer::dispatch(const std::string &method, const json &params,
   if (method == "tools/list")
     return json{{"tools", toolList()}};
   if (method == "tools/call")
-    return callTool(params, context);
+    return callTool(params, context, session);
+  if (method == "tasks/get" || method == "tasks/update" ||
+      method == "tasks/cancel")
+    return taskMethod(method, params, context);
   if (method == "resources/list" || method == "resources/templates/list") {
     bool templates = method == "resources/templates/list";
     json list = json::array();
@@ -528,7 +622,7 @@ json McpServer::dispatch(const std::string &method, const json &params,
     return json{{templates ? "resourceTemplates" : "resources", list}};
   }
   if (method == "resources/read")
-    return readResource(params);
+    return readResource(params, stateless);
   if ((method == "resources/subscribe" || method == "resources/unsubscribe") &&
       !stateless && !registry.resources.empty()) {
     if (!params.contains("uri") || !params["uri"].is_string())
@@ -562,6 +656,147 @@ json McpServer::dispatch(const std::string &method, const json &params,
     return json::object();
   }
   throw RpcError(kMethodNotFound, "Method not found: " + method);
+}
+
+json McpServer::taskMethod(const std::string &method, const json &params,
+                           RequestContext &context) {
+  if (!callDeclaresTasks(context))
+    throw tasksNotNegotiated(method);
+  if (!params.contains("taskId") || !params["taskId"].is_string())
+    throw RpcError(kInvalidParams, method + " expects params.taskId (a string)");
+  std::string taskId = params["taskId"];
+  if (method == "tasks/get")
+    return tasks.get(taskId);
+  if (method == "tasks/update") {
+    if (!params.contains("inputResponses") ||
+        !params["inputResponses"].is_object())
+      throw RpcError(kInvalidParams,
+                     "tasks/update expects params.inputResponses (an object)");
+    tasks.update(taskId, params["inputResponses"]);
+  } else {
+    tasks.cancel(taskId);
+  }
+  return json{{"resultType", "complete"}};
+}
+
+void McpServer::sendToSession(const std::string &sessionId,
+                              const json &message) {
+  std::shared_ptr<Session> session;
+  {
+    std::lock_guard<std::mutex> lock(sessionsMutex);
+    auto it = sessions.find(sessionId);
+    if (it == sessions.end())
+      return;
+    session = it->second;
+  }
+  std::lock_guard<std::mutex> lock(session->streamMutex);
+  if (session->outbox.size() >= kMaxOutbox)
+    session->outbox.pop_front();
+  session->outbox.push_back(serialise(message));
+  session->streamWake.notify_all();
+}
+
+void McpServer::handleGet(const httplib::Request &request,
+                          httplib::Response &response) {
+  std::string id = request.get_header_value("Mcp-Session-Id");
+  if (id.empty()) {
+    response.set_header("Allow", "POST, DELETE");
+    sendJson(response, 405,
+             rpcError(nullptr, kInvalidRequest,
+                      "Method Not Allowed: the standalone stream belongs to a "
+                      "session (2025-11-25); send Mcp-Session-Id"));
+    return;
+  }
+  std::shared_ptr<Session> session = findSession(id);
+  if (!session) {
+    sendJson(response, 404, rpcError(nullptr, -32001, "Session not found"));
+    return;
+  }
+  if (request.get_header_value("Accept").find("text/event-stream") ==
+      std::string::npos) {
+    sendJson(response, 406,
+             rpcError(nullptr, kInvalidRequest,
+                      "Not Acceptable: GET opens an SSE stream (Accept: "
+                      "text/event-stream)"));
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(session->streamMutex);
+    if (session->openStreams >= kMaxStreamsPerSession) {
+      sendJson(response, 409,
+               rpcError(nullptr, kInvalidRequest,
+                        "Conflict: this session already has " +
+                            std::to_string(kMaxStreamsPerSession) +
+                            " GET streams open"));
+      return;
+    }
+    ++session->openStreams;
+  }
+  response.set_header("Cache-Control", "no-cache");
+  response.set_header("Mcp-Session-Id", session->id);
+  // The connection ends with the stream: a kept-alive idle connection would
+  // hold its worker thread (and shutdown) for the keep-alive timeout.
+  response.set_header("Connection", "close");
+  response.set_chunked_content_provider(
+      "text/event-stream",
+      [this, session](size_t, httplib::DataSink &sink) {
+        auto write = [&sink](const std::string &text) {
+          return sink.is_writable() && sink.write(text.data(), text.size());
+        };
+        unsigned long eventId = 0;
+        bool alive = write(": stream open\n\n");
+        std::unique_lock<std::mutex> lock(session->streamMutex);
+        while (alive && !session->ended && !stopping) {
+          if (session->outbox.empty()) {
+            bool woken = session->streamWake.wait_for(
+                lock, std::chrono::seconds(kKeepAliveSeconds), [&] {
+                  return !session->outbox.empty() || session->ended ||
+                         stopping;
+                });
+            if (!woken) {
+              lock.unlock();
+              alive = write(": keep-alive\n\n");
+              lock.lock();
+            }
+            continue;
+          }
+          std::string data = std::move(session->outbox.front());
+          session->outbox.pop_front();
+          lock.unlock();
+          alive = write("id: get-" + std::to_string(++eventId) +
+                        "\nevent: message\ndata: " + data + "\n\n");
+          lock.lock();
+        }
+        lock.unlock();
+        sink.done();
+        return true;
+      },
+      // Called once whatever happened to the response: the one place the
+      // stream stops counting.
+      [session](bool) {
+        std::lock_guard<std::mutex> lock(session->streamMutex);
+        --session->openStreams;
+      });
+}
+
+void McpServer::shutdown() {
+  stopping = true;
+  std::vector<std::shared_ptr<Session>> all;
+  {
+    std::lock_guard<std::mutex> lock(sessionsMutex);
+    for (auto &entry : sessions)
+      all.push_back(entry.second);
+  }
+  for (auto &session : all) {
+    {
+      std::lock_guard<std::mutex> lock(session->streamMutex);
+      session->streamWake.notify_all();
+    }
+    std::lock_guard<std::mutex> lock(session->mutex);
+    for (auto &flag : session->inFlight)
+      flag.second->store(true);
+  }
+  tasks.shutdown();
 }
 
 bool McpServer::hostAllowed(const std::string &hostname) const {
@@ -639,6 +874,8 @@ void McpServer::forgetIdleSessions() {
     if (idle) {
       std::lock_guard<std::mutex> sessionLock(session.mutex);
       busy = !session.inFlight.empty() || !session.pending.empty();
+      std::lock_guard<std::mutex> streamLock(session.streamMutex);
+      busy = busy || session.openStreams > 0;
     }
     it = idle && !busy ? sessions.erase(it) : std::next(it);
   }
@@ -665,9 +902,16 @@ void McpServer::handleDelete(const httplib::Request &request,
     sendJson(response, 404, rpcError(nullptr, -32001, "Session not found"));
     return;
   }
-  std::lock_guard<std::mutex> lock(session->mutex);
-  for (auto &flag : session->inFlight)
-    flag.second->store(true);
+  {
+    std::lock_guard<std::mutex> lock(session->mutex);
+    for (auto &flag : session->inFlight)
+      flag.second->store(true);
+  }
+  {
+    std::lock_guard<std::mutex> lock(session->streamMutex);
+    session->ended = true;
+    session->streamWake.notify_all();
+  }
   response.status = 200;
 }
 
@@ -728,9 +972,13 @@ int checkStateless(const httplib::Request &request, const json &message,
                          : "Header mismatch: Mcp-Method header is required");
     return 400;
   }
-  const char *nameKey = method == "tools/call" || method == "prompts/get"
-                            ? "name"
-                            : method == "resources/read" ? "uri" : nullptr;
+  const char *nameKey =
+      method == "tools/call" || method == "prompts/get" ? "name"
+      : method == "resources/read"                      ? "uri"
+      : method == "tasks/get" || method == "tasks/update" ||
+              method == "tasks/cancel"
+          ? "taskId"
+          : nullptr;
   if (nameKey && params.contains(nameKey) && params[nameKey].is_string() &&
       request.get_header_value("Mcp-Name") != params[nameKey].get<std::string>()) {
     error = rpcError(id, kHeaderMismatch,
@@ -815,6 +1063,26 @@ void McpServer::handlePost(const httplib::Request &request,
     if (int status = checkStateless(request, message, error)) {
       sendJson(response, status, error);
       return;
+    }
+    if (method == "tools/call") {
+      // Arguments mirrored in Mcp-Param-* headers must agree (SEP-2243).
+      for (const ToolDef &tool : registry.tools) {
+        if (tool.name != params.value("name", ""))
+          continue;
+        std::string problem = checkParamHeaders(
+            tool.inputSchema, params.value("arguments", json::object()),
+            [&request](const std::string &name) -> std::optional<std::string> {
+              if (!request.has_header(name))
+                return std::nullopt;
+              return request.get_header_value(name);
+            });
+        if (!problem.empty()) {
+          sendJson(response, 400,
+                   rpcError(id, kHeaderMismatch,
+                            "Header mismatch: " + problem));
+          return;
+        }
+      }
     }
     answer(request, response, message, nullptr, true);
     return;
@@ -933,6 +1201,10 @@ void McpServer::answer(const httplib::Request &request,
              it != tool.requiredCapabilities.end(); ++it)
           if (!caps.is_object() || !caps.contains(it.key()))
             missing[it.key()] = it.value();
+    for (const ToolDef &tool : registry.tools)
+      if (tool.name == params.value("name", "") &&
+          tool.taskSupport == "required" && !declaresTasks(caps))
+        missing["extensions"] = {{kTasksExtension, json::object()}};
     if (!missing.empty()) {
       sendJson(response, 400,
                rpcError(id, kMissingClientCapability,
@@ -964,7 +1236,9 @@ void McpServer::answer(const httplib::Request &request,
         result["resultType"] = "complete";
       if (stateless && result.value("resultType", "") == "complete") {
         if (method == "tools/list" || method == "prompts/list" ||
-            method == "resources/list" || method == "resources/templates/list") {
+            method == "resources/list" ||
+            method == "resources/templates/list" ||
+            method == "server/discover") {
           result["ttlMs"] = 60000;
           result["cacheScope"] = "public";
         } else if (method == "resources/read") {
@@ -993,6 +1267,9 @@ void McpServer::answer(const httplib::Request &request,
     if (stateless && reply.contains("error") &&
         reply["error"].value("code", 0) == kMethodNotFound)
       status = 404;
+    if (stateless && reply.contains("error") &&
+        reply["error"].value("code", 0) == kMissingClientCapability)
+      status = 400;
     sendJson(response, status, reply);
     return;
   }
@@ -1024,12 +1301,9 @@ void McpServer::install(httplib::Server &http) {
                            httplib::Response &response) {
     handlePost(request, response);
   });
-  http.Get("/mcp", [](const httplib::Request &, httplib::Response &response) {
-    response.set_header("Allow", "POST, DELETE");
-    sendJson(response, 405,
-             rpcError(nullptr, kInvalidRequest,
-                      "Method Not Allowed: this server opens no standalone "
-                      "SSE stream"));
+  http.Get("/mcp", [this](const httplib::Request &request,
+                          httplib::Response &response) {
+    handleGet(request, response);
   });
   http.Delete("/mcp", [this](const httplib::Request &request,
                              httplib::Response &response) {
@@ -1093,9 +1367,12 @@ int serve(const ServeOptions &options, const Registry &registry) {
                           : options.host;
   std::cout << "listening on http://" << shown << ":" << port << "/mcp"
             << std::endl;
-  std::thread waiter([&http, signals] {
+  std::thread waiter([&http, &server, signals] {
     int received = 0;
     sigwait(&signals, &received);
+    // Open GET streams and running tasks first, or httplib's stop() would
+    // wait for their worker threads forever.
+    server.shutdown();
     http.stop();
   });
   bool ok = http.listen_after_bind();
