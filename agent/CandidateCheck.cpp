@@ -137,7 +137,9 @@ int main(int argc, char **argv) {
   auto candidate = reinterpret_cast<CandidateFn>(entry());
   TaskOutcome outcome = runTask(candidate, *spec, params, seed, device);
   double speedup =
-      outcome.candidateSeconds > 0 ? outcome.baselineSeconds / outcome.candidateSeconds : 0;
+      outcome.candidateSeconds > 0 && !outcome.baselineFailed
+          ? outcome.baselineSeconds / outcome.candidateSeconds
+          : 0;
   std::ofstream os(out);
   os << "{\"status\": \"" << (outcome.passed ? "passed" : "failed") << "\", \"task\": \"" << task
      << "\", \"device\": \"" << deviceName << "\", \"speedup_over_composite\": " << speedup

@@ -291,6 +291,13 @@ Json runLoop(const Json &component, const CandidateTask &task, const std::string
       flags.pop_back();
   }
   const std::string ext = cuda ? ".cu" : ".cpp";
+  // LibTorch candidates are also checked on the GPU when one is visible.
+  bool gpuVisible = false;
+  if (!cuda)
+    gpuVisible = runChild({tools.checker, "--cuda-available"}, dir + "/cuda-available.log", 60, 0,
+                          code)
+                     .empty() &&
+                 code == 0;
 
   Json messages = Json::array(
       {Json{{"role", "system"}, {"content", taskPrompt(component, task, irText, config)}},
@@ -408,23 +415,57 @@ Json runLoop(const Json &component, const CandidateTask &task, const std::string
             attempt["result"] = "did not compile";
             lastFailure = "did not compile: " + tail(compileLog, 300);
           } else {
-            std::string resultPath = dir + "/attempt-" + tn + "/test.json";
-            std::string testLog = dir + "/attempt-" + tn + "/test.log";
-            std::vector<std::string> test = {tools.checker, "--task", task.name, "--library",
-                                             so, "--out", resultPath,
-                                             "--device", cuda ? "cuda" : "cpu"};
-            std::vector<std::string> params = candidateCheckerParams(task, component, irText);
-            test.insert(test.end(), params.begin(), params.end());
-            abnormal = runChild(test, testLog, config.testTimeoutS,
-                                unsigned(config.testMemoryMb), code);
-            std::string resultText;
-            Json result = readText(resultPath, resultText)
-                              ? Json::parse(resultText, nullptr, false)
-                              : Json();
-            if (!abnormal.empty() || result.is_discarded() || result.is_null()) {
-              std::string why = abnormal.empty() ? "the test ended without a result (exit " +
-                                                       std::to_string(code) + ")"
-                                                 : "the test " + abnormal;
+            // The op stage on every device this machine has: a LibTorch
+            // composite that passes on the CPU can still fail on a GPU (a
+            // tensor made on the CPU, a dtype the CUDA kernels lack).
+            std::vector<std::string> devices = {cuda ? "cuda" : "cpu"};
+            if (!cuda && gpuVisible)
+              devices.push_back("cuda");
+            Json result;
+            std::string why;
+            std::string testLog;
+            for (const std::string &device : devices) {
+              std::string suffix = device == devices.front() ? "" : "-" + device;
+              std::string resultPath = dir + "/attempt-" + tn + "/test" + suffix + ".json";
+              testLog = dir + "/attempt-" + tn + "/test" + suffix + ".log";
+              std::vector<std::string> test = {tools.checker, "--task", task.name, "--library",
+                                               so, "--out", resultPath, "--device", device};
+              std::vector<std::string> params = candidateCheckerParams(task, component, irText);
+              test.insert(test.end(), params.begin(), params.end());
+              abnormal = runChild(test, testLog, config.testTimeoutS,
+                                  unsigned(config.testMemoryMb), code);
+              std::string resultText;
+              Json one = readText(resultPath, resultText)
+                             ? Json::parse(resultText, nullptr, false)
+                             : Json();
+              if (!abnormal.empty() || one.is_discarded() || one.is_null()) {
+                why = (abnormal.empty() ? "the test ended without a result (exit " +
+                                              std::to_string(code) + ")"
+                                        : "the test " + abnormal) +
+                      " on " + device;
+                break;
+              }
+              if (result.is_null())
+                result = one;
+              else
+                result[device] = one; // The further device's full record.
+              result["devices"].push_back(device);
+              if (one.value("status", "") != "passed") {
+                if (device != devices.front()) {
+                  result["status"] = "failed";
+                  result["reason"] = "passed on " + devices.front() + ", failed on " + device;
+                  for (const Json &c : one["checks"])
+                    result["checks"].push_back(Json{
+                        {"shape", c.value("shape", "") + " on " + device},
+                         {"status", c.value("status", "")},
+                         {"forward_max_rel_error", c.value("forward_max_rel_error", 0.0)},
+                         {"backward_max_rel_error", c.value("backward_max_rel_error", 0.0)},
+                         {"detail", c.value("detail", "")}});
+                }
+                break;
+              }
+            }
+            if (!why.empty()) {
               reply = why + "\n" + tail(testLog, 1500);
               attempt["result"] = why;
               lastFailure = why;

@@ -5,13 +5,16 @@
 #     loop's two steps by hand with the same recipe): the candidate plus the
 #     entry point, nvcc with `adapt-candidate-check --cuda-compile-flags`, then
 #     the op stage on the GPU (`--device cuda`). The stub server's CUDA
-#     candidates: a correct kernel, a wrong one, and the LibTorch composite
-#     run on the GPU.
+#     candidates: a correct kernel, a wrong one, LibTorch composites run on
+#     the GPU (one of them makes its mask on the CPU: only the GPU run
+#     catches that, which is why adapt generate checks LibTorch candidates
+#     on a GPU too when it sees one).
 #  2. Approved generated operators inside trainers on CUDA (bf16): projects
 #     made here with `adapt build --no-compile` (library vs generated router;
 #     library vs generated attention core + activation) in CARRY, compiled
 #     there against the runtime and trained side by side.
-# usage: bench/h200_candidates.sh OUTDIR [CARRY]
+# usage: [SCENARIOS="CUDA_CORRECT:moe_routing ..."] [MODELS="dsv3 oss"]
+#        bench/h200_candidates.sh OUTDIR [CARRY]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: h200_candidates.sh OUTDIR [CARRY]}; CARRY=${2:-}; mkdir -p "$OUT"
@@ -25,7 +28,13 @@ $CHECK --cuda-available && echo "LibTorch sees a GPU" || echo "LibTorch sees NO 
 FLAGS=$($CHECK --cuda-compile-flags)
 NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 echo "== CUDA candidates ($($NVCC --version | tail -1))"
-for scenario in CUDA_CORRECT CUDA_WRONG CORRECT; do
+for spec in ${SCENARIOS:-CUDA_CORRECT:moe_routing CUDA_WRONG:moe_routing CORRECT:moe_routing \
+              ATTENTION_CORRECT:attention_core ATTENTION_CPU_MASK:attention_core}; do
+  scenario=${spec%%:*}; task=${spec##*:}
+  case $task in
+    moe_routing) params="--param scoring=1 --param use_bias=1 --param norm_topk_prob=1 --param routed_scaling_factor=2.5";;
+    attention_core) params="--param use_sinks=1 --param window=128";;
+  esac
   d=$W/cand/$scenario; mkdir -p $d
   ext=cu
   python3 - "$scenario" "$d/build.$ext" <<'PY'
@@ -40,8 +49,7 @@ PY
   start=$(date +%s.%N)
   if $NVCC $d/build.$ext -o $d/candidate.so $FLAGS > $d/compile.log 2>&1; then
     echo "$scenario: compiled in $(python3 -c "print(round($(date +%s.%N)-$start,1))") s"
-    $CHECK --task moe_routing --library $d/candidate.so --out $OUT/$scenario.json --device cuda \
-      --param scoring=1 --param use_bias=1 --param norm_topk_prob=1 --param routed_scaling_factor=2.5
+    $CHECK --task $task --library $d/candidate.so --out $OUT/$scenario.json --device cuda $params
     echo "$scenario: checker exit $? -> $(python3 -c "import json;r=json.load(open('$OUT/$scenario.json'));print(r['status'], r.get('device'), [c['status'][0] for c in r['checks']], [c['detail'][:80] for c in r['checks'] if c['status']!='passed'][:1])")"
   else
     echo "$scenario: did not compile"; tail -20 $d/compile.log
@@ -50,8 +58,8 @@ done
 
 [ -n "$CARRY" ] || exit 0
 echo "== approved generated operators in trainers, CUDA bf16"
-for pair in "dsv3 tiny-dsv3" "oss tiny-oss"; do
-  set -- $pair
+for name in ${MODELS:-dsv3 oss}; do
+  set -- $name tiny-$name
   for kind in lib gen; do
     p=$CARRY/$1-$kind
     cmake -S $p -B $W/$1-$kind -G Ninja -DCMAKE_BUILD_TYPE=Release -DAdaptRuntime_DIR=$W/rt > $OUT/cmake-$1-$kind.log 2>&1 || { tail -20 $OUT/cmake-$1-$kind.log; continue; }

@@ -153,7 +153,18 @@ namespace {
 torch::Tensor callGenerated(const std::string &component, const std::vector<torch::Tensor> &inputs,
                             const std::map<std::string, double> &params,
                             c10::IntArrayRef expected) {
-  torch::Tensor out = generatedOp(component).fn(inputs, params);
+  // The op stage validated the candidate in fp32: it runs in fp32 here too
+  // (bf16 activations are widened, the result narrowed back).
+  std::vector<torch::Tensor> widened;
+  c10::optional<torch::ScalarType> outType;
+  for (const torch::Tensor &t : inputs) {
+    if (t.is_floating_point() && !outType)
+      outType = t.scalar_type();
+    widened.push_back(t.is_floating_point() ? t.to(torch::kFloat32) : t);
+  }
+  torch::Tensor out = generatedOp(component).fn(widened, params);
+  if (out.defined() && outType && out.is_floating_point())
+    out = out.to(*outType);
   if (!out.defined() || out.sizes() != expected)
     throw RuntimeError("", component,
                        "the generated operator returned " +

@@ -61,7 +61,8 @@ torch::Tensor attentionBaseline(const std::vector<torch::Tensor> &inputs, const 
   k = k.repeat_interleave(perKv, 0);
   v = v.repeat_interleave(perKv, 0);
   torch::Tensor logits = q.matmul(k.transpose(1, 2)) * p.at("scale");
-  torch::Tensor i = torch::arange(T).unsqueeze(1), j = torch::arange(T).unsqueeze(0);
+  torch::Tensor positions = torch::arange(T, q.options().dtype(torch::kLong));
+  torch::Tensor i = positions.unsqueeze(1), j = positions.unsqueeze(0);
   torch::Tensor visible = j <= i;
   if (int64_t window = int64_t(param(p, "window", 0)); window > 0)
     visible = visible & (j > i - window);

@@ -77,6 +77,7 @@ struct TaskOutcome {
   bool passed = true;
   std::vector<std::string> checks; ///< One JSON object per case.
   double candidateSeconds = 0, baselineSeconds = 0;
+  bool baselineFailed = false; ///< The baseline threw somewhere: no speed-up.
 };
 
 /// Relative tolerance of fp32 candidates against the float64 reference.
@@ -166,13 +167,16 @@ inline void runCase(CandidateFn candidate, const TaskSpec &task, const CheckCase
     outcome.candidateSeconds +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     start = std::chrono::steady_clock::now();
-    {
+    try {
+      // Timing only: the baseline's own faults never count against the candidate.
       torch::NoGradGuard noGrad;
       task.baseline(baselineInputs, c.params);
+      synchronize(device);
+      outcome.baselineSeconds +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    } catch (const std::exception &) {
+      outcome.baselineFailed = true;
     }
-    synchronize(device);
-    outcome.baselineSeconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (out.defined() && out.device() != device) {
       status = "failed";
       detail = "output is on " + out.device().str() + ", expected " + device.str();

@@ -137,10 +137,11 @@ torch::Tensor ropeBaseline(const std::vector<torch::Tensor> &inputs, const Param
   int64_t rotary = int64_t(p.at("rotary_dim")), half = rotary / 2;
   double attentionFactor = 1;
   std::vector<double> invValues = inverseFrequencies(p, attentionFactor);
-  torch::Tensor inv = torch::tensor(invValues, torch::kFloat64).to(torch::kFloat32);
+  torch::Tensor inv = torch::tensor(invValues, torch::kFloat64).to(x.device(), torch::kFloat32);
   torch::Tensor axes = torch::zeros({half}, torch::kLong);
   for (int64_t j = 0; j < half; ++j)
     axes[j] = mropeAxis(j, p);
+  axes = axes.to(x.device());
   torch::Tensor pos = positions.to(torch::kFloat32).index_select(0, axes).t(); // [T, half]
   torch::Tensor freqs = pos * inv;
   torch::Tensor cosine = (freqs.cos() * attentionFactor).unsqueeze(1);

@@ -176,7 +176,8 @@ torch::Tensor adapt_candidate(const std::vector<torch::Tensor> &inputs,
   k = k.repeat_interleave(repeat, 0);
   v = v.repeat_interleave(repeat, 0);
   torch::Tensor logits = q.matmul(k.transpose(1, 2)) * params.at("scale");
-  torch::Tensor i = torch::arange(T).unsqueeze(1), j = torch::arange(T).unsqueeze(0);
+  torch::Tensor i = torch::arange(T, q.options().dtype(torch::kLong)).unsqueeze(1),
+                j = torch::arange(T, q.options().dtype(torch::kLong)).unsqueeze(0);
   torch::Tensor visible = j <= i;
   int64_t window = int64_t(params.at("window"));
   if (window > 0)
@@ -193,6 +194,11 @@ ATTENTION_WRONG = ATTENTION_CORRECT.replace("(j > i - window)", "(j >= i - windo
 ATTENTION_CORRECT, ATTENTION_DETACHED_SINKS = (ATTENTION_CORRECT.replace("SINKS", "sinks"),
                                               ATTENTION_CORRECT.replace("SINKS", "sinks.detach()"))
 ATTENTION_WRONG = ATTENTION_WRONG.replace("SINKS", "sinks")
+# Correct on the CPU, broken on a GPU: its mask is made on the CPU. Only the
+# op stage on a GPU catches it (bench/h200_candidates.sh).
+ATTENTION_CPU_MASK = ATTENTION_CORRECT.replace(
+    "torch::arange(T, q.options().dtype(torch::kLong))", "torch::arange(T)")
+assert ATTENTION_CPU_MASK != ATTENTION_CORRECT
 
 GLU_CORRECT = HEADER + r"""
 torch::Tensor adapt_candidate(const std::vector<torch::Tensor> &inputs,

@@ -292,6 +292,23 @@ class LlmLoop(unittest.TestCase):
         self.assertIn("validation failed", c["reason"])
         self.assertIn("forward differs", c["reason"])
 
+    def test_cuda_target_needs_a_gpu_to_be_tested(self):
+        """--target cuda: a kernel nobody can compile and run here is never
+        asked for; on a machine with nvcc and a GPU the loop compiles it with
+        nvcc and checks it on the GPU (bench/h200_candidates.sh, device runs
+        in docs/agent.md)."""
+        has_gpu = subprocess.run([CHECKER, "--cuda-available"]).returncode == 0
+        if has_gpu and shutil.which("nvcc"):
+            self.skipTest("this machine can test CUDA candidates")
+        proc, out, c = self.generate("cuda_probe", "--target", "cuda")
+        self.assertEqual(proc.returncode, 3, proc.stdout + proc.stderr)
+        self.assertEqual(c["status"], "failed")
+        self.assertIn("--target cuda: no CUDA", c["reason"])
+        self.assertEqual(c["attempts"], [])
+        if os.path.exists(self.requests):
+            with open(self.requests) as f:
+                self.assertNotIn('"scenario": "cuda_probe"', f.read())
+
     def test_cheating_candidate_is_refused_unbuilt(self):
         proc, out, c = self.generate("cheat", "--max-attempts", "1")
         self.assertEqual(c["status"], "failed")
