@@ -74,6 +74,10 @@ torch::Tensor AttentionLayer::forward(const torch::Tensor &x, const RopeTables &
   const int64_t batch = x.size(0), seqLen = x.size(1);
   AttentionMask mask{def.slidingWindow, def.chunkSize};
   torch::Tensor query, key, value, gate;
+  auto rotate = [&](const torch::Tensor &t) {
+    return def.generatedRope.empty() ? applyRope(t, rope, def.rope.interleaved)
+                                     : generatedRope(def.generatedRope, t, rope, def.rope);
+  };
   if (def.kind == AttentionKind::Mla) {
     const int64_t heads = def.heads;
     torch::Tensor qs = def.qLoraRank > 0
@@ -92,8 +96,8 @@ torch::Tensor AttentionLayer::forward(const torch::Tensor &x, const RopeTables &
     value = kvFull.narrow(-1, def.qkNopeDim, def.vHeadDim);
     // Kimi-Linear's MLA is NoPE: the shared key part stays unrotated.
     if (def.rope.enabled) {
-      qRot = applyRope(qRot, rope, def.rope.interleaved);
-      kRot = applyRope(kRot, rope, def.rope.interleaved);
+      qRot = rotate(qRot);
+      kRot = rotate(kRot);
     }
     kRot = kRot.expand({batch, heads, seqLen, def.qkRopeDim});
     query = torch::cat({qPass, qRot}, -1);
@@ -119,8 +123,8 @@ torch::Tensor AttentionLayer::forward(const torch::Tensor &x, const RopeTables &
     query = query.transpose(1, 2);
     key = key.transpose(1, 2);
     if (def.rope.enabled) {
-      query = applyRope(query, rope, def.rope.interleaved);
-      key = applyRope(key, rope, def.rope.interleaved);
+      query = rotate(query);
+      key = rotate(key);
     }
     if (def.qkNorm == "l2") {
       query = rmsNorm(query, {}, normEps);

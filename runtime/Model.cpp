@@ -512,6 +512,8 @@ public:
                                             ? mropeTables(rope, splice.positions, x.device())
                                             : ropeTables(rope, seqLen, x.device()))
                  .first;
+      if (it != tables.end() && !it->second.positions.defined())
+        it->second.positions = splice.positions; // For a generated rotary operator.
       // The layer as a function of its input; with recomputation it runs
       // again in the backward pass, after this function has returned, so it
       // holds its RoPE tables by value.

@@ -111,6 +111,8 @@ struct AttentionDef {
   /// causal, windowed keys with optional sinks; runtime/GeneratedOps.h);
   /// "" = the library's attention().
   std::string generatedCore;
+  /// An approved generated rotary embedding (task rope); "" = applyRope().
+  std::string generatedRope;
   /// Llama-4 NoPE layers: q scaled by log1p(floor((pos+1)/floorScale))*attnScale+1.
   bool temperatureTuning = false;
   double floorScale = 8192.0, attnScale = 0.1;

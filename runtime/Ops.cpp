@@ -194,6 +194,46 @@ Routing routeGenerated(const torch::Tensor &logits, const FfnDef &ffn, const tor
 }
 } // namespace
 
+torch::Tensor generatedRope(const std::string &component, const torch::Tensor &x,
+                            const RopeTables &tables, const RopeDef &rope) {
+  const bool mrope = !rope.mropeSection.empty();
+  const int64_t seqLen = x.size(2);
+  const int scaling = rope.scaling == "yarn" ? 1 : rope.scaling == "llama3" ? 2 : 0;
+  std::map<std::string, double> params = {
+      {"theta", rope.theta},
+      {"rotary_dim", double(rope.rotaryDim)},
+      {"scaling", double(scaling)},
+      {"interleaved", rope.interleaved ? 1.0 : 0.0},
+      {"mrope", mrope ? 1.0 : 0.0},
+      {"factor", rope.factor},
+      {"original_max_position_embeddings", double(rope.originalMaxPositions)},
+      {"beta_fast", rope.betaFast},
+      {"beta_slow", rope.betaSlow},
+      {"mscale", rope.mscale},
+      {"mscale_all_dim", rope.mscaleAllDim},
+      {"truncate", rope.truncate ? 1.0 : 0.0},
+      {"attention_factor", ropeAttentionFactor(rope)},
+      {"low_freq_factor", rope.lowFreqFactor},
+      {"high_freq_factor", rope.highFreqFactor}};
+  if (mrope) {
+    const char *axes[] = {"mrope_section_t", "mrope_section_h", "mrope_section_w"};
+    for (size_t a = 0; a < 3 && a < rope.mropeSection.size(); ++a)
+      params[axes[a]] = double(rope.mropeSection[a]);
+  }
+  torch::Tensor text = torch::arange(seqLen, x.options().dtype(torch::kLong))
+                           .unsqueeze(0)
+                           .expand({mrope ? 3 : 1, seqLen});
+  std::vector<torch::Tensor> outputs;
+  for (int64_t b = 0; b < x.size(0); ++b) {
+    torch::Tensor positions = tables.positions.defined() && mrope
+                                  ? tables.positions.select(1, b).to(x.device(), torch::kLong)
+                                  : text;
+    torch::Tensor xb = x[b].transpose(0, 1); // [T, H, D]
+    outputs.push_back(callGenerated(component, {xb, positions}, params, xb.sizes()).transpose(0, 1));
+  }
+  return torch::stack(outputs);
+}
+
 torch::Tensor generatedAttention(const std::string &component, const torch::Tensor &q,
                                  const torch::Tensor &k, const torch::Tensor &v, double scale,
                                  const AttentionMask &mask, const torch::Tensor &sinks) {

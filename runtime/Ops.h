@@ -25,6 +25,9 @@ torch::Tensor rmsNorm(const torch::Tensor &x, const torch::Tensor &weight, doubl
 /// already multiplied by YaRN's attention factor.
 struct RopeTables {
   torch::Tensor cos, sin;
+  /// M-RoPE positions [3, B, T] of image documents; undefined: 0..T-1 on
+  /// every axis. Only a generated rotary operator reads them.
+  torch::Tensor positions;
 };
 
 /// Inverse frequencies [rotaryDim/2] for \p rope (default, YaRN, llama3).
@@ -42,6 +45,12 @@ struct AttentionMask {
   int64_t slidingWindow = 0; ///< key j visible from i when i - j < window.
   int64_t chunkSize = 0;     ///< key j visible when j / chunk == i / chunk.
 };
+
+/// applyRope() by the approved generated operator \p component (task rope,
+/// runtime/GeneratedOps.h): \p x [B, H, T, D], one call per sequence with
+/// x as [T, H, D] and its integer positions [A, T] (A = 3 for M-RoPE).
+torch::Tensor generatedRope(const std::string &component, const torch::Tensor &x,
+                            const RopeTables &tables, const RopeDef &rope);
 
 /// Scaled dot-product attention. q [B, H, T, Dq], k [B, KV, T, Dq],
 /// v [B, KV, T, Dv] (H a multiple of KV). \p sinks [H] adds one learned

@@ -326,7 +326,8 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
                  op.approvedBy.c_str());
   for (const LayerDef &layer : def.layers)
     for (const std::string *name : {&layer.ffn.generatedRouter, &layer.ffn.generatedActivation,
-                                    &layer.attention.generatedCore})
+                                    &layer.attention.generatedCore,
+                                    &layer.attention.generatedRope})
       if (!name->empty())
         generatedOp(*name); // Fails before any weight is read.
   if (args.has("--validate")) {

@@ -308,12 +308,13 @@ bool collectGeneratedOps(const GapReport &report, const OpRegistry &registry,
     static const std::map<std::pair<std::string, std::string>, std::string> sites = {
         {{"moe_routing", "adapt.moe"}, "ffn.generatedRouter"},
         {{"glu_activation", "adapt.moe"}, "ffn.generatedActivation"},
-        {{"attention_core", "adapt.attention"}, "attention.generatedCore"}};
+        {{"attention_core", "adapt.attention"}, "attention.generatedCore"},
+        {{"rope", "adapt.attention"}, "attention.generatedRope"}};
     auto site = sites.find({g.task, c.op});
     if (site == sites.end()) {
       error = entry->id + ": a generated operator for task '" + g.task + "' on " + c.op +
               " cannot be wired into a trainer yet (moe_routing and glu_activation on "
-              "adapt.moe, attention_core on adapt.attention)";
+              "adapt.moe, attention_core and rope on adapt.attention)";
       return false;
     }
     use.field = site->second;

@@ -162,59 +162,75 @@ class GeneratedRouterInTrainer(unittest.TestCase):
         self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
         self.assertIn("changed after approval", proc.stderr)
 
-    def test_generated_attention_core_and_activation_train_like_the_library(self):
-        """gpt-oss: attention with sinks (sliding and full layers) and the
-        clamped SwiGLU of its experts, each a gap in a registry copy, each
-        closed by an approved generated operator compiled into the trainer."""
-        tiny, registry = self.path("oss"), self.path("oss-planned.json")
-        proc = run(ADAPT, "tiny", "gpt_oss", "--out", tiny)
+    def trains_like_the_library(self, family, edit, components):
+        """Builds FAMILY's tiny model against a registry copy changed by EDIT
+        (entry id -> (match key, allowed values)), generates, approves and
+        exports one candidate per component (scripted scenario), builds the
+        trainer with them and the library's, and compares 12 training steps."""
+        tiny, registry = self.path(family), self.path(family + "-planned.json")
+        proc = run(ADAPT, "tiny", family, "--out", tiny)
         self.assertEqual(proc.returncode, 0, proc.stderr)
         with open(REGISTRY) as f:
             reg = json.load(f)
         for entry in reg["ops"]:
-            if entry["id"] == "moe.softmax":
-                entry["match"]["swiglu"] = ["plain"]
-            if entry["id"] == "attention.gqa":
-                entry["match"]["sinks"] = ["no"]
+            if entry["id"] in edit:
+                key, values = edit[entry["id"]]
+                entry["match"][key] = values
         with open(registry, "w") as f:
             json.dump(reg, f)
-        components = {"attention.gqa.qkv_bias.yarn.sinks.sliding": "attention_correct",
-                      "attention.gqa.qkv_bias.yarn.sinks": "attention_correct",
-                      "moe.router_bias.softmax.clamped": "glu_correct"}
         exported = registry
-        for i, (component, scenario) in enumerate(sorted(components.items())):
-            gen = self.path("oss-gen-%d" % i)
+        for i, (component, (scenario, _)) in enumerate(sorted(components.items())):
+            gen = self.path("%s-gen-%d" % (family, i))
             proc = run(ADAPT, "generate", tiny, "--out", gen, "--registry", registry,
                        "--only", component, "--endpoint", self.url, "--model", scenario)
             self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
             self.assertEqual(run(ADAPT, "review", gen, "--approve", component).returncode, 0)
-            merged = self.path("oss-approved-%d.json" % i)
+            merged = self.path("%s-approved-%d.json" % (family, i))
             proc = run(ADAPT, "review", gen, "--export", merged, "--registry", exported)
             self.assertIn("exported 1 approved", proc.stdout)
             exported = merged
-        lib, gen_proj = self.path("oss-lib"), self.path("oss-gen-proj")
+        lib, gen_proj = self.path(family + "-lib"), self.path(family + "-gen-proj")
         proc = run(ADAPT, "build", tiny, "--out", lib)
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
         proc = run(ADAPT, "build", tiny, "--out", gen_proj, "--registry", exported)
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
         with open(os.path.join(gen_proj, "model.cpp")) as f:
             model_cpp = f.read()
-        for field, component in (("attention.generatedCore", "attention.gqa.qkv_bias.yarn.sinks"),
-                                 ("ffn.generatedActivation", "moe.router_bias.softmax.clamped")):
+        for component, (_, field) in components.items():
             self.assertIn('m.layers[i].%s = "%s";' % (field, component), model_cpp)
         data = self.path("data.jsonl")
         write_dataset(data)
         runs = {}
         for name, project in (("library", lib), ("generated", gen_proj)):
-            out = self.path("oss-run-" + name)
+            out = self.path("%s-run-%s" % (family, name))
             proc = run(os.path.join(project, "train"), "--data", data, "--out", out, *TRAIN)
             self.assertEqual(proc.returncode, 0, proc.stderr)
             runs[name] = (losses(out), proc.stderr)
-        self.assertEqual(runs["generated"][1].count("generated operator: "), 3)
+        self.assertEqual(runs["generated"][1].count("generated operator: "), len(components))
         library, generated = runs["library"][0], runs["generated"][0]
         self.assertLess(library[-1], library[0] - 0.5)
         worst = max(abs(a - b) for a, b in zip(library, generated))
         self.assertLess(worst, 1e-4, (library, generated))
+
+    def test_generated_attention_core_and_activation_train_like_the_library(self):
+        """gpt-oss: attention with sinks (sliding and full layers) and the
+        clamped SwiGLU of its experts, each a gap in a registry copy."""
+        self.trains_like_the_library(
+            "gpt_oss", {"moe.softmax": ("swiglu", ["plain"]), "attention.gqa": ("sinks", ["no"])},
+            {"attention.gqa.qkv_bias.yarn.sinks.sliding": ("attention_correct",
+                                                          "attention.generatedCore"),
+             "attention.gqa.qkv_bias.yarn.sinks": ("attention_correct", "attention.generatedCore"),
+             "moe.router_bias.softmax.clamped": ("glu_correct", "ffn.generatedActivation")})
+
+    def test_generated_rope_trains_like_the_library(self):
+        """Qwen3-MoE with its default RoPE a gap: a generated rotary operator
+        rotates q and k of every layer."""
+        with open(REGISTRY) as f:
+            gqa = [e for e in json.load(f)["ops"] if e["id"] == "attention.gqa"][0]
+        rope = [v for v in gqa["match"]["rope"] if v != "default"]
+        self.trains_like_the_library(
+            "qwen3_moe", {"attention.gqa": ("rope", rope)},
+            {"attention.gqa.qk_norm": ("rope_correct", "attention.generatedRope")})
 
 
 def write_dataset(path):
