@@ -61,7 +61,8 @@ constexpr const char *kUsage = R"(usage:
   adapt generate PATH --out DIR [--registry FILE] [--endpoint URL] [--model NAME]
                  [--api-key KEY] [--max-attempts N] [--max-tokens N] [--timeout S]
                  [--test-timeout S] [--retries N] [--target libtorch|cuda] [--only ID]
-  adapt review DIR [--only ID] | --approve ID [--by NAME]
+                 [--flag-speedup X]
+  adapt review DIR [--only ID] | --approve ID [--by NAME] | --approve-noncritical
                | --reject ID --reason TEXT [--by NAME] | --export FILE [--registry BASE]
   adapt --help | --version
 

@@ -404,6 +404,22 @@ class Handler(http.server.BaseHTTPRequestHandler):
             pass
 
 
+class Running:
+    """The server in a child process for a test class: `url` for --endpoint,
+    `requests` the log of what the loop sent; stop() ends it."""
+
+    def __init__(self, requests_log):
+        import subprocess
+        self.requests = requests_log
+        self.process = subprocess.Popen([sys.executable, __file__, "0", requests_log],
+                                        stdout=subprocess.PIPE, text=True)
+        self.url = "http://127.0.0.1:%s/v1" % self.process.stdout.readline().strip()
+
+    def stop(self):
+        self.process.terminate()
+        self.process.wait()
+
+
 def main():
     Handler.log_path = sys.argv[2]
     server = http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler)

@@ -30,6 +30,8 @@ import sys
 import tempfile
 import unittest
 
+import llm_stub_server
+
 ADAPT = None
 CHECKER = None
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -222,16 +224,12 @@ class LlmLoop(unittest.TestCase):
             raise unittest.SkipTest("no adapt-candidate-check (runtime not built)")
         cls.ming = model("Ming-flash-omni-2.0")
         cls.work = tempfile.mkdtemp(prefix="adapt-llm-")
-        cls.requests = os.path.join(cls.work, "requests.jsonl")
-        cls.server = subprocess.Popen(
-            [sys.executable, os.path.join(ROOT, "tests", "e2e", "llm_stub_server.py"), "0",
-             cls.requests], stdout=subprocess.PIPE, text=True)
-        cls.url = "http://127.0.0.1:%s/v1" % cls.server.stdout.readline().strip()
+        cls.server = llm_stub_server.Running(os.path.join(cls.work, "requests.jsonl"))
+        cls.requests, cls.url = cls.server.requests, cls.server.url
 
     @classmethod
     def tearDownClass(cls):
-        cls.server.terminate()
-        cls.server.wait()
+        cls.server.stop()
         shutil.rmtree(cls.work, ignore_errors=True)
 
     def generate(self, scenario, *extra):
@@ -374,11 +372,8 @@ class OpStageTasks(unittest.TestCase):
             raise unittest.SkipTest("no adapt-candidate-check (runtime not built)")
         cls.gpt_oss = model("gpt-oss-20b")
         cls.work = tempfile.mkdtemp(prefix="adapt-tasks-")
-        cls.requests = os.path.join(cls.work, "requests.jsonl")
-        cls.server = subprocess.Popen(
-            [sys.executable, os.path.join(ROOT, "tests", "e2e", "llm_stub_server.py"), "0",
-             cls.requests], stdout=subprocess.PIPE, text=True)
-        cls.url = "http://127.0.0.1:%s/v1" % cls.server.stdout.readline().strip()
+        cls.server = llm_stub_server.Running(os.path.join(cls.work, "requests.jsonl"))
+        cls.requests, cls.url = cls.server.requests, cls.server.url
         cls.no_sinks = registry_without(cls.work, "no-sinks", "attention.gqa", "sinks", "yes")
         cls.no_clamp = registry_without(cls.work, "no-clamp", "moe.softmax", "swiglu", "clamped")
         cls.no_mrope = registry_without(cls.work, "no-mrope", "attention.gqa", "rope", "mrope")
@@ -386,8 +381,7 @@ class OpStageTasks(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        cls.server.terminate()
-        cls.server.wait()
+        cls.server.stop()
         shutil.rmtree(cls.work, ignore_errors=True)
 
     def generate(self, path, registry, cid, scenario, *extra):

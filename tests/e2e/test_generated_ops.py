@@ -27,6 +27,8 @@ import sys
 import tempfile
 import unittest
 
+import llm_stub_server
+
 ADAPT = None
 CHECKER = None
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -54,16 +56,12 @@ class GeneratedRouterInTrainer(unittest.TestCase):
         if not CHECKER or not os.path.exists(CHECKER):
             raise unittest.SkipTest("no adapt-candidate-check (runtime not built)")
         cls.work = tempfile.mkdtemp(prefix="adapt-genops-")
-        cls.requests = os.path.join(cls.work, "requests.jsonl")
-        cls.server = subprocess.Popen(
-            [sys.executable, os.path.join(ROOT, "tests", "e2e", "llm_stub_server.py"), "0",
-             cls.requests], stdout=subprocess.PIPE, text=True)
-        cls.url = "http://127.0.0.1:%s/v1" % cls.server.stdout.readline().strip()
+        cls.server = llm_stub_server.Running(os.path.join(cls.work, "requests.jsonl"))
+        cls.requests, cls.url = cls.server.requests, cls.server.url
 
     @classmethod
     def tearDownClass(cls):
-        cls.server.terminate()
-        cls.server.wait()
+        cls.server.stop()
         shutil.rmtree(cls.work, ignore_errors=True)
 
     def path(self, *parts):

@@ -448,6 +448,10 @@ ToolDef generateTool(const std::string &exe) {
        {"model", stringProperty("LLM model name (else ADAPT_LLM_MODEL)")},
        {"maxAttempts", {{"type", "integer"}, {"minimum", 1}}},
        {"target", {{"type", "string"}, {"enum", {"libtorch", "cuda"}}}},
+       {"flagSpeedup",
+        {{"type", "number"},
+         {"exclusiveMinimum", 0},
+         {"description", "flag candidates faster than this many times a plain composite (10)"}}},
        {"only", stringProperty("generate for this gap id only")}},
       {"path", "out"});
   tool.outputSchema = commandOutputSchema({{"out", {{"type", "string"}}},
@@ -466,6 +470,8 @@ ToolDef generateTool(const std::string &exe) {
         args.insert(args.end(), {flag, arguments[key].get<std::string>()});
     if (arguments.contains("maxAttempts"))
       args.insert(args.end(), {"--max-attempts", arguments["maxAttempts"].dump()});
+    if (arguments.contains("flagSpeedup"))
+      args.insert(args.end(), {"--flag-speedup", arguments["flagSpeedup"].dump()});
     json result = runCommand(exe, args, context, "generate", {0, 3}, json{{"out", out}});
     if (result.contains("structuredContent")) {
       json &structured = result["structuredContent"];
