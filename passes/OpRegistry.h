@@ -47,6 +47,13 @@ struct OpRegistry {
   std::vector<RegistryEntry> entries;
   /// The first entry for \p op whose constraints admit all \p features, or
   /// null; \p nearMiss gets the closest entry's first failing feature.
+  /// The entry with id \p id (e.g. a gap's registry_entry), or null.
+  const RegistryEntry *find(const std::string &id) const {
+    for (const RegistryEntry &e : entries)
+      if (!id.empty() && e.id == id)
+        return &e;
+    return nullptr;
+  }
   const RegistryEntry *match(const std::string &op,
                              const std::map<std::string, std::string> &features,
                              std::string &nearMiss) const;

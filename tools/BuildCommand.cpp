@@ -262,10 +262,7 @@ std::string runtimeGaps(const GapReport &report, const OpRegistry &registry) {
   for (const ComponentGap &c : report.components) {
     if (c.op == "adapt.mtp" || c.op == "adapt.encoder")
       continue; // Not part of the trainer.
-    const RegistryEntry *entry = nullptr;
-    for (const RegistryEntry &e : registry.entries)
-      if (!c.registryEntry.empty() && e.id == c.registryEntry)
-        entry = &e;
+    const RegistryEntry *entry = registry.find(c.registryEntry);
     if (entry && entry->runsForward() && entry->runsBackward())
       continue;
     std::string status = !entry                ? "missing from the registry"
@@ -286,10 +283,7 @@ std::string runtimeGaps(const GapReport &report, const OpRegistry &registry) {
 bool collectGeneratedOps(const GapReport &report, const OpRegistry &registry,
                          std::vector<GeneratedOpUse> &uses, std::string &error) {
   for (const ComponentGap &c : report.components) {
-    const RegistryEntry *entry = nullptr;
-    for (const RegistryEntry &e : registry.entries)
-      if (!c.registryEntry.empty() && e.id == c.registryEntry)
-        entry = &e;
+    const RegistryEntry *entry = registry.find(c.registryEntry);
     if (!entry || entry->generated.source.empty())
       continue;
     const RegistryEntry::Generated &g = entry->generated;

@@ -177,24 +177,20 @@ inline void runCase(CandidateFn candidate, const TaskSpec &task, const CheckCase
     } catch (const std::exception &) {
       outcome.baselineFailed = true;
     }
-    if (out.defined() && out.device() != device) {
-      status = "failed";
-      detail = "output is on " + out.device().str() + ", expected " + device.str();
-    } else if (out.defined())
-      out = out.cpu(); // Compared on the CPU; autograd flows back to the device.
-    if (status != "passed") {
-      // Set above: the output is on the wrong device.
-    } else if (!out.defined() || out.sizes() != ref.sizes()) {
+    if (!out.defined() || out.sizes() != ref.sizes()) {
       status = "failed";
       detail = "output shape " + (out.defined() ? c10::str(out.sizes()) : std::string("undefined")) +
                ", expected " + c10::str(ref.sizes());
+    } else if (out.device() != device) {
+      status = "failed";
+      detail = "output is on " + out.device().str() + ", expected " + device.str();
     } else if (!out.is_floating_point()) {
       status = "failed";
       detail = "output is not a floating tensor";
     } else if (!torch::isfinite(out).all().item<bool>()) {
       status = "failed";
       detail = "output has NaN/Inf (poisoned inputs read out of bounds or as contiguous?)";
-    } else if ((fwdErr = maxRelError(out.detach(), ref.detach())) > kTolerance ||
+    } else if ((fwdErr = maxRelError(out.detach().cpu(), ref.detach())) > kTolerance ||
                std::isnan(fwdErr)) {
       status = "failed";
       detail = "forward differs from the reference (max rel error " + std::to_string(fwdErr) + ")";
@@ -202,7 +198,7 @@ inline void runCase(CandidateFn candidate, const TaskSpec &task, const CheckCase
       status = "failed";
       detail = "output does not depend differentiably on the inputs (no backward)";
     } else if (anyGrad) {
-      (out * upstream.to(out.scalar_type())).sum().backward();
+      (out * upstream.to(out.device(), out.scalar_type())).sum().backward();
       for (size_t i = 0; i < leaves.size() && status == "passed"; ++i) {
         if (!ref64Inputs[i].requires_grad())
           continue;

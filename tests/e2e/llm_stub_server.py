@@ -404,6 +404,26 @@ class Handler(http.server.BaseHTTPRequestHandler):
             pass
 
 
+def start_for(cls, checker, prefix):
+    """setUpClass of a test class that talks to the stub: skips without the
+    op-stage checker, else gives it cls.work (a temp folder), cls.server,
+    cls.url and cls.requests. stop_for(cls) is its tearDownClass."""
+    import os
+    import tempfile
+    import unittest
+    if not checker or not os.path.exists(checker):
+        raise unittest.SkipTest("no adapt-candidate-check (runtime not built)")
+    cls.work = tempfile.mkdtemp(prefix=prefix)
+    cls.server = Running(os.path.join(cls.work, "requests.jsonl"))
+    cls.requests, cls.url = cls.server.requests, cls.server.url
+
+
+def stop_for(cls):
+    import shutil
+    cls.server.stop()
+    shutil.rmtree(cls.work, ignore_errors=True)
+
+
 class Running:
     """The server in a child process for a test class: `url` for --endpoint,
     `requests` the log of what the loop sent; stop() ends it."""

@@ -220,17 +220,12 @@ class Review(unittest.TestCase):
 class LlmLoop(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        if not CHECKER or not os.path.exists(CHECKER):
-            raise unittest.SkipTest("no adapt-candidate-check (runtime not built)")
         cls.ming = model("Ming-flash-omni-2.0")
-        cls.work = tempfile.mkdtemp(prefix="adapt-llm-")
-        cls.server = llm_stub_server.Running(os.path.join(cls.work, "requests.jsonl"))
-        cls.requests, cls.url = cls.server.requests, cls.server.url
+        llm_stub_server.start_for(cls, CHECKER, "adapt-llm-")
 
     @classmethod
     def tearDownClass(cls):
-        cls.server.stop()
-        shutil.rmtree(cls.work, ignore_errors=True)
+        llm_stub_server.stop_for(cls)
 
     def generate(self, scenario, *extra):
         out = os.path.join(self.work, scenario)
@@ -368,12 +363,8 @@ class OpStageTasks(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        if not CHECKER or not os.path.exists(CHECKER):
-            raise unittest.SkipTest("no adapt-candidate-check (runtime not built)")
         cls.gpt_oss = model("gpt-oss-20b")
-        cls.work = tempfile.mkdtemp(prefix="adapt-tasks-")
-        cls.server = llm_stub_server.Running(os.path.join(cls.work, "requests.jsonl"))
-        cls.requests, cls.url = cls.server.requests, cls.server.url
+        llm_stub_server.start_for(cls, CHECKER, "adapt-tasks-")
         cls.no_sinks = registry_without(cls.work, "no-sinks", "attention.gqa", "sinks", "yes")
         cls.no_clamp = registry_without(cls.work, "no-clamp", "moe.softmax", "swiglu", "clamped")
         cls.no_mrope = registry_without(cls.work, "no-mrope", "attention.gqa", "rope", "mrope")
@@ -381,8 +372,7 @@ class OpStageTasks(unittest.TestCase):
 
     @classmethod
     def tearDownClass(cls):
-        cls.server.stop()
-        shutil.rmtree(cls.work, ignore_errors=True)
+        llm_stub_server.stop_for(cls)
 
     def generate(self, path, registry, cid, scenario, *extra):
         out = os.path.join(self.work, scenario + "-" + cid)

@@ -53,16 +53,11 @@ def losses(run_dir):
 class GeneratedRouterInTrainer(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        if not CHECKER or not os.path.exists(CHECKER):
-            raise unittest.SkipTest("no adapt-candidate-check (runtime not built)")
-        cls.work = tempfile.mkdtemp(prefix="adapt-genops-")
-        cls.server = llm_stub_server.Running(os.path.join(cls.work, "requests.jsonl"))
-        cls.requests, cls.url = cls.server.requests, cls.server.url
+        llm_stub_server.start_for(cls, CHECKER, "adapt-genops-")
 
     @classmethod
     def tearDownClass(cls):
-        cls.server.stop()
-        shutil.rmtree(cls.work, ignore_errors=True)
+        llm_stub_server.stop_for(cls)
 
     def path(self, *parts):
         return os.path.join(self.work, *parts)
