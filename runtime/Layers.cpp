@@ -145,7 +145,13 @@ torch::Tensor AttentionLayer::forward(const torch::Tensor &x, const RopeTables &
   return o.forward(out, training);
 }
 
-torch::Tensor FfnLayer::forward(const torch::Tensor &x, bool training, torch::Tensor *load) const {
+std::string FfnLayer::blockPath() const {
+  const size_t dot = router.hfPath.rfind('.');
+  return dot == std::string::npos ? router.hfPath : router.hfPath.substr(0, dot);
+}
+
+torch::Tensor FfnLayer::forward(const torch::Tensor &x, bool training, torch::Tensor *load,
+                                const torch::Tensor &forcedExperts, int64_t *flips) const {
   if (!isMoe())
     return down.forward(torch::silu(gate.forward(x, training)) * up.forward(x, training), training);
   const auto shape = x.sizes().vec();
@@ -153,6 +159,12 @@ torch::Tensor FfnLayer::forward(const torch::Tensor &x, bool training, torch::Te
   // Router in fp32, as the references compute it.
   torch::Tensor logits = router.forward(flat.to(torch::kFloat32), training);
   Routing routing = route(logits, def, correctionBias);
+  if (forcedExperts.defined()) {
+    Routing forced = routeForced(logits, def, correctionBias, forcedExperts);
+    if (flips)
+      *flips = routingDifferences(routing, forced);
+    routing = std::move(forced);
+  }
   ExpertGroups groups = groupByExpert(routing, def.experts, groupAlignment(x.device()));
   if (load)
     *load = groups.counts;

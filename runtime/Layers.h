@@ -92,8 +92,13 @@ struct FfnLayer {
   bool interleavedGateUp = false;
 
   bool isMoe() const { return def.experts > 0; }
-  /// \p load receives tokens per expert when this is a MoE layer.
-  torch::Tensor forward(const torch::Tensor &x, bool training, torch::Tensor *load) const;
+  /// \p load receives tokens per expert when this is a MoE layer. Defined
+  /// \p forcedExperts [tokens, k] replace the router's choice (routeForced);
+  /// then \p flips receives how many tokens the router would have sent elsewhere.
+  torch::Tensor forward(const torch::Tensor &x, bool training, torch::Tensor *load,
+                        const torch::Tensor &forcedExperts = {}, int64_t *flips = nullptr) const;
+  /// The MoE block's module path ("model.layers.3.mlp"): the parent of the router's.
+  std::string blockPath() const;
 };
 
 } // namespace adapt::rt

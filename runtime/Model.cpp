@@ -101,6 +101,9 @@ public:
   torch::Tensor embedding, finalNorm, lmHead;
   std::vector<Layer> layers;
   std::vector<torch::Tensor> lastLoad;
+  /// Model::forceRouting's experts by MoE block path, and the flips per layer.
+  std::map<std::string, torch::Tensor> forcedRouting;
+  std::vector<int64_t> lastFlips;
   int64_t loaded = 0, toLoad = 0;
   std::vector<std::pair<std::string, torch::Tensor>> *capture = nullptr;
   /// Per layer, the first layer with the same RoPE: whose tables it shares.
@@ -122,6 +125,7 @@ public:
       vision = std::make_unique<VisionTower>(
           def.vision, [this](const std::string &name, std::vector<int64_t> shape) { return load(name, shape); });
     lastLoad.resize(layers.size());
+    lastFlips.assign(layers.size(), 0);
     for (size_t i = 0; i < def.layers.size(); ++i) {
       size_t owner = i;
       for (size_t j = 0; j < i && owner == i; ++j)
@@ -531,7 +535,14 @@ public:
                                          ld.attentionResidualBeta);
         torch::Tensor load;
         torch::Tensor ffnIn = norm(h, layer.postAttentionNorm);
-        torch::Tensor f = layer.ffn.forward(ffnIn, training, &load);
+        torch::Tensor forced;
+        if (!forcedRouting.empty() && layer.ffn.isMoe()) {
+          auto found = forcedRouting.find(layer.ffn.blockPath());
+          if (found == forcedRouting.end())
+            throw badInput("", "--force-routing", "expected experts for " + layer.ffn.blockPath());
+          forced = found->second;
+        }
+        torch::Tensor f = layer.ffn.forward(ffnIn, training, &load, forced, &lastFlips[i]);
         lastLoad[i] = load.defined() ? load.detach() : torch::Tensor();
         if (keep)
           attn = a, ffn = f;
@@ -841,6 +852,18 @@ std::vector<Model::ExpertGradient> Model::expertGradients() const {
 
 void Model::captureActivations(std::vector<std::pair<std::string, torch::Tensor>> *sink) {
   impl->capture = sink;
+}
+
+void Model::forceRouting(std::map<std::string, torch::Tensor> experts) {
+  impl->forcedRouting = std::move(experts);
+  impl->lastFlips.assign(impl->layers.size(), 0);
+}
+
+int64_t Model::routingFlips() const {
+  int64_t total = 0;
+  for (int64_t f : impl->lastFlips)
+    total += f;
+  return total;
 }
 
 ExpertLoad Model::expertLoad() const {

@@ -15,6 +15,7 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -82,6 +83,15 @@ public:
   std::vector<std::pair<std::string, torch::Tensor>> mergedWeights() const;
   /// Token counts per routed expert from the last forward.
   ExpertLoad expertLoad() const;
+  /// Forced routing for the next forwards: every MoE layer sends its tokens to
+  /// \p experts[block path] ([B*T, k] int64, e.g. what the reference chose;
+  /// block path = the router module's parent, "model.layers.3.mlp") with the
+  /// weights its own scores give them. A MoE layer without an entry is a
+  /// BadInput (exit 2). Empty: the routers choose again.
+  void forceRouting(std::map<std::string, torch::Tensor> experts);
+  /// Tokens, summed over layers, that the last forward's routers would have
+  /// sent to other experts than the forced ones (0 without forcing).
+  int64_t routingFlips() const;
   /// Per MoE layer and routed expert: tokens in the last forward and the norm
   /// of the expert's adapter gradient (both fused tensors), after backward.
   struct ExpertGradient {

@@ -258,22 +258,17 @@ torch::Tensor generatedAttention(const std::string &component, const torch::Tens
   return torch::stack(outputs);
 }
 
-Routing route(const torch::Tensor &logits, const FfnDef &ffn, const torch::Tensor &bias) {
+namespace {
+/// The experts a built-in router picks for each token: [N, k] int64.
+torch::Tensor chooseExperts(const torch::Tensor &l, const FfnDef &ffn, const torch::Tensor &bias) {
   const int64_t k = ffn.topK;
-  torch::Tensor l = logits.to(torch::kFloat32);
-  if (!ffn.generatedRouter.empty())
-    return routeGenerated(l, ffn, bias);
   switch (ffn.router) {
-  case RouterKind::SoftmaxTopK: {
-    torch::Tensor probs = torch::softmax(l, -1);
-    auto [w, idx] = probs.topk(k, -1);
-    if (ffn.normTopK)
-      w = w / w.sum(-1, true);
-    return {idx, w * ffn.routedScaling};
-  }
+  case RouterKind::SoftmaxTopK:
+    return std::get<1>(torch::softmax(l, -1).topk(k, -1));
   case RouterKind::SigmoidTopK: {
-    torch::Tensor scores = torch::sigmoid(l);
-    torch::Tensor choice = bias.defined() ? scores + bias.to(torch::kFloat32) : scores;
+    torch::Tensor choice = torch::sigmoid(l);
+    if (bias.defined())
+      choice = choice + bias.to(torch::kFloat32);
     if (ffn.groups > 1) {
       const int64_t n = l.size(0), perGroup = l.size(1) / ffn.groups;
       torch::Tensor grouped = choice.view({n, ffn.groups, perGroup});
@@ -283,22 +278,68 @@ Routing route(const torch::Tensor &logits, const FfnDef &ffn, const torch::Tenso
       torch::Tensor expertMask = groupMask.unsqueeze(-1).expand({n, ffn.groups, perGroup}).reshape({n, -1});
       choice = choice.masked_fill(expertMask.logical_not(), 0.0);
     }
-    torch::Tensor idx = std::get<1>(choice.topk(k, -1));
-    torch::Tensor w = scores.gather(1, idx);
-    if (ffn.normTopK)
-      w = w / (w.sum(-1, true) + 1e-20);
-    return {idx, w * ffn.routedScaling};
+    return std::get<1>(choice.topk(k, -1));
   }
-  case RouterKind::TopKSoftmax: {
-    auto [top, idx] = l.topk(k, -1);
-    return {idx, torch::softmax(top, -1)};
-  }
-  case RouterKind::TopKSigmoidInput: {
-    auto [top, idx] = l.topk(k, -1);
-    return {idx, torch::sigmoid(top)};
-  }
+  case RouterKind::TopKSoftmax:
+  case RouterKind::TopKSigmoidInput:
+    return std::get<1>(l.topk(k, -1));
   }
   throw std::logic_error("unknown router kind");
+}
+
+/// The combine weights of experts \p idx: the router's scores at \p idx,
+/// normalised and scaled per router kind (gathering the values topk
+/// returned, so route() is unchanged to the bit, gradients included).
+torch::Tensor weighExperts(const torch::Tensor &l, const FfnDef &ffn, const torch::Tensor &idx) {
+  switch (ffn.router) {
+  case RouterKind::SoftmaxTopK: {
+    torch::Tensor w = torch::softmax(l, -1).gather(1, idx);
+    if (ffn.normTopK)
+      w = w / w.sum(-1, true);
+    return w * ffn.routedScaling;
+  }
+  case RouterKind::SigmoidTopK: {
+    torch::Tensor w = torch::sigmoid(l).gather(1, idx);
+    if (ffn.normTopK)
+      w = w / (w.sum(-1, true) + 1e-20);
+    return w * ffn.routedScaling;
+  }
+  case RouterKind::TopKSoftmax:
+    return torch::softmax(l.gather(1, idx), -1);
+  case RouterKind::TopKSigmoidInput:
+    return torch::sigmoid(l.gather(1, idx));
+  }
+  throw std::logic_error("unknown router kind");
+}
+} // namespace
+
+Routing route(const torch::Tensor &logits, const FfnDef &ffn, const torch::Tensor &bias) {
+  torch::Tensor l = logits.to(torch::kFloat32);
+  if (!ffn.generatedRouter.empty())
+    return routeGenerated(l, ffn, bias);
+  torch::Tensor idx = chooseExperts(l, ffn, bias);
+  return {idx, weighExperts(l, ffn, idx)};
+}
+
+Routing routeForced(const torch::Tensor &logits, const FfnDef &ffn, const torch::Tensor &bias,
+                    const torch::Tensor &experts) {
+  if (!ffn.generatedRouter.empty())
+    throw badInput("", "--force-routing", "forced routing needs a built-in router, not the generated " +
+                                              ffn.generatedRouter);
+  const int64_t n = logits.size(0), e = logits.size(1);
+  if (experts.dim() != 2 || experts.size(0) != n || experts.size(1) != ffn.topK)
+    throw badInput("", "--force-routing",
+                   "expected experts of shape [" + std::to_string(n) + ", " + std::to_string(ffn.topK) +
+                       "], got " + c10::str(experts.sizes()));
+  torch::Tensor idx = experts.to(logits.device(), torch::kLong);
+  if (idx.numel() > 0 && (idx.min().item<int64_t>() < 0 || idx.max().item<int64_t>() >= e))
+    throw badInput("", "--force-routing", "expected expert ids in [0, " + std::to_string(e) + ")");
+  return {idx, weighExperts(logits.to(torch::kFloat32), ffn, idx)};
+}
+
+int64_t routingDifferences(const Routing &a, const Routing &b) {
+  torch::Tensor x = std::get<0>(a.experts.sort(-1)), y = std::get<0>(b.experts.to(x.device()).sort(-1));
+  return (x != y).any(-1).sum().item<int64_t>();
 }
 
 ExpertGroups groupByExpert(const Routing &routing, int64_t experts, int64_t align) {

@@ -77,6 +77,18 @@ struct Routing {
 Routing route(const torch::Tensor &logits, const FfnDef &ffn,
               const torch::Tensor &correctionBias);
 
+/// route() with the experts given instead of chosen: \p experts [N, k] int64
+/// (e.g. the reference's choice), weighted exactly as route() weighs the
+/// experts it picks (the same scores gathered and normalised). Lets a loss
+/// curve be compared with a reference whose near-tied router scores pick
+/// another expert in the last bit of fp32. Throws BadInput for a wrong shape
+/// or expert id, and for a generated router (its weights are dense, opaque).
+Routing routeForced(const torch::Tensor &logits, const FfnDef &ffn,
+                    const torch::Tensor &correctionBias, const torch::Tensor &experts);
+
+/// Tokens whose chosen experts (as a set) differ between \p a and \p b.
+int64_t routingDifferences(const Routing &a, const Routing &b);
+
 /// Tokens grouped by expert: the permutation and group offsets that the
 /// grouped GEMMs use. With alignment, each expert's group is padded to a
 /// multiple of `align` rows; padding rows repeat token 0 with weight 0, so

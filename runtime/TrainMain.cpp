@@ -78,6 +78,12 @@ Training (defaults in brackets):
   --dump-batches FILE    write every step's input ids and labels as safetensors
                          ("ids.<step>", "labels.<step>"), to train a reference
                          on exactly the same batches
+  --force-routing FILE   route every MoE layer's tokens to the experts given in
+                         FILE (safetensors, "<step>.<MoE block path>" -> [B*T, k]
+                         int64, e.g. the reference's choice) with the weights the
+                         router's own scores give them; metrics add routing_flips
+                         (tokens the router would have sent elsewhere). For loss
+                         curves compared across near-tied router scores
   --logits-out FILE      at the end, write the first batch's input_ids and
                          logits (fp32) as safetensors, to compare with the
                          reference (transformers + PEFT on the exported adapter)
@@ -107,7 +113,8 @@ namespace {
 const std::set<std::string> kValueFlags = {
     "--model", "--data", "--out", "--steps", "--batch", "--seq-len", "--lr", "--weight-decay",
     "--warmup", "--seed", "--device", "--dtype", "--grad-clip", "--checkpoint-every",
-    "--log-every", "--export", "--merge", "--eos", "--peak-tflops", "--logits-out", "--validate", "--init-adapter", "--dump-batches"};
+    "--log-every", "--export", "--merge", "--eos", "--peak-tflops", "--logits-out", "--validate", "--init-adapter", "--dump-batches",
+    "--force-routing"};
 const std::set<std::string> kBoolFlags = {"--resume", "--recompute", "--help", "-h"};
 
 /// The parsed command line: flag -> value ("" for booleans).
@@ -237,6 +244,8 @@ TrainOptions resolveOptions(const Args &args, const JsonValue &saved,
     o.eos = parseInt("--eos", s, -1);
   if (std::string s = value("--checkpoint-every", "checkpoint_every"); !s.empty())
     o.checkpointEvery = parseInt("--checkpoint-every", s, 0);
+  if (const std::string *s = get("--force-routing"))
+    o.forceRoutingPath = *s;
   if (std::string s = value("--log-every", "log_every"); !s.empty())
     o.logEvery = parseInt("--log-every", s, 0);
   if (const std::string *s = get("--peak-tflops"))

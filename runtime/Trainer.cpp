@@ -22,6 +22,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <unordered_set>
 
 #include <fcntl.h>
@@ -142,6 +143,20 @@ Trainer::Trainer(Model &model, const TrainOptions &options)
                      .betas(std::make_tuple(0.9, 0.999))
                      .eps(1e-8)
                      .weight_decay(opts.weightDecay));
+  if (!opts.forceRoutingPath.empty())
+    forcedRouting = std::make_unique<SafetensorsFile>(opts.forceRoutingPath);
+}
+
+void Trainer::forceRoutingOf(int64_t index) {
+  const std::string prefix = std::to_string(index) + ".";
+  std::map<std::string, torch::Tensor> experts;
+  for (const TensorInfo &t : forcedRouting->tensors())
+    if (t.name.rfind(prefix, 0) == 0)
+      experts[t.name.substr(prefix.size())] = forcedRouting->view(t.name).to(opts.device, torch::kLong);
+  if (experts.empty())
+    throw badInput(opts.forceRoutingPath, prefix + "*",
+                   "expected the forced experts of step " + std::to_string(index) + " (0-based)");
+  model.forceRouting(std::move(experts));
 }
 
 Trainer::~Trainer() {
@@ -395,6 +410,8 @@ int Trainer::run(const PackedDataset &data) {
     Batch b = data.batch(index, opts.batch);
     torch::Tensor ids = b.ids.to(opts.device), labels = b.labels.to(opts.device);
     optimizer->zero_grad();
+    if (forcedRouting)
+      forceRoutingOf(index);
     torch::Tensor loss = model.loss(ids, labels, ImageInput{b.pixels, b.gridThw});
     const double lossValue = loss.item<double>();
     auto notFinite = [&](const char *what, double v) {
@@ -438,6 +455,8 @@ int Trainer::run(const PackedDataset &data) {
         {"grad_norm", gradNorm},
         {"expert_load", std::move(load)},
     });
+    if (forcedRouting)
+      line.set("routing_flips", model.routingFlips());
     appendMetrics(line.dump());
 
     const double elapsed = std::chrono::duration<double>(now - runStart).count();

@@ -29,6 +29,8 @@
 
 namespace adapt::rt {
 
+class SafetensorsFile;
+
 /// Everything the trainer CLI sets (see trainMain's --help for defaults).
 struct TrainOptions {
   std::string modelDir;
@@ -51,6 +53,9 @@ struct TrainOptions {
   int64_t logEvery = 10; ///< Steps between full progress lines on stderr.
   int64_t eos = -1;      ///< Appended after every document when >= 0.
   double peakFlops = 0;  ///< For MFU; 0: 989e12 for CUDA bf16, else none.
+  /// "": routers choose. Else a safetensors file of forced experts per step
+  /// and MoE block ("<step>.<block path>" -> [B*T, k]; Model::forceRouting).
+  std::string forceRoutingPath;
 };
 
 /// Learning rate of the step with 0-based index \p index: lr * (index + 1) /
@@ -115,6 +120,9 @@ private:
   std::string restoredFingerprint; ///< The checkpoint's data fingerprint.
   std::string currentFingerprint;
   double lastLoss = 0, lastLr = 0;
+  std::unique_ptr<SafetensorsFile> forcedRouting; ///< opts.forceRoutingPath, open.
+  /// Forces step \p index's routing from forcedRouting (BadInput when it has none).
+  void forceRoutingOf(int64_t index);
 };
 
 /// Writes adapter_model.safetensors (fp32, PEFT keys) and adapter_config.json

@@ -21,7 +21,11 @@ saves, under OUT:
   fixture.json          family, versions, seeds, shapes and the SHA-256 of
                         every model file, so a fixture never meets other weights
 
-usage: make_fixture.py MODEL_DIR OUT [--seed N] [--batch B] [--seq-len T] [--rank R]
+--dtype float64 computes the same fixture in float64 (weights, adapter and
+inputs are the same values; only the arithmetic is wider): the measure of the
+reference's own fp32 rounding that the staleness test grounds its bound in.
+
+usage: make_fixture.py MODEL_DIR OUT [--seed N] [--batch B] [--seq-len T] [--rank R] [--dtype float32|float64]
 """
 import argparse
 import hashlib
@@ -116,22 +120,26 @@ def main():
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seq-len", type=int, default=12)
     ap.add_argument("--rank", type=int, default=4)
+    ap.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     args = ap.parse_args()
+    dtype = getattr(torch, args.dtype)
     torch.manual_seed(args.seed)
     with open(os.path.join(args.model, "config.json")) as f:
         has_vision = "vision_config" in json.load(f)
     auto = AutoModelForImageTextToText if has_vision else AutoModelForCausalLM
-    model = auto.from_pretrained(args.model, dtype=torch.float32)
+    model = auto.from_pretrained(args.model, dtype=torch.float32).to(dtype)
+    if dtype == torch.float64:  # grouped_mm has no float64
+        model.set_experts_implementation("eager")
     config = model.config
     modules, params = lora_targets(model)
     lora = peft.LoraConfig(r=args.rank, lora_alpha=2 * args.rank, target_modules=modules,
                            target_parameters=params or None)
-    pm = peft.get_peft_model(model, lora)
+    pm = peft.get_peft_model(model, lora).to(dtype)  # adapters in the same arithmetic
     gen = torch.Generator().manual_seed(args.seed + 1)
     with torch.no_grad():  # non-zero A and B, so every factor gets a gradient
         for name, p in pm.named_parameters():
             if p.requires_grad:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.05)  # fp32 values, also in float64
     os.makedirs(args.out, exist_ok=True)
     pm.save_pretrained(os.path.join(args.out, "adapter"))
     saved = peft.get_peft_model_state_dict(pm)
@@ -162,7 +170,7 @@ def main():
                 captured[key] = out.detach().clone()
             hooks.append(mod.register_forward_hook(hook))
         pixels, grid, ids = image_inputs(config, args.batch, args.seq_len, gen)
-        images = {"pixel_values": pixels, "image_grid_thw": grid,
+        images = {"pixel_values": pixels.to(dtype), "image_grid_thw": grid,
                   "mm_token_type_ids": (ids == config.image_token_id).int()}
     else:
         ids = torch.randint(0, config.vocab_size, (args.batch, args.seq_len), generator=gen)
@@ -187,7 +195,7 @@ def main():
         "format": "adapt-reference-fixture", "version": 1,
         "family_model_type": config.model_type, "reference": {"transformers": transformers.__version__,
                                                                "peft": peft.__version__, "torch": torch.__version__},
-        "dtype": "float32", "device": "cpu", "seed": args.seed, "batch": args.batch, "seq_len": args.seq_len,
+        "dtype": args.dtype, "device": "cpu", "seed": args.seed, "batch": args.batch, "seq_len": args.seq_len,
         "lora": {"rank": args.rank, "alpha": 2 * args.rank, "target_modules": modules, "target_parameters": params},
         "layers": len(layers), "model_files": model_files(args.model),
     }

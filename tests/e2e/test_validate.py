@@ -7,6 +7,7 @@
   committed transformers + PEFT fixture in validation/fixtures passes;
 - the committed fixtures are not stale: one family's fixture is regenerated
   live with transformers + PEFT and must equal the committed one;
+- (loss alignment over 50 steps: tests/e2e/test_loss_alignment.py)
 - a deliberately broken op (a generated trainer with the wrong RoPE variant)
   fails with exit 4 and names the first diverging layer and component;
 - bad input: a fixture from another model, a missing fixture, an op record
@@ -96,17 +97,38 @@ class Validate(unittest.TestCase):
 
     @unittest.skipUnless(PYTHON, "needs the reference (ADAPT_PYTHON)")
     def test_committed_fixture_is_not_stale(self):
+        """The committed fixture equals a live regeneration up to fp32 rounding.
+
+        fp32 results differ in the last bits between CPUs (vector widths, BLAS
+        kernels, reduction order): 1.04e-6 was seen between two machines. The
+        bound is grounded live: the same fixture in float64 gives the
+        reference's own fp32 rounding on these inputs (noise); the committed
+        fixture must lie within 10x that of the float64 one (a fixture made on
+        any CPU is ~1x), and never closer than 1e-5 is demanded (10x the
+        cross-CPU difference seen). A stale fixture (other weights, another
+        op) is off by >1e-3."""
         fresh = os.path.join(self.work, "fresh-qwen3_moe")
-        proc = run(PYTHON, os.path.join(ROOT, "validation", "make_fixture.py"), self.models["qwen3_moe"], fresh)
-        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        exact = os.path.join(self.work, "fresh-qwen3_moe-fp64")
+        make = os.path.join(ROOT, "validation", "make_fixture.py")
+        for out, dtype in ((fresh, "float32"), (exact, "float64")):
+            proc = run(PYTHON, make, self.models["qwen3_moe"], out, "--dtype", dtype)
+            self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
         committed = json.load(open(os.path.join(FIXTURES, "qwen3_moe", "fixture.json")))
         regenerated = json.load(open(os.path.join(fresh, "fixture.json")))
         self.assertEqual(committed["model_files"], regenerated["model_files"],
                          "adapt tiny no longer writes the model the fixture was made from")
-        proc = run(PYTHON, "-c", COMPARE, os.path.join(fresh, "fixture.safetensors"),
-                   os.path.join(FIXTURES, "qwen3_moe", "fixture.safetensors"))
-        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
-        self.assertLess(float(proc.stdout.strip()), 1e-6)
+
+        def distance(a, b):
+            proc = run(PYTHON, "-c", COMPARE, os.path.join(a, "fixture.safetensors"), os.path.join(b, "fixture.safetensors"))
+            self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+            return float(proc.stdout.strip())
+        noise = distance(fresh, exact)
+        self.assertGreater(noise, 0.0, "the float64 fixture was not computed in float64")
+        self.assertLess(noise, 1e-5, "the reference's own fp32 rounding is unexpectedly large")
+        bound = max(10 * noise, 1e-5)
+        self.assertLess(distance(os.path.join(FIXTURES, "qwen3_moe"), exact), bound,
+                        f"committed fixture off the float64 reference by more than {bound:.2e} "
+                        f"(10x this CPU's fp32 noise {noise:.2e}): stale")
 
     def test_wrong_rope_variant_fails_naming_the_layer(self):
         model = self.models["qwen3_moe"]
@@ -132,30 +154,6 @@ class Validate(unittest.TestCase):
         self.assertIn("first divergence: layers.0.attention", proc.stdout)
         record = json.load(open(os.path.join(out, "model-stage.json")))
         self.assertEqual(record["first_divergence"], "layers.0.attention")
-
-    @unittest.skipUnless(PYTHON, "needs the reference (ADAPT_PYTHON)")
-    def test_loss_alignment_and_peft_round_trip_in_fp32(self):
-        """50 steps, ours against transformers + PEFT on the same batches and
-        initial adapter; then each side's trained adapter in the other."""
-        for family in FAMILIES:
-            with self.subTest(family=family):
-                meta = json.load(open(os.path.join(FIXTURES, family, "fixture.json")))
-                targets = ",".join(meta["lora"]["target_modules"] + ["experts"])
-                project = os.path.join(self.work, "align-" + family)
-                proc = run(ADAPT, "build", self.models[family], "--out", project, "--lora-targets", targets,
-                           "--lora-rank", 4, "--lora-alpha", 8)
-                self.assertEqual(proc.returncode, 0, proc.stdout[-2000:] + proc.stderr[-2000:])
-                out = os.path.join(self.work, "align-out-" + family)
-                proc = run(PYTHON, os.path.join(ROOT, "validation", "loss_alignment.py"), self.models[family],
-                           os.path.join(project, "train"), out, "--lr", "1e-2")
-                self.assertEqual(proc.returncode, 0, proc.stdout[-2000:] + proc.stderr[-3000:])
-                record = json.load(open(os.path.join(out, "loss-alignment.json")))
-                self.assertEqual(len(record["loss_ours"]), 50)
-                self.assertLessEqual(record["worst_relative_difference"], 1e-4)
-                self.assertGreaterEqual(record["round_trip"]["peft_adapter_in_ours_cosine"], 0.9999)
-                self.assertGreaterEqual(record["round_trip"]["our_adapter_in_peft_cosine"], 0.9999)
-                curve = record["loss_ours"]
-                self.assertLess(sum(curve[-5:]), sum(curve[:5]), "the adapter did not learn")
 
     def test_fixture_from_another_model(self):
         out = self.records_copy("wrong-fixture")
