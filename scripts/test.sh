@@ -1,8 +1,26 @@
 #!/usr/bin/env bash
-# Runs the whole test suite: gtest units, lit/FileCheck, end-to-end runs of
-# adapt on every model in ../shared/models, bad inputs, and bounded fuzz runs.
+# Runs the test suite: gtest units, lit/FileCheck, end-to-end runs of adapt on
+# every model in ../shared/models, every family's tiny model trained and checked
+# against transformers + PEFT, the validation ladder, bad inputs and faults, and
+# bounded fuzz runs. Independent tests run two at a time (ctest -j), the
+# longest first.
+#
+#   bash scripts/test.sh          the default tier (what .ci/run calls): every
+#                                 family and every command; loss curves on six
+#                                 representative families, 20 s per fuzz target
+#   bash scripts/test.sh --full   also 50-step loss curves on every family and
+#                                 5 minutes per fuzz target
+# Extra arguments go to ctest (e.g. -R e2e-validate).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+tier=default
+if [ "${1:-}" = "--full" ]; then
+  tier=full
+  shift
+  export ADAPT_FUZZ_SECONDS=${ADAPT_FUZZ_SECONDS:-300}
+fi
+export ADAPT_TEST_TIER=$tier
 cmake --build build -j "$(nproc)"
-ctest --test-dir build --output-on-failure
-
+start=$(date +%s)
+ctest --test-dir build --output-on-failure -j "${ADAPT_TEST_JOBS:-2}" "$@"
+echo "== $tier tier passed in $(( $(date +%s) - start )) s"

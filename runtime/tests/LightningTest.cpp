@@ -9,18 +9,13 @@
 
 #include "runtime/Errors.h"
 #include "runtime/Lightning.h"
+#include "runtime/tests/Margins.h"
 
 #include <gtest/gtest.h>
 
 using namespace adapt::rt;
-
-namespace {
-
-double relative(const torch::Tensor &a, const torch::Tensor &b) {
-  return ((a - b).norm() / b.norm()).item<double>();
-}
-
-} // namespace
+using adapt::rt::test::expectWithin;
+using adapt::rt::test::relError;
 
 TEST(Lightning, SlopesAreTransformersNumbers) {
   // 4 heads: base 2^(-8/4) = 1/4, rates 4^-(h+1); layer 0 of 4 scales by 1 + 1e-5.
@@ -44,12 +39,20 @@ TEST(Lightning, BlockedMatchesRecurrentForAnyBlock) {
   torch::Tensor cot = torch::randn({B, H, T, d});
   torch::Tensor ref = lightningAttentionRecurrent(q, k, v, slopes);
   auto refGrads = torch::autograd::grad({ref}, {q, k, v}, {cot});
+  // Two fp32 associations of the same decayed sums: measured <= 2.3e-7
+  // relative (forward and every gradient, any block); the bound is ~9x that,
+  // and a wrong decay or block boundary is >1e-2. (The recurrence computes in
+  // fp32 whatever the input dtype, so no float64 run grounds it live; the op
+  // stage checks both forms against float64 references.)
+  const double bound = 2e-6;
+  const std::vector<double> gradBounds(3, bound);
   for (int64_t block : {1, 5, 8, 23, 64}) {
     torch::Tensor out = lightningAttentionBlocked(q, k, v, slopes, block);
-    EXPECT_LT(relative(out, ref), 1e-6) << "block " << block;
+    expectWithin("lightning blocked " + std::to_string(block), relError(out, ref), bound);
     auto grads = torch::autograd::grad({out}, {q, k, v}, {cot});
     for (size_t i = 0; i < grads.size(); ++i)
-      EXPECT_LT(relative(grads[i], refGrads[i]), 1e-6) << "block " << block << " grad " << i;
+      expectWithin("lightning blocked " + std::to_string(block) + " grad " + std::to_string(i),
+                   relError(grads[i], refGrads[i]), gradBounds[i]);
   }
 }
 

@@ -28,6 +28,8 @@ import sys
 import tempfile
 import unittest
 
+from testutil import read_json, read_lines, read_text, write_json, write_text  # noqa: F401
+
 ADAPT = None
 PYTHON = os.environ.get("ADAPT_PYTHON", "")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -64,7 +66,7 @@ class LossAlignment(unittest.TestCase):
                 model = os.path.join(self.work, "model-" + family)
                 proc = run(ADAPT, "tiny", family, "--out", model)
                 self.assertEqual(proc.returncode, 0, proc.stderr)
-                meta = json.load(open(os.path.join(FIXTURES, family, "fixture.json")))
+                meta = read_json(os.path.join(FIXTURES, family, "fixture.json"))
                 targets = ",".join(meta["lora"]["target_modules"] + ["experts"])
                 project = os.path.join(self.work, "align-" + family)
                 proc = run(ADAPT, "build", model, "--out", project, "--lora-targets", targets,
@@ -74,7 +76,7 @@ class LossAlignment(unittest.TestCase):
                 proc = run(PYTHON, os.path.join(ROOT, "validation", "loss_alignment.py"), model,
                            os.path.join(project, "train"), out, "--lr", "1e-2")
                 self.assertEqual(proc.returncode, 0, proc.stdout[-2000:] + proc.stderr[-3000:])
-                record = json.load(open(os.path.join(out, "loss-alignment.json")))
+                record = read_json(os.path.join(out, "loss-alignment.json"))
                 self.assertEqual(len(record["loss_ours"]), 50)
                 self.assertTrue(record["routing_forced"], "no MoE routing was recorded in the reference")
                 noise = record["reference_fp32_rounding"]["worst_relative_difference_fp32_vs_fp64"]

@@ -25,6 +25,8 @@ import tempfile
 import time
 import unittest
 
+from testutil import read_json, read_lines, read_text, write_json, write_text  # noqa: F401
+
 ADAPT = None
 PYTHON = os.environ.get("ADAPT_PYTHON", "")
 FAMILIES = ["qwen3_moe", "mixtral", "deepseek_v3", "kimi_k2", "gpt_oss", "glm4_moe", "minimax_m2", "llama4", "minimax",
@@ -149,7 +151,7 @@ class Trainer(unittest.TestCase):
                 self.assertLess(last, 0.75 * first, f"{family}: loss did not fall: {curve}")
                 for name in ("adapter_config.json", "adapter_model.safetensors"):
                     self.assertTrue(os.path.exists(os.path.join(out, "adapter", name)), name)
-                metrics = json.loads(open(out + "/metrics.jsonl").readline())
+                metrics = json.loads(read_lines(out + "/metrics.jsonl")[0])
                 self.assertTrue(any(metrics["expert_load"]), "no expert load logged")
                 for layer in metrics["expert_load"]:
                     if layer:
@@ -164,7 +166,7 @@ class Trainer(unittest.TestCase):
                 self.assertLess(result["rel"], 1e-4, f"{family}: logits differ from transformers + PEFT")
 
     def top_k(self, model, family):
-        config = json.load(open(os.path.join(model, "config.json")))
+        config = read_json(os.path.join(model, "config.json"))
         config = config.get("text_config", config)
         return config.get("num_experts_per_tok", config.get("num_experts_per_token", 1))  # Kimi-Linear: _token
 
@@ -172,7 +174,7 @@ class Trainer(unittest.TestCase):
         """Qwen3-VL: JSONL documents with images (docs/datasets.md) go through
         the vision tower; a document longer than a window is refused."""
         model, train = self.build("qwen3_vl_moe")
-        config = json.load(open(os.path.join(model, "config.json")))
+        config = read_json(os.path.join(model, "config.json"))
         vision, image_token = config["vision_config"], config["image_token_id"]
         width = vision["in_channels"] * vision["temporal_patch_size"] * vision["patch_size"] ** 2
         rng = random.Random(3)
@@ -217,7 +219,7 @@ class Trainer(unittest.TestCase):
                 metrics = os.path.join(killed, "metrics.jsonl")
                 deadline = time.time() + 120
                 while time.time() < deadline and proc.poll() is None:
-                    if os.path.exists(metrics) and len(open(metrics).readlines()) >= 25:
+                    if os.path.exists(metrics) and len(read_lines(metrics)) >= 25:
                         break
                     time.sleep(0.01)
                 proc.kill()
@@ -260,12 +262,12 @@ class Trainer(unittest.TestCase):
                                  "--batch", "4", "--seq-len", "32", "--log-every", "0",
                                  "--checkpoint-every", "0"], stderr=subprocess.PIPE, text=True)
         metrics = os.path.join(out, "metrics.jsonl")
-        while proc.poll() is None and not (os.path.exists(metrics) and len(open(metrics).readlines()) >= 3):
+        while proc.poll() is None and not (os.path.exists(metrics) and len(read_lines(metrics)) >= 3):
             time.sleep(0.01)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
         self.assertEqual(proc.returncode, 130, err)
-        state = json.load(open(os.path.join(out, "checkpoint", "trainer_state.json")))
+        state = read_json(os.path.join(out, "checkpoint", "trainer_state.json"))
         self.assertEqual(state["step"], len(losses(out)))
 
     def test_merge_equals_base_plus_adapter(self):
@@ -274,8 +276,8 @@ class Trainer(unittest.TestCase):
         proc = run(train, "--model", model, "--data", self.data, "--out", out, *TRAIN,
                    "--merge", out + "/merged", "--export", out + "/adapter")
         self.assertEqual(proc.returncode, 0, proc.stderr)
-        index = json.load(open(out + "/merged/model.safetensors.index.json"))
-        source = json.load(open(model + "/model.safetensors.index.json"))
+        index = read_json(out + "/merged/model.safetensors.index.json")
+        source = read_json(model + "/model.safetensors.index.json")
         self.assertEqual(sorted(index["weight_map"]), sorted(source["weight_map"]))
         if PYTHON:
             proc = run(PYTHON, "-c", MERGED, model, out + "/adapter", out + "/merged")
@@ -346,7 +348,7 @@ class Trainer(unittest.TestCase):
         model, _ = self.build("qwen3_moe")
         out, err = self.expect_failure(5, "--model", model, "--lr", "1e30", "--grad-clip", "0",
                                        "--steps", "20", "--checkpoint-every", "1", needle="NaN")
-        state = json.load(open(os.path.join(out, "checkpoint", "trainer_state.json")))
+        state = read_json(os.path.join(out, "checkpoint", "trainer_state.json"))
         self.assertIn(f"step {state['step']}", err)
 
     def test_full_disk_at_checkpoint_keeps_the_previous_one(self):
@@ -358,7 +360,7 @@ class Trainer(unittest.TestCase):
                    "--seq-len", "16", "--log-every", "0", "--checkpoint-every", "2", env=env)
         self.assertEqual(proc.returncode, 6, proc.stderr)
         self.assertIn("previous checkpoint (step 2) is intact", proc.stderr)
-        state = json.load(open(os.path.join(out, "checkpoint", "trainer_state.json")))
+        state = read_json(os.path.join(out, "checkpoint", "trainer_state.json"))
         self.assertEqual(state["step"], 2)
         proc = run(train, "--out", out, "--resume")
         self.assertEqual(proc.returncode, 0, proc.stderr)

@@ -24,6 +24,8 @@ import sys
 import tempfile
 import unittest
 
+from testutil import read_json, read_lines, read_text, write_json, write_text  # noqa: F401
+
 ADAPT = None
 PYTHON = os.environ.get("ADAPT_PYTHON", "")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -74,7 +76,7 @@ class Validate(unittest.TestCase):
 
     def test_op_stage_passes_and_records_the_code(self):
         self.assertEqual(self.op.returncode, 0, self.op.stdout[-3000:] + self.op.stderr)
-        record = json.load(open(os.path.join(self.records, "op-stage.json")))
+        record = read_json(os.path.join(self.records, "op-stage.json"))
         self.assertTrue(record["passed"])
         self.assertEqual(len(record["code"]["sha256"]), 64)
         self.assertGreaterEqual(len(record["seeds"]), 5)
@@ -87,7 +89,7 @@ class Validate(unittest.TestCase):
                 proc = run(ADAPT, "validate", self.models[family], "--stage", "model", "--out", out,
                            "--fixture", os.path.join(FIXTURES, family))
                 self.assertEqual(proc.returncode, 0, proc.stdout[-3000:] + proc.stderr[-3000:])
-                record = json.load(open(os.path.join(out, "model-stage.json")))
+                record = read_json(os.path.join(out, "model-stage.json"))
                 self.assertTrue(record["passed"])
                 names = {c["name"] for c in record["checks"]}
                 self.assertIn("logits", names)
@@ -113,8 +115,8 @@ class Validate(unittest.TestCase):
         for out, dtype in ((fresh, "float32"), (exact, "float64")):
             proc = run(PYTHON, make, self.models["qwen3_moe"], out, "--dtype", dtype)
             self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
-        committed = json.load(open(os.path.join(FIXTURES, "qwen3_moe", "fixture.json")))
-        regenerated = json.load(open(os.path.join(fresh, "fixture.json")))
+        committed = read_json(os.path.join(FIXTURES, "qwen3_moe", "fixture.json"))
+        regenerated = read_json(os.path.join(fresh, "fixture.json"))
         self.assertEqual(committed["model_files"], regenerated["model_files"],
                          "adapt tiny no longer writes the model the fixture was made from")
 
@@ -133,15 +135,15 @@ class Validate(unittest.TestCase):
     def test_wrong_rope_variant_fails_naming_the_layer(self):
         model = self.models["qwen3_moe"]
         project = os.path.join(self.work, "broken")
-        meta = json.load(open(os.path.join(FIXTURES, "qwen3_moe", "fixture.json")))
+        meta = read_json(os.path.join(FIXTURES, "qwen3_moe", "fixture.json"))
         targets = ",".join(meta["lora"]["target_modules"] + ["experts"])
         proc = run(ADAPT, "build", model, "--out", project, "--no-compile", "--lora-targets", targets,
                    "--lora-rank", meta["lora"]["rank"], "--lora-alpha", meta["lora"]["alpha"])
         self.assertEqual(proc.returncode, 0, proc.stderr)
-        source = open(os.path.join(project, "model.cpp")).read()
+        source = read_text(os.path.join(project, "model.cpp"))
         broken = re.sub(r"(a\.rope\.theta = [^;]+;)", r"\1\n  a.rope.interleaved = true;", source, count=1)
         self.assertNotEqual(source, broken)
-        open(os.path.join(project, "model.cpp"), "w").write(broken)
+        write_text(os.path.join(project, "model.cpp"), broken)
         runtime = os.path.join(os.path.dirname(os.path.dirname(ADAPT)), "runtime")
         proc = run("cmake", "-S", project, "-B", project + "/build", "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release",
                    "-DAdaptRuntime_DIR=" + runtime)
@@ -152,7 +154,7 @@ class Validate(unittest.TestCase):
         proc = run(project + "/build/train", "--validate", os.path.join(FIXTURES, "qwen3_moe"), "--out", out)
         self.assertEqual(proc.returncode, 4, proc.stdout + proc.stderr)
         self.assertIn("first divergence: layers.0.attention", proc.stdout)
-        record = json.load(open(os.path.join(out, "model-stage.json")))
+        record = read_json(os.path.join(out, "model-stage.json"))
         self.assertEqual(record["first_divergence"], "layers.0.attention")
 
     def test_fixture_from_another_model(self):
@@ -172,9 +174,9 @@ class Validate(unittest.TestCase):
     def test_op_record_from_other_code(self):
         out = self.records_copy("other-code")
         path = os.path.join(out, "op-stage.json")
-        record = json.load(open(path))
+        record = read_json(path)
         record["code"]["sha256"] = "0" * 64
-        json.dump(record, open(path, "w"))
+        write_json(path, record)
         proc = run(ADAPT, "validate", self.models["qwen3_moe"], "--stage", "model", "--out", out,
                    "--fixture", os.path.join(FIXTURES, "qwen3_moe"))
         self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
@@ -185,7 +187,7 @@ class Validate(unittest.TestCase):
             out = os.path.join(self.work, "stage-" + stage)
             proc = run(ADAPT, "validate", self.models["qwen3_moe"], "--stage", stage, "--out", out)
             self.assertEqual(proc.returncode, 0, proc.stderr)
-            record = json.load(open(os.path.join(out, stage + "-stage.json")))
+            record = read_json(os.path.join(out, stage + "-stage.json"))
             self.assertEqual(record["status"], "not run")
 
 

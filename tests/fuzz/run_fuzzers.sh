@@ -2,7 +2,7 @@
 # Builds each parser's libFuzzer target with clang-19 (ASan + UBSan) and runs
 # it for a bounded time on its seed corpus. Usage: run_fuzzers.sh SECONDS OUTDIR
 set -euo pipefail
-seconds=${1:-20}
+seconds=${ADAPT_FUZZ_SECONDS:-${1:-20}}
 out=${2:-build/fuzz}
 src=$(cd "$(dirname "$0")/../.." && pwd)
 mkdir -p "$out"
