@@ -10,12 +10,15 @@
 
 #include "parser/ConfigReader.h"
 #include "parser/ConfigKeys.h"
+#include "parser/SizeLimits.h"
 
 #include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <set>
 #include <sstream>
+
+#include <sys/stat.h>
 
 using nlohmann::json;
 
@@ -39,21 +42,52 @@ const char *mixerKindName(MixerKind kind) {
 
 namespace {
 
-/// Reads a file whole; used for configs, which are small.
-bool readWholeFile(const std::string &path, std::string &out) {
+/// Released configs are a few KB (the largest in ../shared/models: 12 KB);
+/// anything past this is not a config, and reading it would only cost memory.
+constexpr uint64_t kMaxConfigBytes = 16u << 20;
+/// Released configs nest 3 deep (text_config.rope_scaling.mrope_section);
+/// deeper input is refused before any recursive code sees it.
+constexpr int kMaxConfigDepth = 64;
+
+/// Why a file could not be read as a config, or "" when \p out holds it.
+/// Refuses special files (a FIFO or /dev/zero would block or never end) and
+/// files larger than kMaxConfigBytes, before reading a byte.
+std::string readWholeFile(const std::string &path, std::string &out) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0)
+    return "expected a readable config.json file";
+  if (!S_ISREG(st.st_mode))
+    return "expected a regular file, not a device, FIFO or folder";
+  if (static_cast<uint64_t>(st.st_size) > kMaxConfigBytes)
+    return "expected at most " + std::to_string(kMaxConfigBytes >> 20) + " MiB (configs are a few KB), got " +
+           std::to_string(st.st_size) + " bytes";
   std::ifstream in(path, std::ios::binary);
   if (!in)
-    return false;
+    return "expected a readable config.json file";
   std::ostringstream buffer;
   buffer << in.rdbuf();
   out = buffer.str();
-  return true;
+  return "";
 }
 
-/// Parses JSON text; a syntax error becomes an InputError with the position.
+/// Thrown by the parser callback past kMaxConfigDepth.
+struct TooDeep {
+  size_t depth;
+};
+
+/// Parses JSON text; a syntax error becomes an InputError with the position,
+/// nesting past kMaxConfigDepth one that says so.
 json parseJsonOrFail(std::string_view text, const std::string &file) {
   try {
-    return json::parse(text.begin(), text.end());
+    return json::parse(text.begin(), text.end(), [](int depth, json::parse_event_t, json &) {
+      if (depth > kMaxConfigDepth)
+        throw TooDeep{static_cast<size_t>(depth)};
+      return true;
+    });
+  } catch (const TooDeep &) {
+    throw ConfigError{InputError{file, "JSON nesting",
+                                 "expected at most " + std::to_string(kMaxConfigDepth) +
+                                     " nested objects/arrays (configs nest 3 deep)"}};
   } catch (const json::parse_error &e) {
     std::string what = e.what();
     auto pos = what.find("parse error");
@@ -820,6 +854,8 @@ Result<ModelSpec> parseModelConfig(std::string_view text,
     if (spec.modelType.empty())
       spec.notes.push_back("config has no model_type; recognised by its keys "
                            "as the " + spec.family + " layout");
+    if (std::optional<InputError> tooLarge = checkSizeLimits(spec))
+      return *tooLarge;
     return spec;
   } catch (const ConfigError &e) {
     return e.error;
@@ -831,11 +867,13 @@ Result<ModelSpec> parseModelConfig(std::string_view text,
 
 Result<ModelSpec> readModelConfig(const std::string &path) {
   std::string text;
-  if (!readWholeFile(path, text))
-    return InputError{path, "", "expected a readable config.json file"};
+  if (std::string why = readWholeFile(path, text); !why.empty())
+    return InputError{path, "", why};
   std::string dir = path.substr(0, path.find_last_of('/') + 1);
-  std::string hfQuant;
-  readWholeFile(dir + "hf_quant_config.json", hfQuant);
+  std::string hfQuant, quantPath = dir + "hf_quant_config.json";
+  if (struct stat st; ::stat(quantPath.c_str(), &st) == 0)
+    if (std::string why = readWholeFile(quantPath, hfQuant); !why.empty())
+      return InputError{quantPath, "", why};
   return parseModelConfig(text, path, hfQuant);
 }
 

@@ -3,6 +3,9 @@
 #include "parser/ModelFolder.h"
 #include "parser/ConfigReader.h"
 
+#include <map>
+#include <optional>
+#include <set>
 #include <sys/stat.h>
 
 namespace adapt {
@@ -15,6 +18,11 @@ bool isFile(const std::string &path) {
   struct stat st;
   return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
+/// Something is there (a file of any kind, a dangling link included).
+bool pathExistsAtAll(const std::string &path) {
+  struct stat st;
+  return lstat(path.c_str(), &st) == 0;
+}
 bool endsWith(const std::string &s, const std::string &suffix) {
   return s.size() >= suffix.size() &&
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -22,6 +30,26 @@ bool endsWith(const std::string &s, const std::string &suffix) {
 } // namespace
 
 bool isOnnxPath(const std::string &path) { return endsWith(path, ".onnx"); }
+
+/// Every tensor the index assigns to a shard whose header was read must be in
+/// that header: an index that disagrees with its shards is refused, not read
+/// as if the shards were what the index says.
+static std::optional<InputError> crossCheckIndex(const Manifest &manifest, const std::vector<ShardHeader> &headers,
+                                          const std::string &dir) {
+  std::map<std::string, std::set<std::string>> names; // shard file name -> tensors in its header
+  for (const ShardHeader &h : headers) {
+    std::set<std::string> &in = names[h.file.substr(dir.size())];
+    for (const TensorHeader &t : h.tensors)
+      in.insert(t.name);
+  }
+  for (const auto &[tensor, shard] : manifest.tensors) {
+    auto it = names.find(shard);
+    if (it != names.end() && !it->second.count(tensor))
+      return InputError{manifest.file, "weight_map." + tensor,
+                        "expected " + tensor + " in " + shard + "'s header, as the index says, but it is not there"};
+  }
+  return std::nullopt;
+}
 
 Result<ModelFiles> loadModelFiles(const std::string &path) {
   ModelFiles files;
@@ -31,7 +59,9 @@ Result<ModelFiles> loadModelFiles(const std::string &path) {
     files.configPath = dir + "config.json";
     if (!isFile(files.configPath))
       return InputError{files.configPath, "",
-                        "expected the model's config.json in this folder"};
+                        pathExistsAtAll(files.configPath)
+                            ? "expected a regular file, not a device, FIFO or folder"
+                            : "expected the model's config.json in this folder"};
   } else if (isFile(path)) {
     files.configPath = path;
     size_t slash = path.find_last_of('/');
@@ -47,6 +77,9 @@ Result<ModelFiles> loadModelFiles(const std::string &path) {
 
   std::string indexPath = dir + "model.safetensors.index.json";
   std::string singlePath = dir + "model.safetensors";
+  for (const std::string *p : {&indexPath, &singlePath})
+    if (pathExistsAtAll(*p) && !isFile(*p))
+      return InputError{*p, "", "expected a regular file, not a device, FIFO, folder or dangling link"};
   if (isFile(indexPath)) {
     Result<Manifest> manifest = readManifest(indexPath);
     if (!manifest)
@@ -71,6 +104,8 @@ Result<ModelFiles> loadModelFiles(const std::string &path) {
                             std::to_string(missing.size()) + " of " +
                             std::to_string(files.manifest->shards.size()) +
                             " shards absent)"};
+    if (std::optional<InputError> err = crossCheckIndex(*files.manifest, files.headers, dir))
+      return *err;
   } else if (isFile(singlePath)) {
     Result<ShardHeader> header = readSafetensorsHeader(singlePath);
     if (!header)

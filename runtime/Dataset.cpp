@@ -11,6 +11,7 @@
 #include "runtime/FileSystem.h"
 #include "runtime/Json.h"
 #include "runtime/SafetensorsIO.h"
+#include "runtime/Sha256.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -419,8 +420,45 @@ void PackedDataset::checkImageFile(const std::string &file, const std::string &w
     throw badInput(file, "image_grid_thw", "expected an [images, 3] tensor of (t, h, w) patch counts");
 }
 
+namespace {
+/// Files up to this size are hashed whole for the fingerprint; larger ones
+/// by kDigestSamples evenly spaced blocks of kDigestBlock bytes (first and
+/// last included), so a multi-GB token file costs milliseconds at start.
+constexpr uint64_t kDigestWhole = 64ull << 20, kDigestBlock = 1ull << 20;
+constexpr uint64_t kDigestSamples = 16;
+
+/// SHA-256 of \p path's content (whole or sampled, see above), hex.
+std::string contentDigest(const std::string &path, uint64_t size) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw readError(path, "open", errno);
+  Sha256 h;
+  std::vector<char> buffer(kDigestBlock);
+  auto hashRange = [&](uint64_t begin, uint64_t length) {
+    in.clear();
+    in.seekg(static_cast<std::streamoff>(begin));
+    while (length > 0) {
+      in.read(buffer.data(), static_cast<std::streamsize>(std::min<uint64_t>(length, buffer.size())));
+      const std::streamsize got = in.gcount();
+      if (got <= 0)
+        throw readError(path, "read", errno);
+      h.update(buffer.data(), static_cast<size_t>(got));
+      length -= static_cast<uint64_t>(got);
+    }
+  };
+  if (size <= kDigestWhole) {
+    hashRange(0, size);
+  } else {
+    for (uint64_t i = 0; i < kDigestSamples; ++i)
+      hashRange((size - kDigestBlock) / (kDigestSamples - 1) * i, kDigestBlock);
+  }
+  return h.hex();
+}
+} // namespace
+
 std::string PackedDataset::fingerprint() const {
-  return "file_bytes=" + std::to_string(fileBytes) +
+  return std::string(fileBytes <= kDigestWhole ? "sha256=" : "sha256_sampled=") +
+         contentDigest(filePath, fileBytes) + " file_bytes=" + std::to_string(fileBytes) +
          " documents=" + std::to_string(docs.size()) +
          " stream_tokens=" + std::to_string(streamLength) +
          " windows=" + std::to_string(usable.size()) +

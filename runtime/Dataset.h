@@ -84,9 +84,10 @@ public:
   /// Window \p w of the unshuffled stream into \p ids / \p labels (seqLen each).
   void window(int64_t w, int64_t *ids, int64_t *labels) const;
 
-  /// A short text identifying the data and packing (file size, documents,
-  /// tokens, windows, options), stored in checkpoints so that --resume can
-  /// warn when the data changed.
+  /// A short text identifying the data and packing (SHA-256 of the file's
+  /// bytes: whole up to 64 MiB, else 16 evenly spaced 1 MiB blocks; size,
+  /// documents, tokens, windows, options), stored in checkpoints so that
+  /// --resume warns when the data changed, also at the same size.
   std::string fingerprint() const;
 
 private:

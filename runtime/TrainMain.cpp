@@ -320,6 +320,17 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
   createDirectories(outDir);
   recoverCheckpointFolder(outDir);
   const bool checkpointExists = Trainer::hasCheckpoint(outDir);
+  const std::string checkpointPath = joinPath(outDir, "checkpoint");
+  // Never write over a checkpoint that cannot be read back: a folder without
+  // its trainer_state.json is someone's lost work, not an empty slot.
+  if (!checkpointExists && pathExists(checkpointPath))
+    throw badInput(checkpointPath, "trainer_state.json",
+                   "expected a complete checkpoint, but trainer_state.json is missing; nothing was "
+                   "changed: move the folder away to start a new run here");
+  if (!checkpointExists && args.has("--resume"))
+    throw badInput(checkpointPath, "--resume",
+                   "expected a checkpoint to resume from; nothing was changed (without --resume a "
+                   "new run starts)");
   if (checkpointExists && !args.has("--resume"))
     throw badInput(joinPath(outDir, "checkpoint"), "--resume",
                    "expected --resume to continue the run that wrote this checkpoint (or "
@@ -350,8 +361,6 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
   if (opts.steps == 0 && opts.exportDir.empty() && opts.mergeDir.empty() && !args.has("--logits-out"))
     throw badInput("", "--steps",
                    "expected --data with --steps, --export or --merge: nothing to do");
-  if (args.has("--resume") && !checkpointExists)
-    std::fprintf(stderr, "note: no checkpoint in %s yet; starting a new run\n", outDir.c_str());
 
   // Data first: its errors are cheap to find, the model is not.
   std::unique_ptr<PackedDataset> data;

@@ -12,6 +12,7 @@
 #include "runtime/Trainer.h"
 #include "runtime/FileSystem.h"
 #include "runtime/SafetensorsIO.h"
+#include "runtime/Sha256.h"
 
 #include <algorithm>
 #include <chrono>
@@ -22,6 +23,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <sstream>
 #include <map>
 #include <unordered_set>
 
@@ -38,6 +40,33 @@ void onStopSignal(int signal) { gStopSignal = signal; }
 
 constexpr const char *kStateFormat = "adapt-trainer-checkpoint";
 constexpr int64_t kStateVersion = 1;
+/// The files of a checkpoint that SHA256SUMS covers (sha256sum -c reads it too).
+constexpr const char *kCheckpointFiles[] = {"adapters.safetensors", "optimizer.safetensors",
+                                            "trainer_state.json"};
+/// Throws BadInput (exit 2) when a checkpoint file's SHA-256 differs from
+/// the one SHA256SUMS recorded when it was written: bit flips or edits.
+void verifyCheckpointDigests(const std::string &ck) {
+  const std::string sumsPath = joinPath(ck, "SHA256SUMS");
+  if (!pathExists(sumsPath))
+    throw badInput(sumsPath, "", "expected the checkpoint's digests (written with every checkpoint)");
+  std::map<std::string, std::string> listed;
+  std::ifstream sums(sumsPath);
+  for (std::string line; std::getline(sums, line);) {
+    const size_t split = line.find("  ");
+    if (split == 64)
+      listed[line.substr(split + 2)] = line.substr(0, 64);
+  }
+  for (const char *name : kCheckpointFiles) {
+    auto it = listed.find(name);
+    if (it == listed.end())
+      throw badInput(sumsPath, name, "expected a SHA-256 line for this checkpoint file");
+    if (sha256File(joinPath(ck, name)) != it->second)
+      throw badInput(joinPath(ck, name), "SHA-256",
+                     "expected the bytes the trainer wrote (SHA256SUMS); the file changed since, "
+                     "so it is not loaded");
+  }
+}
+
 
 std::string checkpointDir(const std::string &out) { return joinPath(out, "checkpoint"); }
 
@@ -180,6 +209,7 @@ int64_t Trainer::restore() {
   if (!hasCheckpoint(opts.outDir))
     return 0;
   std::string ck = checkpointDir(opts.outDir);
+  verifyCheckpointDigests(ck);
   std::string statePath = joinPath(ck, "trainer_state.json");
   JsonValue state = readJsonFile(statePath);
   const JsonValue *format = state.find("format");
@@ -292,6 +322,10 @@ void Trainer::saveCheckpoint() {
     writeSafetensors(joinPath(tmp, "adapters.safetensors"), adapterTensors, {{"format", "pt"}});
     writeSafetensors(joinPath(tmp, "optimizer.safetensors"), optimTensors);
     writeFileAtomic(joinPath(tmp, "trainer_state.json"), state.dump(2) + "\n");
+    std::string sums;
+    for (const char *name : kCheckpointFiles)
+      sums += sha256File(joinPath(tmp, name)) + "  " + name + "\n";
+    writeFileAtomic(joinPath(tmp, "SHA256SUMS"), sums);
     fsyncDirectory(tmp);
     failWritesAfterForTesting(-1);
   } catch (const RuntimeError &e) {

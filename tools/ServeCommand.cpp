@@ -86,8 +86,14 @@ int runServeCommand(int argc, char **argv) {
       return usageError("unknown argument " + arg);
     }
   }
-  if (options.host != "127.0.0.1" && options.host != "localhost" &&
-      options.host != "::1")
+  const bool loopback = options.host == "127.0.0.1" || options.host == "localhost" ||
+                        options.host == "::1";
+  // The Host check stops DNS rebinding, not other users or machines: any
+  // address but loopback serves only with a bearer token.
+  if (!loopback && options.bearerToken.empty())
+    return usageError("--host " + options.host +
+                      " is reachable from other machines: give --token (or ADAPT_MCP_TOKEN)");
+  if (!loopback)
     options.allowedHosts.push_back(options.host);
   mcp::Registry registry;
   mcp::addAdaptTools(registry, selfPath(argv[0]));

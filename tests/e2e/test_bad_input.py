@@ -101,6 +101,59 @@ class BadInput(unittest.TestCase):
             f.write('{"weight_map": [1, 2]}')
         self.expect_bad("model.safetensors.index.json", "weight_map")
 
+    # -- hostile configs (issue 14): each a clear exit 2 within the timeout,
+    # never a stack overflow, unbounded memory or a negative count.
+
+    def test_deeply_nested_unknown_key(self):
+        path = os.path.join(self.model, "config.json")
+        with open(path) as f:
+            text = f.read()
+        with open(path, "w") as f:
+            f.write(text.rstrip()[:-1] + ', "adversary": ' + "[" * 100000 + "]" * 100000 + "}")
+        self.expect_bad("config.json", "nesting")
+
+    def test_huge_counts_and_widths(self):
+        for key, value in (("num_experts", 10 ** 12), ("hidden_size", 3 * 10 ** 9),
+                           ("moe_intermediate_size", 3 * 10 ** 9), ("vocab_size", 10 ** 15)):
+            with self.subTest(key=key):
+                shutil.copy(os.path.join(TINY, "config.json"), os.path.join(self.model, "config.json"))
+                self.edit_config(lambda c: c.update({key: value}))
+                self.expect_bad("config.json", "expected at most", str(value))
+
+    def test_oversized_config(self):
+        self.edit_config(lambda c: c.update(padding="x" * (20 << 20)))
+        self.expect_bad("config.json", "MiB")
+
+    def test_special_file_as_config(self):
+        path = os.path.join(self.model, "config.json")
+        os.remove(path)
+        os.symlink("/dev/zero", path)
+        self.expect_bad("config.json", "regular file")
+        os.remove(path)
+        os.mkfifo(path)
+        self.expect_bad("config.json", "regular file")
+
+    def test_special_file_as_index(self):
+        path = os.path.join(self.model, "model.safetensors.index.json")
+        os.remove(path)
+        os.symlink("/dev/zero", path)
+        self.expect_bad("model.safetensors.index.json", "regular file")
+
+    def test_shard_header_disagrees_with_the_index(self):
+        """The index puts a tensor in shard 1; shard 1's header calls it something else."""
+        path = os.path.join(self.model, "model-00001-of-00002.safetensors")
+        with open(path, "rb") as f:
+            data = f.read()
+        n = struct.unpack("<Q", data[:8])[0]
+        header = json.loads(data[8:8 + n])
+        name = next(k for k in header if k != "__metadata__")
+        header["x" + name[1:]] = header.pop(name)
+        raw = json.dumps(header).encode()
+        raw += b" " * (n - len(raw)) if len(raw) <= n else b""
+        with open(path, "wb") as f:
+            f.write(struct.pack("<Q", len(raw)) + raw + data[8 + n:])
+        self.expect_bad("model.safetensors.index.json", name, "header")
+
     def test_nonexistent_path_and_bad_usage(self):
         proc = gaps(os.path.join(self.tmp, "nothing"), self.out)
         self.assertEqual(proc.returncode, 2)

@@ -145,6 +145,10 @@ class GeneratedRouterInTrainer(unittest.TestCase):
         self.assertEqual(len(library), 12)
         self.assertLess(library[-1], library[0] - 0.5)  # it learns
         worst = max(abs(a - b) for a, b in zip(library, generated))
+        # Both fp32 in one runtime, the operator written differently: measured
+        # in docs/validation.md#numerical-bounds; 1e-4 absolute on losses ~5.
+        print(f"generated router vs library: worst loss difference {worst:.2e} (bound 1e-4)",
+              file=sys.stderr, flush=True)
         self.assertLess(worst, 1e-4, (library, generated))
 
         # Editing the approved source voids it for the build too.
@@ -203,6 +207,8 @@ class GeneratedRouterInTrainer(unittest.TestCase):
         library, generated = runs["library"][0], runs["generated"][0]
         self.assertLess(library[-1], library[0] - 0.5)
         worst = max(abs(a - b) for a, b in zip(library, generated))
+        print(f"[{family}] generated operators vs library: worst loss difference {worst:.2e} (bound 1e-4)",
+              file=sys.stderr, flush=True)
         self.assertLess(worst, 1e-4, (library, generated))
 
     def test_generated_attention_core_and_activation_train_like_the_library(self):

@@ -252,6 +252,22 @@ class Tools(unittest.TestCase):
                                              "out": out})[-1]["result"]
         self.assertTrue(bad["isError"])
 
+    def test_generate_cannot_redirect_the_llm(self):
+        """Issue 14: the endpoint (and with it the server's API key, and the
+        code it compiles) is server configuration; a tool argument naming one
+        is refused before anything runs."""
+        out = os.path.join(self.tmp, "redirected")
+        for key in ("endpoint", "model"):
+            result = self.session.tool("generate", {"path": TINY, "out": out, key: "http://127.0.0.1:9/v1"})
+            last = result[-1]
+            refused = "error" in last or last.get("result", {}).get("isError")
+            self.assertTrue(refused, last)
+        self.assertFalse(os.path.exists(out), "generate ran with a client-chosen endpoint")
+        listed = self.session.call("tools/list", {})[1][0]["result"]["tools"]
+        schema = next(t for t in listed if t["name"] == "generate")["inputSchema"]
+        self.assertNotIn("endpoint", schema["properties"])
+        self.assertFalse(schema.get("additionalProperties", True))
+
     def test_candidates(self):
         folder = os.path.join(self.tmp, "gen", "candidates", "c1")
         os.makedirs(folder)
@@ -728,6 +744,12 @@ class Token(unittest.TestCase):
             self.assertEqual(status, 200)
         finally:
             self.assertEqual(server.stop(), 0)
+
+    def test_other_addresses_need_a_token(self):
+        proc = subprocess.run([ADAPT, "serve", "--port", "0", "--host", "0.0.0.0"], capture_output=True,
+                              text=True, timeout=20, env={k: v for k, v in os.environ.items() if k != "ADAPT_MCP_TOKEN"})
+        self.assertEqual(proc.returncode, 2, proc.stderr)
+        self.assertIn("--token", proc.stderr)
 
     def test_bad_usage(self):
         for args in (["--port", "70000"], ["--port"], ["--frobnicate"], ["--max-body", "1"]):

@@ -24,6 +24,11 @@ def write_text(path, text):
         f.write(text)
 
 
+def read_bytes(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
 def read_lines(path):
     """The lines of \\p path (a metrics.jsonl being appended to reads whole lines only)."""
     with open(path) as f:

@@ -14,7 +14,7 @@ build() { # name sources...
     clang++-19 $flags "$@" -o "$out/$name" ${LIBS:-}
   fi
 }
-build fuzz-config "$src/tests/fuzz/FuzzConfig.cpp" "$src/parser/ConfigReader.cpp" \
+build fuzz-config "$src/tests/fuzz/FuzzConfig.cpp" "$src/parser/ConfigReader.cpp" "$src/parser/SizeLimits.cpp" \
   "$src/parser/ConfigKeys.cpp" "$src/models/WeightSchema.cpp"
 build fuzz-manifest "$src/tests/fuzz/FuzzManifest.cpp" "$src/parser/Manifest.cpp" "$src/parser/Safetensors.cpp"
 build fuzz-safetensors "$src/tests/fuzz/FuzzSafetensors.cpp" "$src/parser/Safetensors.cpp" "$src/parser/Manifest.cpp"

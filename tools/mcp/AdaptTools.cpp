@@ -428,8 +428,10 @@ ToolDef showCandidateTool() {
 }
 
 /// `adapt generate`: candidates for the model's gaps under OUT/candidates.
-/// The LLM's key stays in the server's environment (ADAPT_LLM_API_KEY), never
-/// in a tool argument. Built without tools/GenerateCommand.cpp, the tool
+/// The LLM's endpoint, model and key are the server's configuration only
+/// (ADAPT_LLM_BASE_URL, ADAPT_LLM_MODEL, ADAPT_LLM_API_KEY in its environment
+/// at start): no tool argument can send the key, or ask for code, elsewhere
+/// (the schema has no such property and refuses unknown ones). Built without tools/GenerateCommand.cpp, the tool
 /// answers isError "not available".
 ToolDef generateTool(const std::string &exe) {
   ToolDef tool;
@@ -444,8 +446,6 @@ ToolDef generateTool(const std::string &exe) {
       {{"path", stringProperty("model folder or a gaps.json")},
        {"out", stringProperty("output folder; candidates land in out/candidates")},
        {"registry", stringProperty("operator registry (ops.json)")},
-       {"endpoint", stringProperty("OpenAI-compatible base URL (else ADAPT_LLM_BASE_URL)")},
-       {"model", stringProperty("LLM model name (else ADAPT_LLM_MODEL)")},
        {"maxAttempts", {{"type", "integer"}, {"minimum", 1}}},
        {"target", {{"type", "string"}, {"enum", {"libtorch", "cuda"}}}},
        {"flagSpeedup",
@@ -462,8 +462,6 @@ ToolDef generateTool(const std::string &exe) {
     std::string out = arguments["out"];
     std::vector<std::string> args = {"generate", arguments["path"], "--out", out};
     for (auto [key, flag] : {std::pair{"registry", "--registry"},
-                             {"endpoint", "--endpoint"},
-                             {"model", "--model"},
                              {"target", "--target"},
                              {"only", "--only"}})
       if (arguments.contains(key))
