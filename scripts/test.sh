@@ -22,5 +22,8 @@ fi
 export ADAPT_TEST_TIER=$tier
 cmake --build build -j "$(nproc)"
 start=$(date +%s)
-ctest --test-dir build --output-on-failure -j "${ADAPT_TEST_JOBS:-2}" "$@"
+# Every test's whole output (measured errors beside their bounds, timings)
+# also goes to build/Testing/test-output.log.
+ctest --test-dir build --output-on-failure --output-log build/Testing/test-output.log \
+  -j "${ADAPT_TEST_JOBS:-2}" "$@"
 echo "== $tier tier passed in $(( $(date +%s) - start )) s"

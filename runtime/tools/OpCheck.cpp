@@ -504,7 +504,12 @@ std::string fmt(double v) {
 
 Result runTrial(const Check &check, torch::ScalarType dtype, torch::Device device, int64_t seed) {
   Result r{check.id, dtypeName(dtype), check.shape + (check.note ? check.note(dtype, device) : ""), seed};
-  r.tolerance = dtype == torch::kFloat32 ? 1e-5 : 1e-2;
+  // Grounds (docs/validation.md#numerical-bounds): float32 worst measured
+  // 1.1e-6 (the chunked delta rules' backward), 1e-5 is 8.8x; bfloat16 rounds
+  // inputs and each op's output at 2^-8 = 3.9e-3, measured worst 7.6e-3
+  // (vision position interpolation's backward), 2.5e-2 is 3.3x. A wrong op
+  // (the self-test's RoPE layout) is off by O(1).
+  r.tolerance = dtype == torch::kFloat32 ? 1e-5 : 2.5e-2;
   // Inputs depend on the check, shape and seed only (not on --only or order).
   Ctx c{dtype, device, fnv1a(check.id + "|" + check.shape) ^ (uint64_t(seed + 1) * 0x9E3779B97F4A7C15ull)};
   torch::manual_seed(c.seed & 0x7fffffffffffffffull);
@@ -814,7 +819,7 @@ int main(int argc, char **argv) {
        << "Every op variant of `runtime/Ops.h` (and `ExpertLinear` with LoRA) against a float64 reference on "
        << deviceName << ", " << seeds << " seeds, forward and backward (one random cotangent). Error: "
        << "||ours - ref|| / ||ref|| over every element, the worst of the output and all gradients over the seeds; "
-       << "tolerance 1e-5 (float32) and 1e-2 (bfloat16, inputs rounded first). `[grouped_mm]`/`[loop]`: the "
+       << "tolerance 1e-5 (float32) and 2.5e-2 (bfloat16, inputs rounded first). `[grouped_mm]`/`[loop]`: the "
        << "groupedLinear path of the base weight (and LoRA A, B).\n\n"
        << "Library `" << lib << "`, torch " << TORCH_VERSION << ".\n\n"
        << "| check | dtype | shape | worst error | tolerance | result | worst element |\n"

@@ -393,6 +393,9 @@ class OpStageTasks(unittest.TestCase):
         self.assertGreaterEqual(len(checks), min_checks)
         self.assertEqual(sum("unseen shape" not in k["shape"] for k in checks), 1)
         self.assertTrue(all(k["status"] == "passed" for k in checks), checks)
+        # fp32 candidate vs the task's float64 reference (docs/validation.md#numerical-bounds).
+        worst = max(max(k["forward_max_rel_error"], k["backward_max_rel_error"]) for k in checks)
+        print(f"[{task}] candidate vs float64 reference: worst {worst:.2e} (bound 1e-5)", file=sys.stderr, flush=True)
         self.assertTrue(all(k["forward_max_rel_error"] <= 1e-5 and
                             k["backward_max_rel_error"] <= 1e-5 for k in checks))
         return checks
