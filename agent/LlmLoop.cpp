@@ -14,9 +14,11 @@
 //===----------------------------------------------------------------------===//
 
 #include "agent/Agent.h"
+#include "agent/Sandbox.h"
 
 #include "llvm/ADT/SmallVector.h"
 #include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Path.h"
 #include "llvm/Support/Program.h"
 
 #include <curl/curl.h>
@@ -155,6 +157,25 @@ std::string runChild(const std::vector<std::string> &args, const std::string &lo
   return "";
 }
 
+/// runChild inside the candidate sandbox (agent/Sandbox.h); "could not
+/// start" with the reason when no sandbox can be built on this machine.
+std::string runSandboxed(const std::vector<std::string> &args, const std::string &logPath, int seconds,
+                         const SandboxLimits &limits, int &exitCode) {
+  std::string why;
+  std::vector<std::string> cmd = sandboxCommand(args, limits, why);
+  if (cmd.empty()) {
+    exitCode = -1;
+    return "could not start " + args[0] + ": " + why;
+  }
+  // Limits are prlimit's inside the sandbox; the wall-clock timeout kills
+  // bwrap, whose namespace takes every process of the candidate with it.
+  std::string abnormal = runChild(cmd, logPath, seconds, 0, exitCode);
+  // bwrap reports the sandboxed process's death by signal N as exit 128 + N.
+  if (abnormal.empty() && exitCode > 128 && exitCode <= 128 + 64)
+    return "crashed (signal " + std::to_string(exitCode - 128) + ")";
+  return abnormal;
+}
+
 std::string tail(const std::string &path, size_t chars) {
   std::string text;
   readText(path, text);
@@ -291,6 +312,14 @@ Json runLoop(const Json &component, const CandidateTask &task, const std::string
       flags.pop_back();
   }
   const std::string ext = cuda ? ".cu" : ".cpp";
+  // What the sandboxed compiler and checker see read-only: LibTorch (from
+  // the flags) and the checker's own folder.
+  std::vector<std::string> sandboxFolders = foldersOfFlags(flags);
+  if (std::string checkerDir = llvm::sys::path::parent_path(tools.checker).str(); !checkerDir.empty()) {
+    llvm::SmallString<256> real;
+    if (!llvm::sys::fs::real_path(checkerDir, real))
+      sandboxFolders.push_back(std::string(real));
+  }
   // LibTorch candidates are also checked on the GPU when one is visible.
   bool gpuVisible = false;
   if (!cuda)
@@ -399,7 +428,8 @@ Json runLoop(const Json &component, const CandidateTask &task, const std::string
                                "\nextern \"C\" void *adapt_candidate_entry() {\n"
                                "  return reinterpret_cast<void *>(&adapt_candidate);\n}\n",
                     error);
-          std::string so = dir + "/attempt-" + tn + "/candidate.so";
+          const std::string attemptDir = dir + "/attempt-" + tn;
+          std::string so = attemptDir + "/candidate.so";
           std::string compileLog = dir + "/attempt-" + tn + "/compile.log";
           auto compilerPath = llvm::sys::findProgramByName(compiler);
           std::vector<std::string> cmd = {compilerPath ? *compilerPath : compiler};
@@ -407,8 +437,10 @@ Json runLoop(const Json &component, const CandidateTask &task, const std::string
           for (std::string w; fs >> w;)
             cmd.push_back(w);
           cmd.insert(cmd.begin() + 1, {build, "-o", so});
-          std::string abnormal =
-              runChild(cmd, compileLog, std::max(config.testTimeoutS * 3, 300), 0, code);
+          // The compiler reads the candidate's #includes: it runs confined too.
+          const int compileSeconds = std::max(config.testTimeoutS * 3, 300);
+          SandboxLimits compileLimits{attemptDir, sandboxFolders, compileSeconds, 8192};
+          std::string abnormal = runSandboxed(cmd, compileLog, compileSeconds, compileLimits, code);
           if (!abnormal.empty() || code != 0) {
             reply = "compile failed" + (abnormal.empty() ? "" : " (" + abnormal + ")") + ":\n" +
                     tail(compileLog, 3000);
@@ -426,14 +458,28 @@ Json runLoop(const Json &component, const CandidateTask &task, const std::string
             std::string testLog;
             for (const std::string &device : devices) {
               std::string suffix = device == devices.front() ? "" : "-" + device;
-              std::string resultPath = dir + "/attempt-" + tn + "/test" + suffix + ".json";
-              testLog = dir + "/attempt-" + tn + "/test" + suffix + ".log";
-              std::vector<std::string> test = {tools.checker, "--task", task.name, "--library",
-                                               so, "--out", resultPath, "--device", device};
+              // Run (sandboxed): the candidate's outputs. Judge (here, never
+              // loading it): the verdict, written where the candidate cannot.
+              std::string outputs = attemptDir + "/outputs" + suffix + ".safetensors";
+              std::string resultPath = dir + "/verdict-" + tn + suffix + ".json";
+              testLog = attemptDir + "/test" + suffix + ".log";
               std::vector<std::string> params = candidateCheckerParams(task, component, irText);
+              std::vector<std::string> test = {tools.checker, "--task", task.name, "--library", so,
+                                               "--emit", outputs, "--device", device};
               test.insert(test.end(), params.begin(), params.end());
-              abnormal = runChild(test, testLog, config.testTimeoutS,
-                                  unsigned(config.testMemoryMb), code);
+              SandboxLimits testLimits{attemptDir, sandboxFolders, config.testTimeoutS,
+                                       uint64_t(config.testMemoryMb)};
+              abnormal = runSandboxed(test, testLog, config.testTimeoutS, testLimits, code);
+              if (abnormal.empty()) {
+                std::vector<std::string> judge = {tools.checker, "--task", task.name, "--judge", outputs,
+                                                  "--out", resultPath, "--device", device};
+                judge.insert(judge.end(), params.begin(), params.end());
+                int judged = 0;
+                std::string judgeFault = runChild(judge, dir + "/verdict-" + tn + suffix + ".log",
+                                                  config.testTimeoutS, 0, judged);
+                if (!judgeFault.empty())
+                  abnormal = "judge " + judgeFault;
+              }
               std::string resultText;
               Json one = readText(resultPath, resultText)
                              ? Json::parse(resultText, nullptr, false)

@@ -91,8 +91,10 @@ Result<OpRegistry> parseOpRegistry(const std::string &text,
       entry.generated.task = impl.value("task", "");
       entry.generated.source = impl["source"].get<std::string>();
       entry.generated.sha256 = impl["sha256"].get<std::string>();
-      if (impl.contains("approved") && impl["approved"].is_object())
+      if (impl.contains("approved") && impl["approved"].is_object()) {
         entry.generated.approvedBy = impl["approved"].value("by", "");
+        entry.generated.mac = impl["approved"].value("mac", "");
+      }
     }
     registry.entries.push_back(std::move(entry));
   }

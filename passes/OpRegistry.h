@@ -33,6 +33,7 @@ struct RegistryEntry {
   /// it. Empty source: the library's own implementation.
   struct Generated {
     std::string candidate, task, source, sha256, approvedBy;
+    std::string mac; ///< HMAC of the approval (agent/ReviewKey.h), checked by adapt build.
   } generated;
   /// Whether the runtime really runs this entry: only `implemented` and
   /// `validated` entries do, whatever their forward/backward flags say. The

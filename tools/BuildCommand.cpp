@@ -16,6 +16,7 @@
 #include "tools/BuildCommand.h"
 
 #include "agent/Agent.h"
+#include "agent/ReviewKey.h"
 #include "codegen/EmitTrainer.h"
 #include "ir/AdaptDialect.h"
 #include "ir/ImportModel.h"
@@ -293,6 +294,15 @@ bool collectGeneratedOps(const GapReport &report, const OpRegistry &registry,
       return false;
     }
     use.sha256 = agent::sha256Hex(use.source);
+    std::string key, keyError;
+    if (!agent::reviewKey(key, /*create=*/false, keyError) ||
+        g.mac != agent::approvalMac(key, g.candidate, g.sha256, g.approvedBy)) {
+      error = entry->id + ": no valid review MAC for this generated operator (" +
+              (keyError.empty() ? "written or edited by hand, or approved on another machine"
+                                : keyError) +
+              "): approve it with adapt review and export the registry again";
+      return false;
+    }
     if (use.sha256 != g.sha256) {
       error = g.source + ": changed after approval (sha256 " + use.sha256.substr(0, 12) +
               ", approved " + g.sha256.substr(0, 12) + "): review and export it again";

@@ -19,6 +19,7 @@
 #include "tools/ReviewCommand.h"
 
 #include "agent/Agent.h"
+#include "agent/ReviewKey.h"
 #include "parser/InputError.h"
 
 #include "llvm/Support/FileSystem.h"
@@ -90,14 +91,22 @@ struct Candidate {
   Json record, review;
 };
 
-/// "pending", "approved", "rejected" or "void" (approved, then changed).
+/// "pending", "approved", "rejected", "void" (approved, then changed) or
+/// "forged" (an approval without a valid MAC under this machine's review
+/// key: written or rewritten by hand, agent/ReviewKey.h).
 std::string reviewState(const Candidate &c) {
   if (c.review.is_null())
     return "pending";
   std::string decision = c.review.value("decision", "");
-  if (decision == "approved" &&
-      c.review.value("sha256", "") != agent::candidateContentHash(c.dir, c.record))
+  if (decision != "approved")
+    return decision;
+  if (c.review.value("sha256", "") != agent::candidateContentHash(c.dir, c.record))
     return "void";
+  std::string key, error;
+  if (!agent::reviewKey(key, /*create=*/false, error) ||
+      c.review.value("mac", "") != agent::approvalMac(key, c.id, c.review.value("sha256", ""),
+                                                      c.review.value("by", "")))
+    return "forged";
   return decision;
 }
 
@@ -197,7 +206,9 @@ void show(const Candidate &c, const Json &registry) {
     std::cout << "decision: " << c.review.value("decision", "") << " by "
               << c.review.value("by", "") << " at " << c.review.value("at", "")
               << " (sha256 " << c.review.value("sha256", "").substr(0, 12) << ")"
-              << (reviewState(c) == "void" ? " -- VOID: files changed after approval" : "")
+              << (reviewState(c) == "void"     ? " -- VOID: files changed after approval"
+                  : reviewState(c) == "forged" ? " -- FORGED: no valid review MAC (edited by hand?)"
+                                               : "")
               << (c.review.contains("reason") ? ", reason: " + c.review.value("reason", "") : "")
               << "\n";
   std::cout << "\n";
@@ -223,11 +234,25 @@ bool recordDecision(const Candidate &c, const std::string &decision, const std::
                  {"critical", c.record.value("critical", true)}};
   if (!reason.empty())
     review["reason"] = reason;
+  if (decision == "approved") {
+    std::string key;
+    if (!agent::reviewKey(key, /*create=*/true, error))
+      return false;
+    review["mac"] = agent::approvalMac(key, c.id, review["sha256"].get<std::string>(), by);
+  }
   if (!agent::writeText(c.dir + "/review.json", review.dump(2) + "\n", error))
     return false;
   std::cout << decision << " " << c.id << " by " << by << " (sha256 "
             << review.value("sha256", "") << ")\n";
   return true;
+}
+
+/// The MAC `adapt build` checks on a generated registry entry: the
+/// candidate, the SHA-256 of the source it compiles, the reviewer.
+std::string macOfSource(const std::string &candidate, const std::string &sourceSha256, const std::string &by) {
+  std::string key, error;
+  return agent::reviewKey(key, /*create=*/false, error) ? agent::approvalMac(key, candidate, sourceSha256, by)
+                                                         : std::string();
 }
 
 /// The registry entry an approved LLM candidate becomes: exactly its
@@ -279,7 +304,8 @@ Json generatedEntry(const Candidate &c, const Json &registry) {
             {"sha256", agent::sha256Hex(text)},
             {"approved", {{"by", c.review.value("by", "")},
                           {"at", c.review.value("at", "")},
-                          {"review_sha256", c.review.value("sha256", "")}}}}}};
+                          {"review_sha256", c.review.value("sha256", "")},
+                          {"mac", macOfSource(c.id, agent::sha256Hex(text), c.review.value("by", ""))}}}}}};
 }
 
 } // namespace

@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <sstream>
 #include <map>
@@ -121,29 +122,50 @@ inline double maxRelError(const torch::Tensor &a, const torch::Tensor &b) {
   return ((a.to(torch::kFloat64) - b).abs() / (b.abs() + 1.0)).max().item<double>();
 }
 
-/// Runs one case: the reference (float64, autograd) and the candidate
-/// (float32 poisoned views); compares the output and the gradient of a
-/// random projection of it w.r.t. every differentiable input. Appends the
-/// case's JSON to \p outcome and adds to its timings.
 /// Waits for \p device's queued work (CUDA) so wall-clock timings are real.
 inline void synchronize(const torch::Device &device) {
   if (device.is_cuda())
     torch::cuda::synchronize(device.index() < 0 ? -1 : device.index());
 }
 
-/// \p device: where the candidate's inputs live (CUDA candidates); the
-/// reference always runs in float64 on the CPU.
-inline void runCase(CandidateFn candidate, const TaskSpec &task, const CheckCase &c,
-                    uint64_t seed, TaskOutcome &outcome,
-                    const torch::Device &device = torch::kCPU) {
-  std::string name = c.shape + (c.shown ? "" : " (unseen shape)");
-  std::string status = "passed", detail;
-  double fwdErr = 0, bwdErr = 0;
+/// The check runs in two processes (docs/security.md#candidate-sandbox):
+/// emitCase runs the candidate, inside the sandbox, and keeps only what it
+/// computed: "<i>.out", "<i>.grad.<j>" per differentiable input j, or
+/// "<i>.threw"/"<i>.device" as UTF-8 bytes. judgeCase, in a process that never
+/// loads the candidate, rebuilds the same inputs from the seed, computes the
+/// float64 reference and decides. A candidate can thus only hand over
+/// numbers; it cannot reach the reference or write its own verdict.
+using Emitted = std::map<std::string, torch::Tensor>;
+
+/// \p text as a uint8 tensor (how strings travel in the emitted file).
+inline torch::Tensor textTensor(const std::string &text) {
+  torch::Tensor t = torch::empty({int64_t(text.size())}, torch::kUInt8);
+  std::memcpy(t.data_ptr<uint8_t>(), text.data(), text.size());
+  return t;
+}
+inline std::string tensorText(const torch::Tensor &t) {
+  torch::Tensor c = t.to(torch::kUInt8).contiguous();
+  return std::string(reinterpret_cast<const char *>(c.data_ptr<uint8_t>()), size_t(c.numel()));
+}
+
+/// The cotangent of case \p seed for an output of \p sizes: the same values
+/// in both processes when the candidate's output has the reference's shape.
+inline torch::Tensor upstreamOf(at::IntArrayRef sizes, uint64_t seed) {
+  torch::manual_seed(seed + 7919);
+  return torch::randn(sizes, torch::kFloat64);
+}
+
+/// Runs the candidate on case \p i (float32 poisoned views on \p device),
+/// forward and backward, and times it and the composite baseline.
+inline void emitCase(CandidateFn candidate, const TaskSpec &task, const CheckCase &c, size_t i, uint64_t seed,
+                     Emitted &emitted, TaskOutcome &timing, const torch::Device &device = torch::kCPU) {
+  const std::string key = std::to_string(i);
   try {
-    std::vector<torch::Tensor> ref64Inputs, leaves, views, baselineInputs;
+    std::vector<torch::Tensor> leaves, views, baselineInputs;
+    bool anyGrad = false;
     for (const CaseInput &in : c.inputs) {
       bool grad = in.differentiable && in.value.is_floating_point();
-      ref64Inputs.push_back(in.value.clone().requires_grad_(grad));
+      anyGrad |= grad;
       torch::Tensor leaf = in.value.is_floating_point() ? in.value.to(device, torch::kFloat32)
                                                         : in.value.to(device);
       if (grad)
@@ -152,77 +174,117 @@ inline void runCase(CandidateFn candidate, const TaskSpec &task, const CheckCase
       views.push_back(poisoned(leaf));
       baselineInputs.push_back(leaf.detach());
     }
-    torch::Tensor ref = task.reference(ref64Inputs, c.params);
-    torch::manual_seed(seed + 7919);
-    torch::Tensor upstream = torch::randn(ref.sizes(), torch::kFloat64);
-    bool anyGrad = false;
-    for (const torch::Tensor &t : ref64Inputs)
-      anyGrad |= t.requires_grad();
-    if (anyGrad)
-      (ref * upstream).sum().backward();
     synchronize(device);
     auto start = std::chrono::steady_clock::now();
     torch::Tensor out = candidate(views, c.params);
     synchronize(device);
-    outcome.candidateSeconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    timing.candidateSeconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     start = std::chrono::steady_clock::now();
     try {
       // Timing only: the baseline's own faults never count against the candidate.
       torch::NoGradGuard noGrad;
       task.baseline(baselineInputs, c.params);
       synchronize(device);
-      outcome.baselineSeconds +=
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      timing.baselineSeconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     } catch (const std::exception &) {
-      outcome.baselineFailed = true;
+      timing.baselineFailed = true;
     }
-    if (!out.defined() || out.sizes() != ref.sizes()) {
+    if (!out.defined())
+      return;
+    emitted[key + ".device"] = textTensor(out.device().str());
+    emitted[key + ".out"] = out.detach().cpu().contiguous();
+    if (anyGrad && out.requires_grad() && out.is_floating_point()) {
+      torch::Tensor up = upstreamOf(out.sizes(), seed);
+      (out * up.to(out.device(), out.scalar_type())).sum().backward();
+      for (size_t j = 0; j < leaves.size(); ++j)
+        if (leaves[j].requires_grad() && leaves[j].grad().defined())
+          emitted[key + ".grad." + std::to_string(j)] = leaves[j].grad().cpu().contiguous();
+    }
+  } catch (const std::exception &e) {
+    emitted[key + ".threw"] = textTensor(std::string(e.what()).substr(0, 600));
+  }
+}
+
+/// Decides case \p i from what the candidate emitted, against the float64
+/// reference computed here; appends the case's JSON to \p outcome.
+/// \p device: where the candidate ran (its output must be there).
+inline void judgeCase(const TaskSpec &task, const CheckCase &c, size_t i, uint64_t seed, const Emitted &emitted,
+                      TaskOutcome &outcome, const torch::Device &device = torch::kCPU) {
+  const std::string key = std::to_string(i);
+  auto find = [&](const std::string &suffix) {
+    auto it = emitted.find(key + suffix);
+    return it == emitted.end() ? torch::Tensor() : it->second;
+  };
+  std::string name = c.shape + (c.shown ? "" : " (unseen shape)");
+  std::string status = "passed", detail;
+  double fwdErr = 0, bwdErr = 0;
+  try {
+    std::vector<torch::Tensor> ref64Inputs;
+    bool anyGrad = false;
+    for (const CaseInput &in : c.inputs) {
+      bool grad = in.differentiable && in.value.is_floating_point();
+      anyGrad |= grad;
+      ref64Inputs.push_back(in.value.clone().requires_grad_(grad));
+    }
+    torch::Tensor ref = task.reference(ref64Inputs, c.params);
+    if (anyGrad)
+      (ref * upstreamOf(ref.sizes(), seed)).sum().backward();
+    torch::Tensor out = find(".out");
+    if (torch::Tensor threw = find(".threw"); threw.defined()) {
+      status = "failed";
+      detail = "threw: " + tensorText(threw);
+    } else if (!out.defined() || out.sizes() != ref.sizes()) {
       status = "failed";
       detail = "output shape " + (out.defined() ? c10::str(out.sizes()) : std::string("undefined")) +
                ", expected " + c10::str(ref.sizes());
-    } else if (out.device() != device) {
+    } else if (torch::Tensor where = find(".device"); !where.defined() || tensorText(where) != device.str()) {
       status = "failed";
-      detail = "output is on " + out.device().str() + ", expected " + device.str();
+      detail = "output is on " + (where.defined() ? tensorText(where) : std::string("?")) + ", expected " +
+               device.str();
     } else if (!out.is_floating_point()) {
       status = "failed";
       detail = "output is not a floating tensor";
     } else if (!torch::isfinite(out).all().item<bool>()) {
       status = "failed";
       detail = "output has NaN/Inf (poisoned inputs read out of bounds or as contiguous?)";
-    } else if ((fwdErr = maxRelError(out.detach().cpu(), ref.detach())) > kTolerance ||
-               std::isnan(fwdErr)) {
+    } else if ((fwdErr = maxRelError(out, ref.detach())) > kTolerance || std::isnan(fwdErr)) {
       status = "failed";
       detail = "forward differs from the reference (max rel error " + std::to_string(fwdErr) + ")";
-    } else if (anyGrad && !out.requires_grad()) {
-      status = "failed";
-      detail = "output does not depend differentiably on the inputs (no backward)";
     } else if (anyGrad) {
-      (out * upstream.to(out.device(), out.scalar_type())).sum().backward();
-      for (size_t i = 0; i < leaves.size() && status == "passed"; ++i) {
-        if (!ref64Inputs[i].requires_grad())
+      bool any = false;
+      for (size_t j = 0; j < ref64Inputs.size(); ++j)
+        any |= find(".grad." + std::to_string(j)).defined();
+      if (!any) {
+        status = "failed";
+        detail = "output does not depend differentiably on the inputs (no backward)";
+      }
+      for (size_t j = 0; j < ref64Inputs.size() && status == "passed"; ++j) {
+        if (!ref64Inputs[j].requires_grad())
           continue;
-        torch::Tensor g = leaves[i].grad(), want = ref64Inputs[i].grad();
-        if (g.defined())
-          g = g.cpu();
-        const std::string &input = c.inputs[i].name;
+        torch::Tensor g = find(".grad." + std::to_string(j)), want = ref64Inputs[j].grad();
+        const std::string &input = c.inputs[j].name;
         if (!g.defined()) {
           status = "failed";
           detail = "no gradient reached input '" + input + "'";
+          continue;
+        }
+        if (g.sizes() != want.sizes() || !g.is_floating_point()) {
+          status = "failed";
+          detail = "gradient w.r.t. '" + input + "' has shape " + c10::str(g.sizes());
           continue;
         }
         double e = maxRelError(g, want);
         bwdErr = std::max(bwdErr, std::isnan(e) ? 1e30 : e);
         if (!(e <= kTolerance)) {
           status = "failed";
-          detail = "backward differs from the reference w.r.t. '" + input +
-                   "' (max rel error " + std::to_string(e) + ")";
+          detail = "backward differs from the reference w.r.t. '" + input + "' (max rel error " +
+                   std::to_string(e) + ")";
         }
       }
     }
   } catch (const std::exception &e) {
     status = "failed";
-    detail = std::string("threw: ") + e.what();
+    detail = std::string("the check threw: ") + e.what();
     detail = detail.substr(0, 600);
   }
   outcome.passed &= status == "passed";
@@ -233,15 +295,8 @@ inline void runCase(CandidateFn candidate, const TaskSpec &task, const CheckCase
   outcome.checks.push_back(os.str());
 }
 
-/// Runs every case of \p task on \p candidate.
-inline TaskOutcome runTask(CandidateFn candidate, const TaskSpec &task, const Params &modelParams,
-                           uint64_t seed, const torch::Device &device = torch::kCPU) {
-  TaskOutcome outcome;
-  std::vector<CheckCase> cases = task.cases(modelParams, seed);
-  for (size_t i = 0; i < cases.size(); ++i)
-    runCase(candidate, task, cases[i], seed + 101 * i, outcome, device);
-  return outcome;
-}
+/// The seed of case \p i of a run with \p seed.
+inline uint64_t caseSeed(uint64_t seed, size_t i) { return seed + 101 * i; }
 
 /// A parameter or \p fallback when it is absent.
 inline double param(const Params &p, const std::string &key, double fallback) {

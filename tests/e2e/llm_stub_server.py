@@ -309,7 +309,50 @@ CUDA_WRONG = CUDA_CORRECT.replace("if (group_kept[e / per] && !taken[e]", "if (!
 # A ".cu" with no kernel of its own is refused: the composite was not asked for.
 CUDA_NO_KERNEL = CORRECT
 
+# Escapes the candidate sandbox must hold (issue 14): a shell through
+# (std::system), writes to /tmp, to the candidate's record folder and above,
+# a grandchild left behind, then a hang until the timeout.
+ESCAPE = HEADER + r"""
+#include <cstdio>
+#include <cstdlib>
+torch::Tensor adapt_candidate(const std::vector<torch::Tensor> &inputs,
+                              const std::map<std::string, double> &params) {
+  (std::system)("echo pwned > /tmp/adapt-escape-system; echo pwned > ../adapt-escape-parent; "
+                "echo pwned > ../../adapt-escape-grandparent; sleep 4242 &");
+  if (FILE *f = std::fopen("/tmp/adapt-escape-fopen", "w")) {
+    std::fputs("pwned", f);
+    std::fclose(f);
+  }
+  volatile bool forever = true;
+  while (forever) {
+  }
+  return inputs[0];
+}
+"""
+# Writes a passing verdict wherever one might be read, then exits 0 before
+# producing any output: the judge must not believe it.
+FORGE = HEADER + r"""
+#include <cstdio>
+#include <cstdlib>
+torch::Tensor adapt_candidate(const std::vector<torch::Tensor> &inputs,
+                              const std::map<std::string, double> &params) {
+  const char *passed = "{\"status\": \"passed\", \"task\": \"moe_routing\", \"checks\": []}";
+  for (const char *path : {"test.json", "verdict-1.json", "../verdict-1.json", "../test.json"})
+    if (FILE *f = std::fopen(path, "w")) {
+      std::fputs(passed, f);
+      std::fclose(f);
+    }
+  std::exit(0);
+}
+"""
+# A file outside the sandbox pulled in by the preprocessor: its lines would
+# go back to the endpoint in the compiler's errors.
+INCLUDE_SECRET = "#include </etc/passwd>\n" + HEADER
+
 SCENARIOS = {
+    "escape": [ESCAPE],
+    "forge": [FORGE],
+    "include_secret": [INCLUDE_SECRET, CORRECT],
     "correct": [CORRECT],
     "wrong": [WRONG],
     "noncompiling": [NOT_COMPILING],

@@ -28,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 import llm_stub_server
@@ -328,6 +329,40 @@ class LlmLoop(unittest.TestCase):
         proc, out, c = self.generate("slow", "--timeout", "1", "--retries", "1")
         self.assertEqual(c["status"], "failed")
         self.assertIn("timed out", c["reason"].lower())
+
+    def test_candidate_sandbox_holds(self):
+        """Issue 14: candidate code runs confined (agent/Sandbox.h): its shell,
+        its files and its grandchildren stay inside, and the compiler cannot
+        read files outside to send them back to the endpoint."""
+        markers = ["/tmp/adapt-escape-system", "/tmp/adapt-escape-fopen"]
+        for m in markers:
+            if os.path.exists(m):
+                os.remove(m)
+        proc, out, c = self.generate("escape", "--max-attempts", "1", "--test-timeout", "8")
+        self.assertEqual(c["status"], "failed")
+        self.assertIn("timed out", c["reason"])
+        folder = os.path.join(out, "candidates", MOE)
+        for m in markers + [os.path.join(folder, "adapt-escape-parent"),
+                            os.path.join(out, "candidates", "adapt-escape-grandparent")]:
+            self.assertFalse(os.path.exists(m), m + " was written from inside the sandbox")
+        time.sleep(1)
+        left = subprocess.run(["pgrep", "-f", "sleep 4242"], capture_output=True, text=True)
+        self.assertEqual(left.stdout.strip(), "", "a grandchild outlived the timeout")
+
+        proc, out, c = self.generate("include_secret", "--max-attempts", "2")
+        self.assertEqual(c["status"], "validated", c["reason"])  # the second turn is correct
+        with open(os.path.join(out, "candidates", MOE, "llm", "request-2.json")) as f:
+            sent = f.read()
+        self.assertIn("/etc/passwd", sent)  # the error names the file it could not read ...
+        self.assertNotIn("root:x:0:0", sent)  # ... and none of its lines go to the endpoint
+
+    def test_candidate_cannot_write_its_own_verdict(self):
+        """Issue 14: a candidate that writes "passed" records and exits 0 before
+        computing anything fails: the verdict comes from the judge, which reads
+        only the tensors the candidate produced and never loads it."""
+        proc, out, c = self.generate("forge", "--max-attempts", "1")
+        self.assertEqual(c["status"], "failed", c)
+        self.assertIn("no outputs", json.dumps(c["attempts"]))
 
     def test_crashing_and_hanging_candidates(self):
         proc, out, c = self.generate("crash", "--max-attempts", "1")

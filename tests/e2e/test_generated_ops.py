@@ -151,6 +151,32 @@ class GeneratedRouterInTrainer(unittest.TestCase):
               file=sys.stderr, flush=True)
         self.assertLess(worst, 1e-4, (library, generated))
 
+        # Issue 14: an approval needs a MAC under this machine's review key.
+        # A registry entry edited by hand (another reviewer, another source
+        # hash) or a review.json rewritten by hand is refused.
+        with open(approved) as f:
+            registry_json = json.load(f)
+        for tamper in ("by", "mac"):
+            forged = json.loads(json.dumps(registry_json))
+            entry = next(e for e in forged["ops"] if e["id"] == "generated." + MOE)
+            entry["implementation"]["approved"][tamper] = "mallory" if tamper == "by" else "0" * 64
+            path = self.path("forged-%s.json" % tamper)
+            with open(path, "w") as f:
+                json.dump(forged, f)
+            proc = run(ADAPT, "build", tiny, "--out", self.path("forged"), "--registry", path, "--no-compile")
+            self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+            self.assertIn("no valid review MAC", proc.stderr)
+        review_path = os.path.join(gen, "candidates", MOE, "review.json")
+        with open(review_path) as f:
+            review = json.load(f)
+        review["by"] = "mallory"  # the hash still matches; the MAC does not
+        with open(review_path, "w") as f:
+            json.dump(review, f)
+        proc = run(ADAPT, "review", gen)
+        self.assertIn("FORGED", proc.stdout)
+        proc = run(ADAPT, "review", gen, "--export", self.path("after-forgery.json"))
+        self.assertIn("exported 0 approved", proc.stdout)
+
         # Editing the approved source voids it for the build too.
         with open(os.path.join(gen, "candidates", MOE, "candidate.cpp"), "a") as f:
             f.write("// edited after approval\n")

@@ -25,12 +25,11 @@ import tempfile
 import time
 import unittest
 
-from testutil import read_bytes, read_json, read_lines, read_text, write_json, write_text  # noqa: F401
+from testutil import (FAMILIES, FIXTURES, ROOT, read_bytes, read_json, read_lines, read_text,  # noqa: F401
+                      run, write_json, write_text)
 
 ADAPT = None
 PYTHON = os.environ.get("ADAPT_PYTHON", "")
-FAMILIES = ["qwen3_moe", "mixtral", "deepseek_v3", "kimi_k2", "gpt_oss", "glm4_moe", "minimax_m2", "llama4", "minimax",
-            "qwen3_vl_moe", "qwen3_next", "kimi_linear", "deepseek_v32", "glm_moe_dsa"]
 VOCAB = 256
 TRAIN = ["--steps", "40", "--batch", "4", "--seq-len", "32", "--lr", "1e-2", "--log-every", "0"]
 
@@ -72,9 +71,6 @@ changed = sum(not torch.equal(ours[k], original[k]) for k in ours)
 print({"worst": worst, "keys_equal": sorted(reference) == sorted(ours), "changed": changed})
 """
 
-
-def run(*args, **kwargs):
-    return subprocess.run([str(a) for a in args], capture_output=True, text=True, **kwargs)
 
 
 def losses(run_dir):

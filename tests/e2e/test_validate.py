@@ -24,14 +24,11 @@ import sys
 import tempfile
 import unittest
 
-from testutil import read_json, read_lines, read_text, write_json, write_text  # noqa: F401
+from testutil import (FAMILIES, FIXTURES, ROOT, read_bytes, read_json, read_lines, read_text,  # noqa: F401
+                      run, write_json, write_text)
 
 ADAPT = None
 PYTHON = os.environ.get("ADAPT_PYTHON", "")
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-FIXTURES = os.path.join(ROOT, "validation", "fixtures")
-FAMILIES = ["qwen3_moe", "mixtral", "deepseek_v3", "kimi_k2", "gpt_oss", "glm4_moe", "minimax_m2", "llama4", "minimax",
-            "qwen3_vl_moe", "qwen3_next", "kimi_linear", "deepseek_v32", "glm_moe_dsa"]
 
 # Regenerated fixture against the committed one.
 COMPARE = r"""
@@ -43,9 +40,6 @@ worst = max(((a[k].double() - b[k].double()).abs().max() / (b[k].double().abs().
 print(worst)
 """
 
-
-def run(*args, **kwargs):
-    return subprocess.run([str(a) for a in args], capture_output=True, text=True, **kwargs)
 
 
 class Validate(unittest.TestCase):

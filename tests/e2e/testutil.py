@@ -1,6 +1,19 @@
 """Small helpers shared by the end-to-end tests: files are read and written
 inside `with` blocks (no ResourceWarning), JSON lines parsed in one place."""
 import json
+import os
+import subprocess
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FIXTURES = os.path.join(ROOT, "validation", "fixtures")
+# Every family `adapt tiny` writes and the runtime trains (README).
+FAMILIES = ["qwen3_moe", "mixtral", "deepseek_v3", "kimi_k2", "gpt_oss", "glm4_moe", "minimax_m2", "llama4",
+            "minimax", "qwen3_vl_moe", "qwen3_next", "kimi_linear", "deepseek_v32", "glm_moe_dsa"]
+
+
+def run(*args, **kwargs):
+    """A command with its output captured as text; arguments may be numbers."""
+    return subprocess.run([str(a) for a in args], capture_output=True, text=True, **kwargs)
 
 
 def read_json(path):
