@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "parser/ConfigReader.h"
+#include "parser/MessageText.h"
 #include "parser/ConfigKeys.h"
 #include "parser/SizeLimits.h"
 
@@ -94,7 +95,8 @@ json parseJsonOrFail(std::string_view text, const std::string &file) {
     throw ConfigError{InputError{
         file, "byte " + std::to_string(e.byte),
         "expected valid JSON: " +
-            (pos == std::string::npos ? what : what.substr(pos))}};
+            printable(withoutQuotedInput(pos == std::string::npos ? what : what.substr(pos)),
+                      300, /*asciiOnly=*/true)}};
   }
 }
 

@@ -9,6 +9,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "parser/Safetensors.h"
+#include "parser/MessageText.h"
 
 #include <nlohmann/json.hpp>
 
@@ -47,43 +48,6 @@ constexpr DtypeInfo kDtypes[] = {
     {"C64", 64},         {"F64", 64},         {"I64", 64},
     {"U64", 64},
 };
-
-/// \p text made safe for a one-line message: control bytes (and with
-/// \p asciiOnly all non-ASCII bytes) become \xNN and long text is cut, so a
-/// hostile name cannot forge or flood the output.
-std::string printable(std::string_view text, size_t max = kMaxQuoted,
-                      bool asciiOnly = false) {
-  static const char kHex[] = "0123456789abcdef";
-  size_t cut = std::min(text.size(), max);
-  while (cut > 0 && cut < text.size() && (text[cut] & 0xc0) == 0x80)
-    --cut; // Never split a UTF-8 sequence.
-  std::string out;
-  for (size_t i = 0; i < cut; ++i) {
-    unsigned char c = static_cast<unsigned char>(text[i]);
-    if (c < 0x20 || c == 0x7f || (asciiOnly && c >= 0x80)) {
-      out += "\\x";
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  if (cut < text.size())
-    out += "...";
-  return out;
-}
-
-/// The message of a nlohmann parse error without its "[json.exception...]"
-/// prefix, made printable: the lexer quotes raw input bytes in it.
-std::string jsonErrorText(const std::exception &ex) {
-  std::string_view what = ex.what();
-  if (!what.empty() && what.front() == '[') {
-    size_t close = what.find("] ");
-    if (close != std::string_view::npos)
-      what.remove_prefix(close + 2);
-  }
-  return printable(what, 300, /*asciiOnly=*/true);
-}
 
 /// "[2, 3, 4]" for error messages.
 std::string shapeText(const std::vector<int64_t> &shape) {

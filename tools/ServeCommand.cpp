@@ -1,14 +1,19 @@
 //===- ServeCommand.cpp - `adapt serve` -----------------------------------===//
 //
 // Parses the flags and starts the MCP server (tools/mcp). The bearer token
-// may also come from ADAPT_MCP_TOKEN, so it need not appear in `ps`.
+// may also come from ADAPT_MCP_TOKEN, so it need not appear in `ps`. Tool
+// paths are confined to --root (writable) and --read-root folders.
 //
 //===----------------------------------------------------------------------===//
 
 #include "tools/ServeCommand.h"
 #include "tools/mcp/McpServer.h"
 
+#include <algorithm>
+#include <chrono>
 #include <climits>
+#include <optional>
+#include <vector>
 #include <cstdlib>
 #include <iostream>
 #include <string>
@@ -18,7 +23,8 @@ namespace adapt {
 
 const char *const kServeUsage =
     "  adapt serve [--port N] [--host ADDR] [--token TOKEN] [--allow-host NAME]\n"
-    "              [--max-body BYTES] [--test-mode]\n";
+    "              [--root DIR]... [--read-root DIR]... [--max-body BYTES]\n"
+    "              [--max-connections N] [--request-timeout SECONDS] [--test-mode]\n";
 
 namespace {
 
@@ -50,6 +56,7 @@ int usageError(const std::string &message) {
 int runServeCommand(int argc, char **argv) {
   mcp::ServeOptions options;
   bool testMode = false;
+  std::vector<std::string> roots, readRoots;
   if (const char *token = std::getenv("ADAPT_MCP_TOKEN"))
     options.bearerToken = token;
   for (int i = 2; i < argc; ++i) {
@@ -80,6 +87,18 @@ int runServeCommand(int argc, char **argv) {
       if (!value(text) || !parseNumber(text, 1024, 1LL << 32, number))
         return usageError("--max-body expects a byte count in 1024..4294967296");
       options.maxBodyBytes = static_cast<size_t>(number);
+    } else if (arg == "--root" || arg == "--read-root") {
+      if (!value(text) || text.empty())
+        return usageError(arg + " expects a folder");
+      (arg == "--root" ? roots : readRoots).push_back(text);
+    } else if (arg == "--max-connections") {
+      if (!value(text) || !parseNumber(text, 1, 4096, number))
+        return usageError("--max-connections expects an integer in 1..4096");
+      options.limits.maxConnections = static_cast<int>(number);
+    } else if (arg == "--request-timeout") {
+      if (!value(text) || !parseNumber(text, 1, 3600, number))
+        return usageError("--request-timeout expects seconds in 1..3600");
+      options.limits.requestTimeout = std::chrono::seconds(number);
     } else if (arg == "--test-mode") {
       testMode = true;
     } else {
@@ -95,8 +114,17 @@ int runServeCommand(int argc, char **argv) {
                       " is reachable from other machines: give --token (or ADAPT_MCP_TOKEN)");
   if (!loopback)
     options.allowedHosts.push_back(options.host);
+  // Tools reach only these folders; by default the working folder.
+  if (roots.empty())
+    roots.push_back(".");
+  std::string error;
+  std::optional<mcp::Workspace> workspace = mcp::Workspace::create(roots, readRoots, error);
+  if (!workspace)
+    return usageError(error);
+  // Every connection gets a worker, so the cap must leave workers free.
+  options.threads = std::max(options.threads, options.limits.maxConnections + 8);
   mcp::Registry registry;
-  mcp::addAdaptTools(registry, selfPath(argv[0]));
+  mcp::addAdaptTools(registry, selfPath(argv[0]), *workspace);
   if (testMode)
     mcp::addConformanceFixtures(registry);
   return mcp::serve(options, registry);

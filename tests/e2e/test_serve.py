@@ -25,7 +25,8 @@ import unittest
 
 ADAPT = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "build/bin/adapt")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TINY = os.path.join(ROOT, "models", "tiny-qwen3-moe")
+MODELS = os.path.join(ROOT, "models")
+TINY = os.path.join(MODELS, "tiny-qwen3-moe")
 SUITE = os.path.join(ROOT, "tests", "mcp", "node_modules", "@modelcontextprotocol",
                      "conformance", "dist", "index.js")
 STATEFUL = "2025-11-25"
@@ -186,9 +187,9 @@ class Tools(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.server = Server()
-        cls.session = Session(cls.server.port)
         cls.tmp = tempfile.mkdtemp()
+        cls.server = Server("--root", cls.tmp, "--read-root", MODELS)
+        cls.session = Session(cls.server.port)
 
     @classmethod
     def tearDownClass(cls):
@@ -547,8 +548,8 @@ class Tasks(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.server = Server()
         cls.tmp = tempfile.mkdtemp()
+        cls.server = Server("--root", cls.tmp, "--read-root", MODELS)
 
     @classmethod
     def tearDownClass(cls):
@@ -727,6 +728,150 @@ class ParamHeaders(unittest.TestCase):
             self.assertEqual((status, msgs[0]["error"]["code"]), (400, -32020), bad)
 
 
+class Confinement(unittest.TestCase):
+    """Issue 14: tool paths stay inside the roots given at start (symlinks
+    and ".." resolved), outputs only in writable roots, and errors never echo
+    the bytes of a file the client points at."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.outside = tempfile.mkdtemp()
+        cls.secret = os.path.join(cls.outside, "secret.json")
+        with open(cls.secret, "w") as f:
+            f.write("TOPSECRET-" + "x" * 20 + " not json")
+        cls.root = tempfile.mkdtemp()
+        os.symlink(cls.outside, os.path.join(cls.root, "escape"))
+        cls.server = Server("--root", cls.root, "--read-root", MODELS)
+        cls.session = Session(cls.server.port)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+        shutil.rmtree(cls.root)
+        shutil.rmtree(cls.outside)
+
+    def refused(self, tool, arguments):
+        result = self.session.tool(tool, arguments)[-1]["result"]
+        self.assertTrue(result.get("isError"), (tool, arguments, result))
+        self.assertIn("outside the server's", result["content"][0]["text"])
+        return result
+
+    def test_outputs_only_in_writable_roots(self):
+        for out in ("../..", "/root/x", os.path.join(self.outside, "gaps"),
+                    "escape/gaps", os.path.join(self.root, "escape", "gaps"),
+                    "sub/../../gaps", os.path.join(MODELS, "gaps")):
+            self.refused("gaps", {"path": TINY, "out": out})
+        self.assertEqual(os.listdir(self.outside), ["secret.json"])
+        self.assertFalse(os.path.exists(os.path.join(MODELS, "gaps")))
+        # Relative outputs land in the first root.
+        result = self.session.tool("gaps", {"path": TINY, "out": "reports"})[-1]["result"]
+        self.assertIn(result["structuredContent"]["exitCode"], (0, 3), result)
+        self.assertTrue(os.path.exists(os.path.join(self.root, "reports", "gaps.json")))
+
+    def test_inputs_only_in_roots(self):
+        for path in ("/etc/passwd", self.secret, "escape/secret.json",
+                     os.path.join(self.root, "escape", "secret.json"), "../" * 8 + "etc"):
+            self.refused("inspect", {"path": path})
+        self.refused("list_candidates", {"dir": "/etc"})
+        self.refused("show_candidate", {"dir": "escape", "id": "x"})
+        self.refused("gaps", {"path": TINY, "out": "ok", "registry": self.secret})
+
+    def test_errors_do_not_echo_file_bytes(self):
+        folder = os.path.join(self.root, "model")
+        os.makedirs(folder, exist_ok=True)
+        shutil.copy(self.secret, os.path.join(folder, "config.json"))
+        for tool, arguments in (("inspect", {"path": folder}),
+                                ("inspect", {"path": os.path.join(folder, "config.json")}),
+                                ("gaps", {"path": folder, "out": "r2"})):
+            result = self.session.tool(tool, arguments)[-1]["result"]
+            self.assertTrue(result.get("isError"), result)
+            self.assertEqual(result["structuredContent"]["exitCode"], 2)
+            self.assertNotIn("TOPSECRET", json.dumps(result))
+
+    def test_bad_roots_are_usage_errors(self):
+        for args in (["--root", os.path.join(self.outside, "missing")],
+                     ["--read-root", self.secret], ["--root"]):
+            proc = subprocess.run([ADAPT, "serve", "--port", "0", *args], capture_output=True,
+                                  text=True, timeout=20)
+            self.assertEqual(proc.returncode, 2, args)
+            self.assertIn("adapt: error:", proc.stderr)
+
+
+class SlowClients(unittest.TestCase):
+    """Issue 14: clients that trickle a byte every few seconds (slowloris)
+    are cut off after --request-timeout, and beyond --max-connections the
+    longest-waiting connection makes room, so a prompt client is answered
+    while hundreds of slow ones are connected."""
+
+    def test_slow_connections_cannot_starve_others(self):
+        server = Server("--test-mode", "--max-connections", "64", "--request-timeout", "3")
+        slow = []
+        stop = threading.Event()
+        try:
+            for _ in range(300):
+                sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+                sock.sendall(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+                slow.append(sock)
+
+            def trickle():
+                while not stop.wait(1.0):
+                    for sock in slow:
+                        try:
+                            sock.send(b"X")
+                        except OSError:
+                            pass
+            thread = threading.Thread(target=trickle, daemon=True)
+            thread.start()
+            time.sleep(1.5)
+            for attempt in range(3):  # each answered in time, not only the first
+                started = time.monotonic()
+                body = {"jsonrpc": "2.0", "id": 1, "method": "server/discover",
+                        "params": {"_meta": STATELESS_META}}
+                status, _, msgs = post(server.port, body, stateless_headers("server/discover"))
+                self.assertEqual(status, 200, msgs)
+                self.assertLess(time.monotonic() - started, 5)
+            # Every slow connection is closed within the timeout and a margin.
+            deadline = time.monotonic() + 3 + 5
+            remaining = list(slow)
+            while remaining and time.monotonic() < deadline:
+                still = []
+                for sock in remaining:
+                    sock.settimeout(0.05)
+                    try:
+                        data = sock.recv(4096)
+                        if data and b"HTTP/1.1 " not in data:
+                            still.append(sock)
+                    except (socket.timeout, BlockingIOError):
+                        still.append(sock)
+                    except OSError:
+                        pass  # reset: closed
+                remaining = still
+            self.assertEqual(len(remaining), 0, "slow connections left open")
+        finally:
+            stop.set()
+            for sock in slow:
+                sock.close()
+            self.assertEqual(server.stop(), 0)
+
+    def test_keep_alive_client_is_not_cut_off_while_active(self):
+        server = Server("--test-mode", "--request-timeout", "2")
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
+            body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "server/discover",
+                               "params": {"_meta": STATELESS_META}})
+            headers = {"Content-Type": "application/json", "Accept": ACCEPT,
+                       "Host": "127.0.0.1:%d" % server.port, **stateless_headers("server/discover")}
+            for _ in range(4):  # 4 requests 1 s apart on one connection: 4 s > timeout
+                conn.request("POST", "/mcp", body=body, headers=headers)
+                response = conn.getresponse()
+                self.assertEqual(response.status, 200)
+                response.read()
+                time.sleep(1.0)
+            conn.close()
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+
 class Token(unittest.TestCase):
     def test_bearer_token(self):
         server = Server("--token", "s3cret")
@@ -752,7 +897,8 @@ class Token(unittest.TestCase):
         self.assertIn("--token", proc.stderr)
 
     def test_bad_usage(self):
-        for args in (["--port", "70000"], ["--port"], ["--frobnicate"], ["--max-body", "1"]):
+        for args in (["--port", "70000"], ["--port"], ["--frobnicate"], ["--max-body", "1"],
+                     ["--max-connections", "0"], ["--request-timeout", "x"]):
             proc = subprocess.run([ADAPT, "serve", *args], capture_output=True, text=True,
                                   timeout=20)
             self.assertEqual(proc.returncode, 2, args)

@@ -492,19 +492,58 @@ ToolDef generateTool(const std::string &exe) {
   return tool;
 }
 
+/// Makes TOOL resolve its path arguments FIELDS through WORKSPACE first: a
+/// path outside the roots is a tool error, and the command sees the resolved
+/// absolute path only.
+ToolDef confined(ToolDef tool, const Workspace &workspace,
+                 std::vector<std::pair<const char *, PathAccess>> fields) {
+  auto inner = std::move(tool.handler);
+  tool.handler = [inner, workspace, fields](const json &arguments,
+                                            CallContext &context) -> json {
+    json resolved = arguments;
+    for (const auto &[field, access] : fields) {
+      if (!arguments.contains(field) || !arguments[field].is_string())
+        continue;
+      std::string error;
+      std::optional<std::string> path =
+          workspace.resolve(arguments[field].get<std::string>(), access, error);
+      if (!path)
+        return toolError(std::string(field) + ": " + error);
+      resolved[field] = *path;
+    }
+    return inner(resolved, context);
+  };
+  return tool;
+}
+
 } // namespace
 
-void addAdaptTools(Registry &registry, const std::string &adaptExe) {
-  registry.tools.push_back(inspectTool(adaptExe));
-  registry.tools.push_back(gapsTool(adaptExe));
-  registry.tools.push_back(buildTool(adaptExe));
-  registry.tools.push_back(validateTool(adaptExe));
-  registry.tools.push_back(generateTool(adaptExe));
-  registry.tools.push_back(listCandidatesTool());
-  registry.tools.push_back(showCandidateTool());
+void addAdaptTools(Registry &registry, const std::string &adaptExe,
+                   const Workspace &workspace) {
+  constexpr PathAccess R = PathAccess::Read, W = PathAccess::Write;
+  registry.tools.push_back(confined(inspectTool(adaptExe), workspace,
+                                    {{"path", R}, {"registry", R}}));
+  registry.tools.push_back(confined(gapsTool(adaptExe), workspace,
+                                    {{"path", R}, {"out", W}, {"registry", R}}));
+  registry.tools.push_back(confined(buildTool(adaptExe), workspace,
+                                    {{"path", R}, {"out", W}, {"runtimeDir", R},
+                                     {"registry", R}}));
+  registry.tools.push_back(confined(validateTool(adaptExe), workspace,
+                                    {{"path", R}, {"out", W}, {"fixture", R},
+                                     {"runtimeDir", R}}));
+  registry.tools.push_back(confined(generateTool(adaptExe), workspace,
+                                    {{"path", R}, {"out", W}, {"registry", R}}));
+  registry.tools.push_back(confined(listCandidatesTool(), workspace, {{"dir", R}}));
+  registry.tools.push_back(confined(showCandidateTool(), workspace, {{"dir", R}}));
+  std::string roots;
+  for (const std::string &root : workspace.writableRoots())
+    roots += (roots.empty() ? "" : ", ") + root;
+  for (const std::string &root : workspace.readOnlyRoots())
+    roots += ", " + root + " (read-only)";
   registry.instructions =
       "adapt analyses released MoE models and builds LoRA trainers for them. "
-      "Paths are on the server's machine, relative to its working folder.";
+      "Paths are on the server's machine and must lie inside its roots: " +
+      roots + "; relative paths start at " + workspace.writableRoots().front() + ".";
 }
 
 } // namespace adapt::mcp

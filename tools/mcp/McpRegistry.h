@@ -7,6 +7,8 @@
 #ifndef ADAPT_TOOLS_MCP_MCPREGISTRY_H
 #define ADAPT_TOOLS_MCP_MCPREGISTRY_H
 
+#include "tools/mcp/Workspace.h"
+
 #include <nlohmann/json.hpp>
 
 #include <functional>
@@ -138,8 +140,10 @@ json toolError(const std::string &message);
 json toolStructured(const json &structured, bool isError = false);
 
 /// Adds the adapt tools (inspect, gaps, build, validate, generate, list and
-/// show review candidates). ADAPT_EXE is the binary the tools run.
-void addAdaptTools(Registry &registry, const std::string &adaptExe);
+/// show review candidates). ADAPT_EXE is the binary the tools run; every
+/// path argument is confined to WORKSPACE before a command sees it.
+void addAdaptTools(Registry &registry, const std::string &adaptExe,
+                   const Workspace &workspace);
 
 /// Adds the tools, resources and prompts the MCP conformance suite expects
 /// of a server under test (only with `adapt serve --test-mode`).

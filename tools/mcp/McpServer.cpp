@@ -1299,14 +1299,17 @@ void McpServer::install(httplib::Server &http) {
       });
   http.Post("/mcp", [this](const httplib::Request &request,
                            httplib::Response &response) {
+    ConnectionGuard::requestRead();
     handlePost(request, response);
   });
   http.Get("/mcp", [this](const httplib::Request &request,
                           httplib::Response &response) {
+    ConnectionGuard::requestRead();
     handleGet(request, response);
   });
   http.Delete("/mcp", [this](const httplib::Request &request,
                              httplib::Response &response) {
+    ConnectionGuard::requestRead();
     handleDelete(request, response);
   });
   http.set_error_handler(
@@ -1335,7 +1338,13 @@ int serve(const ServeOptions &options, const Registry &registry) {
 
   httplib::Server http;
   int threads = options.threads;
-  http.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  // Created once bound (it needs the listening socket), before httplib's
+  // accept loop asks for its task queue.
+  std::unique_ptr<ConnectionGuard> guard;
+  http.new_task_queue = [&guard, threads] { return guard->newTaskQueue(threads); };
+  http.set_logger([](const httplib::Request &, const httplib::Response &) {
+    ConnectionGuard::responseWritten();
+  });
   http.set_payload_max_length(options.maxBodyBytes);
   http.set_keep_alive_max_count(1000);
   http.set_read_timeout(30, 0);
@@ -1362,6 +1371,7 @@ int serve(const ServeOptions &options, const Registry &registry) {
   }
   if (listeningSocket >= 0)
     ::listen(listeningSocket, SOMAXCONN);
+  guard = std::make_unique<ConnectionGuard>(options.limits, listeningSocket);
   std::string shown = options.host.find(':') != std::string::npos
                           ? "[" + options.host + "]"
                           : options.host;

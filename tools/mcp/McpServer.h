@@ -9,6 +9,7 @@
 #ifndef ADAPT_TOOLS_MCP_MCPSERVER_H
 #define ADAPT_TOOLS_MCP_MCPSERVER_H
 
+#include "tools/mcp/ConnectionGuard.h"
 #include "tools/mcp/McpRegistry.h"
 
 #include <cstddef>
@@ -24,7 +25,8 @@ struct ServeOptions {
   std::string bearerToken; ///< when set, every request needs it
   std::vector<std::string> allowedHosts; ///< extra Host/Origin names allowed
   size_t maxBodyBytes = 4 << 20; ///< larger POST bodies get HTTP 413
-  int threads = 256; ///< concurrent connections served at once
+  int threads = 256; ///< worker threads (connections served at once)
+  ConnectionLimits limits; ///< open connections, time to deliver a request
 };
 
 /// Serves REGISTRY until SIGINT/SIGTERM. Prints "listening on http://H:P/mcp"
