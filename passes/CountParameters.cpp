@@ -36,9 +36,18 @@ std::string bucketOf(Operation *op) {
   return "other";
 }
 
+/// Adds N to SUM unless that overflows int64; then sets OVERFLOWED. Sizes
+/// are bounded where they are read (parser/SizeLimits.h, the ONNX reader's
+/// per-tensor check), but a sum of many bounded tensors is checked here too,
+/// so a hostile file can never make a count wrap to a negative number.
+void addChecked(int64_t &sum, int64_t n, bool &overflowed) {
+  if (__builtin_add_overflow(sum, n, &sum))
+    overflowed = true;
+}
+
 /// Sums a component's weights; routed ones count top_k / num_experts active.
 std::pair<int64_t, int64_t> countComponent(Operation *op, ArrayAttr weights,
-                                           SymbolTable &symbols) {
+                                           SymbolTable &symbols, bool &overflowed) {
   int64_t total = 0, active = 0;
   int64_t topK = 0, experts = 1;
   if (auto moe = dyn_cast<MoEOp>(op)) {
@@ -56,9 +65,16 @@ std::pair<int64_t, int64_t> countComponent(Operation *op, ArrayAttr weights,
         llvm::cast<FlatSymbolRefAttr>(attr).getValue());
     if (!weight)
       continue;
-    int64_t n = weight.getNumElements();
-    total += n;
-    active += weight.getRouted() && experts > 0 ? n / experts * topK : n;
+    int64_t n = 1;
+    for (int64_t dim : llvm::cast<RankedTensorType>(weight.getType()).getShape())
+      if (dim < 0 || __builtin_mul_overflow(n, dim, &n))
+        overflowed = true;
+    int64_t routedActive = 0;
+    if (weight.getRouted() && experts > 0 &&
+        __builtin_mul_overflow(n / experts, topK, &routedActive))
+      overflowed = true;
+    addChecked(total, n, overflowed);
+    addChecked(active, weight.getRouted() && experts > 0 ? routedActive : n, overflowed);
   }
   return {total, active};
 }
@@ -78,35 +94,42 @@ struct CountParametersPass
     Builder b(model.getContext());
     ParameterCounts counts;
     int64_t mtpActive = 0, headActive = 0;
+    bool overflowed = false;
     model.walk([&](Operation *op) {
       auto weights = op->getAttrOfType<ArrayAttr>("weights");
       if (!weights || isa<ModelOp>(op))
         return;
-      auto [total, active] = countComponent(op, weights, symbols);
+      auto [total, active] = countComponent(op, weights, symbols, overflowed);
       std::string bucket = bucketOf(op);
       if (auto head = dyn_cast<LMHeadOp>(op); head && head.getTied())
         total = 0; // The embedding owns the table; the matmul is still active.
       op->setAttr("params", b.getI64IntegerAttr(total));
       op->setAttr("active_params", b.getI64IntegerAttr(active));
-      counts.byComponent[bucket] += total;
-      counts.total += total;
+      addChecked(counts.byComponent[bucket], total, overflowed);
+      addChecked(counts.total, total, overflowed);
       if (bucket == "mtp") {
-        counts.mtp += total;
-        mtpActive += active;
+        addChecked(counts.mtp, total, overflowed);
+        addChecked(mtpActive, active, overflowed);
       } else if (bucket.find("_encoder") != std::string::npos) {
-        counts.encoders += total;
+        addChecked(counts.encoders, total, overflowed);
       } else {
-        counts.decoder += total;
-        counts.active += active;
+        addChecked(counts.decoder, total, overflowed);
+        addChecked(counts.active, active, overflowed);
         if (bucket == "embedding")
-          counts.embedding += total;
+          addChecked(counts.embedding, total, overflowed);
         if (bucket == "lm_head") {
-          counts.lmHead += total;
-          headActive += active;
+          addChecked(counts.lmHead, total, overflowed);
+          addChecked(headActive, active, overflowed);
         }
       }
     });
-    counts.activeWithMtp = counts.active + mtpActive;
+    counts.activeWithMtp = counts.active;
+    addChecked(counts.activeWithMtp, mtpActive, overflowed);
+    if (overflowed) {
+      model.emitError("the parameter count overflows a 64-bit integer: the "
+                      "model's shapes are not those of a real model");
+      return signalPassFailure();
+    }
     counts.activeWithoutEmbedding = counts.active - counts.embedding;
     counts.activeNonEmbedding = counts.activeWithoutEmbedding - headActive;
     counts.decoderNonEmbedding =
