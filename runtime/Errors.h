@@ -25,6 +25,7 @@ enum RuntimeExitCode : int {
                          ///< dataset, token id >= vocab, bad flag.
   kExitDiverged = 5,     ///< Training diverged: NaN/Inf loss or gradient.
   kExitWriteFailed = 6,  ///< An I/O failure while writing (disk full, ...).
+  kExitPeerFailed = 7,   ///< Parallel run: another rank failed, or a collective timed out.
   kExitInterrupted = 130 ///< SIGINT/SIGTERM, after a clean checkpoint.
 };
 

@@ -165,7 +165,10 @@ torch::Tensor FfnLayer::forward(const torch::Tensor &x, bool training, torch::Te
       *flips = routingDifferences(routing, forced);
     routing = std::move(forced);
   }
-  ExpertGroups groups = groupByExpert(routing, def.experts, groupAlignment(x.device()));
+  // Split experts: rows leave contiguous per destination rank, unpadded;
+  // the ranks holding the experts pad their own groups.
+  const int64_t align = groupAlignment(x.device());
+  ExpertGroups groups = groupByExpert(routing, def.experts, shard.split() ? 1 : align);
   if (load)
     *load = groups.counts;
   torch::Tensor rows = flat.index_select(0, groups.tokenOfRow);
@@ -173,8 +176,11 @@ torch::Tensor FfnLayer::forward(const torch::Tensor &x, bool training, torch::Te
   const bool scaleInput = def.router == RouterKind::TopKSigmoidInput;
   if (scaleInput)
     rows = rows * rowWeights;
-  torch::Tensor hidden = gatedActivation(gateUp.forward(rows, groups), interleavedGateUp, def);
-  torch::Tensor out = expertDown.forward(hidden, groups);
+  ExpertCompute experts = [this](const torch::Tensor &in, const ExpertGroups &g) {
+    return expertDown.forward(gatedActivation(gateUp.forward(in, g), interleavedGateUp, def), g);
+  };
+  torch::Tensor out = shard.split() ? dispatchToExperts(rows, groups.counts, shard, align, experts)
+                                    : experts(rows, groups);
   if (!scaleInput)
     out = out * rowWeights;
   torch::Tensor y = torch::zeros_like(flat).index_add(0, groups.tokenOfRow, out.to(flat.scalar_type()));

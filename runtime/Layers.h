@@ -10,6 +10,7 @@
 #ifndef ADAPT_RUNTIME_LAYERS_H
 #define ADAPT_RUNTIME_LAYERS_H
 
+#include "runtime/ExpertParallel.h"
 #include "runtime/ModelDef.h"
 #include "runtime/Ops.h"
 
@@ -90,6 +91,9 @@ struct FfnLayer {
   ExpertLinear gateUp, expertDown;       ///< Routed experts.
   LoraLinear sharedGate, sharedUp, sharedDown, sharedExpertGate;
   bool interleavedGateUp = false;
+  /// Expert parallelism: which routed experts gateUp/expertDown hold (their
+  /// first dimension) and the group holding the rest. Default: all of them.
+  ExpertShard shard;
 
   bool isMoe() const { return def.experts > 0; }
   /// \p load receives tokens per expert when this is a MoE layer. Defined

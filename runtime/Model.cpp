@@ -142,7 +142,7 @@ public:
     for (const LayerDef &l : def.layers) {
       n += 2 + l.attention.weights.size();
       for (const auto &[role, name] : l.ffn.weights)
-        n += name.find("{e}") != std::string::npos ? l.ffn.experts : 1;
+        n += name.find("{e}") != std::string::npos ? localExperts(l.ffn.experts) : 1;
     }
     return n;
   }
@@ -357,10 +357,27 @@ public:
     }
   }
 
-  /// Loads per-expert tensors "{e}" stacked to [E, rows, cols].
+  /// Expert parallelism: the routed experts of a layer with \p experts that
+  /// this rank holds (all of them when not split).
+  int64_t localExperts(int64_t experts) const {
+    const auto &dist = options.distributed;
+    return dist && dist->layout().ep > 1 ? experts / dist->layout().ep : experts;
+  }
+  int64_t firstLocalExpert(int64_t experts) const {
+    const auto &dist = options.distributed;
+    return dist && dist->layout().ep > 1 ? dist->expertRank() * localExperts(experts) : 0;
+  }
+  /// The local experts' slice of a fused [E, ...] tensor.
+  torch::Tensor localSlice(const torch::Tensor &all, int64_t experts) const {
+    return all.narrow(0, firstLocalExpert(experts), localExperts(experts)).contiguous();
+  }
+
+  /// Loads this rank's per-expert tensors "{e}" stacked to [E_local, rows, cols]
+  /// (the other experts' tensors are never read).
   torch::Tensor stackExperts(const std::string &pattern, int64_t experts, int64_t rows, int64_t cols) {
     std::vector<torch::Tensor> parts;
-    for (int64_t e = 0; e < experts; ++e)
+    const int64_t first = firstLocalExpert(experts);
+    for (int64_t e = first; e < first + localExperts(experts); ++e)
       parts.push_back(load(expertName(pattern, e), {rows, cols}));
     return torch::stack(parts);
   }
@@ -390,12 +407,17 @@ public:
       f.gateUp.weight = torch::cat({gate, up}, 1).contiguous();
       f.expertDown.weight = stackExperts(name(w, "down_proj", l), e, h, width);
     } else if (d.fusedLayout == "concat_out_in") {
-      f.gateUp.weight = load(name(w, "gate_up_proj", l), {e, 2 * width, h});
-      f.expertDown.weight = load(name(w, "down_proj", l), {e, h, width});
+      f.gateUp.weight = localSlice(load(name(w, "gate_up_proj", l), {e, 2 * width, h}), e);
+      f.expertDown.weight = localSlice(load(name(w, "down_proj", l), {e, h, width}), e);
     } else {
       // [E, in, out] on disk (gpt-oss, Llama-4): keep [E, out, in] in memory.
-      f.gateUp.weight = load(name(w, "gate_up_proj", l), {e, h, 2 * width}).transpose(1, 2).contiguous();
-      f.expertDown.weight = load(name(w, "down_proj", l), {e, width, h}).transpose(1, 2).contiguous();
+      f.gateUp.weight = localSlice(load(name(w, "gate_up_proj", l), {e, h, 2 * width}), e).transpose(1, 2).contiguous();
+      f.expertDown.weight = localSlice(load(name(w, "down_proj", l), {e, width, h}), e).transpose(1, 2).contiguous();
+    }
+    if (localExperts(e) != e) {
+      f.shard.group = &options.distributed->expert();
+      f.shard.first = firstLocalExpert(e);
+      f.shard.local = localExperts(e);
     }
     if (d.expertBias) {
       auto gb = optionalName(w, {"gate_up_proj.bias", "gate_up_proj_bias"});
@@ -403,8 +425,8 @@ public:
       if (!gb || !db)
         throw LoadError(modelDir, "layer " + std::to_string(l.index) + " expert biases",
                         "expected gate_up_proj_bias and down_proj_bias names");
-      f.gateUp.bias = load(*gb, {e, 2 * width});
-      f.expertDown.bias = load(*db, {e, h});
+      f.gateUp.bias = localSlice(load(*gb, {e, 2 * width}), e);
+      f.expertDown.bias = localSlice(load(*db, {e, h}), e);
     }
     if (d.sharedIntermediate > 0) {
       f.sharedGate = linear(l, w, "shared.gate_proj", d.sharedIntermediate, h, false);
@@ -449,12 +471,16 @@ public:
     l.dropout = def.lora.dropout;
   }
 
-  /// Expert LoRA kept in PEFT's file layout: A [E*r, in], B [out, r*E].
-  void addLora(ExpertLinear &x) {
+  /// Expert LoRA kept in PEFT's file layout: A [E*r, in], B [out, r*E]; with
+  /// split experts, the local experts' rows of A (drawn for all E, so every
+  /// layout starts from the same adapter) and a B of r*E_local columns.
+  void addLora(ExpertLinear &x, int64_t allExperts) {
     int64_t e = x.weight.size(0), out = x.weight.size(1), in = x.weight.size(2), r = def.lora.rank;
     if (x.peftSwapped)
       std::swap(out, in);
-    x.loraA = initA(e * r, in);
+    x.loraA = initA(allExperts * r, in);
+    if (e != allExperts)
+      x.loraA = x.loraA.detach().narrow(0, firstLocalExpert(allExperts) * r, e * r).clone().requires_grad_(true);
     x.loraB = torch::zeros({out, r * e}, torch::TensorOptions().dtype(torch::kFloat32).device(options.device))
                   .requires_grad_(true);
     x.scale = loraScale();
@@ -481,7 +507,7 @@ public:
       if (f.isMoe())
         for (ExpertLinear *x : {&f.gateUp, &f.expertDown})
           if (targeted(x->hfParam, d))
-            addLora(*x);
+            addLora(*x, f.def.experts);
     }
     // Vision blocks: only the modules named (attn.qkv, attn.proj, mlp.linear_fc1/2).
     if (vision)
@@ -622,6 +648,17 @@ torch::Tensor Model::loss(const torch::Tensor &ids, const torch::Tensor &labels,
       shifted, targets, torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
 }
 
+torch::Tensor Model::lossSum(const torch::Tensor &ids, const torch::Tensor &labels) {
+  torch::Tensor h = impl->hidden(ids, /*training=*/true);
+  torch::Tensor logits = torch::linear(h, impl->lmHead).to(torch::kFloat32);
+  const int64_t seqLen = ids.size(1);
+  torch::Tensor shifted = logits.narrow(1, 0, seqLen - 1).reshape({-1, logits.size(-1)});
+  torch::Tensor targets = labels.to(logits.device()).narrow(1, 1, seqLen - 1).reshape({-1});
+  return torch::nn::functional::cross_entropy(
+      shifted, targets,
+      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum));
+}
+
 std::vector<AdapterTensor> Model::adapters() const {
   std::vector<AdapterTensor> out;
   const std::string base = "base_model.model.";
@@ -650,14 +687,18 @@ std::vector<AdapterTensor> Model::adapters() const {
     if (f.gateUp.hasLora() || f.expertDown.hasLora()) {
       std::string experts = base + f.gateUp.hfParam.substr(0, f.gateUp.hfParam.rfind('.'));
       bool both = f.gateUp.hasLora() && f.expertDown.hasLora();
+      const bool split = f.shard.split();
+      const AdapterShard rows = split ? AdapterShard::ExpertRows : AdapterShard::None;
+      const AdapterShard columns = split ? AdapterShard::ExpertColumns : AdapterShard::None;
+      const int64_t r = impl->def.lora.rank;
       if (f.gateUp.hasLora()) {
         std::string p = experts + (both ? ".base_layer" : "");
-        out.push_back({p + ".lora_A.weight", f.gateUp.loraA});
-        out.push_back({p + ".lora_B.weight", f.gateUp.loraB});
+        out.push_back({p + ".lora_A.weight", f.gateUp.loraA, rows, r});
+        out.push_back({p + ".lora_B.weight", f.gateUp.loraB, columns, r});
       }
       if (f.expertDown.hasLora()) {
-        out.push_back({experts + ".lora_A.weight", f.expertDown.loraA});
-        out.push_back({experts + ".lora_B.weight", f.expertDown.loraB});
+        out.push_back({experts + ".lora_A.weight", f.expertDown.loraA, rows, r});
+        out.push_back({experts + ".lora_B.weight", f.expertDown.loraB, columns, r});
       }
     }
   }

@@ -9,6 +9,7 @@
 #ifndef ADAPT_RUNTIME_MODEL_H
 #define ADAPT_RUNTIME_MODEL_H
 
+#include "runtime/Distributed.h"
 #include "runtime/ModelDef.h"
 #include "runtime/Vision.h"
 
@@ -35,6 +36,17 @@ struct ModelOptions {
   bool recomputeLayers = false;
   /// Called while loading: (tensors done, tensors in all). May be empty.
   std::function<void(int64_t, int64_t)> progress;
+  /// A parallel run (runtime/Distributed.h): with ep > 1 this rank loads and
+  /// trains only its share of every MoE layer's routed experts. Null: alone.
+  std::shared_ptr<Distributed> distributed;
+};
+
+/// How an adapter tensor is split between the ranks of an expert-parallel
+/// group (each holds E / ep experts' factors, in PEFT's layout).
+enum class AdapterShard {
+  None,          ///< Whole on every rank.
+  ExpertRows,    ///< Rows e*r+k (lora_A): the local experts' rows, in order.
+  ExpertColumns, ///< Columns k*E+e (lora_B): [out, r*E_local], column k*E_local+e.
 };
 
 /// One trainable adapter tensor with the key PEFT's adapter_model.safetensors
@@ -42,6 +54,8 @@ struct ModelOptions {
 struct AdapterTensor {
   std::string peftKey;
   torch::Tensor value; ///< requires_grad; fp32 master copy.
+  AdapterShard shard = AdapterShard::None;
+  int64_t rank = 0;    ///< LoRA rank r, for ExpertColumns.
 };
 
 /// Per decoder layer, how many tokens each routed expert received in the last
@@ -73,6 +87,9 @@ public:
   /// has no vision tower or the tokens do not match the images.
   torch::Tensor logits(const torch::Tensor &ids, const ImageInput &images);
   torch::Tensor loss(const torch::Tensor &ids, const torch::Tensor &labels, const ImageInput &images);
+  /// The sum (not the mean) of the text-only next-token cross-entropies:
+  /// a parallel run divides it by the global batch's target count.
+  torch::Tensor lossSum(const torch::Tensor &ids, const torch::Tensor &labels);
 
   /// Every adapter tensor, in a fixed order (layer, module, A before B).
   std::vector<AdapterTensor> adapters() const;

@@ -8,6 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/TrainMain.h"
+#include "runtime/Distributed.h"
 #include "runtime/SafetensorsIO.h"
 #include "runtime/Dataset.h"
 #include "runtime/Errors.h"
@@ -87,6 +88,14 @@ Training (defaults in brackets):
   --logits-out FILE      at the end, write the first batch's input_ids and
                          logits (fp32) as safetensors, to compare with the
                          reference (transformers + PEFT on the exported adapter)
+  --tp N, --ep N, --pp N, --dp N, --cp N
+                         parallel layout; the product is the launcher's world
+                         size (torchrun: RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/
+                         MASTER_PORT; Slurm: SLURM_PROCID/SLURM_NTASKS/...).
+                         --ep splits routed experts, --dp and --ep split the
+                         batch; --tp, --pp, --cp are not implemented yet [1]
+  --dist-timeout S       a collective waiting longer (a rank died) fails every
+                         rank with exit 7 [300]
   --help                 this text
 
 Every step appends one JSON line to OUT/metrics.jsonl: step, loss, lr,
@@ -103,6 +112,7 @@ Exit codes:
   5    training diverged: loss or gradient norm NaN/Inf; the last good
        checkpoint is kept
   6    write failure (disk full, ...); the previous checkpoint is intact
+  7    parallel run: another rank failed, or a collective timed out
   130  interrupted by SIGINT/SIGTERM after a clean checkpoint
 )";
 }
@@ -114,7 +124,7 @@ const std::set<std::string> kValueFlags = {
     "--model", "--data", "--out", "--steps", "--batch", "--seq-len", "--lr", "--weight-decay",
     "--warmup", "--seed", "--device", "--dtype", "--grad-clip", "--checkpoint-every",
     "--log-every", "--export", "--merge", "--eos", "--peak-tflops", "--logits-out", "--validate", "--init-adapter", "--dump-batches",
-    "--force-routing"};
+    "--force-routing", "--tp", "--ep", "--pp", "--dp", "--cp", "--dist-timeout"};
 const std::set<std::string> kBoolFlags = {"--resume", "--recompute", "--help", "-h"};
 
 /// The parsed command line: flag -> value ("" for booleans).
@@ -318,7 +328,8 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
     throw badInput("", "--out", "expected the run folder (--out DIR); see --help");
   const std::string outDir = args.values.at("--out");
   createDirectories(outDir);
-  recoverCheckpointFolder(outDir);
+  if (launchFromEnvironment().rank == 0) // Rank 0 alone writes OUT.
+    recoverCheckpointFolder(outDir);
   const bool checkpointExists = Trainer::hasCheckpoint(outDir);
   const std::string checkpointPath = joinPath(outDir, "checkpoint");
   // Never write over a checkpoint that cannot be read back: a folder without
@@ -339,6 +350,32 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
   TrainOptions opts = resolveOptions(args, saved, defaultModelDir);
   if (opts.steps > 0 && opts.dataPath.empty())
     throw badInput("", "--data", "expected a dataset (JSONL or ADAPTTOK) to train on");
+  // A parallel run: checked before any weight is read, then the groups formed.
+  const LaunchInfo launch = launchFromEnvironment();
+  Layout layout;
+  for (auto [flag, size] : {std::pair<const char *, int64_t *>{"--tp", &layout.tp},
+                            {"--ep", &layout.ep}, {"--pp", &layout.pp}, {"--dp", &layout.dp},
+                            {"--cp", &layout.cp}})
+    if (const std::string *text = args.has(flag) ? &args.values.at(flag) : nullptr)
+      *size = parseInt(flag, *text, 1);
+  checkLayout(layout, launch.worldSize, def, opts.batch);
+  if (launch.worldSize > 1) {
+    if (layout.ep > 1 && !opts.mergeDir.empty())
+      throw badInput("", "--merge",
+                     "expected a run without --ep: export the adapter (--export), then merge "
+                     "it in one process (--init-adapter DIR --merge OUT)");
+    if (args.has("--validate"))
+      throw badInput("", "--validate", "expected one process: the model stage runs alone");
+    if (opts.device.is_cuda())
+      opts.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(launch.localRank));
+    const int64_t timeout = args.has("--dist-timeout")
+                                ? parseInt("--dist-timeout", args.values.at("--dist-timeout"), 1)
+                                : 300;
+    opts.distributed = Distributed::join(launch, layout, opts.device, std::chrono::seconds(timeout));
+    std::fprintf(stderr, "rank %d of %d (%s, %s): data rank %lld, expert rank %lld\n", launch.rank,
+                 launch.worldSize, launch.launcher.c_str(), layout.text().c_str(),
+                 (long long)opts.distributed->dataRank(), (long long)opts.distributed->expertRank());
+  }
   // Provenance of every generated operator compiled in (adapt review).
   for (const GeneratedOp &op : generatedOps())
     std::fprintf(stderr, "generated operator: %s (%s; sha256 %.12s; approved by %s)\n",
@@ -379,6 +416,7 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
   modelOptions.seed = opts.seed;
   modelOptions.progress = loadProgress();
   modelOptions.recomputeLayers = args.has("--recompute");
+  modelOptions.distributed = opts.distributed;
   Model model(def, opts.modelDir, modelOptions);
   if (args.has("--init-adapter"))
     loadInitialAdapter(model, args.values.at("--init-adapter"));
@@ -410,7 +448,7 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
     }
   }
   if (!opts.exportDir.empty()) {
-    exportAdapter(model, opts.modelDir, opts.exportDir);
+    exportAdapter(model, opts.modelDir, opts.exportDir, opts.distributed.get());
     std::fprintf(stderr, "exported the adapter to %s\n", opts.exportDir.c_str());
   }
   if (!opts.mergeDir.empty()) {
@@ -423,8 +461,9 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
           opts.dataPath, DatasetOptions{opts.seqLen, def.vocab, opts.eos, opts.seed});
     Batch first = data->batch(0, opts.batch);
     torch::NoGradGuard noGrad;
-    torch::Tensor logits = model.logits(first.ids).cpu();
-    writeSafetensors(args.values.at("--logits-out"), {{"input_ids", first.ids}, {"logits", logits}});
+    torch::Tensor logits = model.logits(first.ids).cpu(); // Every rank: expert exchanges.
+    if (launch.rank == 0)
+      writeSafetensors(args.values.at("--logits-out"), {{"input_ids", first.ids}, {"logits", logits}});
   }
   return kExitSuccess;
 }
@@ -440,6 +479,14 @@ int trainMain(int argc, char **argv, const ModelDef &def, const std::string &def
   } catch (const RuntimeError &e) {
     std::fprintf(stderr, "%serror: %s\n", lineBreak(), e.what());
     return e.exitCode;
+  } catch (const c10::DistError &e) {
+    // A peer died (its connection closed) or a collective timed out.
+    std::string what = e.what_without_backtrace();
+    if (size_t nl = what.find('\n'); nl != std::string::npos)
+      what.resize(nl);
+    std::fprintf(stderr, "%serror: parallel run: another rank failed or timed out: %s\n",
+                 lineBreak(), what.c_str());
+    return kExitPeerFailed;
   } catch (const c10::Error &e) {
     std::string what = e.what_without_backtrace();
     if (size_t nl = what.find('\n'); nl != std::string::npos)

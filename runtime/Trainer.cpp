@@ -10,6 +10,8 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/Trainer.h"
+#include "runtime/ExpertParallel.h"
+#include "runtime/ParallelStep.h"
 #include "runtime/FileSystem.h"
 #include "runtime/SafetensorsIO.h"
 #include "runtime/Sha256.h"
@@ -176,12 +178,50 @@ Trainer::Trainer(Model &model, const TrainOptions &options)
     forcedRouting = std::make_unique<SafetensorsFile>(opts.forceRoutingPath);
 }
 
+double Trainer::lossAndGradients(const Batch &batch, double &allReduceSeconds) {
+  if (!opts.distributed) {
+    torch::Tensor ids = batch.ids.to(opts.device), labels = batch.labels.to(opts.device);
+    torch::Tensor loss = model.loss(ids, labels, ImageInput{batch.pixels, batch.gridThw});
+    const double value = loss.item<double>();
+    if (std::isfinite(value))
+      loss.backward();
+    return value;
+  }
+  Distributed &run = *opts.distributed;
+  auto [first, count] = batchSlice(run, batch.ids.size(0));
+  torch::Tensor ids = batch.ids.narrow(0, first, count).to(opts.device);
+  torch::Tensor labels = batch.labels.narrow(0, first, count).to(opts.device);
+  // The single-process loss is the mean over every target token of the
+  // global batch: each rank's share is its sum over the global count, and
+  // the gradients summed over the ranks are the single-process ones.
+  std::vector<torch::Tensor> targets = {
+      (labels.narrow(1, 1, labels.size(1) - 1) != -100).sum().to(torch::kCPU, torch::kFloat64)};
+  run.data().allReduceSum(targets);
+  const double globalCount = targets[0].item<double>();
+  torch::Tensor share = model.lossSum(ids, labels) / std::max(globalCount, 1.0);
+  std::vector<torch::Tensor> total = {share.detach().to(torch::kCPU, torch::kFloat64).reshape({1})};
+  run.data().allReduceSum(total);
+  const double value = total[0].item<double>();
+  if (!std::isfinite(value))
+    return value;
+  share.backward();
+  auto start = std::chrono::steady_clock::now();
+  reduceGradients(params, run);
+  allReduceSeconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return value;
+}
+
 void Trainer::forceRoutingOf(int64_t index) {
   const std::string prefix = std::to_string(index) + ".";
   std::map<std::string, torch::Tensor> experts;
   for (const TensorInfo &t : forcedRouting->tensors())
     if (t.name.rfind(prefix, 0) == 0)
       experts[t.name.substr(prefix.size())] = forcedRouting->view(t.name).to(opts.device, torch::kLong);
+  if (opts.distributed) { // This data rank's sequences: rows [first*T, (first+count)*T).
+    auto [first, count] = batchSlice(*opts.distributed, opts.batch);
+    for (auto &[block, chosen] : experts)
+      chosen = chosen.narrow(0, first * opts.seqLen, count * opts.seqLen);
+  }
   if (experts.empty())
     throw badInput(opts.forceRoutingPath, prefix + "*",
                    "expected the forced experts of step " + std::to_string(index) + " (0-based)");
@@ -238,22 +278,24 @@ int64_t Trainer::restore() {
   torch::NoGradGuard noGrad;
   for (const AdapterTensor &p : params) {
     torch::Tensor saved = adapters.view(p.peftKey);
-    if (saved.scalar_type() != torch::kFloat || saved.sizes() != p.value.sizes())
+    const Distributed *run = opts.distributed.get();
+    const std::vector<int64_t> whole = wholeShape(p, run);
+    if (saved.scalar_type() != torch::kFloat || saved.sizes() != c10::IntArrayRef(whole))
       throw badInput(adapterPath, p.peftKey,
-                     "expected F32 " + c10::str(p.value.sizes()) +
+                     "expected F32 " + c10::str(whole) +
                          " (this model's adapter) but found " +
                          c10::toString(saved.scalar_type()) + " " + c10::str(saved.sizes()));
-    p.value.copy_(saved);
+    p.value.copy_(shardOf(p, saved, run));
     if (!optim.find(p.peftKey + ".step"))
       continue;
     auto moment = [&](const char *suffix) {
       torch::Tensor t = optim.view(p.peftKey + suffix);
-      if (t.scalar_type() != torch::kFloat || t.sizes() != p.value.sizes())
+      if (t.scalar_type() != torch::kFloat || t.sizes() != c10::IntArrayRef(whole))
         throw badInput(optimPath, p.peftKey + suffix,
-                       "expected F32 " + c10::str(p.value.sizes()) + " but found " +
+                       "expected F32 " + c10::str(whole) + " but found " +
                            c10::toString(t.scalar_type()) + " " + c10::str(t.sizes()));
-      return t.to(p.value.device(), p.value.scalar_type(), /*non_blocking=*/false,
-                  /*copy=*/true);
+      return shardOf(p, t, run).to(p.value.device(), p.value.scalar_type(), /*non_blocking=*/false,
+                                   /*copy=*/true);
     };
     auto st = std::make_unique<torch::optim::AdamWParamState>();
     st->step(optim.view(p.peftKey + ".step").to(torch::kLong).item<int64_t>());
@@ -283,15 +325,21 @@ void Trainer::saveCheckpoint() {
   bool injectFailure = failAt && std::atoll(failAt) == completed;
   try {
     std::vector<std::pair<std::string, torch::Tensor>> adapterTensors, optimTensors;
+    // Whole tensors (split experts gathered), so any layout can resume.
+    Distributed *run = opts.distributed.get();
     for (const AdapterTensor &p : params) {
-      adapterTensors.emplace_back(p.peftKey, p.value.detach().to(torch::kCPU, torch::kFloat));
+      adapterTensors.emplace_back(p.peftKey, gatherShard(p, p.value.detach(), run).to(torch::kCPU, torch::kFloat));
       auto it = optimizer->state().find(p.value.unsafeGetTensorImpl());
       if (it == optimizer->state().end())
         continue;
       auto &st = static_cast<torch::optim::AdamWParamState &>(*it->second);
-      optimTensors.emplace_back(p.peftKey + ".exp_avg", st.exp_avg().to(torch::kCPU));
-      optimTensors.emplace_back(p.peftKey + ".exp_avg_sq", st.exp_avg_sq().to(torch::kCPU));
+      optimTensors.emplace_back(p.peftKey + ".exp_avg", gatherShard(p, st.exp_avg(), run).to(torch::kCPU));
+      optimTensors.emplace_back(p.peftKey + ".exp_avg_sq", gatherShard(p, st.exp_avg_sq(), run).to(torch::kCPU));
       optimTensors.emplace_back(p.peftKey + ".step", torch::tensor(st.step(), torch::kLong));
+    }
+    if (!writes()) {
+      checkpointStep = completed;
+      return;
     }
     JsonValue options = JsonValue::object({
         {"data", opts.dataPath.empty() ? std::string() : absolutePath(opts.dataPath)},
@@ -415,7 +463,8 @@ int Trainer::run(const PackedDataset &data) {
                  "warning: the data or packing differs from the checkpoint's (%s, now %s); "
                  "the resumed run will not repeat the batches of an uninterrupted one\n",
                  restoredFingerprint.c_str(), currentFingerprint.c_str());
-  truncateMetrics();
+  if (writes())
+    truncateMetrics();
 
   std::vector<torch::Tensor> tensors;
   for (const AdapterTensor &a : params)
@@ -442,12 +491,9 @@ int Trainer::run(const PackedDataset &data) {
     torch::manual_seed(stepSeed(opts.seed, index));
 
     Batch b = data.batch(index, opts.batch);
-    torch::Tensor ids = b.ids.to(opts.device), labels = b.labels.to(opts.device);
     optimizer->zero_grad();
     if (forcedRouting)
       forceRoutingOf(index);
-    torch::Tensor loss = model.loss(ids, labels, ImageInput{b.pixels, b.gridThw});
-    const double lossValue = loss.item<double>();
     auto notFinite = [&](const char *what, double v) {
       return RuntimeError("", "",
                           std::string(what) + " is " +
@@ -455,11 +501,24 @@ int Trainer::run(const PackedDataset &data) {
                               std::to_string(index + 1) + "; " + checkpointNote(),
                           kExitDiverged);
     };
+    double allReduceSeconds = 0.0;
+    const double lossValue = lossAndGradients(b, allReduceSeconds);
     if (!std::isfinite(lossValue))
       throw notFinite("loss", lossValue);
-    loss.backward();
-    const double gradNorm = torch::nn::utils::clip_grad_norm_(
-        tensors, opts.gradClip > 0 ? opts.gradClip : std::numeric_limits<double>::infinity());
+    const double maxNorm = opts.gradClip > 0 ? opts.gradClip : std::numeric_limits<double>::infinity();
+    double gradNorm = 0.0;
+    if (!opts.distributed) {
+      gradNorm = torch::nn::utils::clip_grad_norm_(tensors, maxNorm);
+    } else {
+      // clip_grad_norm_'s rule, over the whole model's gradients.
+      gradNorm = globalGradNorm(params, *opts.distributed);
+      const double coefficient = maxNorm / (gradNorm + 1e-6);
+      if (coefficient < 1.0) {
+        torch::NoGradGuard noGrad;
+        for (torch::Tensor &t : tensors)
+          t.mutable_grad().mul_(coefficient);
+      }
+    }
     if (!std::isfinite(gradNorm))
       throw notFinite("gradient norm", gradNorm);
     optimizer->step();
@@ -472,8 +531,17 @@ int Trainer::run(const PackedDataset &data) {
     const auto now = Clock::now();
     const double seconds = std::chrono::duration<double>(now - stepStart).count();
     const double tokensPerSecond = tokensPerStep / std::max(seconds, 1e-9);
+    ExpertLoad expertLoad = model.expertLoad();
+    if (opts.distributed) // Tokens from every data rank.
+      for (std::vector<int64_t> &layer : expertLoad) {
+        if (layer.empty())
+          continue;
+        std::vector<torch::Tensor> counts = {torch::tensor(layer, torch::kLong)};
+        opts.distributed->data().allReduceSum(counts);
+        layer.assign(counts[0].data_ptr<int64_t>(), counts[0].data_ptr<int64_t>() + layer.size());
+      }
     JsonValue load = JsonValue::array();
-    for (const std::vector<int64_t> &layer : model.expertLoad()) {
+    for (const std::vector<int64_t> &layer : expertLoad) {
       JsonValue counts = JsonValue::array();
       for (int64_t c : layer)
         counts.push(c);
@@ -491,7 +559,15 @@ int Trainer::run(const PackedDataset &data) {
     });
     if (forcedRouting)
       line.set("routing_flips", model.routingFlips());
-    appendMetrics(line.dump());
+    if (opts.distributed) {
+      line.set("layout", opts.distributed->layout().text());
+      line.set("tokens_per_s_per_rank",
+               tokensPerSecond / static_cast<double>(opts.distributed->launch().worldSize));
+      line.set("allreduce_s", allReduceSeconds);
+      line.set("alltoall_s", takeAllToAllSeconds());
+    }
+    if (writes())
+      appendMetrics(line.dump());
 
     const double elapsed = std::chrono::duration<double>(now - runStart).count();
     const double perStep = elapsed / static_cast<double>(completed - firstStep);
@@ -501,10 +577,12 @@ int Trainer::run(const PackedDataset &data) {
                   (long long)completed, (long long)opts.steps, lossValue, lr, tokensPerSecond,
                   durationText(perStep * static_cast<double>(opts.steps - completed)).c_str());
     bool fullLine = opts.logEvery > 0 && (completed % opts.logEvery == 0 || completed == opts.steps);
-    if (tty)
+    if (!writes()) {
+    } else if (tty) {
       std::fprintf(stderr, "\r%s\x1b[K%s", progress, fullLine ? "\n" : "");
-    else if (fullLine)
+    } else if (fullLine) {
       std::fprintf(stderr, "%s\n", progress);
+    }
 
     if (opts.checkpointEvery > 0 && completed % opts.checkpointEvery == 0)
       saveCheckpoint();
@@ -521,10 +599,18 @@ int Trainer::run(const PackedDataset &data) {
 //===----------------------------------------------------------------------===//
 
 void exportAdapter(const Model &model, const std::string &modelDir, const std::string &outDir) {
-  createDirectories(outDir);
+  exportAdapter(model, modelDir, outDir, nullptr);
+}
+
+void exportAdapter(const Model &model, const std::string &modelDir, const std::string &outDir,
+                   Distributed *run) {
   std::vector<std::pair<std::string, torch::Tensor>> tensors;
   for (const AdapterTensor &a : model.adapters())
-    tensors.emplace_back(a.peftKey, a.value.detach().to(torch::kCPU, torch::kFloat).contiguous());
+    tensors.emplace_back(a.peftKey,
+                         gatherShard(a, a.value.detach(), run).to(torch::kCPU, torch::kFloat).contiguous());
+  if (run && run->rank() != 0)
+    return;
+  createDirectories(outDir);
   std::string config = model.peftConfigJson(absolutePath(modelDir));
   try {
     parseJson(config, "adapter_config.json");

@@ -56,6 +56,10 @@ struct TrainOptions {
   /// "": routers choose. Else a safetensors file of forced experts per step
   /// and MoE block ("<step>.<block path>" -> [B*T, k]; Model::forceRouting).
   std::string forceRoutingPath;
+  /// A parallel run (runtime/Distributed.h): each data rank trains its slice
+  /// of every global batch, gradients are reduced, and rank 0 alone writes
+  /// metrics, checkpoints and exports (whole tensors). Null: alone.
+  std::shared_ptr<Distributed> distributed;
 };
 
 /// Learning rate of the step with 0-based index \p index: lr * (index + 1) /
@@ -110,6 +114,13 @@ private:
   int interrupted(int signal);
   std::string checkpointNote() const;
 
+  /// Whether this process writes files (alone, or rank 0 of a parallel run).
+  bool writes() const { return !opts.distributed || opts.distributed->rank() == 0; }
+  /// One step's loss and gradients: alone, model.loss and backward; in a
+  /// parallel run, this rank's slice, then gradients reduced. Returns the
+  /// global loss; ALLREDUCE_SECONDS receives the gradient reduction's time.
+  double lossAndGradients(const Batch &batch, double &allReduceSeconds);
+
   Model &model;
   TrainOptions opts;
   std::unique_ptr<torch::optim::AdamW> optimizer;
@@ -129,6 +140,10 @@ private:
 /// into \p outDir; exit code 6 on a write failure.
 void exportAdapter(const Model &model, const std::string &modelDir,
                    const std::string &outDir);
+/// exportAdapter for a parallel run: every rank calls it (split expert
+/// adapters are gathered), rank 0 writes the whole adapter.
+void exportAdapter(const Model &model, const std::string &modelDir, const std::string &outDir,
+                   Distributed *run);
 
 /// Writes a full checkpoint into \p outDir: model.mergedWeights() plus every
 /// other tensor of \p modelDir unchanged (quantization companions of merged

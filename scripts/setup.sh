@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PKGS="cmake ninja-build g++ python3 libmlir-19-dev mlir-19-tools llvm-19-dev llvm-19-tools \
   libonnx-dev libprotobuf-dev protobuf-compiler libfmt-dev nlohmann-json3-dev libgtest-dev \
-  clang-19 libclang-rt-19-dev libcurl4-openssl-dev libcpp-httplib-dev bubblewrap"
+  clang-19 libclang-rt-19-dev libcurl4-openssl-dev libcpp-httplib-dev bubblewrap libgloo-dev"
 missing=$(for p in $PKGS; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)
 if [ -n "$missing" ]; then
   echo "== installing: $missing"

@@ -1,0 +1,86 @@
+//===- ParallelStep.cpp - what a training step adds in a parallel run -----===//
+
+#include "runtime/ParallelStep.h"
+
+#include <cmath>
+
+namespace adapt::rt {
+
+namespace {
+
+int64_t epSize(const Distributed *run) { return run ? run->layout().ep : 1; }
+
+} // namespace
+
+std::pair<int64_t, int64_t> batchSlice(const Distributed &run, int64_t globalBatch) {
+  const int64_t per = globalBatch / run.layout().dataRanks();
+  return {run.dataRank() * per, per};
+}
+
+void reduceGradients(const std::vector<AdapterTensor> &params, Distributed &run) {
+  std::vector<torch::Tensor> dense, experts;
+  for (const AdapterTensor &p : params) {
+    torch::Tensor grad = p.value.mutable_grad();
+    if (!grad.defined()) // Untouched this step (no token reached it): zero.
+      grad = p.value.mutable_grad() = torch::zeros_like(p.value);
+    (p.shard == AdapterShard::None ? dense : experts).push_back(grad);
+  }
+  run.data().allReduceSum(dense);
+  run.expertData().allReduceSum(experts);
+}
+
+double globalGradNorm(const std::vector<AdapterTensor> &params, Distributed &run) {
+  double dense = 0.0;
+  torch::Tensor experts = torch::zeros({1}, torch::kFloat64);
+  for (const AdapterTensor &p : params) {
+    double squares = p.value.grad().to(torch::kFloat64).pow(2).sum().item<double>();
+    if (p.shard == AdapterShard::None)
+      dense += squares;
+    else
+      experts += squares;
+  }
+  std::vector<torch::Tensor> shards = {experts};
+  run.expert().allReduceSum(shards);
+  return std::sqrt(dense + shards[0].item<double>());
+}
+
+torch::Tensor gatherShard(const AdapterTensor &adapter, const torch::Tensor &local, Distributed *run) {
+  if (adapter.shard == AdapterShard::None || epSize(run) == 1)
+    return local;
+  std::vector<torch::Tensor> parts = run->expert().allGather(local.contiguous());
+  if (adapter.shard == AdapterShard::ExpertRows)
+    return torch::cat(parts, 0);
+  // [out, r*E_local] with column k*E_local+e: join along the expert axis.
+  const int64_t r = adapter.rank;
+  for (torch::Tensor &part : parts)
+    part = part.view({part.size(0), r, -1});
+  torch::Tensor whole = torch::cat(parts, 2);
+  return whole.reshape({whole.size(0), -1});
+}
+
+torch::Tensor shardOf(const AdapterTensor &adapter, const torch::Tensor &whole, const Distributed *run) {
+  const int64_t ep = epSize(run);
+  if (adapter.shard == AdapterShard::None || ep == 1)
+    return whole;
+  const int64_t index = run->expertRank();
+  if (adapter.shard == AdapterShard::ExpertRows) {
+    const int64_t rows = whole.size(0) / ep;
+    return whole.narrow(0, index * rows, rows).contiguous();
+  }
+  const int64_t r = adapter.rank;
+  torch::Tensor view = whole.view({whole.size(0), r, -1});
+  const int64_t local = view.size(2) / ep;
+  return view.narrow(2, index * local, local).reshape({whole.size(0), -1}).contiguous();
+}
+
+std::vector<int64_t> wholeShape(const AdapterTensor &adapter, const Distributed *run) {
+  std::vector<int64_t> shape = adapter.value.sizes().vec();
+  const int64_t ep = epSize(run);
+  if (adapter.shard == AdapterShard::ExpertRows)
+    shape[0] *= ep;
+  else if (adapter.shard == AdapterShard::ExpertColumns)
+    shape[1] *= ep;
+  return shape;
+}
+
+} // namespace adapt::rt

@@ -1,0 +1,47 @@
+//===- ParallelStep.h - what a training step adds in a parallel run -*- C++ -*-===//
+//
+// The pieces of a data- and expert-parallel step that the trainer calls:
+// which slice of the global batch this rank trains on, gradient reduction
+// (dense adapters summed over the data ranks, split expert adapters over the
+// ranks holding the same experts), the global gradient norm, and moving
+// adapter tensors between their per-rank shards and the whole tensors a
+// checkpoint or a PEFT export holds. Whole tensors make checkpoints
+// independent of the layout: a run saved with EP2 resumes alone or with EP4.
+//
+//===----------------------------------------------------------------------===//
+#ifndef ADAPT_RUNTIME_PARALLELSTEP_H
+#define ADAPT_RUNTIME_PARALLELSTEP_H
+
+#include "runtime/Distributed.h"
+#include "runtime/Model.h"
+
+#include <torch/torch.h>
+
+#include <vector>
+
+namespace adapt::rt {
+
+/// Rows [first, first + count) of the global batch that this data rank trains.
+std::pair<int64_t, int64_t> batchSlice(const Distributed &run, int64_t globalBatch);
+
+/// Sums every adapter's gradient over the ranks that share it.
+void reduceGradients(const std::vector<AdapterTensor> &params, Distributed &run);
+
+/// The L2 norm of all adapter gradients of the whole model (each expert
+/// shard counted once), after reduceGradients; identical on every rank.
+double globalGradNorm(const std::vector<AdapterTensor> &params, Distributed &run);
+
+/// The whole tensor of which \p local (this rank's shard of \p adapter, or a
+/// tensor shaped like it, e.g. an AdamW moment) is a part. Collective: every
+/// rank of the expert group calls it, in the same order.
+torch::Tensor gatherShard(const AdapterTensor &adapter, const torch::Tensor &local, Distributed *run);
+
+/// This rank's shard of \p whole (shaped like the full adapter).
+torch::Tensor shardOf(const AdapterTensor &adapter, const torch::Tensor &whole, const Distributed *run);
+
+/// The full shape of \p adapter (its shard's shape when not split).
+std::vector<int64_t> wholeShape(const AdapterTensor &adapter, const Distributed *run);
+
+} // namespace adapt::rt
+
+#endif // ADAPT_RUNTIME_PARALLELSTEP_H
