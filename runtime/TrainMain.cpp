@@ -9,6 +9,7 @@
 //===----------------------------------------------------------------------===//
 #include "runtime/TrainMain.h"
 #include "runtime/Distributed.h"
+#include "runtime/ParallelStep.h"
 #include "runtime/SafetensorsIO.h"
 #include "runtime/Dataset.h"
 #include "runtime/Errors.h"
@@ -96,6 +97,9 @@ Training (defaults in brackets):
                          batch; --tp, --pp, --cp are not implemented yet [1]
   --dist-timeout S       a collective waiting longer (a rank died) fails every
                          rank with exit 7 [300]
+  --dump-gradients FILE  write every step's whole adapter gradients (reduced,
+                         before clipping) as safetensors ("<step>.<peft key>"):
+                         the parallel stage compares layouts with them
   --help                 this text
 
 Every step appends one JSON line to OUT/metrics.jsonl: step, loss, lr,
@@ -124,7 +128,7 @@ const std::set<std::string> kValueFlags = {
     "--model", "--data", "--out", "--steps", "--batch", "--seq-len", "--lr", "--weight-decay",
     "--warmup", "--seed", "--device", "--dtype", "--grad-clip", "--checkpoint-every",
     "--log-every", "--export", "--merge", "--eos", "--peak-tflops", "--logits-out", "--validate", "--init-adapter", "--dump-batches",
-    "--force-routing", "--tp", "--ep", "--pp", "--dp", "--cp", "--dist-timeout"};
+    "--force-routing", "--tp", "--ep", "--pp", "--dp", "--cp", "--dist-timeout", "--dump-gradients"};
 const std::set<std::string> kBoolFlags = {"--resume", "--recompute", "--help", "-h"};
 
 /// The parsed command line: flag -> value ("" for booleans).
@@ -297,7 +301,7 @@ std::function<void(int64_t, int64_t)> loadProgress() {
 
 /// Copies a PEFT adapter's tensors into the model's adapters: the key sets
 /// and shapes must agree exactly.
-void loadInitialAdapter(Model &model, const std::string &dir) {
+void loadInitialAdapter(Model &model, const std::string &dir, const Distributed *run) {
   const std::string file = joinPath(dir, "adapter_model.safetensors");
   if (!isRegularFile(file))
     throw badInput(file, "--init-adapter", "expected a PEFT adapter (adapter_model.safetensors) here");
@@ -312,9 +316,9 @@ void loadInitialAdapter(Model &model, const std::string &dir) {
     if (!saved.find(a.peftKey))
       throw badInput(file, a.peftKey, "expected this adapter tensor (same LoRA targets as the trainer)");
     torch::Tensor value = saved.view(a.peftKey);
-    if (value.sizes() != a.value.sizes())
+    if (value.sizes() != c10::IntArrayRef(wholeShape(a, run)))
       throw badInput(file, a.peftKey, "expected the trainer's shape (same rank)");
-    a.value.copy_(value.to(a.value.device(), torch::kFloat32));
+    a.value.copy_(shardOf(a, value, run).to(a.value.device(), torch::kFloat32));
   }
 }
 
@@ -350,6 +354,8 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
   TrainOptions opts = resolveOptions(args, saved, defaultModelDir);
   if (opts.steps > 0 && opts.dataPath.empty())
     throw badInput("", "--data", "expected a dataset (JSONL or ADAPTTOK) to train on");
+  if (args.has("--dump-gradients"))
+    opts.gradientsPath = args.values.at("--dump-gradients");
   // A parallel run: checked before any weight is read, then the groups formed.
   const LaunchInfo launch = launchFromEnvironment();
   Layout layout;
@@ -419,7 +425,7 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
   modelOptions.distributed = opts.distributed;
   Model model(def, opts.modelDir, modelOptions);
   if (args.has("--init-adapter"))
-    loadInitialAdapter(model, args.values.at("--init-adapter"));
+    loadInitialAdapter(model, args.values.at("--init-adapter"), opts.distributed.get());
   if (args.has("--dump-batches") && data) {
     std::vector<std::pair<std::string, torch::Tensor>> batches;
     for (int64_t step = 0; step < opts.steps; ++step) {

@@ -505,6 +505,12 @@ int Trainer::run(const PackedDataset &data) {
     const double lossValue = lossAndGradients(b, allReduceSeconds);
     if (!std::isfinite(lossValue))
       throw notFinite("loss", lossValue);
+    if (!opts.gradientsPath.empty())
+      for (const AdapterTensor &p : params) {
+        torch::Tensor grad = p.value.grad().defined() ? p.value.grad() : torch::zeros_like(p.value);
+        gradients.emplace_back(std::to_string(index + 1) + "." + p.peftKey,
+                               gatherShard(p, grad.detach(), opts.distributed.get()).to(torch::kCPU).clone());
+      }
     const double maxNorm = opts.gradClip > 0 ? opts.gradClip : std::numeric_limits<double>::infinity();
     double gradNorm = 0.0;
     if (!opts.distributed) {
@@ -589,6 +595,8 @@ int Trainer::run(const PackedDataset &data) {
   }
   if (checkpointStep != completed)
     saveCheckpoint();
+  if (!opts.gradientsPath.empty() && writes())
+    writeSafetensors(opts.gradientsPath, gradients);
   if (tty && !(opts.logEvery > 0))
     std::fprintf(stderr, "\n");
   return 0;

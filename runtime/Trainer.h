@@ -60,6 +60,10 @@ struct TrainOptions {
   /// of every global batch, gradients are reduced, and rank 0 alone writes
   /// metrics, checkpoints and exports (whole tensors). Null: alone.
   std::shared_ptr<Distributed> distributed;
+  /// "": none. Else every step's whole adapter gradients (reduced, before
+  /// clipping) are written there at the end ("<step>.<peft key>"), for the
+  /// parallel stage's comparison with a single-process run.
+  std::string gradientsPath;
 };
 
 /// Learning rate of the step with 0-based index \p index: lr * (index + 1) /
@@ -132,6 +136,7 @@ private:
   std::string currentFingerprint;
   double lastLoss = 0, lastLr = 0;
   std::unique_ptr<SafetensorsFile> forcedRouting; ///< opts.forceRoutingPath, open.
+  std::vector<std::pair<std::string, torch::Tensor>> gradients; ///< For opts.gradientsPath.
   /// Forces step \p index's routing from forcedRouting (BadInput when it has none).
   void forceRoutingOf(int64_t index);
 };

@@ -6,7 +6,8 @@
 //  - model: `adapt build` with the fixture's LoRA targets, then the
 //    generated trainer's `--validate FIXTURE` (logits, loss, adapter
 //    gradients, per-layer activations against transformers + PEFT);
-//  - parallel, full: recorded as not run until the parallelism work exists.
+//  - parallel: tools/ParallelStage.h (layouts as processes against one);
+//  - full: recorded as not run until the parallel stage covers every layout.
 // A model is promoted only over a passing op record for the same runtime
 // library (SHA-256), so a record never vouches for other code.
 //
@@ -16,6 +17,7 @@
 
 #include "parser/InputError.h"
 #include "tools/BuildCommand.h"
+#include "tools/ParallelStage.h"
 
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/MemoryBuffer.h"
@@ -27,6 +29,7 @@
 #include <nlohmann/json.hpp>
 
 #include <fstream>
+#include <sstream>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -35,14 +38,14 @@ namespace adapt {
 
 const char *const kValidateUsage =
     "  adapt validate PATH --stage op|model|parallel|full --out DIR\n"
-    "                 [--fixture DIR] [--runtime-dir DIR]\n";
+    "                 [--fixture DIR] [--runtime-dir DIR] [--layouts L1,L2] [--steps N]\n";
 
 namespace {
 
 constexpr int kExitValidationFailed = 4;
 
 struct ValidateOptions {
-  std::string path, stage, out, fixture, runtimeDir;
+  std::string path, stage, out, fixture, runtimeDir, layouts, steps;
 };
 
 int usage(const std::string &error) {
@@ -158,6 +161,10 @@ int runValidateCommand(int argc, char **argv) {
       ok = value(o.fixture);
     else if (arg == "--runtime-dir")
       ok = value(o.runtimeDir);
+    else if (arg == "--layouts")
+      ok = value(o.layouts);
+    else if (arg == "--steps")
+      ok = value(o.steps);
     else if (!arg.empty() && arg[0] == '-')
       return usage("unknown option " + arg);
     else if (o.path.empty())
@@ -180,8 +187,19 @@ int runValidateCommand(int argc, char **argv) {
     llvm::sys::path::remove_dots(dir, /*remove_dot_dot=*/true);
     o.runtimeDir = std::string(dir);
   }
-  if (o.stage == "parallel")
-    return notRun(o, "needs several devices and the parallel layouts (data/expert/tensor parallelism), not built yet");
+  if (o.stage == "parallel") {
+    ParallelStageOptions parallel{o.path, o.out, o.runtimeDir, {}, 6};
+    std::stringstream list(o.layouts);
+    for (std::string layout; std::getline(list, layout, ',');)
+      if (!layout.empty())
+        parallel.layouts.push_back(layout);
+    if (!o.steps.empty()) {
+      parallel.steps = std::atoi(o.steps.c_str());
+      if (parallel.steps < 1 || parallel.steps > 1000 || o.steps.find_first_not_of("0123456789") != std::string::npos)
+        return usage("--steps expects an integer in 1..1000");
+    }
+    return runParallelStage(parallel, argv[0]);
+  }
   if (o.stage == "full")
     return notRun(o, "needs the parallel stage to pass first, at the model's real size");
   if (o.stage != "op" && o.stage != "model")

@@ -1,0 +1,402 @@
+//===- ParallelStage.cpp - the validation ladder's parallel stage ---------===//
+//
+// Every run starts from the same non-zero adapter (a single-process run's
+// trained one, so both LoRA factors carry gradient) with a learning rate of
+// 0: each step's gradients are then computed at the same adapters on the same
+// batch in every layout, and nothing compounds over the steps. A layout passes
+// when, against the single-process run (docs/parallel.md):
+//  - every step's loss agrees to 1e-6 relative (measured: <= 2e-7);
+//  - every step's adapter gradients agree to 1e-6 relative per tensor
+//    (Frobenius; measured <= 3e-7): the parallel math is exact up to fp32
+//    reduction order;
+//  - the exported adapter, gathered from the shards, is bitwise the one it
+//    started from (split experts put back in PEFT's layout and names).
+//
+//===----------------------------------------------------------------------===//
+
+#include "tools/ParallelStage.h"
+
+#include "parser/InputError.h"
+#include "parser/Safetensors.h"
+#include "tools/BuildCommand.h"
+
+#include "llvm/Support/FileSystem.h"
+#include "llvm/Support/Program.h"
+
+#include <nlohmann/json.hpp>
+
+#include <arpa/inet.h>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <netinet/in.h>
+#include <sstream>
+#include <sys/socket.h>
+#include <unistd.h>
+
+extern char **environ;
+
+namespace adapt {
+namespace {
+
+constexpr int kExitValidationFailed = 4;
+constexpr double kLossBound = 1e-6, kGradientBound = 1e-6;
+constexpr int kBatch = 4, kSeqLen = 32;
+constexpr unsigned kLayoutSeconds = 900;
+
+/// One layout: its name ("DP2xEP2") and the trainer flags it takes.
+struct LayoutSpec {
+  std::string name;
+  std::map<std::string, int> sizes; ///< "--ep" -> 2, ...
+  int world() const {
+    int n = 1;
+    for (const auto &[flag, size] : sizes)
+      n *= size;
+    return n;
+  }
+};
+
+/// The layouts of issue 15, in its order; which ones this runtime splits.
+const char *const kAllLayouts[] = {"TP2", "EP2", "PP2", "DP2", "CP2",
+                                   "TP2xEP2", "PP2xDP2", "TP2xPP2xEP2", "DP2xEP2"};
+
+std::optional<LayoutSpec> parseLayout(const std::string &text) {
+  LayoutSpec spec{text, {}};
+  std::stringstream parts(text);
+  std::string part;
+  while (std::getline(parts, part, 'x')) {
+    if (part.size() < 3)
+      return std::nullopt;
+    std::string kind = part.substr(0, 2);
+    for (char &c : kind)
+      c = static_cast<char>(std::tolower(c));
+    if (kind != "tp" && kind != "ep" && kind != "pp" && kind != "dp" && kind != "cp")
+      return std::nullopt;
+    int size = std::atoi(part.c_str() + 2);
+    if (size < 1 || size > 64 || spec.sizes.count("--" + kind))
+      return std::nullopt;
+    spec.sizes["--" + kind] = size;
+  }
+  return spec.sizes.empty() ? std::nullopt : std::optional<LayoutSpec>(spec);
+}
+
+/// Why this runtime cannot run SPEC yet ("" when it can).
+std::string notImplemented(const LayoutSpec &spec) {
+  for (const char *flag : {"--tp", "--pp", "--cp"})
+    if (spec.sizes.count(flag) && spec.sizes.at(flag) > 1)
+      return std::string(flag + 2) + " is not implemented yet (the runtime splits experts and data)";
+  return "";
+}
+
+/// A free TCP port on loopback for one run's rendezvous.
+int freePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t size = sizeof address;
+  int port = 29500;
+  if (fd >= 0 && bind(fd, reinterpret_cast<sockaddr *>(&address), sizeof address) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr *>(&address), &size) == 0)
+    port = ntohs(address.sin_port);
+  if (fd >= 0)
+    close(fd);
+  return port;
+}
+
+/// Every F32 tensor of a safetensors file, by name.
+std::map<std::string, std::vector<float>> readF32(const std::string &path, std::string &error) {
+  std::map<std::string, std::vector<float>> out;
+  Result<ShardHeader> header = readSafetensorsHeader(path);
+  if (!header.ok()) {
+    error = header.error().message();
+    return out;
+  }
+  std::ifstream in(path, std::ios::binary);
+  for (const TensorHeader &t : header.value().tensors) {
+    if (t.dtype != "F32")
+      continue;
+    std::vector<float> values((t.end - t.begin) / sizeof(float));
+    in.seekg(static_cast<std::streamoff>(8 + header.value().headerBytes + t.begin));
+    in.read(reinterpret_cast<char *>(values.data()), static_cast<std::streamsize>(t.end - t.begin));
+    if (!in) {
+      error = path + ": " + t.name + ": expected its bytes";
+      return {};
+    }
+    out[t.name] = std::move(values);
+  }
+  return out;
+}
+
+/// Per-step losses of a run's metrics.jsonl.
+std::vector<double> losses(const std::string &runDir) {
+  std::vector<double> out;
+  std::ifstream in(runDir + "/metrics.jsonl");
+  std::string line;
+  while (std::getline(in, line)) {
+    nlohmann::json record = nlohmann::json::parse(line, nullptr, false);
+    if (record.is_object() && record.contains("loss"))
+      out.push_back(record["loss"].get<double>());
+  }
+  return out;
+}
+
+/// ||a - b|| / ||b|| (0 when both are zero).
+double relative(const std::vector<float> &a, const std::vector<float> &b) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < b.size() && i < a.size(); ++i) {
+    diff += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    norm += double(b[i]) * b[i];
+  }
+  if (a.size() != b.size())
+    return INFINITY;
+  return norm == 0 ? (diff == 0 ? 0 : INFINITY) : std::sqrt(diff / norm);
+}
+
+/// Starts the trainer as WORLD processes with torchrun's variables and waits
+/// (at most kLayoutSeconds). Returns "" or what went wrong.
+std::string launch(const std::string &train, const std::vector<std::string> &args, int world,
+                   const std::string &logPrefix) {
+  const int port = freePort();
+  std::vector<llvm::sys::ProcessInfo> ranks;
+  for (int rank = 0; rank < world; ++rank) {
+    std::vector<std::string> env;
+    for (char **e = environ; *e; ++e) {
+      std::string entry = *e;
+      for (const char *name : {"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "MASTER_ADDR=", "MASTER_PORT=",
+                               "SLURM_NTASKS=", "SLURM_PROCID="})
+        if (entry.rfind(name, 0) == 0)
+          entry.clear();
+      if (!entry.empty())
+        env.push_back(entry);
+    }
+    if (world > 1)
+      for (std::string entry : {"RANK=" + std::to_string(rank), "WORLD_SIZE=" + std::to_string(world),
+                                "LOCAL_RANK=" + std::to_string(rank), std::string("MASTER_ADDR=127.0.0.1"),
+                                "MASTER_PORT=" + std::to_string(port)})
+        env.push_back(entry);
+    std::vector<llvm::StringRef> argRefs = {train};
+    argRefs.insert(argRefs.end(), args.begin(), args.end());
+    std::vector<llvm::StringRef> envRefs(env.begin(), env.end());
+    std::string log = logPrefix + "." + std::to_string(rank) + ".log";
+    std::optional<llvm::StringRef> redirects[] = {llvm::StringRef(""), llvm::StringRef(log),
+                                                  llvm::StringRef(log)};
+    std::string error;
+    bool failed = false;
+    ranks.push_back(llvm::sys::ExecuteNoWait(train, argRefs, envRefs, redirects, 0, &error, &failed));
+    if (failed)
+      return "could not start " + train + ": " + error;
+  }
+  std::string problem;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(kLayoutSeconds);
+  for (int rank = 0; rank < world; ++rank) {
+    auto left = std::chrono::duration_cast<std::chrono::seconds>(deadline - std::chrono::steady_clock::now());
+    unsigned seconds = static_cast<unsigned>(std::max<int64_t>(1, left.count()));
+    llvm::sys::ProcessInfo done = llvm::sys::Wait(ranks[rank], seconds);
+    if (done.ReturnCode != 0 && problem.empty())
+      problem = "rank " + std::to_string(rank) + " ended with exit code " +
+                std::to_string(done.ReturnCode) + " (" + logPrefix + "." + std::to_string(rank) + ".log)";
+  }
+  return problem;
+}
+
+/// The vocabulary size from PATH/config.json (0 when unknown).
+int64_t vocabOf(const std::string &modelDir) {
+  std::ifstream in(modelDir + "/config.json");
+  nlohmann::json config = nlohmann::json::parse(in, nullptr, false);
+  if (!config.is_object())
+    return 0;
+  if (config.contains("text_config") && config["text_config"].is_object())
+    config = config["text_config"];
+  return config.value("vocab_size", int64_t(0));
+}
+
+/// Sequences that follow next = (5 * previous + 3) mod V: learnable, so
+/// the losses fall and the gradients are not noise.
+void writeDataset(const std::string &path, int64_t vocab) {
+  std::ofstream out(path);
+  uint64_t state = 1;
+  for (int doc = 0; doc < 64; ++doc) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    int64_t token = static_cast<int64_t>((state >> 33) % static_cast<uint64_t>(vocab));
+    out << "{\"input_ids\": [";
+    for (int i = 0; i < 48; ++i) {
+      out << (i ? ", " : "") << token;
+      token = (token * 5 + 3) % vocab;
+    }
+    out << "]}\n";
+  }
+}
+
+} // namespace
+
+int runParallelStage(const ParallelStageOptions &o, char *argv0) {
+  const std::string work = o.out + "/parallel";
+  llvm::sys::fs::create_directories(work);
+  const int64_t vocab = std::min<int64_t>(vocabOf(o.path), 256);
+  if (vocab < 8) {
+    std::cerr << "adapt: error: " << o.path << "/config.json: vocab_size: expected a model with a vocabulary\n";
+    return kExitBadInput;
+  }
+  std::vector<LayoutSpec> layouts;
+  for (const std::string &text : o.layouts.empty() ? std::vector<std::string>(std::begin(kAllLayouts), std::end(kAllLayouts))
+                                                   : o.layouts) {
+    std::optional<LayoutSpec> spec = parseLayout(text);
+    if (!spec) {
+      std::cerr << "adapt: error: --layouts: expected layouts like EP2, DP2xEP2 or TP2xPP2xEP2, got '" << text << "'\n";
+      return kExitBadInput;
+    }
+    layouts.push_back(*spec);
+  }
+  // The trainer with adapt's default LoRA targets (attention and experts).
+  std::string trainerDir = work + "/trainer";
+  std::vector<std::string> build = {argv0, "build", o.path, "--out", trainerDir, "--runtime-dir", o.runtimeDir};
+  std::vector<char *> buildArgv;
+  for (std::string &s : build)
+    buildArgv.push_back(s.data());
+  std::cout << "== building the trainer" << std::endl;
+  if (int rc = runBuildCommand(int(buildArgv.size()), buildArgv.data()); rc != kExitOk)
+    return rc;
+  const std::string train = trainerDir + "/train", data = work + "/data.jsonl";
+  writeDataset(data, vocab);
+  const std::string start = work + "/start";
+  auto runArgs = [&](const std::string &dir, bool fromStart) {
+    llvm::sys::fs::remove_directories(dir);
+    std::vector<std::string> args = {"--data", data, "--out", dir, "--steps", std::to_string(o.steps),
+                                     "--batch", std::to_string(kBatch), "--seq-len", std::to_string(kSeqLen),
+                                     "--lr", fromStart ? "0" : "1e-2", "--log-every", "0", "--device", "cpu",
+                                     "--dtype", "fp32", "--export", dir + "/adapter"};
+    if (fromStart)
+      args.insert(args.end(), {"--init-adapter", start + "/adapter", "--dump-gradients",
+                               dir + "/gradients.safetensors"});
+    return args;
+  };
+  std::cout << "== single process: the starting adapter, then the reference" << std::endl;
+  const std::string single = work + "/single";
+  for (auto [dir, fromStart] : {std::pair{start, false}, {single, true}})
+    if (std::string problem = launch(train, runArgs(dir, fromStart), 1, dir); !problem.empty()) {
+      std::cerr << "adapt: error: the single-process run failed: " << problem << "\n";
+      return kExitValidationFailed;
+    }
+  std::string error;
+  auto singleGradients = readF32(single + "/gradients.safetensors", error);
+  auto startAdapter = readF32(start + "/adapter/adapter_model.safetensors", error);
+  std::vector<double> singleLosses = losses(single);
+  if (!error.empty() || singleGradients.empty()) {
+    std::cerr << "adapt: error: the single-process run left no gradients: " << error << "\n";
+    return kExitValidationFailed;
+  }
+
+  nlohmann::ordered_json results = nlohmann::ordered_json::array();
+  bool allPassed = true;
+  int ran = 0;
+  for (const LayoutSpec &spec : layouts) {
+    nlohmann::ordered_json record = {{"layout", spec.name}, {"processes", spec.world()}};
+    if (std::string why = notImplemented(spec); !why.empty()) {
+      record["status"] = "not run";
+      record["reason"] = why;
+      std::cout << spec.name << ": not run (" << why << ")" << std::endl;
+      results.push_back(record);
+      continue;
+    }
+    std::cout << "== " << spec.name << " (" << spec.world() << " processes)" << std::endl;
+    const std::string dir = work + "/" + spec.name;
+    std::vector<std::string> args = runArgs(dir, true);
+    for (const auto &[flag, size] : spec.sizes)
+      args.insert(args.end(), {flag, std::to_string(size)});
+    auto start = std::chrono::steady_clock::now();
+    std::string problem = launch(train, args, spec.world(), dir);
+    record["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    ++ran;
+    if (!problem.empty()) {
+      // A layout the model cannot take (EP not dividing the experts) is
+      // refused with exit 2 before any weight is read: not a failure.
+      std::ifstream log(dir + ".0.log");
+      std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+      bool refused = problem.find("exit code 2") != std::string::npos;
+      record["status"] = refused ? "not applicable" : "failed";
+      record["reason"] = problem + (refused ? ": " + text.substr(0, text.find('\n')) : "");
+      allPassed = allPassed && refused;
+      std::cout << spec.name << ": " << record["status"].get<std::string>() << " (" << record["reason"].get<std::string>() << ")" << std::endl;
+      results.push_back(record);
+      continue;
+    }
+    std::string readError;
+    auto gradients = readF32(dir + "/gradients.safetensors", readError);
+    auto adapter = readF32(dir + "/adapter/adapter_model.safetensors", readError);
+    std::vector<double> stepLosses = losses(dir);
+    double lossError = stepLosses.size() == singleLosses.size() ? 0.0 : INFINITY;
+    for (size_t i = 0; i < stepLosses.size() && i < singleLosses.size(); ++i)
+      lossError = std::max(lossError, std::abs(stepLosses[i] - singleLosses[i]) / std::abs(singleLosses[i]));
+    double gradientError = gradients.size() == singleGradients.size() ? 0.0 : INFINITY;
+    std::string worstTensor;
+    for (const auto &[name, reference] : singleGradients) {
+      auto it = gradients.find(name);
+      double error = it == gradients.end() ? INFINITY : relative(it->second, reference);
+      if (error > gradientError || worstTensor.empty()) {
+        gradientError = std::max(gradientError, error);
+        worstTensor = name;
+      }
+    }
+    // lr 0: the export is the starting adapter, bit for bit.
+    bool adapterExact = adapter.size() == startAdapter.size();
+    for (const auto &[name, reference] : startAdapter) {
+      auto it = adapter.find(name);
+      adapterExact = adapterExact && it != adapter.end() && it->second == reference;
+    }
+    const bool passed = lossError <= kLossBound && gradientError <= kGradientBound && adapterExact &&
+                        readError.empty();
+    allPassed = allPassed && passed;
+    record["status"] = passed ? "passed" : "failed";
+    record["loss_error"] = lossError;
+    record["gradient_error"] = gradientError;
+    record["adapter_exact"] = adapterExact;
+    record["worst_gradient"] = worstTensor;
+    if (!readError.empty())
+      record["reason"] = readError;
+    std::printf("%s: %s  loss %.2e  gradients %.2e  adapter %s\n", spec.name.c_str(),
+                passed ? "passed" : "FAILED", lossError, gradientError, adapterExact ? "exact" : "DIFFERS");
+    std::fflush(stdout);
+    results.push_back(record);
+  }
+  nlohmann::ordered_json stage = {
+      {"stage", "parallel"},
+      {"model", o.path},
+      {"passed", allPassed && ran > 0},
+      {"backend", "gloo (CPU, fp32)"},
+      {"steps", o.steps},
+      {"batch", kBatch},
+      {"seq_len", kSeqLen},
+      {"bounds", {{"loss", kLossBound}, {"gradient", kGradientBound}, {"adapter", "bitwise"}}},
+      {"layouts", results}};
+  std::ofstream(o.out + "/parallel-stage.json") << stage.dump(2) << "\n";
+  std::ofstream md(o.out + "/parallel-stage.md");
+  md << "# Parallel stage: " << (allPassed && ran > 0 ? "passed" : "FAILED") << "\n\n"
+     << "`" << o.path << "`, " << o.steps << " steps of batch " << kBatch << " x " << kSeqLen
+     << ", gloo on CPU, fp32; each layout against the single-process run.\n\n"
+     << "| layout | processes | status | loss | gradients | adapter |\n"
+     << "|---|---|---|---|---|---|\n";
+  for (const auto &r : results) {
+    auto number = [&](const char *key) {
+      if (!r.contains(key))
+        return std::string("");
+      char text[32];
+      std::snprintf(text, sizeof text, "%.2e", r[key].get<double>());
+      return std::string(text);
+    };
+    md << "| " << r["layout"].get<std::string>() << " | " << r["processes"].get<int>() << " | "
+       << r["status"].get<std::string>() << (r.contains("reason") ? ": " + r["reason"].get<std::string>() : "")
+       << " | " << number("loss_error") << " | " << number("gradient_error") << " | "
+       << (r.contains("adapter_exact") ? (r["adapter_exact"].get<bool>() ? "exact" : "differs") : "") << " |\n";
+  }
+  md << "\nEvery run starts from the same trained adapter with learning rate 0, so each step's gradients "
+        "are taken at the same point. Bounds: loss " << kLossBound << " and gradients " << kGradientBound
+     << " relative; the exported adapter bitwise (docs/parallel.md).\n";
+  std::cout << "parallel stage: " << (allPassed && ran > 0 ? "passed" : "FAILED") << " (" << o.out
+            << "/parallel-stage.md)" << std::endl;
+  return allPassed && ran > 0 ? kExitOk : kExitValidationFailed;
+}
+
+} // namespace adapt
