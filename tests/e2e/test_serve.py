@@ -318,7 +318,9 @@ class Robustness(unittest.TestCase):
         for body in ("{", "[]", "nul", "\"x\"", "{\"jsonrpc\":\"1.0\",\"id\":1,\"method\":\"ping\"}",
                      "{\"jsonrpc\":\"2.0\",\"id\":{},\"method\":\"ping\"}",
                      "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":5}",
-                     "\xff\xfe", "{\"jsonrpc\":\"2.0\"}"):
+                     "\xff\xfe", "{\"jsonrpc\":\"2.0\"}",
+                     # Wrong types (found by fuzzing: were HTTP 500s).
+                     "{\"jsonrpc\":7,\"id\":1,\"method\":\"ping\"}"):
             status, _, msgs = post(port, body, raw=True)
             self.assertEqual(status, 400, body)
             self.assertIn(msgs[0]["error"]["code"], (-32700, -32600), body)

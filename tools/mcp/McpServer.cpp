@@ -89,6 +89,27 @@ const char *const kLogLevels[] = {"debug",    "info",  "notice",
                                   "warning",  "error", "critical",
                                   "alert",    "emergency"};
 
+/// OBJECT[KEY] when OBJECT is an object and the field a string, else "":
+/// a client's wrong type is a protocol error further on, never an exception
+/// (nlohmann's value() throws on a type mismatch; tests/fuzz/FuzzJsonRpc.cpp).
+std::string stringField(const json &object, const char *key) {
+  if (!object.is_object())
+    return "";
+  auto it = object.find(key);
+  return it != object.end() && it->is_string() ? it->get<std::string>() : std::string();
+}
+
+/// OBJECT[KEY] when it is an integer that fits an int, else FALLBACK.
+int integerField(const json &object, const char *key, int fallback) {
+  if (!object.is_object())
+    return fallback;
+  auto it = object.find(key);
+  if (it == object.end() || !it->is_number_integer())
+    return fallback;
+  int64_t value = it->get<int64_t>();
+  return value >= INT32_MIN && value <= INT32_MAX ? static_cast<int>(value) : fallback;
+}
+
 /// Index of LEVEL in kLogLevels, or -1 when it is not a level.
 int logLevelIndex(const std::string &level) {
   for (int i = 0; i < 8; ++i)
@@ -278,8 +299,10 @@ public:
     lock.unlock();
     forget();
     if (message.contains("error"))
-      throw RpcError(message["error"].value("code", kInternalError),
-                     message["error"].value("message", "client error"));
+      throw RpcError(integerField(message["error"], "code", kInternalError),
+                     message["error"].is_object() && message["error"]["message"].is_string()
+                         ? message["error"]["message"].get<std::string>()
+                         : std::string("client error"));
     return message.value("result", json::object());
   }
 
@@ -566,16 +589,16 @@ json McpServer::readResource(const json &params, bool stateless) {
 }
 
 json McpServer::getPrompt(const json &params, RequestContext &context) {
-  std::string name = params.value("name", "");
+  std::string name = stringField(params, "name");
   for (const PromptDef &prompt : registry.prompts) {
     if (prompt.name != name)
       continue;
     json arguments = params.value("arguments", json::object());
     for (const json &argument : prompt.arguments)
       if (argument.value("required", false) &&
-          !arguments.contains(argument.value("name", "")))
+          !arguments.contains(stringField(argument, "name")))
         throw RpcError(kInvalidParams, "missing required argument \"" +
-                                           argument.value("name", "") + "\"");
+                                           stringField(argument, "name") + "\"");
     return prompt.render(arguments, context);
   }
   throw RpcError(kInvalidParams, "Unknown prompt: " + name);
@@ -649,7 +672,7 @@ json McpServer::dispatch(const std::string &method, const json &params,
     return json{{"completion",
                  {{"values", json::array()}, {"total", 0}, {"hasMore", false}}}};
   if (method == "logging/setLevel" && session) {
-    int index = logLevelIndex(params.value("level", ""));
+    int index = logLevelIndex(stringField(params, "level"));
     if (index < 0)
       throw RpcError(kInvalidParams, "unknown log level");
     session->logLevel = index;
@@ -934,7 +957,7 @@ json parseBounded(const std::string &text) {
 int checkStateless(const httplib::Request &request, const json &message,
                    json &error) {
   const json &id = message.contains("id") ? message["id"] : json(nullptr);
-  std::string method = message.value("method", "");
+  std::string method = stringField(message, "method");
   json params = message.value("params", json::object());
   if (!params.is_object() || !params.contains("_meta") ||
       !params["_meta"].is_object()) {
@@ -1017,7 +1040,7 @@ void McpServer::handlePost(const httplib::Request &request,
                       ? message["id"]
                       : json(nullptr);
   bool validId = id.is_null() || id.is_string() || id.is_number_integer();
-  if (!message.is_object() || message.value("jsonrpc", "") != "2.0" ||
+  if (!message.is_object() || stringField(message, "jsonrpc") != "2.0" ||
       !validId ||
       (message.contains("method") && !message["method"].is_string()) ||
       (message.contains("params") && !message["params"].is_object() &&
@@ -1040,7 +1063,7 @@ void McpServer::handlePost(const httplib::Request &request,
              rpcError(nullptr, kInvalidRequest, "Invalid Request: null id"));
     return;
   }
-  std::string method = message.value("method", "");
+  std::string method = stringField(message, "method");
   json params = message.contains("params") && message["params"].is_object()
                     ? message["params"]
                     : json::object();
@@ -1067,7 +1090,7 @@ void McpServer::handlePost(const httplib::Request &request,
     if (method == "tools/call") {
       // Arguments mirrored in Mcp-Param-* headers must agree (SEP-2243).
       for (const ToolDef &tool : registry.tools) {
-        if (tool.name != params.value("name", ""))
+        if (tool.name != stringField(params, "name"))
           continue;
         std::string problem = checkParamHeaders(
             tool.inputSchema, params.value("arguments", json::object()),
@@ -1098,7 +1121,7 @@ void McpServer::handlePost(const httplib::Request &request,
     auto session = std::make_shared<Session>();
     session->id = randomHex(16);
     session->lastUsedSeconds = nowSeconds();
-    std::string requested = params.value("protocolVersion", "");
+    std::string requested = stringField(params, "protocolVersion");
     session->protocolVersion = kLatestStateful;
     for (const char *version : kStatefulVersions)
       if (requested == version)
@@ -1196,13 +1219,13 @@ void McpServer::answer(const httplib::Request &request,
   if (stateless && method == "tools/call") {
     json missing = json::object();
     for (const ToolDef &tool : registry.tools)
-      if (tool.name == params.value("name", ""))
+      if (tool.name == stringField(params, "name"))
         for (auto it = tool.requiredCapabilities.begin();
              it != tool.requiredCapabilities.end(); ++it)
           if (!caps.is_object() || !caps.contains(it.key()))
             missing[it.key()] = it.value();
     for (const ToolDef &tool : registry.tools)
-      if (tool.name == params.value("name", "") &&
+      if (tool.name == stringField(params, "name") &&
           tool.taskSupport == "required" && !declaresTasks(caps))
         missing["extensions"] = {{kTasksExtension, json::object()}};
     if (!missing.empty()) {
@@ -1234,7 +1257,7 @@ void McpServer::answer(const httplib::Request &request,
       // cacheable ones how long and for whom they may be cached.
       if (stateless && result.is_object() && !result.contains("resultType"))
         result["resultType"] = "complete";
-      if (stateless && result.value("resultType", "") == "complete") {
+      if (stateless && stringField(result, "resultType") == "complete") {
         if (method == "tools/list" || method == "prompts/list" ||
             method == "resources/list" ||
             method == "resources/templates/list" ||
