@@ -52,7 +52,7 @@ public:
   int size() const override { return backend->getSize(); }
 
   void allReduceSum(std::vector<torch::Tensor> &tensors) override {
-    if (size() == 1 || tensors.empty())
+    if (tensors.empty())
       return;
     // One flat buffer per call: one collective, whatever the tensor count.
     std::vector<torch::Tensor> flat = {torch::cat(flatten(tensors))};
@@ -73,18 +73,12 @@ public:
     shape[0] = rows;
     torch::Tensor in = x.contiguous();
     torch::Tensor out = torch::empty(shape, x.options());
-    if (size() == 1) {
-      out.copy_(in);
-      return out;
-    }
     std::vector<int64_t> sendSplits = send, recvSplits = recv;
     backend->alltoall_base(out, in, recvSplits, sendSplits)->wait();
     return out;
   }
 
   std::vector<torch::Tensor> allGather(const torch::Tensor &x) override {
-    if (size() == 1)
-      return {x};
     std::vector<torch::Tensor> in = {x.contiguous()};
     std::vector<std::vector<torch::Tensor>> out(1);
     for (int i = 0; i < size(); ++i)
@@ -93,10 +87,7 @@ public:
     return out[0];
   }
 
-  void barrier() override {
-    if (size() > 1)
-      backend->barrier()->wait();
-  }
+  void barrier() override { backend->barrier()->wait(); }
 
 private:
   static std::vector<torch::Tensor> flatten(const std::vector<torch::Tensor> &tensors) {

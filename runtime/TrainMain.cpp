@@ -365,7 +365,9 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
     if (const std::string *text = args.has(flag) ? &args.values.at(flag) : nullptr)
       *size = parseInt(flag, *text, 1);
   checkLayout(layout, launch.worldSize, def, opts.batch);
-  if (launch.worldSize > 1) {
+  // Under a launcher the groups are formed even for one process, so a
+  // one-GPU torchrun job runs (and proves) the same NCCL path as many.
+  if (launch.launcher != "none") {
     if (layout.ep > 1 && !opts.mergeDir.empty())
       throw badInput("", "--merge",
                      "expected a run without --ep: export the adapter (--export), then merge "

@@ -318,29 +318,30 @@ void Trainer::saveCheckpoint() {
   const std::string &out = opts.outDir;
   std::string ck = checkpointDir(out), tmp = joinPath(out, "checkpoint.tmp"),
               old = joinPath(out, "checkpoint.old");
+  // Whole tensors (split experts gathered: every rank takes part), so any
+  // layout can resume; rank 0 alone touches the folder.
+  std::vector<std::pair<std::string, torch::Tensor>> adapterTensors, optimTensors;
+  Distributed *run = opts.distributed.get();
+  for (const AdapterTensor &p : params) {
+    adapterTensors.emplace_back(p.peftKey, gatherShard(p, p.value.detach(), run).to(torch::kCPU, torch::kFloat));
+    auto it = optimizer->state().find(p.value.unsafeGetTensorImpl());
+    if (it == optimizer->state().end())
+      continue;
+    auto &st = static_cast<torch::optim::AdamWParamState &>(*it->second);
+    optimTensors.emplace_back(p.peftKey + ".exp_avg", gatherShard(p, st.exp_avg(), run).to(torch::kCPU));
+    optimTensors.emplace_back(p.peftKey + ".exp_avg_sq", gatherShard(p, st.exp_avg_sq(), run).to(torch::kCPU));
+    optimTensors.emplace_back(p.peftKey + ".step", torch::tensor(st.step(), torch::kLong));
+  }
+  if (!writes()) {
+    checkpointStep = completed;
+    return;
+  }
   removeAll(tmp);
   createDirectories(tmp);
   // Test hook for the end-to-end tests: a full disk at this step.
   const char *failAt = std::getenv("ADAPT_TEST_FAIL_CHECKPOINT_AT_STEP");
   bool injectFailure = failAt && std::atoll(failAt) == completed;
   try {
-    std::vector<std::pair<std::string, torch::Tensor>> adapterTensors, optimTensors;
-    // Whole tensors (split experts gathered), so any layout can resume.
-    Distributed *run = opts.distributed.get();
-    for (const AdapterTensor &p : params) {
-      adapterTensors.emplace_back(p.peftKey, gatherShard(p, p.value.detach(), run).to(torch::kCPU, torch::kFloat));
-      auto it = optimizer->state().find(p.value.unsafeGetTensorImpl());
-      if (it == optimizer->state().end())
-        continue;
-      auto &st = static_cast<torch::optim::AdamWParamState &>(*it->second);
-      optimTensors.emplace_back(p.peftKey + ".exp_avg", gatherShard(p, st.exp_avg(), run).to(torch::kCPU));
-      optimTensors.emplace_back(p.peftKey + ".exp_avg_sq", gatherShard(p, st.exp_avg_sq(), run).to(torch::kCPU));
-      optimTensors.emplace_back(p.peftKey + ".step", torch::tensor(st.step(), torch::kLong));
-    }
-    if (!writes()) {
-      checkpointStep = completed;
-      return;
-    }
     JsonValue options = JsonValue::object({
         {"data", opts.dataPath.empty() ? std::string() : absolutePath(opts.dataPath)},
         {"steps", opts.steps},
