@@ -21,9 +21,10 @@ for p in tiny-qwen3-moe-trainer qwen3-30b-a3b-widths; do
   cmake -S bench/h200/$p -B $W/$p -G Ninja -DAdaptRuntime_DIR=$W/rt > /dev/null 2>&1
   cmake --build $W/$p > $OUT/build-$p.log 2>&1 || { echo "$p: build failed"; tail -20 $OUT/build-$p.log; exit 1; }
 done
-python3 - "$W/tiny.jsonl" 256 48 64 "$W/big.jsonl" 151936 4096 256 <<'PY'
+python3 - "$W/tiny.jsonl" "$W/big.jsonl" <<'PY'
 import json, random, sys
-for path, vocab, length, docs in ((sys.argv[1], 256, 48, 64), (sys.argv[5], 151936, 4096, 256)):
+tiny_vocab = json.load(open("models/tiny-qwen3-moe/config.json"))["vocab_size"]
+for path, vocab, length, docs in ((sys.argv[1], tiny_vocab, 48, 64), (sys.argv[2], 151936, 4096, 256)):
     rng = random.Random(0)
     with open(path, "w") as f:
         for _ in range(docs):

@@ -46,16 +46,17 @@ int envInt(const char *name, int low, int high) {
 /// One c10d backend seen through Collectives.
 class BackendCollectives : public Collectives {
 public:
-  explicit BackendCollectives(c10::intrusive_ptr<c10d::Backend> backend)
-      : backend(std::move(backend)) {}
+  BackendCollectives(c10::intrusive_ptr<c10d::Backend> backend, torch::Device device)
+      : backend(std::move(backend)), device(device) {}
   int rank() const override { return backend->getRank(); }
   int size() const override { return backend->getSize(); }
 
   void allReduceSum(std::vector<torch::Tensor> &tensors) override {
     if (tensors.empty())
       return;
-    // One flat buffer per call: one collective, whatever the tensor count.
-    std::vector<torch::Tensor> flat = {torch::cat(flatten(tensors))};
+    // One flat buffer per call on the group's device (NCCL takes CUDA
+    // tensors only): one collective, whatever the tensor count.
+    std::vector<torch::Tensor> flat = {torch::cat(flatten(tensors)).to(device)};
     backend->allreduce(flat)->wait();
     int64_t offset = 0;
     for (torch::Tensor &t : tensors) {
@@ -71,19 +72,21 @@ public:
       rows += r;
     std::vector<int64_t> shape = x.sizes().vec();
     shape[0] = rows;
-    torch::Tensor in = x.contiguous();
-    torch::Tensor out = torch::empty(shape, x.options());
+    torch::Tensor in = x.to(device).contiguous();
+    torch::Tensor out = torch::empty(shape, in.options());
     std::vector<int64_t> sendSplits = send, recvSplits = recv;
     backend->alltoall_base(out, in, recvSplits, sendSplits)->wait();
-    return out;
+    return out.to(x.device());
   }
 
   std::vector<torch::Tensor> allGather(const torch::Tensor &x) override {
-    std::vector<torch::Tensor> in = {x.contiguous()};
+    std::vector<torch::Tensor> in = {x.to(device).contiguous()};
     std::vector<std::vector<torch::Tensor>> out(1);
     for (int i = 0; i < size(); ++i)
       out[0].push_back(torch::empty_like(in[0]));
     backend->allgather(out, in)->wait();
+    for (torch::Tensor &t : out[0])
+      t = t.to(x.device());
     return out[0];
   }
 
@@ -98,6 +101,7 @@ private:
   }
 
   c10::intrusive_ptr<c10d::Backend> backend;
+  torch::Device device; ///< Where the backend wants tensors (CUDA for NCCL).
 };
 
 class C10dDistributed : public Distributed {
@@ -126,7 +130,7 @@ public:
       auto options = c10d::ProcessGroupNCCL::Options::create();
       options->timeout = timeout;
       return std::make_unique<BackendCollectives>(
-          c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, me, size, options));
+          c10::make_intrusive<c10d::ProcessGroupNCCL>(prefixed, me, size, options), device);
 #else
       throw badInput("", "--device",
                      "expected NCCL for a parallel CUDA run, but this runtime was built without "
@@ -138,7 +142,7 @@ public:
     options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(
         launchInfo.launcher == "none" ? "127.0.0.1" : hostForGloo()));
     return std::make_unique<BackendCollectives>(
-        c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, me, size, options));
+        c10::make_intrusive<c10d::ProcessGroupGloo>(prefixed, me, size, options), torch::Device(torch::kCPU));
 #else
     throw badInput("", "--device",
                    "expected gloo for a parallel CPU run, but this runtime was built without "
@@ -269,11 +273,6 @@ void checkLayout(const Layout &layout, int worldSize, const ModelDef &def, int64
                      std::string("expected 1: this runtime splits experts (--ep) and data "
                                  "(--dp) so far; ") +
                          flag + " is not implemented yet (docs/parallel.md)");
-  if (!def.vision.enabled() || layout.product() == 1)
-    return;
-  throw badInput("", "--ep/--dp",
-                 "expected a text-only model: parallel runs with an image encoder are not "
-                 "implemented yet (docs/parallel.md)");
 }
 
 std::shared_ptr<Distributed> Distributed::join(const LaunchInfo &launch, const Layout &layout,

@@ -367,9 +367,19 @@ public:
     const auto &dist = options.distributed;
     return dist && dist->layout().ep > 1 ? dist->expertRank() * localExperts(experts) : 0;
   }
-  /// The local experts' slice of a fused [E, ...] tensor.
-  torch::Tensor localSlice(const torch::Tensor &all, int64_t experts) const {
-    return all.narrow(0, firstLocalExpert(experts), localExperts(experts)).contiguous();
+  /// This rank's experts of the fused [E, ...] tensor \p name (shape \p shape
+  /// checked whole first): only their bytes are read (loadRows).
+  torch::Tensor loadLocalExperts(const std::string &name, std::vector<int64_t> shape) {
+    const int64_t experts = shape[0];
+    if (localExperts(experts) == experts)
+      return load(name, shape);
+    std::vector<int64_t> stored = reader->info(name).shape;
+    if (stored != shape)
+      throw LoadError(modelDir, name,
+                      "expected shape " + shapeText(shape) + " from config.json, found " + shapeText(stored));
+    torch::Tensor t = reader->loadRows(name, options.dtype, firstLocalExpert(experts), localExperts(experts));
+    progress();
+    return t.to(options.device);
   }
 
   /// Loads this rank's per-expert tensors "{e}" stacked to [E_local, rows, cols]
@@ -407,12 +417,12 @@ public:
       f.gateUp.weight = torch::cat({gate, up}, 1).contiguous();
       f.expertDown.weight = stackExperts(name(w, "down_proj", l), e, h, width);
     } else if (d.fusedLayout == "concat_out_in") {
-      f.gateUp.weight = localSlice(load(name(w, "gate_up_proj", l), {e, 2 * width, h}), e);
-      f.expertDown.weight = localSlice(load(name(w, "down_proj", l), {e, h, width}), e);
+      f.gateUp.weight = loadLocalExperts(name(w, "gate_up_proj", l), {e, 2 * width, h});
+      f.expertDown.weight = loadLocalExperts(name(w, "down_proj", l), {e, h, width});
     } else {
       // [E, in, out] on disk (gpt-oss, Llama-4): keep [E, out, in] in memory.
-      f.gateUp.weight = localSlice(load(name(w, "gate_up_proj", l), {e, h, 2 * width}), e).transpose(1, 2).contiguous();
-      f.expertDown.weight = localSlice(load(name(w, "down_proj", l), {e, width, h}), e).transpose(1, 2).contiguous();
+      f.gateUp.weight = loadLocalExperts(name(w, "gate_up_proj", l), {e, h, 2 * width}).transpose(1, 2).contiguous();
+      f.expertDown.weight = loadLocalExperts(name(w, "down_proj", l), {e, width, h}).transpose(1, 2).contiguous();
     }
     if (localExperts(e) != e) {
       f.shard.group = &options.distributed->expert();
@@ -425,8 +435,8 @@ public:
       if (!gb || !db)
         throw LoadError(modelDir, "layer " + std::to_string(l.index) + " expert biases",
                         "expected gate_up_proj_bias and down_proj_bias names");
-      f.gateUp.bias = localSlice(load(*gb, {e, 2 * width}), e);
-      f.expertDown.bias = localSlice(load(*db, {e, h}), e);
+      f.gateUp.bias = loadLocalExperts(*gb, {e, 2 * width});
+      f.expertDown.bias = loadLocalExperts(*db, {e, h});
     }
     if (d.sharedIntermediate > 0) {
       f.sharedGate = linear(l, w, "shared.gate_proj", d.sharedIntermediate, h, false);

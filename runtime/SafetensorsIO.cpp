@@ -614,6 +614,27 @@ torch::Tensor CheckpointReader::load(const std::string &name,
   return {};
 }
 
+torch::Tensor CheckpointReader::loadRows(const std::string &name, torch::ScalarType dtype,
+                                         int64_t first, int64_t count) const {
+  auto rows = [&](const torch::Tensor &t) {
+    if (t.dim() == 0 || first < 0 || count < 0 || first + count > t.size(0))
+      throw LoadError(stored(name + (encoding(name) == TensorEncoding::Mxfp4 ? "_blocks" : ""))->file, name,
+                      "expected at least " + std::to_string(first + count) + " rows in the leading dimension");
+    return t.narrow(0, first, count);
+  };
+  switch (encoding(name)) {
+  case TensorEncoding::Plain:
+    return rows(view(name)).to(dtype, /*non_blocking=*/false, /*copy=*/true).contiguous();
+  case TensorEncoding::Fp8Block:
+    return dequantizeFp8Blocks(rows(view(name)), rows(view(name + "_scale_inv")), fp8Block, dtype,
+                               stored(name)->file, name);
+  case TensorEncoding::Mxfp4:
+    return dequantizeMxfp4(rows(view(name + "_blocks")), rows(view(name + "_scales")), dtype,
+                           stored(name + "_blocks")->file, name);
+  }
+  return {};
+}
+
 std::vector<torch::Tensor>
 CheckpointReader::loadAll(const std::vector<std::string> &names,
                           torch::ScalarType dtype,

@@ -139,6 +139,12 @@ public:
   ///    [..., R, G, 16]: transformers' convert_moe_packed_tensors layout.
   /// Throws LoadError naming the shard and tensor on any inconsistency.
   torch::Tensor load(const std::string &name, torch::ScalarType dtype) const;
+  /// load() of rows [first, first + count) of \p name's leading dimension
+  /// (an expert-parallel rank's experts of a fused [E, ...] tensor): only
+  /// those bytes of the memory-mapped shard are read and dequantized (FP8
+  /// scales and MXFP4 blocks/scales are sliced alike).
+  torch::Tensor loadRows(const std::string &name, torch::ScalarType dtype, int64_t first,
+                         int64_t count) const;
   /// load() for each of \p names, calling \p progress(done, total) after each.
   std::vector<torch::Tensor>
   loadAll(const std::vector<std::string> &names, torch::ScalarType dtype,

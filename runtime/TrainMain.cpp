@@ -97,6 +97,8 @@ Training (defaults in brackets):
                          batch; --tp, --pp, --cp are not implemented yet [1]
   --dist-timeout S       a collective waiting longer (a rank died) fails every
                          rank with exit 7 [300]
+  --micro-batches N      gradient accumulation: run each batch (each rank's
+                         share in a parallel run) as N micro-batches [1]
   --dump-gradients FILE  write every step's whole adapter gradients (reduced,
                          before clipping) as safetensors ("<step>.<peft key>"):
                          the parallel stage compares layouts with them
@@ -128,7 +130,7 @@ const std::set<std::string> kValueFlags = {
     "--model", "--data", "--out", "--steps", "--batch", "--seq-len", "--lr", "--weight-decay",
     "--warmup", "--seed", "--device", "--dtype", "--grad-clip", "--checkpoint-every",
     "--log-every", "--export", "--merge", "--eos", "--peak-tflops", "--logits-out", "--validate", "--init-adapter", "--dump-batches",
-    "--force-routing", "--tp", "--ep", "--pp", "--dp", "--cp", "--dist-timeout", "--dump-gradients"};
+    "--force-routing", "--tp", "--ep", "--pp", "--dp", "--cp", "--dist-timeout", "--dump-gradients", "--micro-batches"};
 const std::set<std::string> kBoolFlags = {"--resume", "--recompute", "--help", "-h"};
 
 /// The parsed command line: flag -> value ("" for booleans).
@@ -356,6 +358,8 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
     throw badInput("", "--data", "expected a dataset (JSONL or ADAPTTOK) to train on");
   if (args.has("--dump-gradients"))
     opts.gradientsPath = args.values.at("--dump-gradients");
+  if (args.has("--micro-batches"))
+    opts.microBatches = parseInt("--micro-batches", args.values.at("--micro-batches"), 1);
   // A parallel run: checked before any weight is read, then the groups formed.
   const LaunchInfo launch = launchFromEnvironment();
   Layout layout;
@@ -365,6 +369,13 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
     if (const std::string *text = args.has(flag) ? &args.values.at(flag) : nullptr)
       *size = parseInt(flag, *text, 1);
   checkLayout(layout, launch.worldSize, def, opts.batch);
+  if ((opts.batch / layout.dataRanks()) % opts.microBatches != 0)
+    throw badInput("", "--micro-batches",
+                   "expected a count dividing each rank's batch (" +
+                       std::to_string(opts.batch / layout.dataRanks()) + " sequences), got " +
+                       std::to_string(opts.microBatches));
+  if (opts.microBatches > 1 && !opts.forceRoutingPath.empty())
+    throw badInput("", "--micro-batches", "expected 1 with --force-routing (not implemented yet)");
   // Under a launcher the groups are formed even for one process, so a
   // one-GPU torchrun job runs (and proves) the same NCCL path as many.
   if (launch.launcher != "none") {

@@ -179,7 +179,8 @@ Trainer::Trainer(Model &model, const TrainOptions &options)
 }
 
 double Trainer::lossAndGradients(const Batch &batch, double &allReduceSeconds) {
-  if (!opts.distributed) {
+  const int64_t micro = opts.microBatches;
+  if (!opts.distributed && micro == 1) {
     torch::Tensor ids = batch.ids.to(opts.device), labels = batch.labels.to(opts.device);
     torch::Tensor loss = model.loss(ids, labels, ImageInput{batch.pixels, batch.gridThw});
     const double value = loss.item<double>();
@@ -187,28 +188,43 @@ double Trainer::lossAndGradients(const Batch &batch, double &allReduceSeconds) {
       loss.backward();
     return value;
   }
-  Distributed &run = *opts.distributed;
-  auto [first, count] = batchSlice(run, batch.ids.size(0));
+  if (batch.pixels.defined())
+    throw badInput(opts.dataPath, "images",
+                   "expected text-only documents: image documents with micro-batches or in a "
+                   "parallel run are not implemented yet");
+  Distributed *run = opts.distributed.get();
+  auto [first, count] = run ? batchSlice(*run, batch.ids.size(0))
+                            : std::pair<int64_t, int64_t>{0, batch.ids.size(0)};
   torch::Tensor ids = batch.ids.narrow(0, first, count).to(opts.device);
   torch::Tensor labels = batch.labels.narrow(0, first, count).to(opts.device);
   // The single-process loss is the mean over every target token of the
-  // global batch: each rank's share is its sum over the global count, and
-  // the gradients summed over the ranks are the single-process ones.
+  // global batch: each micro-batch's share is its sum over the global
+  // count, so the shares' gradients, summed here and over the ranks, are
+  // the whole batch's.
   std::vector<torch::Tensor> targets = {
       (labels.narrow(1, 1, labels.size(1) - 1) != -100).sum().to(torch::kCPU, torch::kFloat64)};
-  run.data().allReduceSum(targets);
-  const double globalCount = targets[0].item<double>();
-  torch::Tensor share = model.lossSum(ids, labels) / std::max(globalCount, 1.0);
-  std::vector<torch::Tensor> total = {share.detach().to(torch::kCPU, torch::kFloat64).reshape({1})};
-  run.data().allReduceSum(total);
-  const double value = total[0].item<double>();
-  if (!std::isfinite(value))
-    return value;
-  share.backward();
+  if (run)
+    run->data().allReduceSum(targets);
+  const double globalCount = std::max(targets[0].item<double>(), 1.0);
+  const int64_t rows = count / micro;
+  double local = 0.0;
+  for (int64_t m = 0; m < micro; ++m) {
+    torch::Tensor share =
+        model.lossSum(ids.narrow(0, m * rows, rows), labels.narrow(0, m * rows, rows)) / globalCount;
+    const double value = share.item<double>();
+    if (!std::isfinite(value))
+      return value;
+    share.backward();
+    local += value;
+  }
+  if (!run)
+    return local;
+  std::vector<torch::Tensor> total = {torch::tensor({local}, torch::kFloat64)};
+  run->data().allReduceSum(total);
   auto start = std::chrono::steady_clock::now();
-  reduceGradients(params, run);
+  reduceGradients(params, *run);
   allReduceSeconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return value;
+  return total[0].item<double>();
 }
 
 void Trainer::forceRoutingOf(int64_t index) {

@@ -64,6 +64,11 @@ struct TrainOptions {
   /// clipping) are written there at the end ("<step>.<peft key>"), for the
   /// parallel stage's comparison with a single-process run.
   std::string gradientsPath;
+  /// Gradient accumulation: each (per-rank) batch runs as this many equal
+  /// micro-batches, their gradients summed before the step; the loss and
+  /// gradients are those of the whole batch (the same normalisation as a
+  /// parallel run's, so DP2 equals one process with 2 micro-batches).
+  int64_t microBatches = 1;
 };
 
 /// Learning rate of the step with 0-based index \p index: lr * (index + 1) /

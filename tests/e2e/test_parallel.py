@@ -82,10 +82,13 @@ class ParallelStage(unittest.TestCase):
                         r = status[layout]
                         self.assertEqual(r["status"], "passed", r)
                         self.assertLessEqual(r["loss_error"], 1e-6)
-                        self.assertLessEqual(r["gradient_error"], 1e-6)
+                        bound = max(1e-6, 3 * r["micro_batches_vs_one_batch"])
+                        self.assertLessEqual(r["gradient_error"], bound)
                         self.assertTrue(r["adapter_exact"])
+                        if layout == "DP2":  # same sums, same grouping: bitwise
+                            self.assertEqual(r["gradient_error"], 0.0)
                         print(f"[{family}] {layout}: loss {r['loss_error']:.2e} (bound 1e-6), "
-                              f"gradients {r['gradient_error']:.2e} (bound 1e-6)", file=sys.stderr)
+                              f"gradients {r['gradient_error']:.2e} (bound {bound:.2e})", file=sys.stderr)
                     self.assertEqual(status["TP2"]["status"], "not run")  # not implemented: said so
         finally:
             shutil.rmtree(work, ignore_errors=True)
