@@ -43,6 +43,21 @@ int envInt(const char *name, int low, int high) {
   return static_cast<int>(value);
 }
 
+/// Waits for WORK; a failure (a peer's connection reset, NCCL's watchdog,
+/// gloo's timeout, each with its own exception type) becomes one error with
+/// exit code 7, so every rank stops with the same clear message.
+void finish(const c10::intrusive_ptr<c10d::Work> &work) {
+  try {
+    work->wait();
+  } catch (const std::exception &e) {
+    std::string what = e.what();
+    if (size_t nl = what.find('\n'); nl != std::string::npos)
+      what.resize(nl);
+    throw RuntimeError("", "parallel run", "another rank failed or timed out: " + what,
+                       kExitPeerFailed);
+  }
+}
+
 /// One c10d backend seen through Collectives.
 class BackendCollectives : public Collectives {
 public:
@@ -57,7 +72,7 @@ public:
     // One flat buffer per call on the group's device (NCCL takes CUDA
     // tensors only): one collective, whatever the tensor count.
     std::vector<torch::Tensor> flat = {torch::cat(flatten(tensors)).to(device)};
-    backend->allreduce(flat)->wait();
+    finish(backend->allreduce(flat));
     int64_t offset = 0;
     for (torch::Tensor &t : tensors) {
       t.copy_(flat[0].narrow(0, offset, t.numel()).view_as(t));
@@ -75,7 +90,7 @@ public:
     torch::Tensor in = x.to(device).contiguous();
     torch::Tensor out = torch::empty(shape, in.options());
     std::vector<int64_t> sendSplits = send, recvSplits = recv;
-    backend->alltoall_base(out, in, recvSplits, sendSplits)->wait();
+    finish(backend->alltoall_base(out, in, recvSplits, sendSplits));
     return out.to(x.device());
   }
 
@@ -84,13 +99,13 @@ public:
     std::vector<std::vector<torch::Tensor>> out(1);
     for (int i = 0; i < size(); ++i)
       out[0].push_back(torch::empty_like(in[0]));
-    backend->allgather(out, in)->wait();
+    finish(backend->allgather(out, in));
     for (torch::Tensor &t : out[0])
       t = t.to(x.device());
     return out[0];
   }
 
-  void barrier() override { backend->barrier()->wait(); }
+  void barrier() override { finish(backend->barrier()); }
 
 private:
   static std::vector<torch::Tensor> flatten(const std::vector<torch::Tensor> &tensors) {
