@@ -125,8 +125,9 @@ public:
   Collectives &data() override { return *dataGroup; }
   Collectives &expert() override { return *expertGroup; }
   Collectives &expertData() override { return *expertDataGroup; }
+  Collectives &tensor() override { return *tensorGroup; }
 
-  std::unique_ptr<Collectives> worldGroup, dataGroup, expertGroup, expertDataGroup;
+  std::unique_ptr<Collectives> worldGroup, dataGroup, expertGroup, expertDataGroup, tensorGroup;
   c10::intrusive_ptr<c10d::Store> store;
   torch::Device device = torch::kCPU;
   std::chrono::seconds timeout{300};
@@ -264,12 +265,28 @@ void checkLayout(const Layout &layout, int worldSize, const ModelDef &def, int64
                                                                   : layer.attention.heads;
     const int64_t kvHeads = layer.attention.linear.keyHeads > 0 ? layer.attention.linear.keyHeads
                                                                  : layer.attention.kvHeads;
-    if (heads % layout.tp != 0 || (kvHeads > 0 && kvHeads % layout.tp != 0 && layout.tp % kvHeads != 0))
+    const std::string where = "layer " + std::to_string(layer.index);
+    if (heads % layout.tp != 0 || (kvHeads > 0 && kvHeads % layout.tp != 0))
       throw badInput("", "--tp",
-                     "expected a size dividing the attention heads, but layer " +
-                         std::to_string(layer.index) + " has " + std::to_string(heads) +
-                         " heads (" + std::to_string(kvHeads) + " key/value) and --tp is " +
-                         std::to_string(layout.tp));
+                     "expected a size dividing the attention heads, but " + where + " has " +
+                         std::to_string(heads) + " heads (" + std::to_string(kvHeads) +
+                         " key/value) and --tp is " + std::to_string(layout.tp));
+    if (layout.tp == 1)
+      continue;
+    const AttentionDef &a = layer.attention;
+    if (a.kind != AttentionKind::Gqa || a.outputGate || a.qkNorm == "full")
+      throw badInput("", "--tp",
+                     "expected softmax GQA/MHA attention in every layer: " + where +
+                         "'s token mixer (" +
+                         (a.kind == AttentionKind::Gqa ? std::string(a.outputGate ? "output-gated" : "full-width QK norm")
+                                                       : "MLA, sparse or linear attention") +
+                         ") is not split by tensor parallelism yet (docs/parallel.md)");
+    for (int64_t width : {layer.ffn.experts == 0 ? layer.ffn.intermediate : int64_t(0),
+                          layer.ffn.sharedIntermediate})
+      if (width % layout.tp != 0)
+        throw badInput("", "--tp",
+                       "expected a size dividing the MLP widths, but " + where + " has width " +
+                           std::to_string(width) + " and --tp is " + std::to_string(layout.tp));
   }
   if (layout.pp > static_cast<int64_t>(def.layers.size()))
     throw badInput("", "--pp",
@@ -280,13 +297,12 @@ void checkLayout(const Layout &layout, int worldSize, const ModelDef &def, int64
     throw badInput("", "--batch",
                    "expected a global batch divisible by the data ranks (ep * dp = " +
                        std::to_string(layout.dataRanks()) + "), got " + std::to_string(batch));
-  for (const auto &[flag, size] : {std::pair<const char *, int64_t>{"--tp", layout.tp},
-                                   {"--pp", layout.pp},
+  for (const auto &[flag, size] : {std::pair<const char *, int64_t>{"--pp", layout.pp},
                                    {"--cp", layout.cp}})
     if (size != 1)
       throw badInput("", flag,
-                     std::string("expected 1: this runtime splits experts (--ep) and data "
-                                 "(--dp) so far; ") +
+                     std::string("expected 1: this runtime splits experts (--ep), data (--dp) "
+                                 "and attention/MLP widths (--tp) so far; ") +
                          flag + " is not implemented yet (docs/parallel.md)");
 }
 
@@ -301,6 +317,7 @@ std::shared_ptr<Distributed> Distributed::join(const LaunchInfo &launch, const L
   // Rank order: tp fastest, then cp, ep, dp, pp (docs/parallel.md).
   const int rank = launch.rank;
   const int64_t inner = layout.tp * layout.cp;
+  run->tensorIndex = rank % layout.tp;
   run->expertIndex = (rank / inner) % layout.ep;
   const int64_t dpIndex = (rank / (inner * layout.ep)) % layout.dp;
   run->dataIndex = dpIndex * layout.ep + run->expertIndex;
@@ -342,6 +359,8 @@ std::shared_ptr<Distributed> Distributed::join(const LaunchInfo &launch, const L
       "expert/" + std::to_string(tpcp(rank)) + "." + std::to_string(dp(rank)) + "." +
           std::to_string(pp(rank)) + "/",
       members([&](int r) { return tpcp(r) == tpcp(rank) && dp(r) == dp(rank) && pp(r) == pp(rank); }));
+  run->tensorGroup = run->group("tensor/" + std::to_string(rank / layout.tp) + "/",
+                                members([&](int r) { return r / layout.tp == rank / layout.tp; }));
   run->expertDataGroup = run->group(
       "expert-data/" + std::to_string(tpcp(rank)) + "." + std::to_string(ep(rank)) + "." +
           std::to_string(pp(rank)) + "/",

@@ -9,7 +9,8 @@
 // included here, so the layers and the trainer compile without them.
 //
 // Layout (docs/parallel.md): world = tp * cp * ep * dp * pp, ranks ordered
-// with tp fastest, then cp, ep, dp, pp. Data ranks (ep * dp of them) take
+// with tp fastest, then cp, ep, dp, pp. A TP group splits attention heads and
+// MLP widths and sees the same data. Data ranks (ep * dp of them) take
 // disjoint slices of each global batch; an expert-parallel group (ep ranks
 // that share dp and pp) splits every MoE layer's routed experts between its
 // members and exchanges tokens all-to-all; ranks with the same expert slice
@@ -56,9 +57,11 @@ struct Layout {
 };
 
 /// Checks LAYOUT before any weight is read: every size >= 1, their product is
-/// the world size, EP divides every MoE layer's expert count, the data ranks
-/// divide the batch, and the dimensions this runtime does not split yet
-/// (TP, PP, CP) are 1. Throws BadInput naming the flag and the expectation.
+/// the world size, EP divides every MoE layer's expert count, TP divides the
+/// attention heads and the dense/shared MLP widths of layers it can split
+/// (softmax GQA/MHA; other token mixers are refused under TP), the data
+/// ranks divide the batch, and the dimensions this runtime does not split
+/// yet (PP, CP) are 1. Throws BadInput naming the flag and the expectation.
 void checkLayout(const Layout &layout, int worldSize, const ModelDef &def, int64_t batch);
 
 /// One process group's collectives; tensors on the run's device.
@@ -91,9 +94,10 @@ public:
   const LaunchInfo &launch() const { return launchInfo; }
   const Layout &layout() const { return sizes; }
   int rank() const { return launchInfo.rank; }
-  /// This rank's index among the data ranks, and its EP index.
+  /// This rank's index among the data ranks, its EP index and its TP index.
   int64_t dataRank() const { return dataIndex; }
   int64_t expertRank() const { return expertIndex; }
+  int64_t tensorRank() const { return tensorIndex; }
 
   /// Every rank of the run.
   virtual Collectives &world() = 0;
@@ -103,11 +107,13 @@ public:
   virtual Collectives &expert() = 0;
   /// The ranks holding this rank's expert slice (dp members).
   virtual Collectives &expertData() = 0;
+  /// This rank's tensor-parallel group (tp members, the same data).
+  virtual Collectives &tensor() = 0;
 
 protected:
   LaunchInfo launchInfo;
   Layout sizes;
-  int64_t dataIndex = 0, expertIndex = 0;
+  int64_t dataIndex = 0, expertIndex = 0, tensorIndex = 0;
 };
 
 } // namespace adapt::rt

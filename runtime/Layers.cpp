@@ -9,15 +9,23 @@
 
 namespace adapt::rt {
 
-torch::Tensor LoraLinear::forward(const torch::Tensor &x, bool training) const {
-  torch::Tensor y = torch::linear(x, weight, bias);
-  if (!hasLora())
+torch::Tensor LoraLinear::forward(const torch::Tensor &input, bool training) const {
+  // Column-parallel: the whole input, whose gradient the group sums.
+  const torch::Tensor x = split == TensorSplit::Columns ? copyToTensorRegion(input, *tensorGroup) : input;
+  // Row-parallel: the bias joins once, after the partial outputs are summed.
+  const bool rows = split == TensorSplit::Rows;
+  torch::Tensor y = torch::linear(x, weight, rows ? torch::Tensor() : bias);
+  if (hasLora()) {
+    torch::Tensor in = x;
+    if (training && dropout > 0.0)
+      in = torch::dropout(in, dropout, /*train=*/true);
+    torch::Tensor a = loraA.to(x.scalar_type()), b = loraB.to(x.scalar_type());
+    y = y + torch::linear(torch::linear(in, a), b) * scale;
+  }
+  if (!rows)
     return y;
-  torch::Tensor in = x;
-  if (training && dropout > 0.0)
-    in = torch::dropout(in, dropout, /*train=*/true);
-  torch::Tensor a = loraA.to(x.scalar_type()), b = loraB.to(x.scalar_type());
-  return y + torch::linear(torch::linear(in, a), b) * scale;
+  y = reduceFromTensorRegion(y, *tensorGroup);
+  return bias.defined() ? y + bias : y;
 }
 
 std::pair<torch::Tensor, torch::Tensor> ExpertLinear::groupedFactors(torch::ScalarType dtype) const {

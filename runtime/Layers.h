@@ -13,6 +13,7 @@
 #include "runtime/ExpertParallel.h"
 #include "runtime/ModelDef.h"
 #include "runtime/Ops.h"
+#include "runtime/TensorParallel.h"
 
 #include <torch/torch.h>
 
@@ -31,6 +32,10 @@ struct LoraLinear {
   double dropout = 0.0;
   std::string hfPath;     ///< Module path in the HF model ("model.layers.0.self_attn.q_proj").
   std::string checkpointName; ///< The weight's checkpoint name.
+  /// Tensor parallelism: which part of weight/bias/LoRA this rank holds, and
+  /// the group holding the rest (TensorParallel.h). None: all of it.
+  TensorSplit split = TensorSplit::None;
+  Collectives *tensorGroup = nullptr;
 
   bool hasLora() const { return loraA.defined(); }
   torch::Tensor forward(const torch::Tensor &x, bool training) const;

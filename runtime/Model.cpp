@@ -354,7 +354,44 @@ public:
       }
       if (d.sinks)
         a.sinks = load(name(w, "sinks", l), {d.heads}, torch::kFloat32);
+      if (const int64_t tp = tensorParallel(); tp > 1) { // Whole heads per rank.
+        for (LoraLinear *column : {&a.q, &a.k, &a.v})
+          splitColumns(*column);
+        splitRows(a.o);
+        if (a.sinks.defined())
+          a.sinks = a.sinks.narrow(0, options.distributed->tensorRank() * (d.heads / tp), d.heads / tp).contiguous();
+        a.def.heads /= tp;
+        a.def.kvHeads /= tp;
+      }
     }
+  }
+
+  /// Tensor parallelism: the group size (1 when not split) and this rank's index.
+  int64_t tensorParallel() const {
+    const auto &dist = options.distributed;
+    return dist ? dist->layout().tp : 1;
+  }
+  /// Keeps this rank's output rows of \p l (column-parallel: q, k, v, gate, up).
+  void splitColumns(LoraLinear &l) {
+    const int64_t tp = tensorParallel();
+    if (tp == 1 || !l.weight.defined())
+      return;
+    const int64_t rows = l.weight.size(0) / tp, first = options.distributed->tensorRank() * rows;
+    l.weight = l.weight.narrow(0, first, rows).contiguous();
+    if (l.bias.defined())
+      l.bias = l.bias.narrow(0, first, rows).contiguous();
+    l.split = TensorSplit::Columns;
+    l.tensorGroup = &options.distributed->tensor();
+  }
+  /// Keeps this rank's input columns of \p l (row-parallel: o, down).
+  void splitRows(LoraLinear &l) {
+    const int64_t tp = tensorParallel();
+    if (tp == 1 || !l.weight.defined())
+      return;
+    const int64_t cols = l.weight.size(1) / tp;
+    l.weight = l.weight.narrow(1, options.distributed->tensorRank() * cols, cols).contiguous();
+    l.split = TensorSplit::Rows;
+    l.tensorGroup = &options.distributed->tensor();
   }
 
   /// Expert parallelism: the routed experts of a layer with \p experts that
@@ -401,6 +438,9 @@ public:
       f.gate = linear(l, w, "gate_proj", width, h, false);
       f.up = linear(l, w, "up_proj", width, h, false);
       f.down = linear(l, w, "down_proj", h, width, false);
+      splitColumns(f.gate);
+      splitColumns(f.up);
+      splitRows(f.down);
       return;
     }
     f.router = linear(l, w, "router", e, h, d.routerBias, torch::kFloat32);
@@ -444,6 +484,9 @@ public:
       f.sharedDown = linear(l, w, "shared.down_proj", h, d.sharedIntermediate, false);
       if (d.sharedGate)
         f.sharedExpertGate = linear(l, w, "shared_gate", 1, h, false);
+      splitColumns(f.sharedGate);
+      splitColumns(f.sharedUp);
+      splitRows(f.sharedDown);
     }
   }
 
@@ -474,7 +517,16 @@ public:
     if (!l.weight.defined())
       return;
     const int64_t r = def.lora.rank;
-    l.loraA = initA(r, l.weight.size(1));
+    if (l.split == TensorSplit::Rows) { // Drawn whole, so every layout starts alike.
+      const int64_t cols = l.weight.size(1);
+      l.loraA = initA(r, cols * tensorParallel())
+                    .detach()
+                    .narrow(1, options.distributed->tensorRank() * cols, cols)
+                    .clone()
+                    .requires_grad_(true);
+    } else {
+      l.loraA = initA(r, l.weight.size(1));
+    }
     l.loraB = torch::zeros({l.weight.size(0), r}, torch::TensorOptions().dtype(torch::kFloat32).device(options.device))
                   .requires_grad_(true);
     l.scale = loraScale();
@@ -675,8 +727,11 @@ std::vector<AdapterTensor> Model::adapters() const {
   auto addLinear = [&](const LoraLinear &l) {
     if (!l.hasLora())
       return;
-    out.push_back({base + l.hfPath + ".lora_A.weight", l.loraA});
-    out.push_back({base + l.hfPath + ".lora_B.weight", l.loraB});
+    const bool columns = l.split == TensorSplit::Columns, rows = l.split == TensorSplit::Rows;
+    out.push_back({base + l.hfPath + ".lora_A.weight", l.loraA,
+                   rows ? AdapterShard::TensorColumns : AdapterShard::None, 0, columns});
+    out.push_back({base + l.hfPath + ".lora_B.weight", l.loraB,
+                   columns ? AdapterShard::TensorRows : AdapterShard::None, 0, rows});
   };
   for (const Layer &layer : impl->layers) {
     const AttentionLayer &a = layer.attention;

@@ -47,6 +47,8 @@ enum class AdapterShard {
   None,          ///< Whole on every rank.
   ExpertRows,    ///< Rows e*r+k (lora_A): the local experts' rows, in order.
   ExpertColumns, ///< Columns k*E+e (lora_B): [out, r*E_local], column k*E_local+e.
+  TensorRows,    ///< Tensor parallelism: this rank's rows (B of a column-parallel layer).
+  TensorColumns, ///< Tensor parallelism: this rank's columns (A of a row-parallel layer).
 };
 
 /// One trainable adapter tensor with the key PEFT's adapter_model.safetensors
@@ -56,6 +58,10 @@ struct AdapterTensor {
   torch::Tensor value; ///< requires_grad; fp32 master copy.
   AdapterShard shard = AdapterShard::None;
   int64_t rank = 0;    ///< LoRA rank r, for ExpertColumns.
+  /// Whole on every TP rank but each holds only its part of the gradient
+  /// (A of a column-parallel layer, B of a row-parallel one): summed over the
+  /// tensor-parallel group before the step.
+  bool tensorPartial = false;
 };
 
 /// Per decoder layer, how many tokens each routed expert received in the last

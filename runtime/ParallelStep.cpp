@@ -9,6 +9,14 @@ namespace adapt::rt {
 namespace {
 
 int64_t epSize(const Distributed *run) { return run ? run->layout().ep : 1; }
+int64_t tpSize(const Distributed *run) { return run ? run->layout().tp : 1; }
+
+bool tensorSplit(const AdapterTensor &a) {
+  return a.shard == AdapterShard::TensorRows || a.shard == AdapterShard::TensorColumns;
+}
+bool expertSplit(const AdapterTensor &a) {
+  return a.shard == AdapterShard::ExpertRows || a.shard == AdapterShard::ExpertColumns;
+}
 
 } // namespace
 
@@ -18,34 +26,48 @@ std::pair<int64_t, int64_t> batchSlice(const Distributed &run, int64_t globalBat
 }
 
 void reduceGradients(const std::vector<AdapterTensor> &params, Distributed &run) {
-  std::vector<torch::Tensor> dense, experts;
+  std::vector<torch::Tensor> dense, experts, partial;
   for (const AdapterTensor &p : params) {
     torch::Tensor grad = p.value.mutable_grad();
     if (!grad.defined()) // Untouched this step (no token reached it): zero.
       grad = p.value.mutable_grad() = torch::zeros_like(p.value);
-    (p.shard == AdapterShard::None ? dense : experts).push_back(grad);
+    if (p.tensorPartial)
+      partial.push_back(grad);
+    (expertSplit(p) ? experts : dense).push_back(grad);
   }
+  if (run.layout().tp > 1) // Each TP rank holds its part of these first.
+    run.tensor().allReduceSum(partial);
   run.data().allReduceSum(dense);
   run.expertData().allReduceSum(experts);
 }
 
 double globalGradNorm(const std::vector<AdapterTensor> &params, Distributed &run) {
-  double dense = 0.0;
+  double whole = 0.0;
   torch::Tensor experts = torch::zeros({1}, torch::kFloat64);
+  torch::Tensor tensorShards = torch::zeros({1}, torch::kFloat64);
   for (const AdapterTensor &p : params) {
     double squares = p.value.grad().to(torch::kFloat64).pow(2).sum().item<double>();
-    if (p.shard == AdapterShard::None)
-      dense += squares;
-    else
+    if (expertSplit(p))
       experts += squares;
+    else if (tensorSplit(p))
+      tensorShards += squares;
+    else
+      whole += squares;
   }
-  std::vector<torch::Tensor> shards = {experts};
-  run.expert().allReduceSum(shards);
-  return std::sqrt(dense + shards[0].item<double>());
+  std::vector<torch::Tensor> expertSum = {experts}, tensorSum = {tensorShards};
+  run.expert().allReduceSum(expertSum);
+  run.tensor().allReduceSum(tensorSum);
+  return std::sqrt(whole + expertSum[0].item<double>() + tensorSum[0].item<double>());
 }
 
 torch::Tensor gatherShard(const AdapterTensor &adapter, const torch::Tensor &local, Distributed *run) {
-  if (adapter.shard == AdapterShard::None || epSize(run) == 1)
+  if (adapter.shard == AdapterShard::TensorRows || adapter.shard == AdapterShard::TensorColumns) {
+    if (tpSize(run) == 1)
+      return local;
+    return torch::cat(run->tensor().allGather(local.contiguous()),
+                      adapter.shard == AdapterShard::TensorRows ? 0 : 1);
+  }
+  if (!expertSplit(adapter) || epSize(run) == 1)
     return local;
   std::vector<torch::Tensor> parts = run->expert().allGather(local.contiguous());
   if (adapter.shard == AdapterShard::ExpertRows)
@@ -59,8 +81,16 @@ torch::Tensor gatherShard(const AdapterTensor &adapter, const torch::Tensor &loc
 }
 
 torch::Tensor shardOf(const AdapterTensor &adapter, const torch::Tensor &whole, const Distributed *run) {
+  if (tensorSplit(adapter)) {
+    const int64_t tp = tpSize(run);
+    if (tp == 1)
+      return whole;
+    const int dim = adapter.shard == AdapterShard::TensorRows ? 0 : 1;
+    const int64_t size = whole.size(dim) / tp;
+    return whole.narrow(dim, run->tensorRank() * size, size).contiguous();
+  }
   const int64_t ep = epSize(run);
-  if (adapter.shard == AdapterShard::None || ep == 1)
+  if (!expertSplit(adapter) || ep == 1)
     return whole;
   const int64_t index = run->expertRank();
   if (adapter.shard == AdapterShard::ExpertRows) {
@@ -75,11 +105,22 @@ torch::Tensor shardOf(const AdapterTensor &adapter, const torch::Tensor &whole, 
 
 std::vector<int64_t> wholeShape(const AdapterTensor &adapter, const Distributed *run) {
   std::vector<int64_t> shape = adapter.value.sizes().vec();
-  const int64_t ep = epSize(run);
-  if (adapter.shard == AdapterShard::ExpertRows)
-    shape[0] *= ep;
-  else if (adapter.shard == AdapterShard::ExpertColumns)
-    shape[1] *= ep;
+  switch (adapter.shard) {
+  case AdapterShard::ExpertRows:
+    shape[0] *= epSize(run);
+    break;
+  case AdapterShard::ExpertColumns:
+    shape[1] *= epSize(run);
+    break;
+  case AdapterShard::TensorRows:
+    shape[0] *= tpSize(run);
+    break;
+  case AdapterShard::TensorColumns:
+    shape[1] *= tpSize(run);
+    break;
+  case AdapterShard::None:
+    break;
+  }
   return shape;
 }
 

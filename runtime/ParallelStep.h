@@ -24,11 +24,13 @@ namespace adapt::rt {
 /// Rows [first, first + count) of the global batch that this data rank trains.
 std::pair<int64_t, int64_t> batchSlice(const Distributed &run, int64_t globalBatch);
 
-/// Sums every adapter's gradient over the ranks that share it.
+/// Sums every adapter's gradient over the ranks that share it: partial
+/// gradients over the tensor-parallel group, then dense adapters (and TP
+/// shards) over the data ranks, split experts over the ranks holding them.
 void reduceGradients(const std::vector<AdapterTensor> &params, Distributed &run);
 
-/// The L2 norm of all adapter gradients of the whole model (each expert
-/// shard counted once), after reduceGradients; identical on every rank.
+/// The L2 norm of all adapter gradients of the whole model (each expert or
+/// tensor shard counted once), after reduceGradients; identical on every rank.
 double globalGradNorm(const std::vector<AdapterTensor> &params, Distributed &run);
 
 /// The whole tensor of which \p local (this rank's shard of \p adapter, or a

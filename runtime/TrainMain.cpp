@@ -93,8 +93,9 @@ Training (defaults in brackets):
                          parallel layout; the product is the launcher's world
                          size (torchrun: RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/
                          MASTER_PORT; Slurm: SLURM_PROCID/SLURM_NTASKS/...).
-                         --ep splits routed experts, --dp and --ep split the
-                         batch; --tp, --pp, --cp are not implemented yet [1]
+                         --ep splits routed experts, --tp attention heads and
+                         MLP widths (softmax attention only), --dp and --ep the
+                         batch; --pp, --cp are not implemented yet [1]
   --dist-timeout S       a collective waiting longer (a rank died) fails every
                          rank with exit 7 [300]
   --micro-batches N      gradient accumulation: run each batch (each rank's
@@ -379,10 +380,10 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
   // Under a launcher the groups are formed even for one process, so a
   // one-GPU torchrun job runs (and proves) the same NCCL path as many.
   if (launch.launcher != "none") {
-    if (layout.ep > 1 && !opts.mergeDir.empty())
+    if ((layout.ep > 1 || layout.tp > 1) && !opts.mergeDir.empty())
       throw badInput("", "--merge",
-                     "expected a run without --ep: export the adapter (--export), then merge "
-                     "it in one process (--init-adapter DIR --merge OUT)");
+                     "expected a run without --ep or --tp: export the adapter (--export), then "
+                     "merge it in one process (--init-adapter DIR --merge OUT)");
     if (args.has("--validate"))
       throw badInput("", "--validate", "expected one process: the model stage runs alone");
     if (opts.device.is_cuda())

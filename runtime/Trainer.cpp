@@ -12,6 +12,7 @@
 #include "runtime/Trainer.h"
 #include "runtime/ExpertParallel.h"
 #include "runtime/ParallelStep.h"
+#include "runtime/TensorParallel.h"
 #include "runtime/FileSystem.h"
 #include "runtime/SafetensorsIO.h"
 #include "runtime/Sha256.h"
@@ -588,6 +589,7 @@ int Trainer::run(const PackedDataset &data) {
                tokensPerSecond / static_cast<double>(opts.distributed->launch().worldSize));
       line.set("allreduce_s", allReduceSeconds);
       line.set("alltoall_s", takeAllToAllSeconds());
+      line.set("tp_allreduce_s", takeTensorParallelSeconds());
     }
     if (writes())
       appendMetrics(line.dump());

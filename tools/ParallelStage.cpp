@@ -11,8 +11,10 @@
 //  - every step's adapter gradients agree to 1e-6 relative per tensor
 //    (Frobenius), or to 3x the model's own rounding sensitivity when that is
 //    larger (K micro-batches against one batch: 1.4e-6 for qwen3_next's delta
-//    rule, <= 5e-7 elsewhere). Measured: DP2 is bitwise its reference; EP
-//    layouts differ by the expert GEMMs' grouping (<= 1.4e-6, qwen3_next);
+//    rule, <= 5e-7 elsewhere); 3e-6 with TP, whose row-parallel sums add
+//    per-rank partial sums (measured <= 9e-7). Measured: DP2 is bitwise its
+//    reference; EP layouts differ by the expert GEMMs' grouping (<= 1.4e-6,
+//    qwen3_next);
 //  - the exported adapter, gathered from the shards, is bitwise the one it
 //    started from (split experts put back in PEFT's layout and names).
 //
@@ -47,6 +49,10 @@ namespace {
 
 constexpr int kExitValidationFailed = 4;
 constexpr double kLossBound = 1e-6, kGradientBound = 1e-6;
+/// TP sums o_proj's and down_proj's products in per-rank partial sums added
+/// by the all-reduce: a reduction order no single-process run reproduces.
+/// Measured <= 9e-7 (TP2, TP2xEP2, tiny families); bound 3.3x that.
+constexpr double kTensorParallelGradientBound = 3e-6;
 constexpr int kBatch = 4, kSeqLen = 32;
 constexpr unsigned kLayoutSeconds = 900;
 
@@ -88,9 +94,9 @@ std::optional<LayoutSpec> parseLayout(const std::string &text) {
 
 /// Why this runtime cannot run SPEC yet ("" when it can).
 std::string notImplemented(const LayoutSpec &spec) {
-  for (const char *flag : {"--tp", "--pp", "--cp"})
+  for (const char *flag : {"--pp", "--cp"})
     if (spec.sizes.count(flag) && spec.sizes.at(flag) > 1)
-      return std::string(flag + 2) + " is not implemented yet (the runtime splits experts and data)";
+      return std::string(flag + 2) + " is not implemented yet (the runtime splits experts, data and attention/MLP widths)";
   return "";
 }
 
@@ -394,7 +400,9 @@ int runParallelStage(const ParallelStageOptions &o, char *argv0) {
     // Rounding the model itself amplifies (qwen3_next's delta rule: K
     // micro-batches differ from one batch by 1.4e-6) widens the bound to 3x
     // that measured sensitivity; the parallel paths add no error of their own.
-    const double gradientBound = std::max(kGradientBound, 3.0 * accumulation);
+    const bool tensorParallel = spec.sizes.count("--tp") && spec.sizes.at("--tp") > 1;
+    const double gradientBound =
+        std::max(tensorParallel ? kTensorParallelGradientBound : kGradientBound, 3.0 * accumulation);
     record["gradient_bound"] = gradientBound;
     const bool passed = lossError <= kLossBound && gradientError <= gradientBound && adapterExact &&
                         readError.empty();
@@ -421,7 +429,7 @@ int runParallelStage(const ParallelStageOptions &o, char *argv0) {
       {"steps", o.steps},
       {"batch", kBatch},
       {"seq_len", kSeqLen},
-      {"bounds", {{"loss", kLossBound}, {"gradient", "max(1e-6, 3 x micro_batches_vs_one_batch)"}, {"adapter", "bitwise"}}},
+      {"bounds", {{"loss", kLossBound}, {"gradient", "max(1e-6 (3e-6 with TP), 3 x micro_batches_vs_one_batch)"}, {"adapter", "bitwise"}}},
       {"layouts", results}};
   std::ofstream(o.out + "/parallel-stage.json") << stage.dump(2) << "\n";
   std::ofstream md(o.out + "/parallel-stage.md");
@@ -448,7 +456,8 @@ int runParallelStage(const ParallelStageOptions &o, char *argv0) {
   md << "\nEvery run starts from the same trained adapter with learning rate 0, so each step's gradients "
         "are taken at the same point; a layout with K data ranks is compared with one process running "
         "K micro-batches. Bounds: loss " << kLossBound << "; gradients " << kGradientBound
-     << " or 3x the reference's distance from one batch, whichever is larger; the exported adapter "
+     << " (" << kTensorParallelGradientBound << " with TP) or 3x the reference's distance from one batch, "
+        "whichever is larger; the exported adapter "
         "bitwise (docs/parallel.md).\n";
   std::cout << "parallel stage: " << (allPassed && ran > 0 ? "passed" : "FAILED") << " (" << o.out
             << "/parallel-stage.md)" << std::endl;

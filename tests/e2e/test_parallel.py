@@ -26,6 +26,8 @@ from testutil import FAMILIES, read_json, run
 
 ADAPT = None
 FAST_FAMILIES = ["qwen3_moe", "deepseek_v3", "gpt_oss", "qwen3_next"]
+# Families whose every layer tensor parallelism splits (softmax GQA/MHA).
+TP_FAMILIES = {"qwen3_moe", "mixtral", "gpt_oss", "glm4_moe", "llama4", "qwen3_vl_moe"}
 TRAIN = ["--seq-len", "32", "--lr", "1e-2", "--log-every", "0", "--device", "cpu"]
 
 
@@ -73,23 +75,28 @@ class ParallelStage(unittest.TestCase):
                     out = os.path.join(work, family + "-val")
                     print(f"[{family}] parallel stage", file=sys.stderr, flush=True)
                     proc = run(ADAPT, "validate", model, "--stage", "parallel", "--out", out,
-                               "--layouts", "EP2,DP2,DP2xEP2,TP2", timeout=1800)
+                               "--layouts", "EP2,DP2,DP2xEP2,TP2,TP2xEP2,PP2", timeout=1800)
                     self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
                     record = read_json(os.path.join(out, "parallel-stage.json"))
                     self.assertTrue(record["passed"])
                     status = {r["layout"]: r for r in record["layouts"]}
-                    for layout in ("EP2", "DP2", "DP2xEP2"):
+                    for layout in ("EP2", "DP2", "DP2xEP2", "TP2", "TP2xEP2"):
                         r = status[layout]
+                        if layout.startswith("TP") and family not in TP_FAMILIES:
+                            self.assertEqual(r["status"], "not applicable", r)  # refused, exit 2
+                            self.assertIn("--tp", r["reason"])
+                            continue
                         self.assertEqual(r["status"], "passed", r)
                         self.assertLessEqual(r["loss_error"], 1e-6)
-                        bound = max(1e-6, 3 * r["micro_batches_vs_one_batch"])
+                        bound = max(3e-6 if layout.startswith("TP") else 1e-6,
+                                    3 * r["micro_batches_vs_one_batch"])
                         self.assertLessEqual(r["gradient_error"], bound)
                         self.assertTrue(r["adapter_exact"])
                         if layout == "DP2":  # same sums, same grouping: bitwise
                             self.assertEqual(r["gradient_error"], 0.0)
                         print(f"[{family}] {layout}: loss {r['loss_error']:.2e} (bound 1e-6), "
                               f"gradients {r['gradient_error']:.2e} (bound {bound:.2e})", file=sys.stderr)
-                    self.assertEqual(status["TP2"]["status"], "not run")  # not implemented: said so
+                    self.assertEqual(status["PP2"]["status"], "not run")  # not implemented: said so
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
@@ -151,7 +158,7 @@ class Launch(unittest.TestCase):
             (2, ["--pp", "4", "--dp", "1"], "--tp/--ep/--pp/--dp/--cp", "world size 2"),
             (4, ["--pp", "4"], "--pp", "2 layers"),
             (2, ["--dp", "2", "--batch", "3"], "--batch", "divisible"),
-            (2, ["--tp", "2"], "--tp", "not implemented yet"),
+            (2, ["--cp", "2"], "--cp", "not implemented yet"),
         ]
         for world, flags, flag, needle in cases:
             batch = [] if "--batch" in flags else ["--batch", 4]
