@@ -161,7 +161,7 @@ std::optional<LoraModule> loraModuleOf(const std::string &component,
     // transformers moves Kimi-Linear's f_a/f_b_proj into a forget_gate module.
     if (family == "kimi_linear" && (role == "f_a_proj" || role == "f_b_proj"))
       m.local.insert(m.local.size() - role.size(), "forget_gate.");
-    m.kind = startsWith(role, "indexer.") ? LoraModuleKind::Other
+    m.kind = startsWith(role, "indexer.") ? LoraModuleKind::NoGradient
                                           : LoraModuleKind::Attention;
   } else if (component == "mlp") {
     m.local = hfFfnModule(family) + role;
@@ -248,6 +248,14 @@ LoraSelection selectLoraTargets(const std::vector<LoraModule> &modules,
                                           : patternSelects(pattern, m);
       if (!hit)
         continue;
+      if (m.kind == LoraModuleKind::NoGradient) {
+        out.error = "LoRA target '" + pattern + "' matches the sparse-attention indexer (" +
+                    m.path + "), whose projections get no gradient: the indexer only "
+                    "selects keys and runs without autograd (as in transformers), so an "
+                    "adapter there would never train; target the attention projections "
+                    "(q_a_proj, q_b_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj) instead";
+        return out;
+      }
       if (m.kind == LoraModuleKind::Router && !router) {
         out.error = "LoRA target '" + pattern + "' matches the MoE router (" +
                     m.path + "); adapting the router disturbs the pretrained "

@@ -28,7 +28,10 @@ enum class LoraModuleKind {
   SharedExperts, ///< The shared expert MLP.
   Router,        ///< The MoE router, and Qwen's shared-expert gate.
   Vision,        ///< Vision-tower block projections: only when a pattern names them.
-  Other,         ///< Anything else (the sparse-attention indexer).
+  NoGradient,    ///< The sparse-attention indexer: it only selects keys and runs
+                 ///< without autograd (as in transformers), so an adapter there
+                 ///< would never train; naming it is an error.
+  Other,         ///< Anything else.
 };
 
 /// A linear weight as PEFT sees it.

@@ -12,6 +12,7 @@
 #include "runtime/Trainer.h"
 #include "runtime/ExpertParallel.h"
 #include "runtime/ParallelStep.h"
+#include "runtime/RunReport.h"
 #include "runtime/TensorParallel.h"
 #include "runtime/FileSystem.h"
 #include "runtime/SafetensorsIO.h"
@@ -418,6 +419,17 @@ void Trainer::saveCheckpoint() {
   fsyncDirectory(out);
   removeAll(old);
   checkpointStep = completed;
+  writeReport();
+}
+
+void Trainer::writeReport() const {
+  if (!writes())
+    return;
+  try {
+    writeRunReport(opts.outDir);
+  } catch (const RuntimeError &e) { // The curves can wait; the run goes on.
+    std::fprintf(stderr, "warning: metrics.html not written: %s\n", e.what());
+  }
 }
 
 void Trainer::truncateMetrics() {
@@ -583,7 +595,43 @@ int Trainer::run(const PackedDataset &data) {
     });
     if (forcedRouting)
       line.set("routing_flips", model.routingFlips());
+    // Peak memory of every rank (one entry alone).
+    std::vector<double> hostPeaks = {peakHostGiB()}, devicePeaks = {cuda ? peakDeviceGiB(opts.device.index() < 0 ? 0 : opts.device.index()) : 0.0};
     if (opts.distributed) {
+      std::vector<torch::Tensor> gathered =
+          opts.distributed->world().allGather(torch::tensor({hostPeaks[0], devicePeaks[0]}, torch::kFloat64));
+      hostPeaks.clear();
+      devicePeaks.clear();
+      for (const torch::Tensor &rank : gathered) {
+        hostPeaks.push_back(rank[0].item<double>());
+        devicePeaks.push_back(rank[1].item<double>());
+      }
+    }
+    JsonValue hostMemory = JsonValue::array(), deviceMemory = JsonValue::array();
+    for (size_t r = 0; r < hostPeaks.size(); ++r) {
+      hostMemory.push(hostPeaks[r]);
+      deviceMemory.push(devicePeaks[r]);
+    }
+    line.set("peak_host_gib", std::move(hostMemory));
+    if (cuda)
+      line.set("peak_device_gib", std::move(deviceMemory));
+    if (opts.distributed) {
+      // Tokens each expert-parallel rank ran per MoE layer (its experts' share).
+      const int64_t ep = opts.distributed->layout().ep;
+      JsonValue perRank = JsonValue::array();
+      for (const std::vector<int64_t> &layer : expertLoad) {
+        JsonValue ranks = JsonValue::array();
+        if (!layer.empty())
+          for (int64_t r = 0; r < ep; ++r) {
+            int64_t tokens = 0;
+            const int64_t local = static_cast<int64_t>(layer.size()) / ep;
+            for (int64_t e = r * local; e < (r + 1) * local; ++e)
+              tokens += layer[static_cast<size_t>(e)];
+            ranks.push(tokens);
+          }
+        perRank.push(std::move(ranks));
+      }
+      line.set("expert_load_per_ep_rank", std::move(perRank));
       line.set("layout", opts.distributed->layout().text());
       line.set("tokens_per_s_per_rank",
                tokensPerSecond / static_cast<double>(opts.distributed->launch().worldSize));
@@ -614,6 +662,7 @@ int Trainer::run(const PackedDataset &data) {
   }
   if (checkpointStep != completed)
     saveCheckpoint();
+  writeReport();
   if (!opts.gradientsPath.empty() && writes())
     writeSafetensors(opts.gradientsPath, gradients);
   if (tty && !(opts.logEvery > 0))

@@ -123,6 +123,8 @@ private:
   int interrupted(int signal);
   std::string checkpointNote() const;
 
+  /// Rewrites OUT/metrics.html (rank 0; a failure only warns).
+  void writeReport() const;
   /// Whether this process writes files (alone, or rank 0 of a parallel run).
   bool writes() const { return !opts.distributed || opts.distributed->rank() == 0; }
   /// One step's loss and gradients: alone, model.loss and backward; in a

@@ -55,9 +55,12 @@ def model_files(model_dir):
 def lora_targets(model):
     """Attention projections (nn.Linear leaves under self_attn), fused experts
     and, with a vision tower, its blocks' projections (attn.qkv, attn.proj,
-    mlp.linear_fc1/2)."""
+    mlp.linear_fc1/2). Never the sparse-attention indexer: it runs under
+    no_grad, so adapters there cannot train (adapt build refuses them)."""
     modules, params = set(), set()
     for name, module in model.named_modules():
+        if ".indexer." in name:
+            continue
         if (".self_attn." in name or ".linear_attn." in name) and isinstance(module, torch.nn.Linear):
             modules.add(name.rsplit(".", 1)[-1])
         if ".visual.blocks." in name and isinstance(module, torch.nn.Linear):

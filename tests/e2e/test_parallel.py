@@ -142,6 +142,15 @@ class Launch(unittest.TestCase):
             self.assertEqual(metrics[0]["layout"], "TP1xCP1xEP2xDP1xPP1")
             self.assertIn("alltoall_s", metrics[0])
             self.assertEqual(sum(metrics[0]["expert_load"][0]), 4 * 32 * 2)  # every token, top-2
+            self.assertEqual(len(metrics[0]["expert_load_per_ep_rank"][0]), 2)
+            self.assertEqual(sum(metrics[0]["expert_load_per_ep_rank"][0]), 4 * 32 * 2)
+            self.assertEqual(len(metrics[0]["peak_host_gib"]), 2)
+            self.assertTrue(all(0 < m < 64 for m in metrics[0]["peak_host_gib"]))
+            with open(os.path.join(out, "metrics.html")) as f:
+                page = f.read()
+            for needle in ("<svg", "loss", "collectives per step", "expert load per expert-parallel rank",
+                           "peak host memory per rank"):
+                self.assertIn(needle, page)
 
     def test_bad_layouts_exit_2_before_any_weight_is_read(self):
         broken = os.path.join(self.work, "broken-model")

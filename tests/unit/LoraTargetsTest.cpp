@@ -148,3 +148,20 @@ TEST(LoraTargets, VisionProjectionsOnlyWhenNamed) {
   LoraSelection fc1 = selectLoraTargets(modules, {"linear_fc1"}, false);
   EXPECT_EQ(count(fc1), 2); // the block MLP's and the merger's, as PEFT's suffix match
 }
+
+TEST(LoraTargets, SparseAttentionIndexerCannotBeATarget) {
+  // Issue 16: the DSA indexer runs without autograd, so its adapters would
+  // never train. all-linear leaves it out; naming it is an error.
+  std::vector<LoraModule> modules = deepseekLayer();
+  modules.push_back(moduleOf("sparse_attention", "indexer.wq_b",
+                             "model.layers.3.self_attn.indexer.wq_b.weight", "deepseek_v32"));
+  EXPECT_EQ(modules.back().kind, LoraModuleKind::NoGradient);
+  LoraSelection all = selectLoraTargets(modules, {}, false);
+  ASSERT_EQ(all.error, "");
+  EXPECT_FALSE(all.selected.back());
+  for (const char *pattern : {"wq_b", "indexer", "self_attn.indexer.wq_b"}) {
+    LoraSelection named = selectLoraTargets(modules, {pattern}, false);
+    EXPECT_NE(named.error.find("no gradient"), std::string::npos) << pattern;
+    EXPECT_NE(named.error.find("self_attn.indexer.wq_b"), std::string::npos) << pattern;
+  }
+}

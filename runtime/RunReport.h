@@ -1,0 +1,29 @@
+//===- RunReport.h - a run's curves as a page people look at -----*- C++ -*-===//
+//
+// OUT/metrics.jsonl is for programs; OUT/metrics.html is for people: the loss,
+// gradient norm, learning rate and throughput curves, the expert load of the
+// last step per MoE layer (and per expert-parallel rank), and, for parallel
+// runs, the collectives' time per step and each rank's peak memory. One
+// self-contained file (inline SVG, no scripts, no network), rewritten by the
+// trainer at every checkpoint and at the end.
+//
+//===----------------------------------------------------------------------===//
+#ifndef ADAPT_RUNTIME_RUNREPORT_H
+#define ADAPT_RUNTIME_RUNREPORT_H
+
+#include <string>
+
+namespace adapt::rt {
+
+/// Writes OUT_DIR/metrics.html from OUT_DIR/metrics.jsonl (atomically; a
+/// malformed line is skipped). Write failures throw RuntimeError (exit 6).
+void writeRunReport(const std::string &outDir);
+
+/// This process's peak memory so far, in GiB: host (resident set) and, on a
+/// CUDA device, the caching allocator's peak (0 elsewhere).
+double peakHostGiB();
+double peakDeviceGiB(int deviceIndex);
+
+} // namespace adapt::rt
+
+#endif // ADAPT_RUNTIME_RUNREPORT_H
