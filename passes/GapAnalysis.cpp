@@ -199,10 +199,59 @@ struct GapAnalysisPass : impl::GapAnalysisPassBase<GapAnalysisPass> {
       group.parameters += params;
       group.activeParameters += active;
     });
+    if (std::optional<ComponentGap> weights = weightFormat(model, registry)) {
+      model->setAttr("adapt.weight_format_status", b.getStringAttr(gapStatusName(weights->status)));
+      byId.emplace(weights->id, *weights);
+      order.push_back(weights->id);
+    }
     if (!context.report)
       return;
     for (const std::string &id : order)
       context.report->components.push_back(std::move(byId[id]));
+  }
+
+  /// The checkpoint's weight format (quantization_config / hf_quant_config)
+  /// as a component: the trainer must load these tensors, and the runtime's
+  /// loader reads only the formats the registry lists (adapt.weights
+  /// entries: FP8 blocks, MXFP4; plain tensors need no entry). Any other
+  /// format is missing, however well the rest of the model is covered.
+  static std::optional<ComponentGap> weightFormat(ModelOp model, const OpRegistry &registry) {
+    auto quant = model->getAttrOfType<DictionaryAttr>("adapt.quant");
+    if (!quant)
+      return std::nullopt;
+    auto text = [&](const char *key) {
+      auto value = quant.getAs<StringAttr>(key);
+      return value ? value.str() : std::string();
+    };
+    Features features = {{"quantization", text("method")}};
+    if (!text("format").empty())
+      features["format"] = text("format");
+    ComponentGap gap;
+    gap.op = "adapt.weights";
+    gap.id = "weights." + features["quantization"];
+    gap.variant = describe(features);
+    gap.features = features;
+    std::string nearMiss;
+    if (const RegistryEntry *entry = registry.match(gap.op, features, nearMiss)) {
+      gap.registryEntry = entry->id;
+      gap.status = GapStatus::Supported;
+      return gap;
+    }
+    std::string formats;
+    for (const RegistryEntry &entry : registry.entries)
+      if (entry.op == gap.op)
+        for (const std::string &value : entry.match.count("quantization")
+                                            ? entry.match.at("quantization")
+                                            : std::vector<std::string>{})
+          formats += (formats.empty() ? "" : ", ") + value;
+    gap.status = GapStatus::Missing;
+    gap.blocks = {true, true, true, {}};
+    gap.reasons.push_back("the runtime's weight loader reads plain tensors and " +
+                          (formats.empty() ? std::string("no quantized format") : formats) +
+                          ", not " + gap.variant +
+                          ": a generated trainer could not load these weights; the runtime "
+                          "needs a loader (dequantizing on load) for this format");
+    return gap;
   }
 
   AnalysisContext context;

@@ -464,6 +464,10 @@ std::string renderGapsMarkdown(const GapReport &report) {
   if (report.components.empty()) {
     md += "No components.\n";
   } else {
+    md += "*Blocks* says what the gap stops: `forward` (the model cannot run), `backward` (no "
+          "training through it), `LoRA` (no adapters on it), and the parallel layouts the runtime "
+          "does not run the component under yet (`pipeline_parallel` and `context_parallel` for "
+          "every component until they exist; see docs/parallel.md).\n\n";
     md += "| Status | Component | Op | Variant | Layers | Parameters | "
           "Blocks | Why |\n|---|---|---|---|---|---:|---|---|\n";
     for (const ComponentGap *c : worstFirst(report)) {

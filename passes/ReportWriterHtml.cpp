@@ -321,7 +321,10 @@ std::string htmlComponents(const GapReport &report) {
     return "<p class=\"sub\">No components.</p>\n";
   std::string html = "<div class=\"scroll\"><table>\n<tr><th>Status</th>"
                      "<th>Component</th><th>Variant</th><th>Layers</th>"
-                     "<th class=\"num\">Parameters</th><th>Blocks</th>"
+                     "<th class=\"num\">Parameters</th><th title=\"What the gap stops: forward, "
+                     "backward, LoRA, and parallel layouts the runtime does not run this component "
+                     "under yet (pipeline and context parallelism for every component until they "
+                     "exist)\">Blocks</th>"
                      "<th>Why</th></tr>\n";
   for (const ComponentGap *c : worstFirst(report))
     html += htmlComponentRow(*c);

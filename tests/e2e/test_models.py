@@ -88,6 +88,34 @@ class EveryModel(unittest.TestCase):
                 for c in report["components"]:
                     self.assertIn(c["status"], ("supported", "partial", "missing", "excluded"))
 
+    def test_weight_formats_the_loader_cannot_read_are_missing(self):
+        """Issue 16: a checkpoint whose weights no runtime loader reads is a
+        gap (exit 3), never "no gaps"; formats the loader reads are supported,
+        and the registry lists exactly the loader's quantized encodings."""
+        expected = {"DeepSeek-V3.1_nvidia-NVFP4": ("missing", "nvfp4"),
+                    "Kimi-K2.5": ("missing", "compressed-tensors"),
+                    "DeepSeek-V3-Base": ("supported", "fp8"),
+                    "gpt-oss-20b": ("supported", "mxfp4")}
+        for model, (status, method) in expected.items():
+            with self.subTest(model=model):
+                proc, report = self.reports[model]
+                weights = [c for c in report["components"] if c["op"] == "adapt.weights"]
+                self.assertEqual(len(weights), 1, [c["id"] for c in report["components"]])
+                self.assertEqual(weights[0]["status"], status)
+                self.assertEqual(weights[0]["features"]["quantization"], method)
+                if status == "missing":
+                    self.assertEqual(proc.returncode, 3)
+                    self.assertIn("needs a loader", " ".join(weights[0]["reasons"]))
+        with open(os.path.join(ROOT, "runtime", "registry", "ops.json")) as f:
+            registry = json.load(f)["ops"]
+        formats = {v for e in registry if e["op"] == "adapt.weights" for v in e["match"]["quantization"]}
+        with open(os.path.join(ROOT, "runtime", "SafetensorsIO.h")) as f:
+            loader = f.read()
+        encodings = {"fp8": "Fp8Block,", "mxfp4": "Mxfp4,"}
+        self.assertEqual(formats, set(encodings))
+        for method, encoding in encodings.items():
+            self.assertIn(encoding, loader, method)
+
     def test_totals_match_published_figures(self):
         for model, (total, total_part, active, active_part) in PUBLISHED.items():
             with self.subTest(model=model):
