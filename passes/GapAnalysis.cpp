@@ -200,7 +200,6 @@ struct GapAnalysisPass : impl::GapAnalysisPassBase<GapAnalysisPass> {
       group.activeParameters += active;
     });
     if (std::optional<ComponentGap> weights = weightFormat(model, registry)) {
-      model->setAttr("adapt.weight_format_status", b.getStringAttr(gapStatusName(weights->status)));
       byId.emplace(weights->id, *weights);
       order.push_back(weights->id);
     }

@@ -568,14 +568,14 @@ int Trainer::run(const PackedDataset &data) {
     const double seconds = std::chrono::duration<double>(now - stepStart).count();
     const double tokensPerSecond = tokensPerStep / std::max(seconds, 1e-9);
     ExpertLoad expertLoad = model.expertLoad();
-    if (opts.distributed) // Tokens from every data rank.
-      for (std::vector<int64_t> &layer : expertLoad) {
-        if (layer.empty())
-          continue;
-        std::vector<torch::Tensor> counts = {torch::tensor(layer, torch::kLong)};
-        opts.distributed->data().allReduceSum(counts);
-        layer.assign(counts[0].data_ptr<int64_t>(), counts[0].data_ptr<int64_t>() + layer.size());
-      }
+    if (opts.distributed) { // Tokens from every data rank: every layer in one all-reduce.
+      std::vector<torch::Tensor> counts;
+      for (const std::vector<int64_t> &layer : expertLoad)
+        counts.push_back(torch::tensor(layer, torch::kLong));
+      opts.distributed->data().allReduceSum(counts);
+      for (size_t i = 0; i < expertLoad.size(); ++i)
+        expertLoad[i].assign(counts[i].data_ptr<int64_t>(), counts[i].data_ptr<int64_t>() + expertLoad[i].size());
+    }
     JsonValue load = JsonValue::array();
     for (const std::vector<int64_t> &layer : expertLoad) {
       JsonValue counts = JsonValue::array();
