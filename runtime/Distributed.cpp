@@ -107,6 +107,25 @@ public:
 
   void barrier() override { finish(backend->barrier()); }
 
+  void send(const torch::Tensor &x, int peer, int tag) override {
+    // The buffer lives until its send is waited for.
+    std::vector<torch::Tensor> buffer = {x.detach().to(device).contiguous()};
+    pending.emplace_back(backend->send(buffer, peer, tag), buffer[0]);
+  }
+
+  void waitSends() override {
+    for (auto &[work, buffer] : pending)
+      finish(work);
+    pending.clear();
+  }
+
+  torch::Tensor recv(const std::vector<int64_t> &shape, const torch::TensorOptions &options, int peer,
+                     int tag) override {
+    std::vector<torch::Tensor> buffer = {torch::empty(shape, options.device(device))};
+    finish(backend->recv(buffer, peer, tag));
+    return buffer[0].to(options.device());
+  }
+
 private:
   static std::vector<torch::Tensor> flatten(const std::vector<torch::Tensor> &tensors) {
     std::vector<torch::Tensor> out;
@@ -117,6 +136,7 @@ private:
 
   c10::intrusive_ptr<c10d::Backend> backend;
   torch::Device device; ///< Where the backend wants tensors (CUDA for NCCL).
+  std::vector<std::pair<c10::intrusive_ptr<c10d::Work>, torch::Tensor>> pending; ///< Sends in flight.
 };
 
 class C10dDistributed : public Distributed {
@@ -126,8 +146,10 @@ public:
   Collectives &expert() override { return *expertGroup; }
   Collectives &expertData() override { return *expertDataGroup; }
   Collectives &tensor() override { return *tensorGroup; }
+  Collectives &pipeline() override { return *pipelineGroup; }
 
-  std::unique_ptr<Collectives> worldGroup, dataGroup, expertGroup, expertDataGroup, tensorGroup;
+  std::unique_ptr<Collectives> worldGroup, dataGroup, expertGroup, expertDataGroup, tensorGroup,
+      pipelineGroup;
   c10::intrusive_ptr<c10d::Store> store;
   torch::Device device = torch::kCPU;
   std::chrono::seconds timeout{300};
@@ -297,13 +319,11 @@ void checkLayout(const Layout &layout, int worldSize, const ModelDef &def, int64
     throw badInput("", "--batch",
                    "expected a global batch divisible by the data ranks (ep * dp = " +
                        std::to_string(layout.dataRanks()) + "), got " + std::to_string(batch));
-  for (const auto &[flag, size] : {std::pair<const char *, int64_t>{"--pp", layout.pp},
-                                   {"--cp", layout.cp}})
-    if (size != 1)
-      throw badInput("", flag,
-                     std::string("expected 1: this runtime splits experts (--ep), data (--dp) "
-                                 "and attention/MLP widths (--tp) so far; ") +
-                         flag + " is not implemented yet (docs/parallel.md)");
+  if (layout.cp != 1)
+    throw badInput("", "--cp",
+                   "expected 1: this runtime splits experts (--ep), data (--dp), attention/MLP "
+                   "widths (--tp) and layers (--pp) so far; --cp is not implemented yet "
+                   "(docs/parallel.md)");
 }
 
 std::shared_ptr<Distributed> Distributed::join(const LaunchInfo &launch, const Layout &layout,
@@ -321,6 +341,7 @@ std::shared_ptr<Distributed> Distributed::join(const LaunchInfo &launch, const L
   run->expertIndex = (rank / inner) % layout.ep;
   const int64_t dpIndex = (rank / (inner * layout.ep)) % layout.dp;
   run->dataIndex = dpIndex * layout.ep + run->expertIndex;
+  run->pipelineIndex = rank / (inner * layout.ep * layout.dp);
 
   c10d::TCPStoreOptions storeOptions;
   storeOptions.port = static_cast<uint16_t>(launch.masterPort);
@@ -365,6 +386,9 @@ std::shared_ptr<Distributed> Distributed::join(const LaunchInfo &launch, const L
       "expert-data/" + std::to_string(tpcp(rank)) + "." + std::to_string(ep(rank)) + "." +
           std::to_string(pp(rank)) + "/",
       members([&](int r) { return tpcp(r) == tpcp(rank) && ep(r) == ep(rank) && pp(r) == pp(rank); }));
+  const int64_t stageSize = inner * layout.ep * layout.dp;
+  run->pipelineGroup = run->group("pipeline/" + std::to_string(rank % stageSize) + "/",
+                                  members([&](int r) { return r % stageSize == rank % stageSize; }));
   return run;
 }
 

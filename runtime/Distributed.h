@@ -59,9 +59,9 @@ struct Layout {
 /// Checks LAYOUT before any weight is read: every size >= 1, their product is
 /// the world size, EP divides every MoE layer's expert count, TP divides the
 /// attention heads and the dense/shared MLP widths of layers it can split
-/// (softmax GQA/MHA; other token mixers are refused under TP), the data
-/// ranks divide the batch, and the dimensions this runtime does not split
-/// yet (PP, CP) are 1. Throws BadInput naming the flag and the expectation.
+/// (softmax GQA/MHA; other token mixers are refused under TP), PP is at most
+/// the layer count, the data ranks divide the batch, and CP (not split yet)
+/// is 1. Throws BadInput naming the flag and the expectation.
 void checkLayout(const Layout &layout, int worldSize, const ModelDef &def, int64_t batch);
 
 /// One process group's collectives; tensors on the run's device.
@@ -79,6 +79,13 @@ public:
   /// Every member's X (same shape everywhere), in member order.
   virtual std::vector<torch::Tensor> allGather(const torch::Tensor &x) = 0;
   virtual void barrier() = 0;
+  /// Point-to-point, for pipeline stages: starts sending X to member PEER
+  /// under TAG and returns at once; waitSends() waits for every send started.
+  virtual void send(const torch::Tensor &x, int peer, int tag) = 0;
+  virtual void waitSends() = 0;
+  /// Receives a tensor of SHAPE and OPTIONS sent by member PEER under TAG.
+  virtual torch::Tensor recv(const std::vector<int64_t> &shape, const torch::TensorOptions &options,
+                             int peer, int tag) = 0;
 };
 
 /// The process groups of one run.
@@ -98,6 +105,8 @@ public:
   int64_t dataRank() const { return dataIndex; }
   int64_t expertRank() const { return expertIndex; }
   int64_t tensorRank() const { return tensorIndex; }
+  /// This rank's pipeline stage, 0 .. pp-1.
+  int64_t pipelineRank() const { return pipelineIndex; }
 
   /// Every rank of the run.
   virtual Collectives &world() = 0;
@@ -109,11 +118,14 @@ public:
   virtual Collectives &expertData() = 0;
   /// This rank's tensor-parallel group (tp members, the same data).
   virtual Collectives &tensor() = 0;
+  /// This rank's pipeline: the pp ranks with its tp/cp/ep/dp position, in
+  /// stage order (activations forward, their gradients back).
+  virtual Collectives &pipeline() = 0;
 
 protected:
   LaunchInfo launchInfo;
   Layout sizes;
-  int64_t dataIndex = 0, expertIndex = 0, tensorIndex = 0;
+  int64_t dataIndex = 0, expertIndex = 0, tensorIndex = 0, pipelineIndex = 0;
 };
 
 } // namespace adapt::rt

@@ -1,6 +1,7 @@
 //===- Model.cpp - a decoder assembled from the operator library ----------===//
 
 #include "runtime/Model.h"
+#include "runtime/ModelCost.h"
 #include "runtime/Recompute.h"
 
 #include "runtime/Errors.h"
@@ -110,20 +111,44 @@ public:
   std::vector<size_t> ropeOwner;
   torch::Generator generator;
   std::unique_ptr<VisionTower> vision; ///< Qwen3-VL image encoder (ModelDef.vision).
+  /// Pipeline parallelism: this rank's stage runs layers [firstLayer,
+  /// endLayer); the first stage also embeds (and holds the vision tower), the
+  /// last applies the final norm and the LM head. Alone: every layer.
+  size_t firstLayer = 0, endLayer = 0;
+  bool firstStage = true, lastStage = true;
+  /// While building another stage's part: load() reads nothing and returns
+  /// a meta tensor of the shape, so that part's LoRA factors are still drawn
+  /// (every layout starts from the same adapter) without its weights.
+  bool skipping = false;
 
   ModelImpl(const ModelDef &d, const std::string &dir, const ModelOptions &o)
       : def(d), options(o), modelDir(dir) {
     reader = std::make_unique<CheckpointReader>(dir);
     generator = at::detail::createCPUGenerator(o.seed);
     toLoad = countTensors();
+    endLayer = def.layers.size();
+    if (!o.pipelineBounds.empty()) {
+      const int64_t stage = o.distributed->pipelineRank();
+      firstLayer = o.pipelineBounds[stage];
+      endLayer = o.pipelineBounds[stage + 1];
+      firstStage = stage == 0;
+      lastStage = stage + 1 == o.distributed->layout().pp;
+    }
+    const bool tied = def.tieEmbeddings || def.lmHead.empty();
+    skipping = !firstStage && !(lastStage && tied);
     embedding = load(def.embedding, {def.vocab, def.hidden});
+    skipping = !lastStage;
     finalNorm = load(def.finalNorm, {def.hidden});
-    lmHead = def.tieEmbeddings || def.lmHead.empty() ? embedding : load(def.lmHead, {def.vocab, def.hidden});
-    for (const LayerDef &l : def.layers)
-      layers.push_back(buildLayer(l));
+    lmHead = tied ? embedding : load(def.lmHead, {def.vocab, def.hidden});
+    for (size_t i = 0; i < def.layers.size(); ++i) {
+      skipping = i < firstLayer || i >= endLayer;
+      layers.push_back(buildLayer(def.layers[i]));
+    }
+    skipping = !firstStage;
     if (def.vision.enabled())
       vision = std::make_unique<VisionTower>(
           def.vision, [this](const std::string &name, std::vector<int64_t> shape) { return load(name, shape); });
+    skipping = false;
     lastLoad.resize(layers.size());
     lastFlips.assign(layers.size(), 0);
     for (size_t i = 0; i < def.layers.size(); ++i) {
@@ -157,6 +182,11 @@ public:
   /// shape when \p shape is given.
   torch::Tensor load(const std::string &name, std::vector<int64_t> shape,
                      std::optional<torch::ScalarType> dtype = std::nullopt) {
+    if (skipping) {
+      progress();
+      return torch::empty(shape.empty() ? reader->info(name).shape : shape,
+                          torch::TensorOptions().dtype(dtype.value_or(options.dtype)).device(torch::kMeta));
+    }
     torch::Tensor t = reader->load(name, dtype.value_or(options.dtype));
     if (!shape.empty() && t.sizes().vec() != shape)
       throw LoadError(modelDir, name,
@@ -410,6 +440,10 @@ public:
     const int64_t experts = shape[0];
     if (localExperts(experts) == experts)
       return load(name, shape);
+    if (skipping) {
+      shape[0] = localExperts(experts);
+      return load(name, shape);
+    }
     std::vector<int64_t> stored = reader->info(name).shape;
     if (stored != shape)
       throw LoadError(modelDir, name,
@@ -585,16 +619,21 @@ public:
 
   torch::Tensor hidden(const torch::Tensor &ids, bool training, const ImageInput *images = nullptr) {
     torch::Tensor x = torch::embedding(embedding, ids.to(options.device));
-    const int64_t seqLen = ids.size(1);
     // Images: merged features replace the placeholder tokens' embeddings;
     // deepstack features are added after the first text layers.
     ImageSplice splice;
     if (images && !images->empty())
       splice = spliceImages(ids, *images, x, training);
+    return norm(runLayers(x, 0, layers.size(), training, splice), finalNorm);
+  }
+
+  /// Layers [first, end) on hidden states \p x [B, T, hidden].
+  torch::Tensor runLayers(torch::Tensor x, size_t first, size_t end, bool training, const ImageSplice &splice) {
+    const int64_t seqLen = x.size(1);
     // One table per distinct RoPE (by the layer that first uses it).
     std::map<size_t, RopeTables> tables;
     const RopeTables none;
-    for (size_t i = 0; i < layers.size(); ++i) {
+    for (size_t i = first; i < end; ++i) {
       Layer &layer = layers[i];
       const RopeDef &rope = layer.attention.def.rope;
       auto it = tables.find(ropeOwner[i]);
@@ -646,7 +685,7 @@ public:
       if (i < splice.deepstack.size())
         x = x.flatten(0, 1).index_add(0, splice.rows, splice.deepstack[i].to(x.scalar_type())).view_as(x);
     }
-    return norm(x, finalNorm);
+    return x;
   }
 
   /// The decoder's RMSNorm: zero-centred (scale 1 + weight) when the model says so.
@@ -689,6 +728,8 @@ Model::~Model() = default;
 
 const ModelDef &Model::def() const { return impl->def; }
 
+const ModelOptions &Model::modelOptions() const { return impl->options; }
+
 torch::Tensor Model::logits(const torch::Tensor &ids) { return logits(ids, ImageInput{}); }
 
 torch::Tensor Model::logits(const torch::Tensor &ids, const ImageInput &images) {
@@ -711,9 +752,23 @@ torch::Tensor Model::loss(const torch::Tensor &ids, const torch::Tensor &labels,
 }
 
 torch::Tensor Model::lossSum(const torch::Tensor &ids, const torch::Tensor &labels) {
-  torch::Tensor h = impl->hidden(ids, /*training=*/true);
+  return lossSumOfHidden(impl->hidden(ids, /*training=*/true), labels);
+}
+
+torch::Tensor Model::stageForward(const torch::Tensor &input) {
+  ModelImpl &m = *impl;
+  torch::Tensor x = m.firstStage ? torch::embedding(m.embedding, input.to(m.options.device)) : input;
+  x = m.runLayers(x, m.firstLayer, m.endLayer, /*training=*/true, ImageSplice{});
+  return m.lastStage ? m.norm(x, m.finalNorm) : x;
+}
+
+std::pair<int64_t, int64_t> Model::stageLayers() const {
+  return {static_cast<int64_t>(impl->firstLayer), static_cast<int64_t>(impl->endLayer)};
+}
+
+torch::Tensor Model::lossSumOfHidden(const torch::Tensor &h, const torch::Tensor &labels) {
   torch::Tensor logits = torch::linear(h, impl->lmHead).to(torch::kFloat32);
-  const int64_t seqLen = ids.size(1);
+  const int64_t seqLen = h.size(1);
   torch::Tensor shifted = logits.narrow(1, 0, seqLen - 1).reshape({-1, logits.size(-1)});
   torch::Tensor targets = labels.to(logits.device()).narrow(1, 1, seqLen - 1).reshape({-1});
   return torch::nn::functional::cross_entropy(
@@ -733,7 +788,14 @@ std::vector<AdapterTensor> Model::adapters() const {
     out.push_back({base + l.hfPath + ".lora_B.weight", l.loraB,
                    columns ? AdapterShard::TensorRows : AdapterShard::None, 0, rows});
   };
-  for (const Layer &layer : impl->layers) {
+  // Adapters of another pipeline stage's layers: kept for whole checkpoints.
+  auto markStage = [&out](size_t from, bool local) {
+    for (size_t k = from; k < out.size(); ++k)
+      out[k].local = local;
+  };
+  for (size_t i = 0; i < impl->layers.size(); ++i) {
+    const size_t from = out.size();
+    const Layer &layer = impl->layers[i];
     const AttentionLayer &a = layer.attention;
     for (const LoraLinear *l : {&a.q, &a.k, &a.v, &a.o, &a.qA, &a.qB, &a.kvA, &a.kvB, &a.indexQ, &a.indexK, &a.indexWeights})
       addLinear(*l);
@@ -766,10 +828,14 @@ std::vector<AdapterTensor> Model::adapters() const {
         out.push_back({experts + ".lora_B.weight", f.expertDown.loraB, columns, r});
       }
     }
+    markStage(from, i >= impl->firstLayer && i < impl->endLayer);
   }
-  if (impl->vision)
+  if (impl->vision) {
+    const size_t from = out.size();
     for (const auto &[local, l] : std::as_const(*impl->vision).adaptable())
       addLinear(*l);
+    markStage(from, impl->firstStage);
+  }
   return out;
 }
 
@@ -986,63 +1052,10 @@ ExpertLoad Model::expertLoad() const {
 }
 
 double Model::flopsPerToken(int64_t seqLen) const {
-  // 2 FLOPs per multiply-add of every weight a token meets, plus attention.
   const ModelDef &d = impl->def;
-  double flops = 2.0 * d.vocab * d.hidden;
-  for (const LayerDef &l : d.layers) {
-    const AttentionDef &a = l.attention;
-    double proj;
-    if (a.kind == AttentionKind::GatedDeltaNet) {
-      // Projections, plus per value head the chunked rule's state reads and
-      // writes (~4 dk dv) and its intra-chunk matrices (~2 C (dk + dv)).
-      const LinearAttentionDef &g = a.linear;
-      const double keyDim = g.keyHeads * g.keyHeadDim, valueDim = g.valueHeads * g.valueHeadDim;
-      flops += 2.0 * d.hidden * (2 * keyDim + 2 * valueDim + 2 * g.valueHeads + valueDim) +
-               2.0 * g.valueHeads * (4.0 * g.keyHeadDim * g.valueHeadDim +
-                                     2.0 * g.chunkSize * (g.keyHeadDim + g.valueHeadDim));
-      const FfnDef &f = l.ffn;
-      flops += 2.0 * (f.experts > 0 ? 3.0 * d.hidden * f.intermediate * f.topK + d.hidden * f.experts +
-                                          3.0 * d.hidden * f.sharedIntermediate
-                                    : 3.0 * d.hidden * f.intermediate);
-      continue;
-    }
-    if (a.kind == AttentionKind::Lightning) {
-      // qkv_proj, output_gate, out_proj; per head the state read and update
-      // (~4 d^2) and the intra-block products (~2 b d, b the block).
-      const LinearAttentionDef &g = a.linear;
-      const double width = g.keyHeads * g.keyHeadDim;
-      flops += 2.0 * d.hidden * 5.0 * width +
-               2.0 * g.keyHeads * (4.0 * g.keyHeadDim * g.keyHeadDim +
-                                   2.0 * std::min<double>(g.chunkSize, seqLen) * g.keyHeadDim);
-      const FfnDef &f = l.ffn;
-      flops += 2.0 * (f.experts > 0 ? 3.0 * d.hidden * f.intermediate * f.topK + d.hidden * f.experts +
-                                          3.0 * d.hidden * f.sharedIntermediate
-                                    : 3.0 * d.hidden * f.intermediate);
-      continue;
-    }
-    if (a.kind == AttentionKind::Mla || a.kind == AttentionKind::SparseMla) {
-      double qHead = a.qkNopeDim + a.qkRopeDim;
-      double q = a.qLoraRank > 0 ? a.qLoraRank * (d.hidden + a.heads * qHead) : d.hidden * a.heads * qHead;
-      proj = q + d.hidden * (a.kvLoraRank + a.qkRopeDim) + a.kvLoraRank * a.heads * (a.qkNopeDim + a.vHeadDim) +
-             a.heads * a.vHeadDim * d.hidden;
-    } else {
-      proj = d.hidden * (a.heads * a.headDim + a.kvHeads * (a.headDim + a.vHeadDim)) + a.heads * a.vHeadDim * d.hidden;
-    }
-    double span = seqLen / 2.0;
-    if (a.slidingWindow > 0)
-      span = std::min<double>(span, a.slidingWindow);
-    if (a.chunkSize > 0)
-      span = std::min<double>(span, a.chunkSize / 2.0);
-    if (a.kind == AttentionKind::SparseMla) // top-k keys, plus the indexer's scores over seqLen / 2
-      span = std::min<double>(span, a.indexer.topK) +
-             a.indexer.heads * a.indexer.headDim * (seqLen / 2.0) / (a.heads * (a.headDim + a.vHeadDim));
-    flops += 2.0 * proj + 2.0 * a.heads * (a.headDim + a.vHeadDim) * span;
-    const FfnDef &f = l.ffn;
-    double ffn = f.experts > 0 ? 3.0 * d.hidden * f.intermediate * f.topK + d.hidden * f.experts +
-                                     3.0 * d.hidden * f.sharedIntermediate
-                               : 3.0 * d.hidden * f.intermediate;
-    flops += 2.0 * ffn;
-  }
+  double flops = headFlopsPerToken(d);
+  for (const LayerDef &l : d.layers)
+    flops += layerFlopsPerToken(d, l, seqLen);
   return flops;
 }
 

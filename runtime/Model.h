@@ -39,6 +39,10 @@ struct ModelOptions {
   /// A parallel run (runtime/Distributed.h): with ep > 1 this rank loads and
   /// trains only its share of every MoE layer's routed experts. Null: alone.
   std::shared_ptr<Distributed> distributed;
+  /// Pipeline parallelism (pp + 1 layer boundaries, runtime/ModelCost.h's
+  /// pipelineBoundaries): this rank loads and runs only its stage's layers.
+  /// Empty: every layer.
+  std::vector<int64_t> pipelineBounds;
 };
 
 /// How an adapter tensor is split between the ranks of an expert-parallel
@@ -62,6 +66,11 @@ struct AdapterTensor {
   /// (A of a column-parallel layer, B of a row-parallel one): summed over the
   /// tensor-parallel group before the step.
   bool tensorPartial = false;
+  /// False on a pipeline stage that does not run this module: the value is
+  /// kept (every stage draws every factor, so every layout starts alike, and
+  /// checkpoints are assembled from the stages that own each tensor) but it
+  /// gets no gradient and no optimizer state here.
+  bool local = true;
 };
 
 /// Per decoder layer, how many tokens each routed expert received in the last
@@ -97,6 +106,16 @@ public:
   /// a parallel run divides it by the global batch's target count.
   torch::Tensor lossSum(const torch::Tensor &ids, const torch::Tensor &labels);
 
+  /// Pipeline parallelism: this stage's part of a training forward. The
+  /// first stage takes token ids [B, T], the others the previous stage's
+  /// output [B, T, hidden]; the last stage's output is final-normed.
+  torch::Tensor stageForward(const torch::Tensor &input);
+  /// The summed next-token cross-entropy of final-normed hidden states
+  /// (the last stage's stageForward output) against \p labels [B, T].
+  torch::Tensor lossSumOfHidden(const torch::Tensor &hidden, const torch::Tensor &labels);
+  /// The decoder layers [first, end) this rank runs (all of them alone).
+  std::pair<int64_t, int64_t> stageLayers() const;
+
   /// Every adapter tensor, in a fixed order (layer, module, A before B).
   std::vector<AdapterTensor> adapters() const;
   /// The adapter_config.json PEFT needs to load adapters() (as a JSON text).
@@ -129,6 +148,7 @@ public:
   /// Forward FLOPs per token (matmuls, attention at \p seqLen), for MFU.
   double flopsPerToken(int64_t seqLen) const;
   const ModelDef &def() const;
+  const ModelOptions &modelOptions() const;
 
 private:
   std::unique_ptr<ModelImpl> impl;

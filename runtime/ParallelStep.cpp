@@ -57,7 +57,21 @@ double globalGradNorm(const std::vector<AdapterTensor> &params, Distributed &run
   std::vector<torch::Tensor> expertSum = {experts}, tensorSum = {tensorShards};
   run.expert().allReduceSum(expertSum);
   run.tensor().allReduceSum(tensorSum);
-  return std::sqrt(whole + expertSum[0].item<double>() + tensorSum[0].item<double>());
+  std::vector<torch::Tensor> stage = {
+      torch::tensor({whole + expertSum[0].item<double>() + tensorSum[0].item<double>()}, torch::kFloat64)};
+  if (run.layout().pp > 1) // Each stage's squares once.
+    run.pipeline().allReduceSum(stage);
+  return std::sqrt(stage[0].item<double>());
+}
+
+void assembleStages(const std::vector<AdapterTensor> &params, std::vector<torch::Tensor> &wholes,
+                    Distributed *run) {
+  if (!run || run->layout().pp == 1)
+    return;
+  for (size_t i = 0; i < params.size(); ++i)
+    if (!params[i].local)
+      wholes[i] = torch::zeros_like(wholes[i]);
+  run->pipeline().allReduceSum(wholes);
 }
 
 torch::Tensor gatherShard(const AdapterTensor &adapter, const torch::Tensor &local, Distributed *run) {

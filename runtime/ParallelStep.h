@@ -30,13 +30,22 @@ std::pair<int64_t, int64_t> batchSlice(const Distributed &run, int64_t globalBat
 void reduceGradients(const std::vector<AdapterTensor> &params, Distributed &run);
 
 /// The L2 norm of all adapter gradients of the whole model (each expert or
-/// tensor shard counted once), after reduceGradients; identical on every rank.
+/// tensor shard counted once, every pipeline stage's adapters), after
+/// reduceGradients; identical on every rank. \p params: this stage's.
 double globalGradNorm(const std::vector<AdapterTensor> &params, Distributed &run);
 
 /// The whole tensor of which \p local (this rank's shard of \p adapter, or a
 /// tensor shaped like it, e.g. an AdamW moment) is a part. Collective: every
 /// rank of the expert group calls it, in the same order.
 torch::Tensor gatherShard(const AdapterTensor &adapter, const torch::Tensor &local, Distributed *run);
+
+/// Pipeline parallelism: every stage holds every adapter tensor but only its
+/// own stage's are trained there. Replaces each of \p wholes (whole tensors
+/// shaped like \p params' adapters, e.g. gathered values, moments or
+/// gradients) by the owning stage's, on every stage (one all-reduce over the
+/// pipeline group, the other stages adding zeros). Collective.
+void assembleStages(const std::vector<AdapterTensor> &params, std::vector<torch::Tensor> &wholes,
+                    Distributed *run);
 
 /// This rank's shard of \p whole (shaped like the full adapter).
 torch::Tensor shardOf(const AdapterTensor &adapter, const torch::Tensor &whole, const Distributed *run);

@@ -17,6 +17,7 @@
 #include "runtime/GeneratedOps.h"
 #include "runtime/Json.h"
 #include "runtime/Model.h"
+#include "runtime/ModelCost.h"
 #include "runtime/Trainer.h"
 #include "runtime/Validate.h"
 
@@ -94,8 +95,9 @@ Training (defaults in brackets):
                          size (torchrun: RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/
                          MASTER_PORT; Slurm: SLURM_PROCID/SLURM_NTASKS/...).
                          --ep splits routed experts, --tp attention heads and
-                         MLP widths (softmax attention only), --dp and --ep the
-                         batch; --pp, --cp are not implemented yet [1]
+                         MLP widths (softmax attention only), --pp the layers
+                         (stages balanced by FLOPs, 1F1B over --micro-batches),
+                         --dp and --ep the batch; --cp is not implemented yet [1]
   --dist-timeout S       a collective waiting longer (a rank died) fails every
                          rank with exit 7 [300]
   --micro-batches N      gradient accumulation: run each batch (each rank's
@@ -380,10 +382,12 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
   // Under a launcher the groups are formed even for one process, so a
   // one-GPU torchrun job runs (and proves) the same NCCL path as many.
   if (launch.launcher != "none") {
-    if ((layout.ep > 1 || layout.tp > 1) && !opts.mergeDir.empty())
+    if ((layout.ep > 1 || layout.tp > 1 || layout.pp > 1) && !opts.mergeDir.empty())
       throw badInput("", "--merge",
-                     "expected a run without --ep or --tp: export the adapter (--export), then "
+                     "expected a run without --ep, --tp or --pp: export the adapter (--export), then "
                      "merge it in one process (--init-adapter DIR --merge OUT)");
+    if (layout.pp > 1 && args.has("--logits-out"))
+      throw badInput("", "--logits-out", "expected a run without --pp (the logits need every layer)");
     if (args.has("--validate"))
       throw badInput("", "--validate", "expected one process: the model stage runs alone");
     if (opts.device.is_cuda())
@@ -437,6 +441,16 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
   modelOptions.progress = loadProgress();
   modelOptions.recomputeLayers = args.has("--recompute");
   modelOptions.distributed = opts.distributed;
+  if (layout.pp > 1) {
+    modelOptions.pipelineBounds = pipelineBoundaries(def, layout.pp, opts.seqLen);
+    std::string stages;
+    for (int64_t s = 0; s < layout.pp; ++s)
+      stages += (s ? ", " : "") + std::to_string(modelOptions.pipelineBounds[s]) + "-" +
+                std::to_string(modelOptions.pipelineBounds[s + 1] - 1);
+    if (opts.distributed->rank() == 0)
+      std::fprintf(stderr, "pipeline stages (layers, by FLOPs): %s; %lld micro-batches\n", stages.c_str(),
+                   (long long)opts.microBatches);
+  }
   Model model(def, opts.modelDir, modelOptions);
   if (args.has("--init-adapter"))
     loadInitialAdapter(model, args.values.at("--init-adapter"), opts.distributed.get());

@@ -12,6 +12,7 @@
 #include "runtime/Trainer.h"
 #include "runtime/ExpertParallel.h"
 #include "runtime/ParallelStep.h"
+#include "runtime/Pipeline.h"
 #include "runtime/RunReport.h"
 #include "runtime/TensorParallel.h"
 #include "runtime/FileSystem.h"
@@ -169,7 +170,10 @@ Trainer::Trainer(Model &model, const TrainOptions &options)
     : model(model), opts(options), params(model.adapters()) {
   std::vector<torch::Tensor> tensors;
   for (const AdapterTensor &a : params)
-    tensors.push_back(a.value);
+    if (a.local) {
+      trained.push_back(a);
+      tensors.push_back(a.value);
+    }
   if (!tensors.empty())
     optimizer = std::make_unique<torch::optim::AdamW>(
         tensors, torch::optim::AdamWOptions(opts.lr)
@@ -210,21 +214,31 @@ double Trainer::lossAndGradients(const Batch &batch, double &allReduceSeconds) {
   const double globalCount = std::max(targets[0].item<double>(), 1.0);
   const int64_t rows = count / micro;
   double local = 0.0;
-  for (int64_t m = 0; m < micro; ++m) {
-    torch::Tensor share =
-        model.lossSum(ids.narrow(0, m * rows, rows), labels.narrow(0, m * rows, rows)) / globalCount;
-    const double value = share.item<double>();
-    if (!std::isfinite(value))
-      return value;
-    share.backward();
-    local += value;
+  if (run && run->layout().pp > 1) {
+    PipelineTimes times;
+    local = pipelineStep(model, ids, labels, micro, globalCount, *run, times);
+    pipelineWaitSeconds = times.waitSeconds;
+  } else {
+    for (int64_t m = 0; m < micro; ++m) {
+      torch::Tensor share =
+          model.lossSum(ids.narrow(0, m * rows, rows), labels.narrow(0, m * rows, rows)) / globalCount;
+      const double value = share.item<double>();
+      // Alone, stop at once; in a parallel run every rank keeps to the
+      // collectives and all see the non-finite total below.
+      if (!std::isfinite(value) && !run)
+        return value;
+      share.backward();
+      local += value;
+    }
   }
   if (!run)
     return local;
   std::vector<torch::Tensor> total = {torch::tensor({local}, torch::kFloat64)};
   run->data().allReduceSum(total);
+  if (run->layout().pp > 1) // Only the last stage holds losses.
+    run->pipeline().allReduceSum(total);
   auto start = std::chrono::steady_clock::now();
-  reduceGradients(params, *run);
+  reduceGradients(trained, *run);
   allReduceSeconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return total[0].item<double>();
 }
@@ -304,7 +318,7 @@ int64_t Trainer::restore() {
                          " (this model's adapter) but found " +
                          c10::toString(saved.scalar_type()) + " " + c10::str(saved.sizes()));
     p.value.copy_(shardOf(p, saved, run));
-    if (!optim.find(p.peftKey + ".step"))
+    if (!p.local || !optim.find(p.peftKey + ".step"))
       continue;
     auto moment = [&](const char *suffix) {
       torch::Tensor t = optim.view(p.peftKey + suffix);
@@ -340,15 +354,40 @@ void Trainer::saveCheckpoint() {
   // layout can resume; rank 0 alone touches the folder.
   std::vector<std::pair<std::string, torch::Tensor>> adapterTensors, optimTensors;
   Distributed *run = opts.distributed.get();
+  const bool pipelined = run && run->layout().pp > 1;
+  // Pipeline stages: every tensor from the stage that trains it (a stage
+  // without state for one adds zeros; step 0 with zero moments is a fresh
+  // AdamW state).
+  std::vector<AdapterTensor> moments;
+  std::vector<torch::Tensor> values, averages, squares, steps;
   for (const AdapterTensor &p : params) {
-    adapterTensors.emplace_back(p.peftKey, gatherShard(p, p.value.detach(), run).to(torch::kCPU, torch::kFloat));
+    values.push_back(gatherShard(p, p.value.detach(), run).to(torch::kCPU, torch::kFloat).clone());
     auto it = optimizer->state().find(p.value.unsafeGetTensorImpl());
-    if (it == optimizer->state().end())
+    if (it == optimizer->state().end() && !pipelined)
       continue;
-    auto &st = static_cast<torch::optim::AdamWParamState &>(*it->second);
-    optimTensors.emplace_back(p.peftKey + ".exp_avg", gatherShard(p, st.exp_avg(), run).to(torch::kCPU));
-    optimTensors.emplace_back(p.peftKey + ".exp_avg_sq", gatherShard(p, st.exp_avg_sq(), run).to(torch::kCPU));
-    optimTensors.emplace_back(p.peftKey + ".step", torch::tensor(st.step(), torch::kLong));
+    torch::Tensor average, square;
+    int64_t step = 0;
+    if (it != optimizer->state().end()) {
+      auto &st = static_cast<torch::optim::AdamWParamState &>(*it->second);
+      average = st.exp_avg(), square = st.exp_avg_sq(), step = st.step();
+    } else {
+      average = square = torch::zeros_like(p.value);
+    }
+    moments.push_back(p);
+    averages.push_back(gatherShard(p, average, run).to(torch::kCPU).clone());
+    squares.push_back(gatherShard(p, square, run).to(torch::kCPU).clone());
+    steps.push_back(torch::tensor(step, torch::kLong));
+  }
+  assembleStages(params, values, run);
+  assembleStages(moments, averages, run);
+  assembleStages(moments, squares, run);
+  assembleStages(moments, steps, run);
+  for (size_t i = 0; i < params.size(); ++i)
+    adapterTensors.emplace_back(params[i].peftKey, values[i]);
+  for (size_t i = 0; i < moments.size(); ++i) {
+    optimTensors.emplace_back(moments[i].peftKey + ".exp_avg", averages[i]);
+    optimTensors.emplace_back(moments[i].peftKey + ".exp_avg_sq", squares[i]);
+    optimTensors.emplace_back(moments[i].peftKey + ".step", steps[i]);
   }
   if (!writes()) {
     checkpointStep = completed;
@@ -497,7 +536,7 @@ int Trainer::run(const PackedDataset &data) {
     truncateMetrics();
 
   std::vector<torch::Tensor> tensors;
-  for (const AdapterTensor &a : params)
+  for (const AdapterTensor &a : trained)
     tensors.push_back(a.value);
   const bool tty = ::isatty(STDERR_FILENO);
   const bool cuda = opts.device.is_cuda();
@@ -535,19 +574,23 @@ int Trainer::run(const PackedDataset &data) {
     const double lossValue = lossAndGradients(b, allReduceSeconds);
     if (!std::isfinite(lossValue))
       throw notFinite("loss", lossValue);
-    if (!opts.gradientsPath.empty())
+    if (!opts.gradientsPath.empty()) {
+      std::vector<torch::Tensor> wholes;
       for (const AdapterTensor &p : params) {
         torch::Tensor grad = p.value.grad().defined() ? p.value.grad() : torch::zeros_like(p.value);
-        gradients.emplace_back(std::to_string(index + 1) + "." + p.peftKey,
-                               gatherShard(p, grad.detach(), opts.distributed.get()).to(torch::kCPU).clone());
+        wholes.push_back(gatherShard(p, grad.detach(), opts.distributed.get()).to(torch::kCPU).clone());
       }
+      assembleStages(params, wholes, opts.distributed.get());
+      for (size_t i = 0; i < params.size(); ++i)
+        gradients.emplace_back(std::to_string(index + 1) + "." + params[i].peftKey, wholes[i]);
+    }
     const double maxNorm = opts.gradClip > 0 ? opts.gradClip : std::numeric_limits<double>::infinity();
     double gradNorm = 0.0;
     if (!opts.distributed) {
       gradNorm = torch::nn::utils::clip_grad_norm_(tensors, maxNorm);
     } else {
       // clip_grad_norm_'s rule, over the whole model's gradients.
-      gradNorm = globalGradNorm(params, *opts.distributed);
+      gradNorm = globalGradNorm(trained, *opts.distributed);
       const double coefficient = maxNorm / (gradNorm + 1e-6);
       if (coefficient < 1.0) {
         torch::NoGradGuard noGrad;
@@ -569,10 +612,17 @@ int Trainer::run(const PackedDataset &data) {
     const double tokensPerSecond = tokensPerStep / std::max(seconds, 1e-9);
     ExpertLoad expertLoad = model.expertLoad();
     if (opts.distributed) { // Tokens from every data rank: every layer in one all-reduce.
+      const bool pipelined = opts.distributed->layout().pp > 1;
+      if (pipelined) // Another stage's MoE layers: zeros here, its counts after the sum.
+        for (size_t i = 0; i < expertLoad.size(); ++i)
+          if (expertLoad[i].empty())
+            expertLoad[i].assign(static_cast<size_t>(model.def().layers[i].ffn.experts), 0);
       std::vector<torch::Tensor> counts;
       for (const std::vector<int64_t> &layer : expertLoad)
         counts.push_back(torch::tensor(layer, torch::kLong));
       opts.distributed->data().allReduceSum(counts);
+      if (pipelined)
+        opts.distributed->pipeline().allReduceSum(counts);
       for (size_t i = 0; i < expertLoad.size(); ++i)
         expertLoad[i].assign(counts[i].data_ptr<int64_t>(), counts[i].data_ptr<int64_t>() + expertLoad[i].size());
     }
@@ -638,6 +688,14 @@ int Trainer::run(const PackedDataset &data) {
       line.set("allreduce_s", allReduceSeconds);
       line.set("alltoall_s", takeAllToAllSeconds());
       line.set("tp_allreduce_s", takeTensorParallelSeconds());
+      if (opts.distributed->layout().pp > 1) { // The longest wait of any stage.
+        std::vector<torch::Tensor> waits =
+            opts.distributed->world().allGather(torch::tensor({pipelineWaitSeconds}, torch::kFloat64));
+        double longest = 0.0;
+        for (const torch::Tensor &w : waits)
+          longest = std::max(longest, w.item<double>());
+        line.set("pipeline_wait_s", longest);
+      }
     }
     if (writes())
       appendMetrics(line.dump());
@@ -680,12 +738,16 @@ void exportAdapter(const Model &model, const std::string &modelDir, const std::s
 
 void exportAdapter(const Model &model, const std::string &modelDir, const std::string &outDir,
                    Distributed *run) {
-  std::vector<std::pair<std::string, torch::Tensor>> tensors;
-  for (const AdapterTensor &a : model.adapters())
-    tensors.emplace_back(a.peftKey,
-                         gatherShard(a, a.value.detach(), run).to(torch::kCPU, torch::kFloat).contiguous());
+  const std::vector<AdapterTensor> adapters = model.adapters();
+  std::vector<torch::Tensor> wholes;
+  for (const AdapterTensor &a : adapters)
+    wholes.push_back(gatherShard(a, a.value.detach(), run).to(torch::kCPU, torch::kFloat).contiguous().clone());
+  assembleStages(adapters, wholes, run);
   if (run && run->rank() != 0)
     return;
+  std::vector<std::pair<std::string, torch::Tensor>> tensors;
+  for (size_t i = 0; i < adapters.size(); ++i)
+    tensors.emplace_back(adapters[i].peftKey, wholes[i]);
   createDirectories(outDir);
   std::string config = model.peftConfigJson(absolutePath(modelDir));
   try {

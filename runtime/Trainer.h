@@ -135,7 +135,9 @@ private:
   Model &model;
   TrainOptions opts;
   std::unique_ptr<torch::optim::AdamW> optimizer;
-  std::vector<AdapterTensor> params;
+  std::vector<AdapterTensor> params;  ///< Every adapter tensor (checkpoints hold them all).
+  std::vector<AdapterTensor> trained; ///< Those this rank trains (its pipeline stage's).
+  double pipelineWaitSeconds = 0.0;   ///< The last step's time blocked on other stages.
   int64_t completed = 0;
   int64_t checkpointStep = -1; ///< Step of OUT/checkpoint; -1: none.
   int metricsFd = -1;

@@ -94,9 +94,8 @@ std::optional<LayoutSpec> parseLayout(const std::string &text) {
 
 /// Why this runtime cannot run SPEC yet ("" when it can).
 std::string notImplemented(const LayoutSpec &spec) {
-  for (const char *flag : {"--pp", "--cp"})
-    if (spec.sizes.count(flag) && spec.sizes.at(flag) > 1)
-      return std::string(flag + 2) + " is not implemented yet (the runtime splits experts, data and attention/MLP widths)";
+  if (spec.sizes.count("--cp") && spec.sizes.at("--cp") > 1)
+    return "cp is not implemented yet (the runtime splits experts, data, attention/MLP widths and layers)";
   return "";
 }
 
@@ -340,7 +339,13 @@ int runParallelStage(const ParallelStageOptions &o, char *argv0) {
     }
     std::cout << "== " << spec.name << " (" << spec.world() << " processes)" << std::endl;
     const std::string dir = work + "/" + spec.name;
-    std::vector<std::string> args = runArgs(dir, true);
+    const int dataRanks = (spec.sizes.count("--ep") ? spec.sizes.at("--ep") : 1) *
+                          (spec.sizes.count("--dp") ? spec.sizes.at("--dp") : 1);
+    // Pipeline layouts run each data rank's share as one micro-batch per
+    // sequence (1F1B needs several); the reference runs the same groups.
+    const int stages = spec.sizes.count("--pp") ? spec.sizes.at("--pp") : 1;
+    const int micro = stages > 1 ? kBatch / dataRanks : 1;
+    std::vector<std::string> args = runArgs(dir, true, micro);
     for (const auto &[flag, size] : spec.sizes)
       args.insert(args.end(), {flag, std::to_string(size)});
     auto start = std::chrono::steady_clock::now();
@@ -359,9 +364,7 @@ int runParallelStage(const ParallelStageOptions &o, char *argv0) {
       results.push_back(record);
       continue;
     }
-    const int dataRanks = (spec.sizes.count("--ep") ? spec.sizes.at("--ep") : 1) *
-                          (spec.sizes.count("--dp") ? spec.sizes.at("--dp") : 1);
-    const Reference *matching = referenceRun(dataRanks);
+    const Reference *matching = referenceRun(dataRanks * micro);
     const Reference *whole = referenceRun(1);
     if (!matching)
       return kExitValidationFailed;
@@ -372,7 +375,8 @@ int runParallelStage(const ParallelStageOptions &o, char *argv0) {
     for (const auto &[name, g] : whole->gradients)
       if (auto it = matching->gradients.find(name); it != matching->gradients.end())
         accumulation = std::max(accumulation, relative(it->second, g));
-    record["reference"] = dataRanks == 1 ? "one process" : "one process, " + std::to_string(dataRanks) + " micro-batches";
+    record["reference"] = dataRanks * micro == 1 ? "one process"
+                                                 : "one process, " + std::to_string(dataRanks * micro) + " micro-batches";
     record["micro_batches_vs_one_batch"] = accumulation;
     std::string readError;
     auto gradients = readF32(dir + "/gradients.safetensors", readError);
