@@ -147,9 +147,10 @@ public:
   Collectives &expertData() override { return *expertDataGroup; }
   Collectives &tensor() override { return *tensorGroup; }
   Collectives &pipeline() override { return *pipelineGroup; }
+  Collectives &context() override { return *contextGroup; }
 
   std::unique_ptr<Collectives> worldGroup, dataGroup, expertGroup, expertDataGroup, tensorGroup,
-      pipelineGroup;
+      pipelineGroup, contextGroup;
   c10::intrusive_ptr<c10d::Store> store;
   torch::Device device = torch::kCPU;
   std::chrono::seconds timeout{300};
@@ -262,7 +263,7 @@ std::string Layout::text() const {
          "xDP" + std::to_string(dp) + "xPP" + std::to_string(pp);
 }
 
-void checkLayout(const Layout &layout, int worldSize, const ModelDef &def, int64_t batch) {
+void checkLayout(const Layout &layout, int worldSize, const ModelDef &def, int64_t batch, int64_t seqLen) {
   const std::pair<const char *, int64_t> sizes[] = {
       {"--tp", layout.tp}, {"--ep", layout.ep}, {"--pp", layout.pp}, {"--dp", layout.dp},
       {"--cp", layout.cp}};
@@ -319,11 +320,23 @@ void checkLayout(const Layout &layout, int worldSize, const ModelDef &def, int64
     throw badInput("", "--batch",
                    "expected a global batch divisible by the data ranks (ep * dp = " +
                        std::to_string(layout.dataRanks()) + "), got " + std::to_string(batch));
-  if (layout.cp != 1)
+  if (layout.cp == 1)
+    return;
+  if (seqLen % layout.cp != 0)
     throw badInput("", "--cp",
-                   "expected 1: this runtime splits experts (--ep), data (--dp), attention/MLP "
-                   "widths (--tp) and layers (--pp) so far; --cp is not implemented yet "
-                   "(docs/parallel.md)");
+                   "expected a size dividing the sequence length " + std::to_string(seqLen) + ", got " +
+                       std::to_string(layout.cp));
+  for (const LayerDef &layer : def.layers) {
+    const AttentionDef &a = layer.attention;
+    std::string why = a.kind == AttentionKind::SparseMla ? "DeepSeek sparse attention (DSA)"
+                      : !a.generatedCore.empty()         ? "a generated attention operator"
+                      : !a.generatedRope.empty()         ? "a generated RoPE operator"
+                                                         : "";
+    if (!why.empty())
+      throw badInput("", "--cp",
+                     "expected 1: layer " + std::to_string(layer.index) + "'s " + why +
+                         " is not split by context parallelism yet (docs/parallel.md)");
+  }
 }
 
 std::shared_ptr<Distributed> Distributed::join(const LaunchInfo &launch, const Layout &layout,
@@ -342,6 +355,7 @@ std::shared_ptr<Distributed> Distributed::join(const LaunchInfo &launch, const L
   const int64_t dpIndex = (rank / (inner * layout.ep)) % layout.dp;
   run->dataIndex = dpIndex * layout.ep + run->expertIndex;
   run->pipelineIndex = rank / (inner * layout.ep * layout.dp);
+  run->contextIndex = (rank / layout.tp) % layout.cp;
 
   c10d::TCPStoreOptions storeOptions;
   storeOptions.port = static_cast<uint16_t>(launch.masterPort);
@@ -374,8 +388,9 @@ std::shared_ptr<Distributed> Distributed::join(const LaunchInfo &launch, const L
   auto ep = [&](int r) { return (r / inner) % layout.ep; };
   auto pp = [&](int r) { return r / (inner * layout.ep * layout.dp); };
   auto dp = [&](int r) { return (r / (inner * layout.ep)) % layout.dp; };
-  run->dataGroup = run->group("data/" + std::to_string(tpcp(rank)) + "." + std::to_string(pp(rank)) + "/",
-                              members([&](int r) { return tpcp(r) == tpcp(rank) && pp(r) == pp(rank); }));
+  auto tp = [&](int r) { return r % layout.tp; };
+  run->dataGroup = run->group("data/" + std::to_string(tp(rank)) + "." + std::to_string(pp(rank)) + "/",
+                              members([&](int r) { return tp(r) == tp(rank) && pp(r) == pp(rank); }));
   run->expertGroup = run->group(
       "expert/" + std::to_string(tpcp(rank)) + "." + std::to_string(dp(rank)) + "." +
           std::to_string(pp(rank)) + "/",
@@ -383,9 +398,11 @@ std::shared_ptr<Distributed> Distributed::join(const LaunchInfo &launch, const L
   run->tensorGroup = run->group("tensor/" + std::to_string(rank / layout.tp) + "/",
                                 members([&](int r) { return r / layout.tp == rank / layout.tp; }));
   run->expertDataGroup = run->group(
-      "expert-data/" + std::to_string(tpcp(rank)) + "." + std::to_string(ep(rank)) + "." +
+      "expert-data/" + std::to_string(tp(rank)) + "." + std::to_string(ep(rank)) + "." +
           std::to_string(pp(rank)) + "/",
-      members([&](int r) { return tpcp(r) == tpcp(rank) && ep(r) == ep(rank) && pp(r) == pp(rank); }));
+      members([&](int r) { return tp(r) == tp(rank) && ep(r) == ep(rank) && pp(r) == pp(rank); }));
+  run->contextGroup = run->group("context/" + std::to_string(tp(rank)) + "." + std::to_string(rank / inner) + "/",
+                                 members([&](int r) { return tp(r) == tp(rank) && r / inner == rank / inner; }));
   const int64_t stageSize = inner * layout.ep * layout.dp;
   run->pipelineGroup = run->group("pipeline/" + std::to_string(rank % stageSize) + "/",
                                   members([&](int r) { return r % stageSize == rank % stageSize; }));

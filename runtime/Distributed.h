@@ -60,9 +60,11 @@ struct Layout {
 /// the world size, EP divides every MoE layer's expert count, TP divides the
 /// attention heads and the dense/shared MLP widths of layers it can split
 /// (softmax GQA/MHA; other token mixers are refused under TP), PP is at most
-/// the layer count, the data ranks divide the batch, and CP (not split yet)
-/// is 1. Throws BadInput naming the flag and the expectation.
-void checkLayout(const Layout &layout, int worldSize, const ModelDef &def, int64_t batch);
+/// the layer count, the data ranks divide the batch, CP divides the sequence
+/// length and every token mixer can be split by it (not DSA, not generated
+/// attention or RoPE operators). Throws BadInput naming the flag and the
+/// expectation.
+void checkLayout(const Layout &layout, int worldSize, const ModelDef &def, int64_t batch, int64_t seqLen);
 
 /// One process group's collectives; tensors on the run's device.
 class Collectives {
@@ -107,15 +109,21 @@ public:
   int64_t tensorRank() const { return tensorIndex; }
   /// This rank's pipeline stage, 0 .. pp-1.
   int64_t pipelineRank() const { return pipelineIndex; }
+  /// This rank's part of every sequence, 0 .. cp-1.
+  int64_t contextRank() const { return contextIndex; }
 
   /// Every rank of the run.
   virtual Collectives &world() = 0;
-  /// The data ranks with this rank's tp/cp/pp position (dense adapters).
+  /// The ranks that see different tokens with this rank's tp/pp position:
+  /// the data ranks and the context ranks (dense adapters' gradients, loss
+  /// and token counts are summed over them).
   virtual Collectives &data() = 0;
   /// This rank's expert-parallel group (ep members).
   virtual Collectives &expert() = 0;
-  /// The ranks holding this rank's expert slice (dp members).
+  /// The ranks holding this rank's expert slice (dp * cp members).
   virtual Collectives &expertData() = 0;
+  /// This rank's context-parallel group (cp members, parts of the same sequences).
+  virtual Collectives &context() = 0;
   /// This rank's tensor-parallel group (tp members, the same data).
   virtual Collectives &tensor() = 0;
   /// This rank's pipeline: the pp ranks with its tp/cp/ep/dp position, in
@@ -125,7 +133,7 @@ public:
 protected:
   LaunchInfo launchInfo;
   Layout sizes;
-  int64_t dataIndex = 0, expertIndex = 0, tensorIndex = 0, pipelineIndex = 0;
+  int64_t dataIndex = 0, expertIndex = 0, tensorIndex = 0, pipelineIndex = 0, contextIndex = 0;
 };
 
 } // namespace adapt::rt

@@ -66,10 +66,12 @@ torch::Tensor AttentionLayer::headNorm(const torch::Tensor &x, const torch::Tens
 
 namespace {
 
-/// Llama-4's attention temperature for NoPE layers: one factor per position.
-torch::Tensor temperatureScales(int64_t seqLen, double floorScale, double attnScale,
+/// Llama-4's attention temperature for NoPE layers: one factor per position
+/// (positions offset + 0 .. offset + seqLen - 1).
+torch::Tensor temperatureScales(int64_t seqLen, int64_t offset, double floorScale, double attnScale,
                                 torch::Device device) {
-  torch::Tensor pos = torch::arange(seqLen, torch::TensorOptions().dtype(torch::kFloat32).device(device));
+  torch::Tensor pos =
+      torch::arange(offset, offset + seqLen, torch::TensorOptions().dtype(torch::kFloat32).device(device));
   return torch::log1p(torch::floor((pos + 1.0) / floorScale)) * attnScale + 1.0;
 }
 
@@ -139,9 +141,14 @@ torch::Tensor AttentionLayer::forward(const torch::Tensor &x, const RopeTables &
       key = rmsNorm(key, {}, normEps);
     }
     if (def.temperatureTuning && !def.rope.enabled)
-      query = (query * temperatureScales(seqLen, def.floorScale, def.attnScale, x.device())
+      query = (query * temperatureScales(seqLen, context.offset(seqLen), def.floorScale, def.attnScale, x.device())
                            .view({1, 1, seqLen, 1}))
                   .to(query.scalar_type());
+  }
+  if (context.split()) { // Keys and values of every earlier part and this one.
+    key = gatherEarlier(key, 2, context);
+    value = gatherEarlier(value, 2, context);
+    mask.queryOffset = context.offset(seqLen);
   }
   torch::Tensor out =
       def.generatedCore.empty()

@@ -10,6 +10,7 @@
 #ifndef ADAPT_RUNTIME_LAYERS_H
 #define ADAPT_RUNTIME_LAYERS_H
 
+#include "runtime/ContextParallel.h"
 #include "runtime/ExpertParallel.h"
 #include "runtime/ModelDef.h"
 #include "runtime/Ops.h"
@@ -79,6 +80,9 @@ struct AttentionLayer {
   torch::Tensor indexKNorm, indexKNormBias; ///< The indexer's k_norm (LayerNorm).
   /// Zero-centred q/k norms (Qwen3-Next, ModelDef::normWeightOffset): scale 1 + weight.
   bool zeroCentredNorms = false;
+  /// Context parallelism: this rank's part of the sequence; its queries
+  /// attend to the keys and values of every earlier part and its own.
+  ContextSplit context;
 
   torch::Tensor forward(const torch::Tensor &x, const RopeTables &rope, bool training) const;
   /// Softmax scale, including YaRN's mscale^2 for MLA.

@@ -72,15 +72,19 @@ torch::Tensor lightningAttentionRecurrent(const torch::Tensor &q, const torch::T
 
 torch::Tensor lightningAttentionBlocked(const torch::Tensor &q, const torch::Tensor &k,
                                         const torch::Tensor &v, const torch::Tensor &slopes,
-                                        int64_t blockSize) {
+                                        int64_t blockSize, const torch::Tensor &initialState,
+                                        torch::Tensor *finalState) {
   checkInputs(q, k, v, slopes);
   if (blockSize <= 0)
     throw RuntimeError("", "lightning attention", "expected block_size > 0, found " + std::to_string(blockSize),
                        kExitInternal);
   const int64_t batch = q.size(0), heads = q.size(1), tokens = q.size(2);
   const int64_t dk = q.size(3), dv = v.size(3);
-  if (tokens == 0)
+  if (tokens == 0) {
+    if (finalState)
+      *finalState = initialState;
     return torch::zeros({batch, heads, 0, dv}, q.options());
+  }
   // A sequence shorter than a block is one (short) block, as in transformers.
   const int64_t block = std::min(blockSize, tokens);
   const int64_t blocks = (tokens + block - 1) / block, padded = blocks * block;
@@ -113,7 +117,8 @@ torch::Tensor lightningAttentionBlocked(const torch::Tensor &q, const torch::Ten
   // State entering each block: S_0 = 0, S_n = exp(-s b) S_{n-1} + KV_{n-1}.
   std::vector<torch::Tensor> entering;
   entering.reserve(blocks);
-  torch::Tensor state = torch::zeros({batch, heads, dk, dv}, qb.options());
+  torch::Tensor state = initialState.defined() ? initialState.to(torch::kFloat32)
+                                              : torch::zeros({batch, heads, dk, dv}, qb.options());
   entering.push_back(state);
   // unbind, not select: select's backward writes a zero tensor of every
   // block's state per block (O(N^2) work); unbind's stacks them once.
@@ -121,6 +126,14 @@ torch::Tensor lightningAttentionBlocked(const torch::Tensor &q, const torch::Ten
   for (int64_t n = 1; n < blocks; ++n) {
     state = state * blockDecay + contributions[n - 1];
     entering.push_back(state);
+  }
+  if (finalState) { // The last block, of its own length L: exp(-s L) S + sum_j exp(-s (L-1-j)) k_j^T v_j.
+    const int64_t length = tokens - (blocks - 1) * block;
+    torch::Tensor j = torch::arange(length, qb.options()).view({1, 1, length, 1});
+    torch::Tensor rate = perHead(slopes, q.device());                               // [1, H, 1, 1]
+    torch::Tensor keys = kb.select(2, blocks - 1).narrow(2, 0, length) * torch::exp(-rate * (double(length - 1) - j));
+    *finalState = state * torch::exp(-rate * double(length)) +
+                  torch::matmul(keys.transpose(-1, -2), vb.select(2, blocks - 1).narrow(2, 0, length));
   }
   torch::Tensor inter = torch::matmul(qb * queryDecay, torch::stack(entering, 2));
   torch::Tensor out = (intra + inter).view({batch, heads, padded, dv});

@@ -44,10 +44,15 @@ torch::Tensor lightningAttentionRecurrent(const torch::Tensor &q, const torch::T
 /// block of length b. All blocks are computed batched; only the state
 /// recurrence loops over blocks. Memory: O(T (d + blockSize)) per head plus
 /// one [d, dv] state per block; no tensor spans more than one block in time.
-/// Same result as lightningAttentionRecurrent.
+/// Same result as lightningAttentionRecurrent. \p initialState [B, H, d, dv]
+/// (fp32; undefined: zeros) is the state before the first token and
+/// \p finalState receives the state after the last: context parallelism
+/// runs each rank's part of a sequence this way.
 torch::Tensor lightningAttentionBlocked(const torch::Tensor &q, const torch::Tensor &k,
                                         const torch::Tensor &v, const torch::Tensor &slopes,
-                                        int64_t blockSize);
+                                        int64_t blockSize,
+                                        const torch::Tensor &initialState = {},
+                                        torch::Tensor *finalState = nullptr);
 
 } // namespace adapt::rt
 

@@ -23,11 +23,20 @@ torch::Tensor LightningLayer::forward(const torch::Tensor &x, bool training) con
   torch::Tensor q = qkv.narrow(-1, 0, dim).transpose(1, 2);
   torch::Tensor k = qkv.narrow(-1, dim, dim).transpose(1, 2);
   torch::Tensor v = qkv.narrow(-1, 2 * dim, dim).transpose(1, 2);
-  torch::Tensor out = lightningAttentionBlocked(q, k, v, slopes, def.chunkSize);
+  // Context parallelism: from the previous part's state, this part's passed on.
+  torch::Tensor entering, leaving, token;
+  if (context.split())
+    entering = stateFromPrevious(k, {batch, heads, dim, dim}, k.options().dtype(torch::kFloat32), context,
+                                 static_cast<int>(layerIndex));
+  torch::Tensor out = lightningAttentionBlocked(q, k, v, slopes, def.chunkSize, entering,
+                                                context.split() ? &leaving : nullptr);
+  if (context.split())
+    token = passStateOn(leaving, context, static_cast<int>(layerIndex));
   out = out.transpose(1, 2).reshape({batch, seqLen, heads * dim});
   out = rmsNorm(out, norm, def.outputNormEps);
   out = torch::sigmoid(outputGate.forward(x, training)) * out;
-  return outProj.forward(out, training);
+  out = outProj.forward(out, training);
+  return token.defined() ? out + token : out;
 }
 
 } // namespace adapt::rt

@@ -27,6 +27,10 @@ struct LightningLayer {
   LoraLinear qkvProj, outputGate, outProj;
   torch::Tensor norm;   ///< [heads * headDim], the output RMSNorm's weight.
   torch::Tensor slopes; ///< [heads] fp32 decay rates of this layer (lightningSlopes).
+  /// Context parallelism: this rank's part of the sequence, and the layer's
+  /// index (the tag of its state exchange).
+  ContextSplit context;
+  int64_t layerIndex = 0;
 
   /// Sets the decay slopes for decoder layer \p layerIndex of def.decayLayers.
   void setLayer(int64_t layerIndex);

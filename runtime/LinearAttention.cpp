@@ -7,7 +7,12 @@
 
 namespace adapt::rt {
 
-torch::Tensor causalConv1dSilu(const torch::Tensor &x, const torch::Tensor &weight) {
+torch::Tensor causalConv1dSilu(const torch::Tensor &x, const torch::Tensor &weight,
+                               const torch::Tensor &previous) {
+  if (previous.defined()) { // The previous inputs instead of zero padding.
+    const int64_t before = previous.size(1);
+    return causalConv1dSilu(torch::cat({previous.to(x.scalar_type()), x}, 1), weight).narrow(1, before, x.size(1));
+  }
   TORCH_CHECK(x.dim() == 3, "causalConv1dSilu: expected x [B, T, C], got ", x.sizes());
   torch::Tensor w = weight.dim() == 2 ? weight.unsqueeze(1) : weight;
   TORCH_CHECK(w.dim() == 3 && w.size(1) == 1 && w.size(0) == x.size(2),
@@ -170,10 +175,16 @@ torch::Tensor gatedDeltaRuleChunked(const DeltaRuleInputs &in, int64_t chunkSize
 }
 
 torch::Tensor gatedDeltaRuleSegmented(const DeltaRuleInputs &in, int64_t chunkSize, int64_t segmentTokens) {
+  return gatedDeltaRuleSegmented(in, chunkSize, segmentTokens, torch::Tensor(), nullptr);
+}
+
+torch::Tensor gatedDeltaRuleSegmented(const DeltaRuleInputs &in, int64_t chunkSize, int64_t segmentTokens,
+                                      const torch::Tensor &initialState, torch::Tensor *finalState) {
   TORCH_CHECK(chunkSize > 0, "gatedDeltaRuleSegmented: expected a positive chunk size, got ", chunkSize);
   const int64_t t = in.key.dim() == 4 ? in.key.size(2) : 0;
   if (segmentTokens <= 0 || segmentTokens >= t || !torch::GradMode::is_enabled())
-    return gatedDeltaRuleChunked(in, chunkSize);
+    return chunkedForm(prepare(in, "gatedDeltaRuleSegmented"), chunkSize, initialState, finalState)
+        .to(in.query.scalar_type());
   prepare(in, "gatedDeltaRuleSegmented"); // shape checks, with this op's name
   // Segments of whole chunks, so the chunk boundaries match the plain form's.
   const int64_t segment = std::max<int64_t>(1, segmentTokens / chunkSize) * chunkSize;
@@ -182,7 +193,8 @@ torch::Tensor gatedDeltaRuleSegmented(const DeltaRuleInputs &in, int64_t chunkSi
                                    v = in.value.split(segment, 2), g = in.decay.split(segment, 2),
                                    beta = in.beta.split(segment, 2);
   const int64_t b = in.key.size(0), h = in.key.size(1), dk = in.key.size(3), dv = in.value.size(3);
-  torch::Tensor state = torch::zeros({b, h, dk, dv}, in.value.options().dtype(torch::kFloat32));
+  torch::Tensor state = initialState.defined() ? initialState
+                                              : torch::zeros({b, h, dk, dv}, in.value.options().dtype(torch::kFloat32));
   RecomputedFunctions segmentFn = [chunkSize](const std::vector<torch::Tensor> &x) {
     DeltaRuleInputs part{x[0], x[1], x[2], x[3], x[4]};
     torch::Tensor leaving;
@@ -195,6 +207,8 @@ torch::Tensor gatedDeltaRuleSegmented(const DeltaRuleInputs &in, int64_t chunkSi
     outs.push_back(r[0]);
     state = r[1];
   }
+  if (finalState)
+    *finalState = state;
   return torch::cat(outs, 2);
 }
 

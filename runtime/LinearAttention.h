@@ -27,7 +27,10 @@ namespace adapt::rt {
 /// Causal depthwise convolution over time followed by SiLU, as transformers'
 /// causal_conv1d_fn fallback: x [B, T, C], \p weight [C, 1, K] or [C, K];
 /// output t sees inputs t-K+1..t (zeros before the start). Returns [B, T, C].
-torch::Tensor causalConv1dSilu(const torch::Tensor &x, const torch::Tensor &weight);
+/// \p previous [B, K-1, C], when defined, are the inputs just before x (the
+/// previous rank's under context parallelism) instead of zeros.
+torch::Tensor causalConv1dSilu(const torch::Tensor &x, const torch::Tensor &weight,
+                               const torch::Tensor &previous = {});
 
 /// x * rsqrt(sum(x^2) + eps) over the last dim (the FLA/transformers l2norm).
 torch::Tensor l2Normalize(const torch::Tensor &x, double eps = 1e-6);
@@ -79,6 +82,12 @@ torch::Tensor gatedDeltaRuleChunked(const DeltaRuleInputs &in, int64_t chunkSize
 /// gradients as gatedDeltaRuleChunked, for one more forward of compute. With
 /// \p segmentTokens 0 (or >= T), or without grad mode, it is that function.
 torch::Tensor gatedDeltaRuleSegmented(const DeltaRuleInputs &in, int64_t chunkSize, int64_t segmentTokens);
+
+/// gatedDeltaRuleSegmented from \p initialState [B, H, dk, dv] (fp32;
+/// undefined: zeros); \p finalState receives the leaving state. Context
+/// parallelism runs each rank's part of a sequence this way.
+torch::Tensor gatedDeltaRuleSegmented(const DeltaRuleInputs &in, int64_t chunkSize, int64_t segmentTokens,
+                                      const torch::Tensor &initialState, torch::Tensor *finalState);
 
 } // namespace adapt::rt
 

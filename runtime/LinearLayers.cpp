@@ -6,6 +6,34 @@
 
 namespace adapt::rt {
 
+namespace {
+
+/// The delta rule over this rank's part of the sequence: from the state the
+/// previous part leaves (zeros alone or on the first part), passing this
+/// part's leaving state on. \p token (undefined unless a state was passed
+/// on) must be added to the layer's output: it brings the next part's
+/// gradient for that state back in the backward pass.
+torch::Tensor deltaRuleOverPart(const DeltaRuleInputs &in, const LinearAttentionDef &def, const ContextSplit &cp,
+                                int64_t layerIndex, torch::Tensor &token) {
+  if (!cp.split())
+    return gatedDeltaRuleSegmented(in, def.chunkSize, def.segmentTokens);
+  const int tag = static_cast<int>(layerIndex);
+  const std::vector<int64_t> shape = {in.key.size(0), in.key.size(1), in.key.size(3), in.value.size(3)};
+  torch::Tensor entering =
+      stateFromPrevious(in.key, shape, in.key.options().dtype(torch::kFloat32), cp, tag);
+  torch::Tensor leaving;
+  torch::Tensor out = gatedDeltaRuleSegmented(in, def.chunkSize, def.segmentTokens, entering, &leaving);
+  token = passStateOn(leaving, cp, tag);
+  return out;
+}
+
+/// The convolution's inputs just before this part (undefined when alone).
+torch::Tensor convolutionHalo(const torch::Tensor &mixed, const torch::Tensor &conv, const ContextSplit &cp) {
+  return cp.split() ? previousRows(mixed, conv.size(-1) - 1, cp) : torch::Tensor();
+}
+
+} // namespace
+
 torch::Tensor GatedDeltaNetLayer::forward(const torch::Tensor &x, bool training) const {
   const int64_t batch = x.size(0), seqLen = x.size(1);
   const int64_t keyHeads = def.keyHeads, valueHeads = def.valueHeads;
@@ -25,7 +53,7 @@ torch::Tensor GatedDeltaNetLayer::forward(const torch::Tensor &x, bool training)
   torch::Tensor mixed = torch::cat({parts[0].reshape({batch, seqLen, keyDim}), parts[1].reshape({batch, seqLen, keyDim}),
                                     parts[2].reshape({batch, seqLen, valueDim})},
                                    -1);
-  mixed = causalConv1dSilu(mixed, conv);
+  mixed = causalConv1dSilu(mixed, conv, convolutionHalo(mixed, conv, context));
   auto qkv = torch::split_with_sizes(mixed, {keyDim, keyDim, valueDim}, -1);
   torch::Tensor query = qkv[0].reshape({batch, seqLen, keyHeads, dk});
   torch::Tensor key = qkv[1].reshape({batch, seqLen, keyHeads, dk});
@@ -41,16 +69,18 @@ torch::Tensor GatedDeltaNetLayer::forward(const torch::Tensor &x, bool training)
   DeltaRuleInputs in{l2Normalize(query.to(torch::kFloat32)).transpose(1, 2),
                      l2Normalize(key.to(torch::kFloat32)).transpose(1, 2), value.transpose(1, 2),
                      decay.transpose(1, 2), beta.transpose(1, 2)};
-  torch::Tensor core = gatedDeltaRuleSegmented(in, def.chunkSize, def.segmentTokens).transpose(1, 2).to(x.scalar_type());
+  torch::Tensor token;
+  torch::Tensor core = deltaRuleOverPart(in, def, context, layerIndex, token).transpose(1, 2).to(x.scalar_type());
   core = gatedRmsNorm(core, norm, z, normEps);
-  return outProj.forward(core.reshape({batch, seqLen, valueDim}), training);
+  torch::Tensor out = outProj.forward(core.reshape({batch, seqLen, valueDim}), training);
+  return token.defined() ? out + token : out;
 }
 
 torch::Tensor KimiDeltaLayer::forward(const torch::Tensor &x, bool training) const {
   const int64_t batch = x.size(0), seqLen = x.size(1);
   const int64_t heads = def.keyHeads, d = def.keyHeadDim, width = heads * d;
   torch::Tensor mixed = torch::cat({q.forward(x, training), k.forward(x, training), v.forward(x, training)}, -1);
-  mixed = causalConv1dSilu(mixed, conv);
+  mixed = causalConv1dSilu(mixed, conv, convolutionHalo(mixed, conv, context));
   auto qkv = torch::split_with_sizes(mixed, {width, width, width}, -1);
   torch::Tensor query = qkv[0].reshape({batch, seqLen, heads, d});
   torch::Tensor key = qkv[1].reshape({batch, seqLen, heads, d});
@@ -65,10 +95,12 @@ torch::Tensor KimiDeltaLayer::forward(const torch::Tensor &x, bool training) con
   DeltaRuleInputs in{l2Normalize(query.to(torch::kFloat32)).transpose(1, 2),
                      l2Normalize(key.to(torch::kFloat32)).transpose(1, 2), value.transpose(1, 2),
                      decay.transpose(1, 2), beta.transpose(1, 2)};
-  torch::Tensor core = gatedDeltaRuleSegmented(in, def.chunkSize, def.segmentTokens).transpose(1, 2).to(x.scalar_type());
+  torch::Tensor token;
+  torch::Tensor core = deltaRuleOverPart(in, def, context, layerIndex, token).transpose(1, 2).to(x.scalar_type());
   torch::Tensor gate = gB.forward(gA.forward(x, training), training).view({batch, seqLen, heads, d});
   core = sigmoidGatedRmsNorm(core, norm, gate, normEps);
-  return o.forward(core.reshape({batch, seqLen, width}), training);
+  torch::Tensor out = o.forward(core.reshape({batch, seqLen, width}), training);
+  return token.defined() ? out + token : out;
 }
 
 } // namespace adapt::rt

@@ -29,6 +29,10 @@ struct GatedDeltaNetLayer {
   torch::Tensor aLog;    ///< [valueHeads].
   torch::Tensor dtBias;  ///< [valueHeads].
   torch::Tensor norm;    ///< [valueHeadDim], the gated norm's weight.
+  /// Context parallelism: this rank's part of the sequence, and the layer's
+  /// index (the tag of its state exchange).
+  ContextSplit context;
+  int64_t layerIndex = 0;
 
   /// x [B, T, hidden] -> [B, T, hidden].
   torch::Tensor forward(const torch::Tensor &x, bool training) const;
@@ -54,6 +58,10 @@ struct KimiDeltaLayer {
   torch::Tensor aLog;    ///< [H], fp32.
   torch::Tensor dtBias;  ///< [H d].
   torch::Tensor norm;    ///< [d], the gated norm's weight.
+  /// Context parallelism: this rank's part of the sequence, and the layer's
+  /// index (the tag of its state exchange).
+  ContextSplit context;
+  int64_t layerIndex = 0;
 
   /// x [B, T, hidden] -> [B, T, hidden].
   torch::Tensor forward(const torch::Tensor &x, bool training) const;

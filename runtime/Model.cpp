@@ -120,12 +120,16 @@ public:
   /// a meta tensor of the shape, so that part's LoRA factors are still drawn
   /// (every layout starts from the same adapter) without its weights.
   bool skipping = false;
+  /// Context parallelism: which part of every sequence this rank holds.
+  ContextSplit context;
 
   ModelImpl(const ModelDef &d, const std::string &dir, const ModelOptions &o)
       : def(d), options(o), modelDir(dir) {
     reader = std::make_unique<CheckpointReader>(dir);
     generator = at::detail::createCPUGenerator(o.seed);
     toLoad = countTensors();
+    if (o.distributed && o.distributed->layout().cp > 1)
+      context = {&o.distributed->context(), o.distributed->contextRank(), o.distributed->layout().cp};
     endLayer = def.layers.size();
     if (!o.pipelineBounds.empty()) {
       const int64_t stage = o.distributed->pipelineRank();
@@ -260,6 +264,8 @@ public:
     else
       buildAttention(l, layer.attention);
     buildFfn(l, layer.ffn);
+    layer.attention.context = layer.deltaNet.context = layer.kimiDelta.context = layer.lightning.context = context;
+    layer.deltaNet.layerIndex = layer.kimiDelta.layerIndex = layer.lightning.layerIndex = l.index;
     return layer;
   }
 
@@ -641,7 +647,7 @@ public:
         it = tables
                  .emplace(ropeOwner[i], splice.positions.defined() && !rope.mropeSection.empty()
                                             ? mropeTables(rope, splice.positions, x.device())
-                                            : ropeTables(rope, seqLen, x.device()))
+                                            : ropeTablesAt(rope, context.offset(seqLen), seqLen, x.device()))
                  .first;
       if (it != tables.end() && !it->second.positions.defined())
         it->second.positions = splice.positions; // For a generated rotary operator.
@@ -768,9 +774,9 @@ std::pair<int64_t, int64_t> Model::stageLayers() const {
 
 torch::Tensor Model::lossSumOfHidden(const torch::Tensor &h, const torch::Tensor &labels) {
   torch::Tensor logits = torch::linear(h, impl->lmHead).to(torch::kFloat32);
-  const int64_t seqLen = h.size(1);
-  torch::Tensor shifted = logits.narrow(1, 0, seqLen - 1).reshape({-1, logits.size(-1)});
-  torch::Tensor targets = labels.to(logits.device()).narrow(1, 1, seqLen - 1).reshape({-1});
+  const int64_t predicted = labels.size(1) - 1; // T - 1, or T with the next part's first label.
+  torch::Tensor shifted = logits.narrow(1, 0, predicted).reshape({-1, logits.size(-1)});
+  torch::Tensor targets = labels.to(logits.device()).narrow(1, 1, predicted).reshape({-1});
   return torch::nn::functional::cross_entropy(
       shifted, targets,
       torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum));

@@ -111,7 +111,9 @@ public:
   /// output [B, T, hidden]; the last stage's output is final-normed.
   torch::Tensor stageForward(const torch::Tensor &input);
   /// The summed next-token cross-entropy of final-normed hidden states
-  /// (the last stage's stageForward output) against \p labels [B, T].
+  /// (the last stage's stageForward output) against \p labels [B, T]
+  /// (position t predicts labels[t+1]; the last position nothing) or
+  /// [B, T+1] (context parallelism: the next part's first label too).
   torch::Tensor lossSumOfHidden(const torch::Tensor &hidden, const torch::Tensor &labels);
   /// The decoder layers [first, end) this rank runs (all of them alone).
   std::pair<int64_t, int64_t> stageLayers() const;

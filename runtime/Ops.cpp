@@ -86,6 +86,13 @@ RopeTables ropeTables(const RopeDef &rope, int64_t seqLen, torch::Device device)
   return {emb.cos() * factor, emb.sin() * factor};
 }
 
+RopeTables ropeTablesAt(const RopeDef &rope, int64_t first, int64_t count, torch::Device device) {
+  RopeTables t = ropeTables(rope, first + count, device);
+  if (first > 0) // The same rows as the whole sequence's table.
+    t = {t.cos.narrow(0, first, count), t.sin.narrow(0, first, count)};
+  return t;
+}
+
 torch::Tensor applyRope(const torch::Tensor &x, const RopeTables &t, bool interleaved) {
   const int64_t rot = t.cos.size(-1);
   torch::Tensor xr = x.narrow(-1, 0, rot);
@@ -106,11 +113,11 @@ torch::Tensor applyRope(const torch::Tensor &x, const RopeTables &t, bool interl
 
 namespace {
 
-/// [T, T] boolean: true where query i may attend to key j.
-torch::Tensor visibility(int64_t seqLen, const AttentionMask &mask, torch::Device device) {
+/// [T, S] boolean: true where query i (at position offset + i) may attend to key j.
+torch::Tensor visibility(int64_t queries, int64_t keys, const AttentionMask &mask, torch::Device device) {
   auto opts = torch::TensorOptions().dtype(torch::kInt64).device(device);
-  torch::Tensor i = torch::arange(seqLen, opts).unsqueeze(1);
-  torch::Tensor j = torch::arange(seqLen, opts).unsqueeze(0);
+  torch::Tensor i = (torch::arange(queries, opts) + mask.queryOffset).unsqueeze(1);
+  torch::Tensor j = torch::arange(keys, opts).unsqueeze(0);
   torch::Tensor ok = j <= i;
   if (mask.slidingWindow > 0)
     ok = ok.logical_and((i - j) < mask.slidingWindow);
@@ -124,12 +131,12 @@ torch::Tensor visibility(int64_t seqLen, const AttentionMask &mask, torch::Devic
 torch::Tensor attention(const torch::Tensor &q, const torch::Tensor &k,
                         const torch::Tensor &v, double scale,
                         const AttentionMask &mask, const torch::Tensor &sinks) {
-  const int64_t seqLen = q.size(2);
-  const bool plainCausal = mask.slidingWindow <= 0 && mask.chunkSize <= 0;
+  const int64_t seqLen = q.size(2), keys = k.size(2);
+  const bool plainCausal = mask.slidingWindow <= 0 && mask.chunkSize <= 0 && mask.queryOffset == 0 && keys == seqLen;
   if (!sinks.defined()) {
     std::optional<torch::Tensor> bias;
     if (!plainCausal)
-      bias = visibility(seqLen, mask, q.device());
+      bias = visibility(seqLen, keys, mask, q.device());
     return at::scaled_dot_product_attention(q, k, v, bias, 0.0, /*is_causal=*/plainCausal,
                                             scale, /*enable_gqa=*/true);
   }
@@ -138,12 +145,12 @@ torch::Tensor attention(const torch::Tensor &q, const torch::Tensor &k,
   torch::Tensor kk = groups > 1 ? k.repeat_interleave(groups, 1) : k;
   torch::Tensor vv = groups > 1 ? v.repeat_interleave(groups, 1) : v;
   torch::Tensor scores = torch::matmul(q, kk.transpose(-2, -1)).to(torch::kFloat32) * scale;
-  scores = scores.masked_fill(visibility(seqLen, mask, q.device()).logical_not(),
+  scores = scores.masked_fill(visibility(seqLen, keys, mask, q.device()).logical_not(),
                               -std::numeric_limits<float>::infinity());
   torch::Tensor sinkCol = sinks.to(torch::kFloat32).view({1, -1, 1, 1}).expand({q.size(0), -1, seqLen, 1});
   torch::Tensor all = torch::cat({scores, sinkCol}, -1);
   all = all - std::get<0>(all.max(-1, true)).detach();
-  torch::Tensor probs = torch::softmax(all, -1).narrow(-1, 0, seqLen);
+  torch::Tensor probs = torch::softmax(all, -1).narrow(-1, 0, keys);
   return torch::matmul(probs.to(v.scalar_type()), vv);
 }
 

@@ -36,6 +36,8 @@ torch::Tensor ropeInverseFrequencies(const RopeDef &rope);
 double ropeAttentionFactor(const RopeDef &rope);
 /// Tables for \p seqLen positions on \p device.
 RopeTables ropeTables(const RopeDef &rope, int64_t seqLen, torch::Device device);
+/// Tables for positions first .. first + count - 1 (a context-parallel part).
+RopeTables ropeTablesAt(const RopeDef &rope, int64_t first, int64_t count, torch::Device device);
 /// Rotates the first rotaryDim dims of \p x [B, H, T, D]: halves
 /// (rotate_half) or interleaved pairs (2i, 2i+1).
 torch::Tensor applyRope(const torch::Tensor &x, const RopeTables &tables, bool interleaved);
@@ -44,6 +46,9 @@ torch::Tensor applyRope(const torch::Tensor &x, const RopeTables &tables, bool i
 struct AttentionMask {
   int64_t slidingWindow = 0; ///< key j visible from i when i - j < window.
   int64_t chunkSize = 0;     ///< key j visible when j / chunk == i / chunk.
+  /// Context parallelism: query i sits at position queryOffset + i of the
+  /// keys (which start at position 0 and may outnumber the queries).
+  int64_t queryOffset = 0;
 };
 
 /// applyRope() by the approved generated operator \p component (task rope,
@@ -52,8 +57,9 @@ struct AttentionMask {
 torch::Tensor generatedRope(const std::string &component, const torch::Tensor &x,
                             const RopeTables &tables, const RopeDef &rope);
 
-/// Scaled dot-product attention. q [B, H, T, Dq], k [B, KV, T, Dq],
-/// v [B, KV, T, Dv] (H a multiple of KV). \p sinks [H] adds one learned
+/// Scaled dot-product attention. q [B, H, T, Dq], k [B, KV, S, Dq],
+/// v [B, KV, S, Dv] (H a multiple of KV; S = T unless mask.queryOffset
+/// places the queries after earlier keys). \p sinks [H] adds one learned
 /// logit per head to the softmax denominator (gpt-oss). Returns [B, H, T, Dv].
 torch::Tensor attention(const torch::Tensor &q, const torch::Tensor &k,
                         const torch::Tensor &v, double scale,

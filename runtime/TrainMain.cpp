@@ -97,7 +97,8 @@ Training (defaults in brackets):
                          --ep splits routed experts, --tp attention heads and
                          MLP widths (softmax attention only), --pp the layers
                          (stages balanced by FLOPs, 1F1B over --micro-batches),
-                         --dp and --ep the batch; --cp is not implemented yet [1]
+                         --cp every sequence (not DSA), --dp and --ep the
+                         batch [1]
   --dist-timeout S       a collective waiting longer (a rank died) fails every
                          rank with exit 7 [300]
   --micro-batches N      gradient accumulation: run each batch (each rank's
@@ -371,12 +372,18 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
                             {"--cp", &layout.cp}})
     if (const std::string *text = args.has(flag) ? &args.values.at(flag) : nullptr)
       *size = parseInt(flag, *text, 1);
-  checkLayout(layout, launch.worldSize, def, opts.batch);
+  checkLayout(layout, launch.worldSize, def, opts.batch, opts.seqLen);
+  if (layout.cp > 1 && args.has("--recompute"))
+    throw badInput("", "--recompute",
+                   "expected no --recompute with --cp (recomputing a layer would repeat its context "
+                   "exchange; not implemented yet)");
   if ((opts.batch / layout.dataRanks()) % opts.microBatches != 0)
     throw badInput("", "--micro-batches",
                    "expected a count dividing each rank's batch (" +
                        std::to_string(opts.batch / layout.dataRanks()) + " sequences), got " +
                        std::to_string(opts.microBatches));
+  if (layout.cp > 1 && !opts.forceRoutingPath.empty())
+    throw badInput("", "--force-routing", "expected a run without --cp (not implemented yet)");
   if (opts.microBatches > 1 && !opts.forceRoutingPath.empty())
     throw badInput("", "--micro-batches", "expected 1 with --force-routing (not implemented yet)");
   // Under a launcher the groups are formed even for one process, so a

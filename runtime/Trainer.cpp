@@ -203,11 +203,18 @@ double Trainer::lossAndGradients(const Batch &batch, double &allReduceSeconds) {
                             : std::pair<int64_t, int64_t>{0, batch.ids.size(0)};
   torch::Tensor ids = batch.ids.narrow(0, first, count).to(opts.device);
   torch::Tensor labels = batch.labels.narrow(0, first, count).to(opts.device);
+  if (run && run->layout().cp > 1) {
+    // Context parallelism: this rank's part of every sequence, and its
+    // labels with the next part's first one (its last token's target).
+    const int64_t part = ids.size(1) / run->layout().cp, start = run->contextRank() * part;
+    ids = ids.narrow(1, start, part);
+    labels = labels.narrow(1, start, std::min(part + 1, labels.size(1) - start));
+  }
   // The single-process loss is the mean over every target token of the
   // global batch: each micro-batch's share is its sum over the global
   // count, so the shares' gradients, summed here and over the ranks, are
   // the whole batch's.
-  std::vector<torch::Tensor> targets = {
+  std::vector<torch::Tensor> targets = { // Positions that predict a token (each counted on one rank).
       (labels.narrow(1, 1, labels.size(1) - 1) != -100).sum().to(torch::kCPU, torch::kFloat64)};
   if (run)
     run->data().allReduceSum(targets);
@@ -221,7 +228,8 @@ double Trainer::lossAndGradients(const Batch &batch, double &allReduceSeconds) {
   } else {
     for (int64_t m = 0; m < micro; ++m) {
       torch::Tensor share =
-          model.lossSum(ids.narrow(0, m * rows, rows), labels.narrow(0, m * rows, rows)) / globalCount;
+          model.lossSumOfHidden(model.stageForward(ids.narrow(0, m * rows, rows)), labels.narrow(0, m * rows, rows)) /
+          globalCount;
       const double value = share.item<double>();
       // Alone, stop at once; in a parallel run every rank keeps to the
       // collectives and all see the non-finite total below.

@@ -1,0 +1,67 @@
+//===- ContextParallel.h - one sequence split across a CP group -*- C++ -*-===//
+//
+// Context parallelism splits every sequence of a batch into cp contiguous
+// parts, one per rank of a context group: rank c holds positions
+// [c * T/cp, (c + 1) * T/cp). Everything that works token by token (norms,
+// projections, MLPs, experts) runs on the local part unchanged; what mixes
+// positions needs the earlier parts:
+//
+// - softmax attention (GQA/MHA, MLA): every rank all-gathers the keys and
+//   values of the ranks before it and itself, and its queries attend to them
+//   with the causal mask shifted by its first position (gatherEarlier);
+// - linear attention: the recurrent state at the part boundary is all that
+//   crosses. Rank c waits for rank c-1's leaving state, runs its part from
+//   it and passes its own on (stateFromPrevious / passStateOn); the
+//   backward pass sends each state's gradient back the same way;
+// - short causal convolutions read the last K-1 inputs of the previous part
+//   (previousRows).
+//
+// Every operation here is differentiable and collective over the group (the
+// state exchange point-to-point), so all ranks must call them in the same
+// order, which the same model on every rank guarantees.
+//
+//===----------------------------------------------------------------------===//
+#ifndef ADAPT_RUNTIME_CONTEXTPARALLEL_H
+#define ADAPT_RUNTIME_CONTEXTPARALLEL_H
+
+#include "runtime/Distributed.h"
+
+#include <torch/torch.h>
+
+namespace adapt::rt {
+
+/// Where this rank's part of the sequence lies. A null group: the whole
+/// sequence is here (no context parallelism).
+struct ContextSplit {
+  Collectives *group = nullptr;
+  int64_t rank = 0, size = 1;
+  bool split() const { return group != nullptr && size > 1; }
+  /// The first global position of a local part of \p localLength tokens.
+  int64_t offset(int64_t localLength) const { return rank * localLength; }
+};
+
+/// The parts of ranks 0..rank of \p x along dimension \p dim, joined in
+/// order (the keys and values this rank's queries may see). Backward: each
+/// rank's part gets the sum of every rank's gradient for it.
+torch::Tensor gatherEarlier(const torch::Tensor &x, int64_t dim, const ContextSplit &cp);
+
+/// The last \p rows positions (dimension 1 of [B, T, C]) of the previous
+/// rank's \p x; zeros on rank 0 (a causal convolution's left padding).
+torch::Tensor previousRows(const torch::Tensor &x, int64_t rows, const ContextSplit &cp);
+
+/// The recurrent state entering this rank's part: zeros of \p shape on rank
+/// 0, on rank c what rank c-1 passed on under \p tag. \p anchor (any tensor
+/// with a gradient in this layer) ties the exchange into the backward pass,
+/// which sends the state's gradient back to rank c-1.
+torch::Tensor stateFromPrevious(const torch::Tensor &anchor, const std::vector<int64_t> &shape,
+                                const torch::TensorOptions &options, const ContextSplit &cp, int tag);
+
+/// Sends \p state (this part's leaving state) to the next rank under \p tag
+/// and returns a zero scalar that the caller adds to the layer's output: its
+/// backward receives the next rank's gradient for the state. Undefined on
+/// the last rank (nothing to send).
+torch::Tensor passStateOn(const torch::Tensor &state, const ContextSplit &cp, int tag);
+
+} // namespace adapt::rt
+
+#endif // ADAPT_RUNTIME_CONTEXTPARALLEL_H
