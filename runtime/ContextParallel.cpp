@@ -35,22 +35,26 @@ torch::Tensor gatherParts(const torch::Tensor &x, const ContextSplit &cp) {
 
 /// Forward: the state rank-1 sent (anchor only ties the node into the
 /// graph). Backward: sends the state's gradient to rank-1.
+// Sends never wait here (Collectives::waitSends at the end of the step):
+// only receives block, and rank c only ever waits for rank c-1 in the
+// forward pass and for rank c+1 in the backward pass, so the waits cannot
+// form a cycle whatever order autograd runs a layer's nodes in.
 struct ReceiveState : torch::autograd::Function<ReceiveState> {
   static torch::Tensor forward(AutogradContext *ctx, const torch::Tensor &anchor, int64_t groupAddress,
-                               std::vector<int64_t> shape, int64_t tag) {
+                               std::vector<int64_t> shape, int64_t dtype, int64_t tag) {
     ctx->saved_data["group"] = groupAddress;
     ctx->saved_data["tag"] = tag;
     ctx->save_for_backward({anchor});
     Collectives &group = *reinterpret_cast<Collectives *>(groupAddress);
-    return group.recv(shape, torch::TensorOptions().dtype(torch::kFloat32).device(anchor.device()),
+    return group.recv(shape,
+                      torch::TensorOptions().dtype(static_cast<torch::ScalarType>(dtype)).device(anchor.device()),
                       group.rank() - 1, static_cast<int>(2 * tag));
   }
   static variable_list backward(AutogradContext *ctx, variable_list grads) {
     Collectives &group = groupAt(ctx);
     group.send(grads[0].contiguous(), group.rank() - 1, static_cast<int>(2 * ctx->saved_data["tag"].toInt() + 1));
-    group.waitSends();
     torch::Tensor anchor = ctx->get_saved_variables()[0];
-    return {torch::zeros_like(anchor), torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {torch::zeros_like(anchor), torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -62,15 +66,16 @@ struct SendState : torch::autograd::Function<SendState> {
     ctx->saved_data["group"] = groupAddress;
     ctx->saved_data["tag"] = tag;
     ctx->saved_data["shape"] = state.sizes().vec();
+    ctx->saved_data["dtype"] = static_cast<int64_t>(state.scalar_type());
     Collectives &group = *reinterpret_cast<Collectives *>(groupAddress);
     group.send(state.detach().contiguous(), group.rank() + 1, static_cast<int>(2 * tag));
-    group.waitSends();
     return torch::zeros({}, state.options());
   }
   static variable_list backward(AutogradContext *ctx, variable_list grads) {
     Collectives &group = groupAt(ctx);
     std::vector<int64_t> shape = ctx->saved_data["shape"].toIntVector();
-    torch::Tensor g = group.recv(shape, grads[0].options(), group.rank() + 1,
+    const auto dtype = static_cast<torch::ScalarType>(ctx->saved_data["dtype"].toInt());
+    torch::Tensor g = group.recv(shape, grads[0].options().dtype(dtype), group.rank() + 1,
                                  static_cast<int>(2 * ctx->saved_data["tag"].toInt() + 1));
     return {g, torch::Tensor(), torch::Tensor()};
   }
@@ -85,18 +90,12 @@ torch::Tensor gatherEarlier(const torch::Tensor &x, int64_t dim, const ContextSp
   return torch::cat(earlier, dim);
 }
 
-torch::Tensor previousRows(const torch::Tensor &x, int64_t rows, const ContextSplit &cp) {
-  if (!cp.split() || rows == 0)
-    return torch::zeros({x.size(0), rows, x.size(2)}, x.options());
-  torch::Tensor last = gatherParts(x.narrow(1, x.size(1) - rows, rows), cp);
-  return cp.rank == 0 ? torch::zeros_like(last[0]) : last[cp.rank - 1];
-}
-
 torch::Tensor stateFromPrevious(const torch::Tensor &anchor, const std::vector<int64_t> &shape,
                                 const torch::TensorOptions &options, const ContextSplit &cp, int tag) {
   if (!cp.split() || cp.rank == 0)
     return torch::zeros(shape, options);
-  return ReceiveState::apply(anchor, reinterpret_cast<int64_t>(cp.group), shape, tag).to(options);
+  return ReceiveState::apply(anchor, reinterpret_cast<int64_t>(cp.group), shape,
+                             static_cast<int64_t>(c10::typeMetaToScalarType(options.dtype())), tag);
 }
 
 torch::Tensor passStateOn(const torch::Tensor &state, const ContextSplit &cp, int tag) {

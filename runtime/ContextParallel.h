@@ -13,12 +13,14 @@
 //   crosses. Rank c waits for rank c-1's leaving state, runs its part from
 //   it and passes its own on (stateFromPrevious / passStateOn); the
 //   backward pass sends each state's gradient back the same way;
-// - short causal convolutions read the last K-1 inputs of the previous part
-//   (previousRows).
+// - short causal convolutions read the last K-1 inputs of the previous part,
+//   passed on the same way.
 //
-// Every operation here is differentiable and collective over the group (the
-// state exchange point-to-point), so all ranks must call them in the same
-// order, which the same model on every rank guarantees.
+// Every operation here is differentiable. gatherEarlier is collective over
+// the group, so all ranks call it in the same order (the same model on every
+// rank guarantees it). The exchange with neighbours is point-to-point; its
+// sends complete at the end of the step (Collectives::waitSends on the
+// context group).
 //
 //===----------------------------------------------------------------------===//
 #ifndef ADAPT_RUNTIME_CONTEXTPARALLEL_H
@@ -45,12 +47,9 @@ struct ContextSplit {
 /// rank's part gets the sum of every rank's gradient for it.
 torch::Tensor gatherEarlier(const torch::Tensor &x, int64_t dim, const ContextSplit &cp);
 
-/// The last \p rows positions (dimension 1 of [B, T, C]) of the previous
-/// rank's \p x; zeros on rank 0 (a causal convolution's left padding).
-torch::Tensor previousRows(const torch::Tensor &x, int64_t rows, const ContextSplit &cp);
-
-/// The recurrent state entering this rank's part: zeros of \p shape on rank
-/// 0, on rank c what rank c-1 passed on under \p tag. \p anchor (any tensor
+/// The recurrent state (or any tensor: a convolution's last inputs) entering
+/// this rank's part: zeros of \p shape on rank 0, on rank c what rank c-1
+/// passed on under \p tag (passStateOn). \p anchor (any tensor
 /// with a gradient in this layer) ties the exchange into the backward pass,
 /// which sends the state's gradient back to rank c-1.
 torch::Tensor stateFromPrevious(const torch::Tensor &anchor, const std::vector<int64_t> &shape,

@@ -8,6 +8,9 @@ namespace adapt::rt {
 
 namespace {
 
+/// Tags of the convolution halo exchange: apart from the states' (layer index).
+constexpr int kHaloTags = 1 << 20;
+
 /// The delta rule over this rank's part of the sequence: from the state the
 /// previous part leaves (zeros alone or on the first part), passing this
 /// part's leaving state on. \p token (undefined unless a state was passed
@@ -27,9 +30,26 @@ torch::Tensor deltaRuleOverPart(const DeltaRuleInputs &in, const LinearAttention
   return out;
 }
 
-/// The convolution's inputs just before this part (undefined when alone).
-torch::Tensor convolutionHalo(const torch::Tensor &mixed, const torch::Tensor &conv, const ContextSplit &cp) {
-  return cp.split() ? previousRows(mixed, conv.size(-1) - 1, cp) : torch::Tensor();
+/// The convolution's K-1 inputs just before this part (undefined when
+/// alone), while this part's last K-1 go on to the next; \p token as for
+/// deltaRuleOverPart.
+torch::Tensor convolutionHalo(const torch::Tensor &mixed, const torch::Tensor &conv, const ContextSplit &cp,
+                              int64_t layerIndex, torch::Tensor &token) {
+  if (!cp.split())
+    return torch::Tensor();
+  const int64_t rows = conv.size(-1) - 1;
+  const int tag = static_cast<int>(layerIndex) + kHaloTags;
+  torch::Tensor halo = stateFromPrevious(mixed, {mixed.size(0), rows, mixed.size(2)}, mixed.options(), cp, tag);
+  token = passStateOn(mixed.narrow(1, mixed.size(1) - rows, rows), cp, tag);
+  return halo;
+}
+
+/// Adds the exchange tokens (undefined ones skipped) to a layer's output.
+torch::Tensor withTokens(torch::Tensor out, const torch::Tensor &a, const torch::Tensor &b) {
+  for (const torch::Tensor *t : {&a, &b})
+    if (t->defined())
+      out = out + *t;
+  return out;
 }
 
 } // namespace
@@ -53,7 +73,8 @@ torch::Tensor GatedDeltaNetLayer::forward(const torch::Tensor &x, bool training)
   torch::Tensor mixed = torch::cat({parts[0].reshape({batch, seqLen, keyDim}), parts[1].reshape({batch, seqLen, keyDim}),
                                     parts[2].reshape({batch, seqLen, valueDim})},
                                    -1);
-  mixed = causalConv1dSilu(mixed, conv, convolutionHalo(mixed, conv, context));
+  torch::Tensor haloToken;
+  mixed = causalConv1dSilu(mixed, conv, convolutionHalo(mixed, conv, context, layerIndex, haloToken));
   auto qkv = torch::split_with_sizes(mixed, {keyDim, keyDim, valueDim}, -1);
   torch::Tensor query = qkv[0].reshape({batch, seqLen, keyHeads, dk});
   torch::Tensor key = qkv[1].reshape({batch, seqLen, keyHeads, dk});
@@ -73,14 +94,15 @@ torch::Tensor GatedDeltaNetLayer::forward(const torch::Tensor &x, bool training)
   torch::Tensor core = deltaRuleOverPart(in, def, context, layerIndex, token).transpose(1, 2).to(x.scalar_type());
   core = gatedRmsNorm(core, norm, z, normEps);
   torch::Tensor out = outProj.forward(core.reshape({batch, seqLen, valueDim}), training);
-  return token.defined() ? out + token : out;
+  return withTokens(out, token, haloToken);
 }
 
 torch::Tensor KimiDeltaLayer::forward(const torch::Tensor &x, bool training) const {
   const int64_t batch = x.size(0), seqLen = x.size(1);
   const int64_t heads = def.keyHeads, d = def.keyHeadDim, width = heads * d;
   torch::Tensor mixed = torch::cat({q.forward(x, training), k.forward(x, training), v.forward(x, training)}, -1);
-  mixed = causalConv1dSilu(mixed, conv, convolutionHalo(mixed, conv, context));
+  torch::Tensor haloToken;
+  mixed = causalConv1dSilu(mixed, conv, convolutionHalo(mixed, conv, context, layerIndex, haloToken));
   auto qkv = torch::split_with_sizes(mixed, {width, width, width}, -1);
   torch::Tensor query = qkv[0].reshape({batch, seqLen, heads, d});
   torch::Tensor key = qkv[1].reshape({batch, seqLen, heads, d});
@@ -100,7 +122,7 @@ torch::Tensor KimiDeltaLayer::forward(const torch::Tensor &x, bool training) con
   torch::Tensor gate = gB.forward(gA.forward(x, training), training).view({batch, seqLen, heads, d});
   core = sigmoidGatedRmsNorm(core, norm, gate, normEps);
   torch::Tensor out = o.forward(core.reshape({batch, seqLen, width}), training);
-  return token.defined() ? out + token : out;
+  return withTokens(out, token, haloToken);
 }
 
 } // namespace adapt::rt

@@ -122,6 +122,9 @@ public:
   bool skipping = false;
   /// Context parallelism: which part of every sequence this rank holds.
   ContextSplit context;
+  /// Expert load summed over forwards (a step's micro-batches) rather than
+  /// the last forward's (Model::sumExpertLoad).
+  bool summingLoad = false;
 
   ModelImpl(const ModelDef &d, const std::string &dir, const ModelOptions &o)
       : def(d), options(o), modelDir(dir) {
@@ -676,7 +679,10 @@ public:
           forced = found->second;
         }
         torch::Tensor f = layer.ffn.forward(ffnIn, training, &load, forced, &lastFlips[i]);
-        lastLoad[i] = load.defined() ? load.detach() : torch::Tensor();
+        if (summingLoad && lastLoad[i].defined() && load.defined())
+          lastLoad[i] = lastLoad[i] + load.detach();
+        else
+          lastLoad[i] = load.defined() ? load.detach() : torch::Tensor();
         if (keep)
           attn = a, ffn = f;
         return scaledResidual(ld.normedResidual ? ffnIn : h, f, ld.ffnResidualAlpha, ld.ffnResidualBeta);
@@ -1026,6 +1032,12 @@ std::vector<Model::ExpertGradient> Model::expertGradients() const {
                      std::sqrt(norms[e].item<double>())});
   }
   return out;
+}
+
+void Model::sumExpertLoad() {
+  impl->summingLoad = true;
+  for (torch::Tensor &t : impl->lastLoad)
+    t = torch::Tensor();
 }
 
 void Model::captureActivations(std::vector<std::pair<std::string, torch::Tensor>> *sink) {

@@ -125,8 +125,12 @@ public:
   /// Base tensors with the adapters folded in, under their checkpoint names
   /// (per-expert names split back out), for `merge`. CPU, checkpoint dtype.
   std::vector<std::pair<std::string, torch::Tensor>> mergedWeights() const;
-  /// Token counts per routed expert from the last forward.
+  /// Token counts per routed expert from the last forward, or summed over
+  /// the forwards since the last sumExpertLoad() call.
   ExpertLoad expertLoad() const;
+  /// Starts summing expert load over the next forwards (a training step's
+  /// micro-batches or pipeline passes); the trainer calls it every step.
+  void sumExpertLoad();
   /// Forced routing for the next forwards: every MoE layer sends its tokens to
   /// \p experts[block path] ([B*T, k] int64, e.g. what the reference chose;
   /// block path = the router module's parent, "model.layers.3.mlp") with the

@@ -241,6 +241,8 @@ double Trainer::lossAndGradients(const Batch &batch, double &allReduceSeconds) {
   }
   if (!run)
     return local;
+  if (run->layout().cp > 1) // The neighbours' sends of the step's state exchanges.
+    run->context().waitSends();
   std::vector<torch::Tensor> total = {torch::tensor({local}, torch::kFloat64)};
   run->data().allReduceSum(total);
   if (run->layout().pp > 1) // Only the last stage holds losses.
@@ -569,6 +571,7 @@ int Trainer::run(const PackedDataset &data) {
 
     Batch b = data.batch(index, opts.batch);
     optimizer->zero_grad();
+    model.sumExpertLoad();
     if (forcedRouting)
       forceRoutingOf(index);
     auto notFinite = [&](const char *what, double v) {
