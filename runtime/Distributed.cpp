@@ -297,13 +297,10 @@ void checkLayout(const Layout &layout, int worldSize, const ModelDef &def, int64
     if (layout.tp == 1)
       continue;
     const AttentionDef &a = layer.attention;
-    if (a.kind != AttentionKind::Gqa || a.outputGate || a.qkNorm == "full")
+    if (!a.generatedCore.empty())
       throw badInput("", "--tp",
-                     "expected softmax GQA/MHA attention in every layer: " + where +
-                         "'s token mixer (" +
-                         (a.kind == AttentionKind::Gqa ? std::string(a.outputGate ? "output-gated" : "full-width QK norm")
-                                                       : "MLA, sparse or linear attention") +
-                         ") is not split by tensor parallelism yet (docs/parallel.md)");
+                     "expected 1: " + where + "'s generated attention operator is not split by tensor "
+                     "parallelism yet (docs/parallel.md)");
     for (int64_t width : {layer.ffn.experts == 0 ? layer.ffn.intermediate : int64_t(0),
                           layer.ffn.sharedIntermediate})
       if (width % layout.tp != 0)

@@ -99,6 +99,8 @@ torch::Tensor AttentionLayer::forward(const torch::Tensor &x, const RopeTables &
     torch::Tensor kv = kvA.forward(x, training);
     torch::Tensor latent = kv.narrow(-1, 0, def.kvLoraRank);
     torch::Tensor kRot = kv.narrow(-1, def.kvLoraRank, def.qkRopeDim).view({batch, 1, seqLen, def.qkRopeDim});
+    if (tensorGroup) // Shared by every rank's heads: its gradient is summed over them.
+      kRot = copyToTensorRegion(kRot, *tensorGroup);
     torch::Tensor kvFull = kvB.forward(rmsNorm(latent, kvANorm, normEps), training)
                                .view({batch, seqLen, heads, def.qkNopeDim + def.vHeadDim})
                                .transpose(1, 2);
@@ -120,7 +122,10 @@ torch::Tensor AttentionLayer::forward(const torch::Tensor &x, const RopeTables &
       gate = halves[1].reshape({batch, seqLen, def.heads * def.headDim});
     }
     value = v.forward(x, training).view({batch, seqLen, def.kvHeads, def.vHeadDim}).transpose(1, 2);
-    if (def.qkNorm == "full") {
+    if (def.qkNorm == "full" && tensorGroup) { // Statistics over every rank's heads.
+      qs = splitWidthRmsNorm(qs, qNorm, normEps, zeroCentredNorms && qNorm.defined(), *tensorGroup);
+      ks = splitWidthRmsNorm(ks, kNorm, normEps, zeroCentredNorms && kNorm.defined(), *tensorGroup);
+    } else if (def.qkNorm == "full") {
       qs = headNorm(qs, qNorm);
       ks = headNorm(ks, kNorm);
     }

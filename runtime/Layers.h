@@ -83,6 +83,10 @@ struct AttentionLayer {
   /// Context parallelism: this rank's part of the sequence; its queries
   /// attend to the keys and values of every earlier part and its own.
   ContextSplit context;
+  /// Tensor parallelism (whole heads per rank): the group, for what all
+  /// heads share (MLA's rotary key, the latent of DSA's absorbed form, a
+  /// full-width QK norm). Null: not split.
+  Collectives *tensorGroup = nullptr;
 
   torch::Tensor forward(const torch::Tensor &x, const RopeTables &rope, bool training) const;
   /// Softmax scale, including YaRN's mscale^2 for MLA.

@@ -33,7 +33,8 @@ torch::Tensor LightningLayer::forward(const torch::Tensor &x, bool training) con
   if (context.split())
     token = passStateOn(leaving, context, static_cast<int>(layerIndex));
   out = out.transpose(1, 2).reshape({batch, seqLen, heads * dim});
-  out = rmsNorm(out, norm, def.outputNormEps);
+  out = tensorGroup ? splitWidthRmsNorm(out, norm, def.outputNormEps, /*zeroCentred=*/false, *tensorGroup)
+                    : rmsNorm(out, norm, def.outputNormEps);
   out = torch::sigmoid(outputGate.forward(x, training)) * out;
   out = outProj.forward(out, training);
   return token.defined() ? out + token : out;

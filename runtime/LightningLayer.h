@@ -30,6 +30,9 @@ struct LightningLayer {
   /// Context parallelism: this rank's part of the sequence, and the layer's
   /// index (the tag of its state exchange).
   ContextSplit context;
+  /// Tensor parallelism: the group over which the output norm's statistics
+  /// are summed (each rank holds whole heads). Null: not split.
+  Collectives *tensorGroup = nullptr;
   int64_t layerIndex = 0;
 
   /// Sets the decay slopes for decoder layer \p layerIndex of def.decayLayers.

@@ -284,6 +284,18 @@ public:
     g.outputGate = linear(l, w, "output_gate", width, h, false);
     g.norm = load(name(w, "norm", l), {width});
     g.outProj = linear(l, w, "out_proj", h, width, false);
+    if (const int64_t tp = tensorParallel(); tp > 1) {
+      // Whole heads per rank (qkv_proj keeps [q, k, v] per head); the output
+      // norm spans every head, so its statistics are summed over the group.
+      splitColumns(g.qkvProj);
+      splitColumns(g.outputGate);
+      splitRows(g.outProj);
+      g.norm = tensorSlice(g.norm, 0, width);
+      g.slopes = tensorSlice(g.slopes, 0, d.keyHeads);
+      g.def.keyHeads /= tp;
+      g.def.valueHeads /= tp;
+      g.tensorGroup = &options.distributed->tensor();
+    }
     g.slopes = g.slopes.to(options.device);
   }
 
@@ -320,6 +332,17 @@ public:
       if (at != std::string::npos)
         f->hfPath.insert(at + 1, "forget_gate.");
     }
+    if (const int64_t tp = tensorParallel(); tp > 1) {
+      // Whole heads per rank; f_a and g_a (rank-d bottlenecks) stay whole.
+      for (LoraLinear *column : {&g.q, &g.k, &g.v, &g.fB, &g.b, &g.gB})
+        splitColumns(*column);
+      splitRows(g.o);
+      g.conv = convolutionSlice(g.conv, {width, width, width});
+      g.aLog = tensorSlice(g.aLog, 0, heads);
+      g.dtBias = tensorSlice(g.dtBias, 0, width);
+      g.def.keyHeads /= tp;
+      g.def.valueHeads /= tp;
+    }
   }
 
   /// Qwen3-Next's Gated DeltaNet: weights by role (in_proj_qkvz, in_proj_ba,
@@ -340,6 +363,18 @@ public:
     g.dtBias = load(name(w, "dt_bias", l), {d.valueHeads});
     g.norm = load(name(w, "norm", l), {d.valueHeadDim});
     g.outProj = linear(l, w, "out_proj", h, valueDim, false);
+    if (const int64_t tp = tensorParallel(); tp > 1) {
+      // Whole key-head groups per rank (in_proj_qkvz and in_proj_ba keep one
+      // block per key head), their value heads with them.
+      splitColumns(g.inProjQkvz);
+      splitColumns(g.inProjBa);
+      splitRows(g.outProj);
+      g.conv = convolutionSlice(g.conv, {keyDim, keyDim, valueDim});
+      g.aLog = tensorSlice(g.aLog, 0, d.valueHeads);
+      g.dtBias = tensorSlice(g.dtBias, 0, d.valueHeads);
+      g.def.keyHeads /= tp;
+      g.def.valueHeads /= tp;
+    }
   }
 
   /// SparseMla's lightning indexer (runtime/SparseAttention.h); weights_proj
@@ -380,7 +415,19 @@ public:
       a.kvB = linear(l, w, "kv_b_proj", d.heads * (d.qkNopeDim + d.vHeadDim), d.kvLoraRank, false);
       a.o = linear(l, w, "o_proj", h, d.heads * d.vHeadDim, d.outBias);
       if (d.kind == AttentionKind::SparseMla)
-        buildSparseIndexer(l, a);
+        buildSparseIndexer(l, a); // Replicated: frozen, it only selects keys.
+      if (const int64_t tp = tensorParallel(); tp > 1) {
+        // Whole heads per rank: q (or q_b) and kv_b by their output rows, o
+        // by its input columns. q_a and kv_a feed every head and stay whole;
+        // what they share reaches each rank's heads through copy regions.
+        splitColumns(d.qLoraRank > 0 ? a.qB : a.q);
+        splitColumns(a.kvB);
+        splitRows(a.o);
+        a.def.heads /= tp;
+        if (a.def.kvHeads > 0)
+          a.def.kvHeads /= tp;
+        a.tensorGroup = &options.distributed->tensor();
+      }
     } else {
       a.q = linear(l, w, "q_proj", d.heads * d.headDim * (d.outputGate ? 2 : 1), h, d.qkvBias);
       a.k = linear(l, w, "k_proj", d.kvHeads * d.headDim, h, d.qkvBias);
@@ -399,10 +446,33 @@ public:
         splitRows(a.o);
         if (a.sinks.defined())
           a.sinks = a.sinks.narrow(0, options.distributed->tensorRank() * (d.heads / tp), d.heads / tp).contiguous();
+        if (d.qkNorm == "full") { // This rank's heads' part of the full-width norms.
+          a.qNorm = tensorSlice(a.qNorm, 0, d.heads * d.headDim);
+          a.kNorm = tensorSlice(a.kNorm, 0, d.kvHeads * d.headDim);
+        }
         a.def.heads /= tp;
         a.def.kvHeads /= tp;
+        a.tensorGroup = &options.distributed->tensor();
       }
     }
+  }
+
+  /// This rank's 1/tp of \p t along \p dim, whose first \p width entries are
+  /// split (tp equal consecutive parts).
+  torch::Tensor tensorSlice(const torch::Tensor &t, int64_t dim, int64_t width) const {
+    const int64_t part = width / tensorParallel();
+    return t.narrow(dim, options.distributed->tensorRank() * part, part).contiguous();
+  }
+  /// A depthwise convolution [C, 1, K] over channels made of consecutive
+  /// blocks (q, k, v), each split by heads: this rank's rows of each block.
+  torch::Tensor convolutionSlice(const torch::Tensor &conv, std::initializer_list<int64_t> blocks) const {
+    std::vector<torch::Tensor> parts;
+    int64_t start = 0;
+    for (int64_t width : blocks) {
+      parts.push_back(tensorSlice(conv.narrow(0, start, width), 0, width));
+      start += width;
+    }
+    return torch::cat(parts).contiguous();
   }
 
   /// Tensor parallelism: the group size (1 when not split) and this rank's index.

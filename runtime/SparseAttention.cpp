@@ -248,6 +248,10 @@ torch::Tensor sparseMlaForward(const AttentionLayer &a, const torch::Tensor &x, 
   torch::Tensor latent = rmsNorm(kv.narrow(-1, 0, rank), a.kvANorm, latentEps).unsqueeze(1); // [B, 1, T, R]
   torch::Tensor kRot = applyRope(kv.narrow(-1, rank, ropeDim).view({batch, 1, seqLen, ropeDim}), rope,
                                  d.rope.interleaved);
+  if (a.tensorGroup) { // Shared by every rank's heads: their gradients are summed.
+    latent = copyToTensorRegion(latent, *a.tensorGroup);
+    kRot = copyToTensorRegion(kRot, *a.tensorGroup);
+  }
   SparseSelection selection = indexerSelection(a, x, qResid, rope, training);
 
   // kv_b_proj absorbed: keys are the shared latents, queries W_UK^T q_nope,

@@ -46,7 +46,32 @@ struct ReduceFromRegion : torch::autograd::Function<ReduceFromRegion> {
   }
 };
 
+/// Sums over the group forward and backward: a statistic every rank's
+/// output depends on (the gradient of each rank's use is summed back).
+struct SumAcrossRegion : torch::autograd::Function<SumAcrossRegion> {
+  static torch::Tensor forward(torch::autograd::AutogradContext *ctx, const torch::Tensor &x,
+                               int64_t groupAddress) {
+    ctx->saved_data["group"] = groupAddress;
+    return summed(x, *reinterpret_cast<Collectives *>(groupAddress));
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto *group = reinterpret_cast<Collectives *>(ctx->saved_data["group"].toInt());
+    return {summed(grads[0], *group), torch::Tensor()};
+  }
+};
+
 } // namespace
+
+torch::Tensor splitWidthRmsNorm(const torch::Tensor &x, const torch::Tensor &weight, double eps, bool zeroCentred,
+                                Collectives &group) {
+  torch::Tensor h = x.to(torch::kFloat32);
+  torch::Tensor squares = SumAcrossRegion::apply(h.pow(2).sum(-1, /*keepdim=*/true), reinterpret_cast<int64_t>(&group));
+  h = h * torch::rsqrt(squares / static_cast<double>(x.size(-1) * group.size()) + eps);
+  if (zeroCentred)
+    return (h * (1.0 + weight.to(torch::kFloat32))).to(x.scalar_type());
+  return weight.defined() ? weight * h.to(x.scalar_type()) : h.to(x.scalar_type());
+}
 
 torch::Tensor copyToTensorRegion(const torch::Tensor &x, Collectives &group) {
   return CopyToRegion::apply(x, reinterpret_cast<int64_t>(&group));

@@ -39,6 +39,14 @@ torch::Tensor copyToTensorRegion(const torch::Tensor &x, Collectives &group);
 /// row-parallel projection).
 torch::Tensor reduceFromTensorRegion(const torch::Tensor &x, Collectives &group);
 
+/// RMSNorm over a width split across GROUP (a full-width QK norm, lightning
+/// attention's output norm): \p x [..., local] is this rank's part and
+/// \p weight its part of the weight; the mean of squares is over the whole
+/// width (one all-reduce forward, one backward), in fp32 like rmsNorm. With
+/// \p zeroCentred the scale is 1 + weight (zeroCentredRmsNorm).
+torch::Tensor splitWidthRmsNorm(const torch::Tensor &x, const torch::Tensor &weight, double eps, bool zeroCentred,
+                                Collectives &group);
+
 /// Seconds spent in tensor-parallel all-reduces since the last call (then reset).
 double takeTensorParallelSeconds();
 
