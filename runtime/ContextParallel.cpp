@@ -90,6 +90,12 @@ torch::Tensor gatherEarlier(const torch::Tensor &x, int64_t dim, const ContextSp
   return torch::cat(earlier, dim);
 }
 
+torch::Tensor gatherAll(const torch::Tensor &x, int64_t dim, const ContextSplit &cp) {
+  if (!cp.split())
+    return x;
+  return torch::cat(gatherParts(x, cp).unbind(0), dim);
+}
+
 torch::Tensor stateFromPrevious(const torch::Tensor &anchor, const std::vector<int64_t> &shape,
                                 const torch::TensorOptions &options, const ContextSplit &cp, int tag) {
   if (!cp.split() || cp.rank == 0)

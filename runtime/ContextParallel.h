@@ -47,6 +47,10 @@ struct ContextSplit {
 /// rank's part gets the sum of every rank's gradient for it.
 torch::Tensor gatherEarlier(const torch::Tensor &x, int64_t dim, const ContextSplit &cp);
 
+/// Every rank's part of \p x along \p dim, joined in order: the whole
+/// sequence. Gradient as gatherEarlier's.
+torch::Tensor gatherAll(const torch::Tensor &x, int64_t dim, const ContextSplit &cp);
+
 /// The recurrent state (or any tensor: a convolution's last inputs) entering
 /// this rank's part: zeros of \p shape on rank 0, on rank c what rank c-1
 /// passed on under \p tag (passStateOn). \p anchor (any tensor

@@ -325,10 +325,9 @@ void checkLayout(const Layout &layout, int worldSize, const ModelDef &def, int64
                        std::to_string(layout.cp));
   for (const LayerDef &layer : def.layers) {
     const AttentionDef &a = layer.attention;
-    std::string why = a.kind == AttentionKind::SparseMla ? "DeepSeek sparse attention (DSA)"
-                      : !a.generatedCore.empty()         ? "a generated attention operator"
-                      : !a.generatedRope.empty()         ? "a generated RoPE operator"
-                                                         : "";
+    std::string why = !a.generatedCore.empty()   ? "a generated attention operator"
+                      : !a.generatedRope.empty() ? "a generated RoPE operator"
+                                                 : "";
     if (!why.empty())
       throw badInput("", "--cp",
                      "expected 1: layer " + std::to_string(layer.index) + "'s " + why +

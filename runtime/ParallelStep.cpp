@@ -2,6 +2,7 @@
 
 #include "runtime/ParallelStep.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace adapt::rt {
@@ -62,6 +63,43 @@ double globalGradNorm(const std::vector<AdapterTensor> &params, Distributed &run
   if (run.layout().pp > 1) // Each stage's squares once.
     run.pipeline().allReduceSum(stage);
   return std::sqrt(stage[0].item<double>());
+}
+
+std::vector<bool> optimizerOwners(const std::vector<AdapterTensor> &trained, Distributed *run) {
+  std::vector<bool> owned(trained.size(), true);
+  if (!run)
+    return owned;
+  for (bool experts : {false, true}) {
+    Collectives &group = experts ? run->expertData() : run->data();
+    std::vector<size_t> order;
+    for (size_t i = 0; i < trained.size(); ++i)
+      if (expertSplit(trained[i]) == experts)
+        order.push_back(i);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](size_t a, size_t b) { return trained[a].value.numel() > trained[b].value.numel(); });
+    std::vector<int64_t> load(static_cast<size_t>(group.size()), 0);
+    for (size_t i : order) {
+      const size_t member = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+      load[member] += trained[i].value.numel();
+      owned[i] = static_cast<int>(member) == group.rank();
+    }
+  }
+  return owned;
+}
+
+void shareFromOwners(const std::vector<AdapterTensor> &trained, const std::vector<bool> &owned,
+                     std::vector<torch::Tensor> &values, Distributed *run) {
+  if (!run)
+    return;
+  torch::NoGradGuard noGrad;
+  std::vector<torch::Tensor> dense, experts;
+  for (size_t i = 0; i < trained.size(); ++i) {
+    if (!owned[i])
+      values[i].zero_();
+    (expertSplit(trained[i]) ? experts : dense).push_back(values[i]);
+  }
+  run->data().allReduceSum(dense);
+  run->expertData().allReduceSum(experts);
 }
 
 void assembleStages(const std::vector<AdapterTensor> &params, std::vector<torch::Tensor> &wholes,

@@ -47,6 +47,21 @@ torch::Tensor gatherShard(const AdapterTensor &adapter, const torch::Tensor &loc
 void assembleStages(const std::vector<AdapterTensor> &params, std::vector<torch::Tensor> &wholes,
                     Distributed *run);
 
+/// ZeRO-1: which of \p trained this rank steps and keeps AdamW state for.
+/// Each tensor's replicas (the data group for dense adapters, the
+/// expert-data group for expert shards) share its work: tensors go, largest
+/// first, to the member with the fewest elements so far, the same choice on
+/// every member. Alone: every tensor.
+std::vector<bool> optimizerOwners(const std::vector<AdapterTensor> &trained, Distributed *run);
+
+/// Replaces each of \p values (one per \p trained tensor, shaped like its
+/// shard) by the owner's (optimizerOwners) on every replica: one all-reduce
+/// per replica group, the others adding zeros. Used after the owners stepped
+/// (the new adapter values) and to assemble the AdamW moments of a
+/// checkpoint. Collective.
+void shareFromOwners(const std::vector<AdapterTensor> &trained, const std::vector<bool> &owned,
+                     std::vector<torch::Tensor> &values, Distributed *run);
+
 /// This rank's shard of \p whole (shaped like the full adapter).
 torch::Tensor shardOf(const AdapterTensor &adapter, const torch::Tensor &whole, const Distributed *run);
 

@@ -33,38 +33,43 @@ std::string sizesText(const torch::Tensor &t) {
 
 SparseSelection lightningTopK(const torch::Tensor &q, const torch::Tensor &k,
                               const torch::Tensor &headWeights, double scale, int64_t topK,
-                              int64_t queryBlock, int64_t tileBudget) {
+                              int64_t queryBlock, int64_t tileBudget, int64_t queryOffset) {
   torch::NoGradGuard noGrad;
   if (q.dim() != 4 || k.dim() != 3 || headWeights.dim() != 3 || k.size(0) != q.size(0) ||
-      k.size(1) != q.size(2) || k.size(2) != q.size(3) || headWeights.size(0) != q.size(0) ||
+      k.size(1) < q.size(2) + queryOffset || k.size(2) != q.size(3) || headWeights.size(0) != q.size(0) ||
       headWeights.size(1) != q.size(2) || headWeights.size(2) != q.size(1))
     throw badInput("", "lightning indexer",
                    "expected q [B, H, T, D], k [B, T, D], weights [B, T, H]; found q " + sizesText(q) +
                        ", k " + sizesText(k) + ", weights " + sizesText(headWeights));
   if (topK < 1)
     throw badInput("", "lightning indexer", "expected top_k >= 1, found " + std::to_string(topK));
-  const int64_t heads = q.size(1), seqLen = q.size(2);
-  const int64_t keep = std::min(topK, seqLen);
+  const int64_t heads = q.size(1), seqLen = q.size(2), keyLen = k.size(1);
+  // Fewer slots than a whole-sequence run only when every visible key fits.
+  const int64_t keep = std::min(topK, keyLen);
   const int64_t block =
-      std::max<int64_t>(1, std::min(std::max<int64_t>(queryBlock, 1), tileBudget / std::max<int64_t>(1, heads * seqLen)));
+      std::max<int64_t>(1, std::min(std::max<int64_t>(queryBlock, 1), tileBudget / std::max<int64_t>(1, heads * keyLen)));
   // As transformers: q [B, S, H, D] @ k^T [B, 1, D, T] in fp32, scaled, relu,
   // then the per-head weights [B, S, 1, H] @ [B, S, H, T].
   torch::Tensor keysT = k.to(torch::kFloat32).transpose(1, 2).unsqueeze(1);
   torch::Tensor weights = headWeights.to(torch::kFloat32);
-  torch::Tensor positions = torch::arange(seqLen, torch::TensorOptions().dtype(torch::kInt64).device(q.device()));
+  torch::Tensor keyPositions = torch::arange(keyLen, torch::TensorOptions().dtype(torch::kInt64).device(q.device()));
+  torch::Tensor positions = keyPositions.narrow(0, queryOffset, seqLen); // The queries'.
   std::vector<torch::Tensor> parts;
   for (int64_t start = 0; start < seqLen; start += block) {
     const int64_t n = std::min(block, seqLen - start);
     torch::Tensor qb = q.narrow(2, start, n).transpose(1, 2).to(torch::kFloat32).contiguous();
     torch::Tensor scores = torch::relu(torch::matmul(qb, keysT) * scale);
     torch::Tensor index = torch::matmul(weights.narrow(1, start, n).unsqueeze(-2), scores).squeeze(-2);
-    torch::Tensor future = positions.view({1, seqLen}) > positions.narrow(0, start, n).view({n, 1});
+    torch::Tensor future = keyPositions.view({1, keyLen}) > positions.narrow(0, start, n).view({n, 1});
     index = index.masked_fill(future, kNegInf);
     parts.push_back(std::get<1>(index.topk(keep, -1)));
   }
   SparseSelection s;
   s.indices = torch::cat(parts, 1);
   s.valid = s.indices <= positions.view({1, seqLen, 1});
+  // Invalid slots point at key 0: they are masked, and the keys the
+  // attention gathers may stop at the last query (context parallelism).
+  s.indices = s.indices.masked_fill(s.valid.logical_not(), 0);
   return s;
 }
 
@@ -82,6 +87,7 @@ struct GatheredBlock {
 /// Shapes shared by forward and backward.
 struct SparseShapes {
   int64_t batch, heads, seqLen, qkDim, kvHeads, vDim, groups, keep;
+  int64_t keyLen; ///< Keys per sequence (more than seqLen for a context-parallel part).
 };
 
 /// \p q [B, T, H, Dq], \p keys [B*T, KV, Dq], \p values [B*T, KV, Dv].
@@ -90,7 +96,7 @@ GatheredBlock gatherBlock(const SparseShapes &s, const torch::Tensor &q, const t
                           double scale, int64_t start, int64_t n) {
   GatheredBlock b;
   torch::Tensor offsets =
-      (torch::arange(s.batch, torch::TensorOptions().dtype(torch::kInt64).device(indices.device())) * s.seqLen)
+      (torch::arange(s.batch, torch::TensorOptions().dtype(torch::kInt64).device(indices.device())) * s.keyLen)
           .view({s.batch, 1, 1});
   b.rows = (indices.narrow(1, start, n) + offsets).reshape({-1});
   b.keys = keys.index_select(0, b.rows).view({s.batch, n, s.keep, s.kvHeads, s.qkDim}).permute({0, 1, 3, 2, 4});
@@ -108,10 +114,10 @@ struct SparseAttentionFunction : torch::autograd::Function<SparseAttentionFuncti
                                const torch::Tensor &k, const torch::Tensor &v, const torch::Tensor &indices,
                                const torch::Tensor &valid, double scale, int64_t block) {
     SparseShapes s{q.size(0), q.size(1), q.size(2), q.size(3), k.size(1), v.size(3),
-                   q.size(1) / k.size(1), indices.size(2)};
+                   q.size(1) / k.size(1), indices.size(2), k.size(2)};
     torch::Tensor qt = q.transpose(1, 2).contiguous();
-    torch::Tensor keys = k.transpose(1, 2).reshape({s.batch * s.seqLen, s.kvHeads, s.qkDim});
-    torch::Tensor values = v.transpose(1, 2).reshape({s.batch * s.seqLen, s.kvHeads, s.vDim});
+    torch::Tensor keys = k.transpose(1, 2).reshape({s.batch * s.keyLen, s.kvHeads, s.qkDim});
+    torch::Tensor values = v.transpose(1, 2).reshape({s.batch * s.keyLen, s.kvHeads, s.vDim});
     torch::Tensor out = torch::empty({s.batch, s.seqLen, s.heads, s.vDim}, q.options());
     torch::Tensor lse = torch::empty({s.batch, s.seqLen, s.heads}, q.options().dtype(torch::kFloat32));
     for (int64_t start = 0; start < s.seqLen; start += block) {
@@ -136,15 +142,15 @@ struct SparseAttentionFunction : torch::autograd::Function<SparseAttentionFuncti
     const double scale = ctx->saved_data["scale"].toDouble();
     const int64_t block = ctx->saved_data["block"].toInt();
     SparseShapes s{q.size(0), q.size(1), q.size(2), q.size(3), k.size(1), v.size(3),
-                   q.size(1) / k.size(1), indices.size(2)};
+                   q.size(1) / k.size(1), indices.size(2), k.size(2)};
     torch::Tensor qt = q.transpose(1, 2).contiguous();
-    torch::Tensor keys = k.transpose(1, 2).reshape({s.batch * s.seqLen, s.kvHeads, s.qkDim});
-    torch::Tensor values = v.transpose(1, 2).reshape({s.batch * s.seqLen, s.kvHeads, s.vDim});
+    torch::Tensor keys = k.transpose(1, 2).reshape({s.batch * s.keyLen, s.kvHeads, s.qkDim});
+    torch::Tensor values = v.transpose(1, 2).reshape({s.batch * s.keyLen, s.kvHeads, s.vDim});
     torch::Tensor gradOut = grads[0].to(torch::kFloat32); // [B, T, H, Dv]
     auto f32 = q.options().dtype(torch::kFloat32);
     torch::Tensor dq = torch::empty({s.batch, s.seqLen, s.heads, s.qkDim}, f32);
-    torch::Tensor dk = torch::zeros({s.batch * s.seqLen, s.kvHeads, s.qkDim}, f32);
-    torch::Tensor dv = torch::zeros({s.batch * s.seqLen, s.kvHeads, s.vDim}, f32);
+    torch::Tensor dk = torch::zeros({s.batch * s.keyLen, s.kvHeads, s.qkDim}, f32);
+    torch::Tensor dv = torch::zeros({s.batch * s.keyLen, s.kvHeads, s.vDim}, f32);
     for (int64_t start = 0; start < s.seqLen; start += block) {
       const int64_t n = std::min(block, s.seqLen - start);
       GatheredBlock b = gatherBlock(s, qt, keys, values, indices, valid, scale, start, n);
@@ -164,7 +170,7 @@ struct SparseAttentionFunction : torch::autograd::Function<SparseAttentionFuncti
       dv.index_add_(0, b.rows, dValues.permute({0, 1, 3, 2, 4}).reshape({-1, s.kvHeads, s.vDim}));
     }
     auto back = [&](const torch::Tensor &g, const torch::Tensor &like) {
-      return g.view({s.batch, s.seqLen, like.size(1), like.size(3)}).transpose(1, 2).to(like.scalar_type());
+      return g.view({s.batch, s.keyLen, like.size(1), like.size(3)}).transpose(1, 2).to(like.scalar_type());
     };
     return {dq.transpose(1, 2).to(q.scalar_type()), back(dk, k), back(dv, v), torch::Tensor(), torch::Tensor(),
             torch::Tensor(), torch::Tensor()};
@@ -177,12 +183,12 @@ torch::Tensor sparseAttention(const torch::Tensor &q, const torch::Tensor &k, co
                               const SparseSelection &selection, double scale, int64_t queryBlock) {
   const torch::Tensor &idx = selection.indices;
   bool ok = q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.size(0) == q.size(0) && v.size(0) == q.size(0) &&
-            k.size(1) > 0 && q.size(1) % k.size(1) == 0 && v.size(1) == k.size(1) && k.size(2) == q.size(2) &&
-            v.size(2) == q.size(2) && k.size(3) == q.size(3) && idx.dim() == 3 && idx.size(0) == q.size(0) &&
+            k.size(1) > 0 && q.size(1) % k.size(1) == 0 && v.size(1) == k.size(1) && k.size(2) >= q.size(2) &&
+            v.size(2) == k.size(2) && k.size(3) == q.size(3) && idx.dim() == 3 && idx.size(0) == q.size(0) &&
             idx.size(1) == q.size(2) && selection.valid.sizes() == idx.sizes();
   if (!ok)
     throw badInput("", "sparse attention",
-                   "expected q [B, H, T, Dq], k [B, KV, T, Dq], v [B, KV, T, Dv], indices [B, T, k]; found q " +
+                   "expected q [B, H, T, Dq], k [B, KV, S, Dq], v [B, KV, S, Dv] (S >= T), indices [B, T, k]; found q " +
                        sizesText(q) + ", k " + sizesText(k) + ", v " + sizesText(v) + ", indices " + sizesText(idx));
   return SparseAttentionFunction::apply(q, k, v, idx.to(torch::kInt64), selection.valid.to(torch::kBool), scale,
                                         std::max<int64_t>(1, queryBlock))
@@ -226,8 +232,12 @@ SparseSelection indexerSelection(const AttentionLayer &a, const torch::Tensor &x
                     std::pow(static_cast<double>(ix.heads), -0.5);
   // One fp32 score tile of at most 2^28 elements (1 GiB) on a GPU, 2^26 elsewhere.
   const int64_t tileBudget = int64_t(1) << (q.is_cuda() ? 28 : 26);
+  // Context parallelism: the keys of the whole sequence (the later ones
+  // masked), so each query's scores form the same row as in one process and
+  // top-k breaks ties among equal scores (relu leaves many zeros) alike.
+  k = gatherAll(k, 1, a.context);
   return lightningTopK(q, k, w, std::pow(static_cast<double>(ix.headDim), -0.5), ix.topK, ix.queryBlock,
-                       tileBudget);
+                       tileBudget, a.context.offset(seqLen));
 }
 
 } // namespace
@@ -252,6 +262,9 @@ torch::Tensor sparseMlaForward(const AttentionLayer &a, const torch::Tensor &x, 
     latent = copyToTensorRegion(latent, *a.tensorGroup);
     kRot = copyToTensorRegion(kRot, *a.tensorGroup);
   }
+  // Context parallelism: every earlier part's latents and rotary keys too.
+  latent = gatherEarlier(latent, 2, a.context);
+  kRot = gatherEarlier(kRot, 2, a.context);
   SparseSelection selection = indexerSelection(a, x, qResid, rope, training);
 
   // kv_b_proj absorbed: keys are the shared latents, queries W_UK^T q_nope,

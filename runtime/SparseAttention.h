@@ -37,10 +37,13 @@ struct SparseSelection {
 /// [B, H, T, D] and \p k [B, T, D] carry RoPE already; \p headWeights
 /// [B, T, H] include the 1/sqrt(H) factor. Scores are fp32. No gradient.
 /// Queries go in blocks of at most \p queryBlock, fewer when one [block, H, T]
-/// tile would pass \p tileBudget elements.
+/// tile would pass \p tileBudget elements. Context parallelism: the queries
+/// sit at positions \p queryOffset + t and \p k holds the keys of at least
+/// every position up to the last query's, [B, S >= queryOffset + T, D].
 SparseSelection lightningTopK(const torch::Tensor &q, const torch::Tensor &k,
                               const torch::Tensor &headWeights, double scale, int64_t topK,
-                              int64_t queryBlock = 64, int64_t tileBudget = int64_t(1) << 26);
+                              int64_t queryBlock = 64, int64_t tileBudget = int64_t(1) << 26,
+                              int64_t queryOffset = 0);
 
 /// Softmax attention of each query over its selected keys only. \p q
 /// [B, H, T, Dq], \p k [B, KV, T, Dq], \p v [B, KV, T, Dv] (H a multiple of

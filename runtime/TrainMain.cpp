@@ -95,9 +95,9 @@ Training (defaults in brackets):
                          size (torchrun: RANK/WORLD_SIZE/LOCAL_RANK/MASTER_ADDR/
                          MASTER_PORT; Slurm: SLURM_PROCID/SLURM_NTASKS/...).
                          --ep splits routed experts, --tp attention heads and
-                         MLP widths (softmax attention only), --pp the layers
+                         MLP widths, --pp the layers
                          (stages balanced by FLOPs, 1F1B over --micro-batches),
-                         --cp every sequence (not DSA), --dp and --ep the
+                         --cp every sequence, --dp and --ep the
                          batch [1]
   --dist-timeout S       a collective waiting longer (a rank died) fails every
                          rank with exit 7 [300]

@@ -28,6 +28,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <set>
 #include <sstream>
 #include <map>
 #include <unordered_set>
@@ -168,12 +169,14 @@ void recoverCheckpointFolder(const std::string &outDir) {
 
 Trainer::Trainer(Model &model, const TrainOptions &options)
     : model(model), opts(options), params(model.adapters()) {
-  std::vector<torch::Tensor> tensors;
   for (const AdapterTensor &a : params)
-    if (a.local) {
+    if (a.local)
       trained.push_back(a);
-      tensors.push_back(a.value);
-    }
+  owned = optimizerOwners(trained, opts.distributed.get());
+  std::vector<torch::Tensor> tensors;
+  for (size_t i = 0; i < trained.size(); ++i)
+    if (owned[i])
+      tensors.push_back(trained[i].value);
   if (!tensors.empty())
     optimizer = std::make_unique<torch::optim::AdamW>(
         tensors, torch::optim::AdamWOptions(opts.lr)
@@ -318,6 +321,10 @@ int64_t Trainer::restore() {
   std::string optimPath = joinPath(ck, "optimizer.safetensors");
   SafetensorsFile optim(optimPath);
   torch::NoGradGuard noGrad;
+  std::set<const void *> ownedImpls;
+  for (size_t i = 0; i < trained.size(); ++i)
+    if (owned[i])
+      ownedImpls.insert(trained[i].value.unsafeGetTensorImpl());
   for (const AdapterTensor &p : params) {
     torch::Tensor saved = adapters.view(p.peftKey);
     const Distributed *run = opts.distributed.get();
@@ -328,7 +335,8 @@ int64_t Trainer::restore() {
                          " (this model's adapter) but found " +
                          c10::toString(saved.scalar_type()) + " " + c10::str(saved.sizes()));
     p.value.copy_(shardOf(p, saved, run));
-    if (!p.local || !optim.find(p.peftKey + ".step"))
+    // The owner's state only (ZeRO-1; another stage's tensors have none here).
+    if (!optimizer || !ownedImpls.count(p.value.unsafeGetTensorImpl()) || !optim.find(p.peftKey + ".step"))
       continue;
     auto moment = [&](const char *suffix) {
       torch::Tensor t = optim.view(p.peftKey + suffix);
@@ -364,29 +372,38 @@ void Trainer::saveCheckpoint() {
   // layout can resume; rank 0 alone touches the folder.
   std::vector<std::pair<std::string, torch::Tensor>> adapterTensors, optimTensors;
   Distributed *run = opts.distributed.get();
-  const bool pipelined = run && run->layout().pp > 1;
-  // Pipeline stages: every tensor from the stage that trains it (a stage
-  // without state for one adds zeros; step 0 with zero moments is a fresh
-  // AdamW state).
+  // A parallel run holds each tensor's AdamW state on one replica (ZeRO-1)
+  // of one pipeline stage: the others add zeros (step 0 with zero moments is
+  // a fresh AdamW state) and every tensor comes from its owner.
   std::vector<AdapterTensor> moments;
   std::vector<torch::Tensor> values, averages, squares, steps;
+  std::vector<bool> owners;
   for (const AdapterTensor &p : params) {
     values.push_back(gatherShard(p, p.value.detach(), run).to(torch::kCPU, torch::kFloat).clone());
-    auto it = optimizer->state().find(p.value.unsafeGetTensorImpl());
-    if (it == optimizer->state().end() && !pipelined)
+    auto it = optimizer ? optimizer->state().find(p.value.unsafeGetTensorImpl()) : decltype(optimizer->state().end()){};
+    const bool has = optimizer && it != optimizer->state().end();
+    if (!has && !run)
       continue;
     torch::Tensor average, square;
     int64_t step = 0;
-    if (it != optimizer->state().end()) {
+    if (has) {
       auto &st = static_cast<torch::optim::AdamWParamState &>(*it->second);
-      average = st.exp_avg(), square = st.exp_avg_sq(), step = st.step();
+      average = st.exp_avg().clone(), square = st.exp_avg_sq().clone(), step = st.step();
     } else {
-      average = square = torch::zeros_like(p.value);
+      average = torch::zeros_like(p.value.detach()), square = torch::zeros_like(p.value.detach());
     }
     moments.push_back(p);
-    averages.push_back(gatherShard(p, average, run).to(torch::kCPU).clone());
-    squares.push_back(gatherShard(p, square, run).to(torch::kCPU).clone());
-    steps.push_back(torch::tensor(step, torch::kLong));
+    owners.push_back(has);
+    averages.push_back(average);
+    squares.push_back(square);
+    steps.push_back(torch::tensor({step}, torch::kLong));
+  }
+  shareFromOwners(moments, owners, averages, run);
+  shareFromOwners(moments, owners, squares, run);
+  shareFromOwners(moments, owners, steps, run);
+  for (size_t i = 0; i < moments.size(); ++i) {
+    averages[i] = gatherShard(moments[i], averages[i], run).to(torch::kCPU).clone();
+    squares[i] = gatherShard(moments[i], squares[i], run).to(torch::kCPU).clone();
   }
   assembleStages(params, values, run);
   assembleStages(moments, averages, run);
@@ -397,7 +414,7 @@ void Trainer::saveCheckpoint() {
   for (size_t i = 0; i < moments.size(); ++i) {
     optimTensors.emplace_back(moments[i].peftKey + ".exp_avg", averages[i]);
     optimTensors.emplace_back(moments[i].peftKey + ".exp_avg_sq", squares[i]);
-    optimTensors.emplace_back(moments[i].peftKey + ".step", steps[i]);
+    optimTensors.emplace_back(moments[i].peftKey + ".step", steps[i].reshape({}));
   }
   if (!writes()) {
     checkpointStep = completed;
@@ -532,7 +549,7 @@ int Trainer::interrupted(int signal) {
 }
 
 int Trainer::run(const PackedDataset &data) {
-  if (!optimizer)
+  if (params.empty())
     throw badInput(opts.modelDir, "lora targets",
                    "expected at least one adapter tensor to train, but the "
                    "LoRA targets matched no module");
@@ -565,12 +582,14 @@ int Trainer::run(const PackedDataset &data) {
     const int64_t index = completed;
     const auto stepStart = Clock::now();
     const double lr = learningRate(opts, index);
-    for (auto &group : optimizer->param_groups())
-      static_cast<torch::optim::AdamWOptions &>(group.options()).lr(lr);
+    if (optimizer) // A rank may own no tensor (ZeRO-1) or train none (a pipeline stage).
+      for (auto &group : optimizer->param_groups())
+        static_cast<torch::optim::AdamWOptions &>(group.options()).lr(lr);
     torch::manual_seed(stepSeed(opts.seed, index));
 
     Batch b = data.batch(index, opts.batch);
-    optimizer->zero_grad();
+    for (const AdapterTensor &p : trained) // Owned or not: every replica reduces them.
+      p.value.mutable_grad() = torch::Tensor();
     model.sumExpertLoad();
     if (forcedRouting)
       forceRoutingOf(index);
@@ -611,7 +630,14 @@ int Trainer::run(const PackedDataset &data) {
     }
     if (!std::isfinite(gradNorm))
       throw notFinite("gradient norm", gradNorm);
-    optimizer->step();
+    if (optimizer)
+      optimizer->step();
+    if (opts.distributed) { // ZeRO-1: every replica takes the owners' new values.
+      std::vector<torch::Tensor> values;
+      for (const AdapterTensor &p : trained)
+        values.push_back(p.value);
+      shareFromOwners(trained, owned, values, opts.distributed.get());
+    }
     if (cuda)
       torch::cuda::synchronize();
     completed = index + 1;

@@ -137,6 +137,9 @@ private:
   std::unique_ptr<torch::optim::AdamW> optimizer;
   std::vector<AdapterTensor> params;  ///< Every adapter tensor (checkpoints hold them all).
   std::vector<AdapterTensor> trained; ///< Those this rank trains (its pipeline stage's).
+  /// Per trained tensor: whether this rank steps it and holds its AdamW
+  /// state (ZeRO-1: the replicas of a tensor share that work).
+  std::vector<bool> owned;
   double pipelineWaitSeconds = 0.0;   ///< The last step's time blocked on other stages.
   int64_t completed = 0;
   int64_t checkpointStep = -1; ///< Step of OUT/checkpoint; -1: none.
