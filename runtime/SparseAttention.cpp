@@ -67,9 +67,6 @@ SparseSelection lightningTopK(const torch::Tensor &q, const torch::Tensor &k,
   SparseSelection s;
   s.indices = torch::cat(parts, 1);
   s.valid = s.indices <= positions.view({1, seqLen, 1});
-  // Invalid slots point at key 0: they are masked, and the keys the
-  // attention gathers may stop at the last query (context parallelism).
-  s.indices = s.indices.masked_fill(s.valid.logical_not(), 0);
   return s;
 }
 
@@ -98,7 +95,9 @@ GatheredBlock gatherBlock(const SparseShapes &s, const torch::Tensor &q, const t
   torch::Tensor offsets =
       (torch::arange(s.batch, torch::TensorOptions().dtype(torch::kInt64).device(indices.device())) * s.keyLen)
           .view({s.batch, 1, 1});
-  b.rows = (indices.narrow(1, start, n) + offsets).reshape({-1});
+  // An invalid slot may name a later key than the gathered ones (context
+  // parallelism stops the keys at the last query): it is masked, any row does.
+  b.rows = (indices.narrow(1, start, n).clamp_max(s.keyLen - 1) + offsets).reshape({-1});
   b.keys = keys.index_select(0, b.rows).view({s.batch, n, s.keep, s.kvHeads, s.qkDim}).permute({0, 1, 3, 2, 4});
   b.values = values.index_select(0, b.rows).view({s.batch, n, s.keep, s.kvHeads, s.vDim}).permute({0, 1, 3, 2, 4});
   b.query = q.narrow(1, start, n).reshape({s.batch, n, s.kvHeads, s.groups, s.qkDim});
