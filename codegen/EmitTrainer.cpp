@@ -620,6 +620,11 @@ private:
     if (!checkActivation(m.getActivation()))
       return false;
     std::string scoring = m.getScoring().str(), routing = m.getRouting().str();
+    if (scoring != "softmax" && scoring != "sigmoid") {
+      error = "layer " + std::to_string(layer.index) + ": router scoring '" + scoring +
+              "' has no ModelDef form (softmax or sigmoid)";
+      return false;
+    }
     std::string router;
     if (routing == "score_topk")
       router = scoring == "softmax" ? "SoftmaxTopK" : "SigmoidTopK";
@@ -942,6 +947,14 @@ bool emitTrainer(ModuleOp module, const TrainerOptions &options,
     error = "the model has no decoder layers";
     return false;
   }
+  // A component decided by a config value never seen has no faithful form:
+  // generating its nearest known kind would train a different model.
+  for (Operation &op : model.getBody().front())
+    if (auto unseen = op.getAttrOfType<ArrayAttr>("unseen")) {
+      error = "config.json sets " + llvm::cast<StringAttr>(unseen[0]).str() +
+              ", a value adapt has never seen (see the gap report); no trainer is generated for it";
+      return false;
+    }
 
   // One body per layer; identical bodies share a helper.
   std::vector<Helper> helpers;

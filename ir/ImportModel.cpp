@@ -143,6 +143,18 @@ private:
         m.kind == MixerKind::Lightning ? m.blockSize : 0);
   }
 
+  /// \p v's op carries the unseen enumerated values that decide it as its
+  /// "unseen" attribute, for the gap analysis. Returns \p v.
+  Value marked(Value v, const std::vector<std::string> &unseen) {
+    if (!unseen.empty()) {
+      llvm::SmallVector<Attribute> values;
+      for (const std::string &u : unseen)
+        values.push_back(builder.getStringAttr(u));
+      v.getDefiningOp()->setAttr("unseen", builder.getArrayAttr(values));
+    }
+    return v;
+  }
+
   /// DeepSeek sparse attention: MLA's shape and RoPE plus the indexer's.
   Value sparseAttention(Value x, const ComponentDecl &c, const MixerSpec &m) {
     const RopeSpec &r = m.rope;
@@ -210,10 +222,10 @@ private:
                  c.kind == "gated_delta_net" || c.kind == "kimi_delta" ||
                  c.kind == "lightning") {
         Value h = norm(x, *pendingNorm, "input_layernorm");
-        x = residual(x, h, mixer(h, c), c.layer, /*attention=*/true);
+        x = residual(x, h, marked(mixer(h, c), layerSpec(c.layer)->mixer.unseen), c.layer, /*attention=*/true);
       } else if (c.kind == "moe" || c.kind == "mlp") {
         Value h = norm(x, *pendingNorm, "post_attention_layernorm");
-        x = residual(x, h, ffn(h, c), c.layer, /*attention=*/false);
+        x = residual(x, h, marked(ffn(h, c), layerSpec(c.layer)->ffn.unseen), c.layer, /*attention=*/false);
       } else if (c.kind == "lm_head") {
         logits = builder.create<LMHeadOp>(loc, activation(spec.vocab),
                                           ValueRange{x}, c.layer, allRefs(c),

@@ -156,6 +156,12 @@ RopeSpec readRope(ConfigObject &cfg, int64_t headDim) {
   return rope;
 }
 
+/// The layer_types values this reader understands.
+bool isKnownLayerType(const std::string &type) {
+  return type == "full_attention" || type == "sliding_attention" || type == "linear_attention" ||
+         type == "chunked_attention";
+}
+
 /// The token mixer of each layer, from whichever layer-pattern key exists.
 std::vector<std::string> readLayerPattern(ConfigObject &cfg,
                                           int64_t numLayers) {
@@ -165,18 +171,13 @@ std::vector<std::string> readLayerPattern(ConfigObject &cfg,
       cfg.fail("layer_types", "expected " + std::to_string(numLayers) +
                                   " entries (num_hidden_layers), found " +
                                   std::to_string(types->size()));
-    static const std::set<std::string> known = {
-        "full_attention", "sliding_attention", "linear_attention",
-        "chunked_attention"};
-    for (size_t i = 0; i < types->size(); ++i)
-      if (!known.count((*types)[i]))
-        cfg.fail("layer_types[" + std::to_string(i) + "]",
-                 "expected one of full_attention, sliding_attention, "
-                 "linear_attention, chunked_attention; found \"" +
-                     (*types)[i] + "\"");
+    // An unseen entry is read as full attention (its parameters counted
+    // from the head sizes) and reported as a missing component by the
+    // caller (unseenLayerType).
+
     if (auto interval = cfg.getInt({"full_attention_interval"}))
       for (int64_t i = 0; i < numLayers; ++i)
-        if (*interval > 0 && ((i + 1) % *interval == 0) !=
+        if (*interval > 0 && isKnownLayerType((*types)[i]) && ((i + 1) % *interval == 0) !=
                                  ((*types)[i] == "full_attention"))
           cfg.fail("layer_types[" + std::to_string(i) + "]",
                    "expected the pattern of full_attention_interval = " +
@@ -347,9 +348,9 @@ FfnSpec readMoe(ConfigObject &cfg, int64_t numExperts) {
   f.activation = act;
   if (auto scoring = cfg.getString({"scoring_func", "moe_router_activation_func"}))
     f.scoring = *scoring;
-  if (f.scoring != "softmax" && f.scoring != "sigmoid")
-    cfg.fail("scoring_func", "expected \"softmax\" or \"sigmoid\", found \"" +
-                                 f.scoring + "\"");
+  // Any other scoring is kept: no registry variant matches it, so the
+  // report calls the MoE missing and names the value.
+
   f.numGroups = cfg.getInt({"n_group", "num_expert_group"}).value_or(1);
   f.topKGroups = cfg.getInt({"topk_group"}).value_or(f.numGroups);
   if (f.numGroups < 1 || numExperts % f.numGroups != 0)
@@ -367,6 +368,9 @@ FfnSpec readMoe(ConfigObject &cfg, int64_t numExperts) {
     f.scoring = "sigmoid";
   std::string topkMethod =
       cfg.getString({"topk_method"}).value_or(deepseekRouter ? "noaux_tc" : "");
+  static const std::set<std::string> knownTopkMethods = {"", "greedy", "group_limited_greedy", "noaux_tc"};
+  if (!knownTopkMethods.count(topkMethod))
+    f.unseen.push_back("topk_method = \"" + topkMethod + "\"");
   f.biasCorrection = topkMethod == "noaux_tc" ||
                      cfg.getBool({"use_routing_bias"}).value_or(false) ||
                      cfg.getBool({"use_moe_router_bias"}).value_or(false) ||
@@ -613,6 +617,8 @@ void readDecoder(ConfigObject &cfg, ModelSpec &spec) {
     layer.index = i;
     const std::string &type = pattern[i];
     layer.mixer = type == "linear_attention" ? linear : attention;
+    if (!isKnownLayerType(type))
+      layer.mixer.unseen.push_back("layer_types[" + std::to_string(i) + "] = \"" + type + "\"");
     if (type == "sliding_attention" && useSliding) {
       layer.mixer.window = "sliding";
       layer.mixer.windowSize = slidingWindow;

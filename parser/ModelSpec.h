@@ -45,6 +45,11 @@ struct RopeSpec {
 /// Everything needed to know the shape and semantics of one token mixer.
 struct MixerSpec {
   MixerKind kind = MixerKind::Attention;
+  /// Enumerated config values adapt has never seen that decide this
+  /// component (`layer_types[3] = "mamba2"`): the gap report calls it
+  /// missing, naming them; the rest is read as the nearest known case so
+  /// that parameters are still counted.
+  std::vector<std::string> unseen;
   int64_t numHeads = 0;
   int64_t numKvHeads = 0;
   int64_t headDim = 0;        ///< q/k head dim (MLA: nope + rope).
@@ -90,6 +95,7 @@ struct MixerSpec {
 /// Feed-forward part of a layer: dense MLP or mixture of experts.
 struct FfnSpec {
   bool isMoe = false;
+  std::vector<std::string> unseen; ///< As MixerSpec::unseen.
   int64_t intermediate = 0;        ///< Dense MLP width.
   int64_t numExperts = 0;          ///< Routed experts.
   int64_t topK = 0;

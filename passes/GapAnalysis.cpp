@@ -40,6 +40,7 @@ Features featuresOf(Operation *op) {
     f["kind"] = l.getKind().str();
   } else if (auto m = dyn_cast<MoEOp>(op)) {
     f["scoring"] = m.getScoring().str();
+    f["activation"] = m.getActivation().str();
     f["grouped"] = yesNo(m.getNumGroups() > 1 && m.getTopkGroups() < m.getNumGroups());
     f["bias_correction"] = yesNo(m.getBiasCorrection());
     f["shared"] = yesNo(m.getNumShared() > 0);
@@ -65,6 +66,8 @@ std::string variantId(Operation *op, const Features &f) {
   std::string id = op->getName().stripDialect().str();
   for (const auto &[key, value] : f) {
     if (value == "no" || value == "none" || value == "plain" || value == "default")
+      continue;
+    if (key == "activation" && value == "silu" && isa<MoEOp>(op)) // SwiGLU experts: the plain case.
       continue;
     id += "." + (value == "yes" ? key : value);
   }
@@ -123,6 +126,14 @@ struct GapAnalysisPass : impl::GapAnalysisPassBase<GapAnalysisPass> {
         return;
       Features features = featuresOf(op);
       std::string id = variantId(op, features);
+      // Enumerated config values never seen (the importer's "unseen"): the
+      // component is missing whatever the registry holds for the rest.
+      std::vector<std::string> unseen;
+      if (auto values = op->getAttrOfType<ArrayAttr>("unseen"))
+        for (Attribute v : values)
+          unseen.push_back(llvm::cast<StringAttr>(v).str());
+      for (const std::string &u : unseen)
+        id += ".unseen(" + u.substr(0, u.find(" =")) + ")";
       ComponentGap gap;
       gap.id = id;
       gap.op = op->getName().getStringRef().str();
@@ -175,6 +186,19 @@ struct GapAnalysisPass : impl::GapAnalysisPassBase<GapAnalysisPass> {
           gap.blocks = {};
           gap.reasons.assign(1, "excluded from training: " + entry->note);
         }
+      }
+      if (!unseen.empty()) {
+        gap.status = GapStatus::Missing;
+        gap.registryEntry.clear();
+        gap.blocks = {true, true, hasLinear, layouts};
+        std::string values;
+        for (const std::string &u : unseen)
+          values += (values.empty() ? "" : ", ") + u;
+        gap.reasons.assign(1, "config.json sets " + values +
+                                  ", a value adapt has never seen: its parameters are counted as the nearest "
+                                  "known case, but no library operator implements it; write one with "
+                                  "`adapt generate` (then `adapt review`), or extend the reader if it is a "
+                                  "new name for a known kind");
       }
       op->setAttr("status", b.getStringAttr(gapStatusName(gap.status)));
       op->setAttr("variant", b.getStringAttr(id));

@@ -88,6 +88,51 @@ class EveryModel(unittest.TestCase):
                 for c in report["components"]:
                     self.assertIn(c["status"], ("supported", "partial", "missing", "excluded"))
 
+    def test_unseen_enumerated_values_are_gaps_not_refusals(self):
+        """Issue 16: a well-formed config whose enumerated value adapt has
+        never seen gets a report (exit 3) naming that value, for every
+        enumerated key (docs/gaps-schema.md), never exit 2 and never "no
+        gaps". Each mutant renames one value of a real shared config."""
+        mutants = [  # (model, JSON path, unseen value)
+            ("gpt-oss-20b", ["layer_types", 0], "mamba2_attention"),
+            ("Qwen3.5-25B-REAP-A3B", ["layer_types", 3], "hyena"),
+            ("Qwen3-30B-A3B", ["hidden_act"], "swiglu_oai_new"),
+            ("DeepSeek-V3-Base", ["scoring_func"], "sparsemax"),
+            ("DeepSeek-V3-Base", ["topk_method"], "noaux_tc_v2"),
+            ("DeepSeek-V3-Base", ["rope_scaling", "type"], "longrope2"),
+            ("Mixtral-8x7B-v0.1", ["hidden_act"], "geglu_new"),
+        ]
+        with tempfile.TemporaryDirectory() as work:
+            for i, (model, path, value) in enumerate(mutants):
+                with self.subTest(model=model, key=path, value=value):
+                    folder = os.path.join(work, f"mutant{i}")
+                    os.makedirs(folder)
+                    for name in os.listdir(os.path.join(MODELS, model)):
+                        if name.endswith(".json"):
+                            with open(os.path.join(MODELS, model, name), "rb") as src, \
+                                    open(os.path.join(folder, name), "wb") as dst:
+                                dst.write(src.read())
+                    with open(os.path.join(folder, "config.json")) as f:
+                        config = json.load(f)
+                    target = config
+                    for key in path[:-1]:
+                        target = target[key]
+                    self.assertNotEqual(target[path[-1]], value)
+                    target[path[-1]] = value
+                    with open(os.path.join(folder, "config.json"), "w") as f:
+                        json.dump(config, f)
+                    out = os.path.join(work, f"mutant{i}-out")
+                    proc = subprocess.run([ADAPT, "gaps", folder, "--out", out],
+                                          capture_output=True, text=True, timeout=120)
+                    self.assertEqual(proc.returncode, 3, proc.stderr)
+                    with open(os.path.join(out, "gaps.json")) as f:
+                        report = json.load(f)
+                    missing = [c for c in report["components"] if c["status"] == "missing"]
+                    named = [c for c in missing
+                             if value in json.dumps(c["reasons"]) or value in json.dumps(c["features"])]
+                    self.assertTrue(named, [c["id"] for c in missing])
+                    self.assertGreater(report["parameters"]["decoder"], 0)  # still counted
+
     def test_weight_formats_the_loader_cannot_read_are_missing(self):
         """Issue 16: a checkpoint whose weights no runtime loader reads is a
         gap (exit 3), never "no gaps"; formats the loader reads are supported,
