@@ -64,6 +64,22 @@ constexpr double kTensorParallelGradientBound = 3e-6;
 /// layers, as rounding does; a lost state gradient or halo would drop whole
 /// tokens' contributions instead. Bound: 2x the worst measured.
 constexpr double kContextParallelGradientBound = 1e-5;
+/// TP on a model with delta-rule layers (Gated DeltaNet, Kimi delta
+/// attention): the row-parallel partial sums of every layer perturb the
+/// forward at the last bit and the delta rule's backward amplifies it.
+/// Measured: qwen3_next TP2 1.1e-5 (layer 3's adapters 8.5e-7, growing
+/// smoothly to layer 0's 1.1e-5, lora_A and lora_B alike), TP2xEP2 1.3e-5;
+/// kimi_linear 4.3e-6; losses within 1.1e-7. A missed reduction leaves a
+/// factor's gradient off by ~50% instead. Bound: 2x the worst measured.
+constexpr double kDeltaRuleTensorParallelGradientBound = 3e-5;
+
+/// Whether the generated trainer's model has delta-rule token mixers.
+bool hasDeltaRuleLayers(const std::string &trainerDir) {
+  std::ifstream in(trainerDir + "/model.cpp");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return text.find("AttentionKind::GatedDeltaNet") != std::string::npos ||
+         text.find("AttentionKind::KimiDelta") != std::string::npos;
+}
 constexpr int kBatch = 4, kSeqLen = 32;
 /// Context-parallel layouts run parts of this many tokens (seq-len 64 * cp):
 /// a whole number of linear-attention chunks (64 in every tiny family), so a
@@ -278,6 +294,7 @@ int runParallelStage(const ParallelStageOptions &o, char *argv0) {
   if (int rc = runBuildCommand(int(buildArgv.size()), buildArgv.data()); rc != kExitOk)
     return rc;
   const std::string train = trainerDir + "/train", data = work + "/data.jsonl";
+  const bool deltaRule = hasDeltaRuleLayers(trainerDir);
   writeDataset(data, vocab);
   const std::string start = work + "/start";
   auto runArgs = [&](const std::string &dir, bool fromStart, int microBatches = 1, int seqLen = kSeqLen) {
@@ -417,7 +434,8 @@ int runParallelStage(const ParallelStageOptions &o, char *argv0) {
     // that measured sensitivity; the parallel paths add no error of their own.
     const bool tensorParallel = spec.sizes.count("--tp") && spec.sizes.at("--tp") > 1;
     const double gradientBound =
-        std::max({parts > 1       ? kContextParallelGradientBound
+        std::max({tensorParallel && deltaRule ? kDeltaRuleTensorParallelGradientBound
+                  : parts > 1       ? kContextParallelGradientBound
                   : tensorParallel ? kTensorParallelGradientBound
                                    : kGradientBound,
                   3.0 * accumulation});
@@ -474,7 +492,8 @@ int runParallelStage(const ParallelStageOptions &o, char *argv0) {
   md << "\nEvery run starts from the same trained adapter with learning rate 0, so each step's gradients "
         "are taken at the same point; a layout with K data ranks is compared with one process running "
         "K micro-batches. Bounds: loss " << kLossBound << "; gradients " << kGradientBound
-     << " (" << kTensorParallelGradientBound << " with TP, " << kContextParallelGradientBound << " with CP) or 3x the reference's distance from one batch, "
+     << " (" << kTensorParallelGradientBound << " with TP, " << kDeltaRuleTensorParallelGradientBound
+     << " with TP on delta-rule models, " << kContextParallelGradientBound << " with CP) or 3x the reference's distance from one batch, "
         "whichever is larger; the exported adapter "
         "bitwise (docs/parallel.md).\n";
   std::cout << "parallel stage: " << (allPassed && ran > 0 ? "passed" : "FAILED") << " (" << o.out

@@ -27,6 +27,8 @@ from testutil import FAMILIES, read_json, run
 
 ADAPT = None
 FAST_FAMILIES = ["qwen3_moe", "deepseek_v3", "gpt_oss", "qwen3_next"]
+# Families with delta-rule layers, whose TP gradients get a wider, measured bound.
+DELTA_RULE_FAMILIES = {"qwen3_next", "kimi_linear"}
 TRAIN = ["--seq-len", "32", "--lr", "1e-2", "--log-every", "0", "--device", "cpu"]
 
 
@@ -87,8 +89,10 @@ class ParallelStage(unittest.TestCase):
                         # Every layout applies to every tiny family (none refused).
                         self.assertEqual(r["status"], "passed", r)
                         self.assertLessEqual(r["loss_error"], 1e-6)
-                        bound = max(1e-5 if "CP" in layout else 3e-6 if "TP" in layout else 1e-6,
+                        bound = max(3e-5 if "TP" in layout and family in DELTA_RULE_FAMILIES
+                                    else 1e-5 if "CP" in layout else 3e-6 if "TP" in layout else 1e-6,
                                     3 * r["micro_batches_vs_one_batch"])
+                        self.assertAlmostEqual(r["gradient_bound"], bound, delta=bound * 1e-9)
                         self.assertLessEqual(r["gradient_error"], bound)
                         self.assertTrue(r["adapter_exact"])
                         if layout in ("DP2", "PP2"):  # same sums, same grouping: bitwise
