@@ -101,6 +101,7 @@ class EveryModel(unittest.TestCase):
             ("DeepSeek-V3-Base", ["topk_method"], "noaux_tc_v2"),
             ("DeepSeek-V3-Base", ["rope_scaling", "type"], "longrope2"),
             ("Mixtral-8x7B-v0.1", ["hidden_act"], "geglu_new"),
+            ("gpt-oss-20b", ["quantization_config", "quant_method"], "mxfp6"),  # real manifest
         ]
         with tempfile.TemporaryDirectory() as work:
             for i, (model, path, value) in enumerate(mutants):
