@@ -100,6 +100,23 @@ bool loraCovered(const RegistryEntry &entry, ArrayAttr weights, SymbolTable &sym
   return true;
 }
 
+/// What closes \p gap, in the report's words ("" when nothing is needed).
+std::string nextStep(const ComponentGap &gap, bool unseen) {
+  const std::string generate = "run adapt generate PATH --out DIR --only " + gap.id +
+                               ": it proposes an operator for this variant, checks it against a float64 "
+                               "reference and queues it for adapt review; an approved one makes it supported";
+  if (gap.status == GapStatus::Supported || gap.status == GapStatus::Excluded)
+    return "";
+  if (unseen)
+    return generate + "; or, if the value is a new name for a kind adapt knows, extend the config reader";
+  if (gap.registryEntry.empty())
+    return generate;
+  if (gap.blocks.forward || gap.blocks.backward)
+    return generate + " (the registry's variant has no " + (gap.blocks.forward ? "forward" : "backward") + " yet)";
+  return "LoRA cannot train every projection here: leave the uncovered one out of the LoRA targets "
+         "(adapt build --lora-targets ...), or generate the adapter path with adapt generate";
+}
+
 struct GapAnalysisPass : impl::GapAnalysisPassBase<GapAnalysisPass> {
   using GapAnalysisPassBase::GapAnalysisPassBase;
   explicit GapAnalysisPass(AnalysisContext context) : context(context) {}
@@ -200,6 +217,7 @@ struct GapAnalysisPass : impl::GapAnalysisPassBase<GapAnalysisPass> {
                                   "`adapt generate` (then `adapt review`), or extend the reader if it is a "
                                   "new name for a known kind");
       }
+      gap.nextStep = nextStep(gap, !unseen.empty());
       op->setAttr("status", b.getStringAttr(gapStatusName(gap.status)));
       op->setAttr("variant", b.getStringAttr(id));
       if (!gap.reasons.empty()) {
@@ -269,6 +287,9 @@ struct GapAnalysisPass : impl::GapAnalysisPassBase<GapAnalysisPass> {
           formats += (formats.empty() ? "" : ", ") + value;
     gap.status = GapStatus::Missing;
     gap.blocks = {true, true, true, {}};
+    gap.nextStep = "the runtime needs a loader that dequantizes " + features["quantization"] +
+                   " tensors while reading them (runtime/SafetensorsIO.h, as for FP8 blocks and MXFP4); "
+                   "until then, train from a bf16 copy of the checkpoint";
     gap.reasons.push_back("the runtime's weight loader reads plain tensors and " +
                           (formats.empty() ? std::string("no quantized format") : formats) +
                           ", not " + gap.variant +

@@ -45,6 +45,9 @@ struct ComponentGap {
   int64_t activeParameters = 0;       ///< Used per token.
   BlockedCapabilities blocks;
   std::string registryEntry;          ///< Matched registry entry, "" if none.
+  /// What closes the gap ("" when supported): which command, flag or
+  /// runtime change.
+  std::string nextStep;
 };
 
 /// One disagreement between the config's implied tensors and the files.

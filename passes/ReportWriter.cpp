@@ -386,6 +386,7 @@ std::string renderGapsJson(const GapReport &report) {
     blocks["parallel_layouts"] = c.blocks.parallelLayouts;
     item["blocks"] = blocks;
     item["registry_entry"] = c.registryEntry;
+    item["next_step"] = c.nextStep;
     components.push_back(item);
   }
   root["components"] = components;
@@ -531,6 +532,15 @@ std::string renderGapsMarkdown(const GapReport &report) {
               " more (all listed in gaps.json).\n";
     }
   }
+
+  bool anyNext = false;
+  for (const ComponentGap &c : report.components)
+    if (!c.nextStep.empty()) {
+      if (!anyNext)
+        md += "\n## What to do next\n\n";
+      anyNext = true;
+      md += "- " + markdownCode(c.id) + ": " + markdownEscape(c.nextStep) + "\n";
+    }
 
   if (!report.notes.empty()) {
     md += "\n## Notes\n\n";
