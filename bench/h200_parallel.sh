@@ -6,6 +6,7 @@
 #  2. Qwen3-30B-A3B's widths at 4 layers (random bf16 weights): tokens/s of a
 #     plain process and of torchrun at the lent GPU count (GPUS, default the
 #     visible GPUs; EP = GPUS), so the collectives' cost is measured.
+#  3. with 2+ GPUs, PP2 (4 micro-batches), CP2, TP2 and DP2 on that model.
 # usage: bench/h200_parallel.sh OUTDIR
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -69,3 +70,26 @@ print(f"plain {tp:,.0f} tok/s; torchrun EP{gpus} {td:,.0f} tok/s ({td / tp:.3f}x
       f"allreduce {med(d, 'allreduce_s') * 1e3:.2f} ms/step, alltoall {med(d, 'alltoall_s') * 1e3:.2f} ms/step")
 PY
 cp $W/b-dist/metrics.jsonl $OUT/big-dist-metrics.jsonl 2>/dev/null
+# 3. With 2+ GPUs: the other layouts on the same model, 2 ranks each (PP
+#    with 4 micro-batches per step, CP splitting the 2048 tokens, TP), so
+#    their cost against plain and EP is on record whenever GPUs are lent.
+if [ "$GPUS" -ge 2 ]; then
+  for layout in "--pp 2 --micro-batches 4" "--cp 2" "--tp 2" "--dp 2"; do
+    name=$(echo "$layout" | tr -d ' -')
+    rm -rf $W/b-$name
+    torchrun --nproc-per-node 2 --no-python $W/qwen3-30b-a3b-widths/train --model $W/model $BIG $layout \
+      --out $W/b-$name > $OUT/big-$name.log 2>&1; echo "torchrun 2 GPUs ($layout) exit $?"
+    python3 - $W/b-plain $W/b-$name "$layout" <<'PY' | tee -a $OUT/big-compare.txt
+import json, statistics, sys
+def med(path, key):
+    rows = [json.loads(l) for l in open(path + "/metrics.jsonl")][3:]
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return statistics.median(vals) if vals else float("nan")
+p, d, layout = sys.argv[1:4]
+tp, td = med(p, "tokens_per_s"), med(d, "tokens_per_s")
+print(f"torchrun 2 GPUs {layout}: {td:,.0f} tok/s ({td / tp:.3f}x plain), per GPU {td / 2:,.0f}; "
+      f"allreduce {med(d, 'allreduce_s') * 1e3:.2f} ms, tp {med(d, 'tp_allreduce_s') * 1e3:.2f} ms, "
+      f"pipeline wait {med(d, 'pipeline_wait_s') * 1e3:.2f} ms per step")
+PY
+  done
+fi
