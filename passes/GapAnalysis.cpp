@@ -173,6 +173,10 @@ struct GapAnalysisPass : impl::GapAnalysisPassBase<GapAnalysisPass> {
         gap.reasons.push_back(
             "no library op variant covers " + gap.op + " with " + gap.variant +
             (nearMiss.empty() ? "" : "; closest: " + nearMiss));
+        if (isa<EncoderOp>(op)) // Structure alone does not make two towers the same.
+          gap.reasons.push_back("the runtime's encoder is Qwen3-VL's vision tower; an encoder of type \"" +
+                                features["type"] + "\" may be structurally alike but needs its own operator and "
+                                "validation before images can be trained (text-only training does not run it)");
         gap.blocks = {true, true, hasLinear, layouts};
       } else {
         gap.registryEntry = entry->id;

@@ -134,6 +134,21 @@ class EveryModel(unittest.TestCase):
                     self.assertTrue(named, [c["id"] for c in missing])
                     self.assertGreater(report["parameters"]["decoder"], 0)  # still counted
 
+    def test_encoders_the_runtime_does_not_implement_are_missing(self):
+        """Issue 16: an encoder matched on modality alone is not supported;
+        only the type the runtime implements (Qwen3-VL's vision tower) is."""
+        expected = {"Qwen3-VL-30B-A3B-Instruct": "supported", "Qwen3-VL-235B-A22B-Instruct": "supported",
+                    "Kimi-K2.5": "missing", "Ming-flash-omni-2.0": "missing"}
+        for model, status in expected.items():
+            with self.subTest(model=model):
+                proc, report = self.reports[model]
+                vision = [c for c in report["components"]
+                          if c["op"] == "adapt.encoder" and c["features"]["modality"] == "vision"]
+                self.assertEqual([c["status"] for c in vision], [status])
+                if status == "missing":
+                    self.assertEqual(proc.returncode, 3)
+                    self.assertIn("Qwen3-VL", " ".join(vision[0]["reasons"]))
+
     def test_weight_formats_the_loader_cannot_read_are_missing(self):
         """Issue 16: a checkpoint whose weights no runtime loader reads is a
         gap (exit 3), never "no gaps"; formats the loader reads are supported,
