@@ -266,7 +266,7 @@ TEST(ReportWriterTest, JsonRoundTripsDocumentedFields) {
   EXPECT_EQ(keys, (std::vector<std::string>{
                       "id", "op", "variant", "features", "status", "reasons",
                       "layers", "parameters", "active_parameters", "blocks",
-                      "registry_entry"}));
+                      "registry_entry", "next_step"}));
   EXPECT_EQ(moe["id"], "moe.sigmoid.grouped.bias");
   EXPECT_EQ(moe["op"], "adapt.moe");
   EXPECT_EQ(moe["status"], "missing");
