@@ -370,7 +370,7 @@ FfnSpec readMoe(ConfigObject &cfg, int64_t numExperts) {
       cfg.getString({"topk_method"}).value_or(deepseekRouter ? "noaux_tc" : "");
   static const std::set<std::string> knownTopkMethods = {"", "greedy", "group_limited_greedy", "noaux_tc"};
   if (!knownTopkMethods.count(topkMethod))
-    f.unseen.push_back("topk_method = \"" + topkMethod + "\"");
+    f.unseen.push_back("topk_method = \"" + printable(topkMethod, 80) + "\"");
   f.biasCorrection = topkMethod == "noaux_tc" ||
                      cfg.getBool({"use_routing_bias"}).value_or(false) ||
                      cfg.getBool({"use_moe_router_bias"}).value_or(false) ||
@@ -618,7 +618,7 @@ void readDecoder(ConfigObject &cfg, ModelSpec &spec) {
     const std::string &type = pattern[i];
     layer.mixer = type == "linear_attention" ? linear : attention;
     if (!isKnownLayerType(type))
-      layer.mixer.unseen.push_back("layer_types[" + std::to_string(i) + "] = \"" + type + "\"");
+      layer.mixer.unseen.push_back("layer_types[" + std::to_string(i) + "] = \"" + printable(type, 80) + "\"");
     if (type == "sliding_attention" && useSliding) {
       layer.mixer.window = "sliding";
       layer.mixer.windowSize = slidingWindow;

@@ -133,6 +133,23 @@ class EveryModel(unittest.TestCase):
                              if value in json.dumps(c["reasons"]) or value in json.dumps(c["features"])]
                     self.assertTrue(named, [c["id"] for c in missing])
                     self.assertGreater(report["parameters"]["decoder"], 0)  # still counted
+            # A hostile value: control bytes escaped, length bounded, still a gap.
+            folder = os.path.join(work, "hostile")
+            os.makedirs(folder)
+            with open(os.path.join(MODELS, "gpt-oss-20b", "config.json")) as f:
+                config = json.load(f)
+            config["layer_types"][1] = "evil\x1b[31m" + "y" * 5000
+            with open(os.path.join(folder, "config.json"), "w") as f:
+                json.dump(config, f)
+            out = os.path.join(work, "hostile-out")
+            proc = subprocess.run([ADAPT, "gaps", folder, "--out", out], capture_output=True, text=True,
+                                  timeout=120)
+            self.assertEqual(proc.returncode, 3, proc.stderr)
+            with open(os.path.join(out, "gaps.json")) as f:
+                reasons = " ".join(r for c in json.load(f)["components"] for r in c["reasons"])
+            self.assertIn("layer_types[1]", reasons)
+            self.assertNotIn("\x1b", reasons)
+            self.assertLess(len(reasons), 3000)
 
     def test_encoders_the_runtime_does_not_implement_are_missing(self):
         """Issue 16: an encoder matched on modality alone is not supported;
