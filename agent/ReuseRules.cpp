@@ -191,9 +191,29 @@ bool ruleRenamedWeight(const Json &component, const Json &registry, ReuseMatch &
 /// Letters of a fused projection suffix ("qkvz") as a set.
 std::set<char> letters(const std::string &s) { return std::set<char>(s.begin(), s.end()); }
 
+/// The first role a "stored split (ROLE, ...)" reason names, or "".
+std::string firstSplitRole(const Json &component) {
+  const std::string marker = "stored split (";
+  for (const Json &r : component.value("reasons", Json::array())) {
+    std::string s = r.get<std::string>();
+    size_t at = s.find(marker);
+    if (at != std::string::npos)
+      return s.substr(at + marker.size(), s.find_first_of(",)", at + marker.size()) - at - marker.size());
+  }
+  return "";
+}
+
 bool ruleSplitProjection(const Json &component, const Json &registry, ReuseMatch &m) {
   std::string role = uncoveredLoraRole(component);
   const Json *entry = findEntry(registry, component.value("registry_entry", ""));
+  if (!entry && component.value("features", Json::object()).value("split_projections", "") == "yes") {
+    // Missing because its projections are stored split: the same op with
+    // the fused layout is the candidate to reuse.
+    std::vector<const Json *> near = entriesCovering(registry, component.value("op", ""),
+                                                     component["features"], {"split_projections"});
+    entry = near.empty() ? nullptr : near.front();
+    role = firstSplitRole(component);
+  }
   if (role.empty() || !entry)
     return false;
   size_t cut = role.rfind('_');

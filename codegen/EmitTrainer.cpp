@@ -365,6 +365,11 @@ private:
   /// projections and RoPE, plus the lightning indexer.
   bool writeSparseAttention(SparseAttentionOp s, std::string &error) {
     const std::string where = "layer " + std::to_string(layer.index) + ": sparse attention";
+    if (s.getReusesIndexer()) {
+      error = where + " reuses an earlier layer's top-k (indexer_types \"shared\"), which the runtime does "
+                      "not run yet: every layer runs its own indexer there";
+      return false;
+    }
     if (s.getQLoraRank() <= 0) {
       error = where + " needs q_lora_rank > 0 (its indexer reads the query latent)";
       return false;

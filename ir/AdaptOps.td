@@ -175,7 +175,10 @@ def Adapt_SparseAttentionOp : Adapt_ComponentOp<"sparse_attention", (ins
     DefaultValuedAttr<F64Attr, "0.0">:$softmax_scale,
     UnitAttr:$out_bias,
     // The indexer rotates adjacent pairs (GLM-5) instead of halves (DeepSeek-V3.2).
-    UnitAttr:$index_rope_interleaved)> {
+    UnitAttr:$index_rope_interleaved,
+    // GLM-5 "shared" layers: no indexer weights; the top-k of the previous
+    // layer that ran its own indexer is reused.
+    UnitAttr:$reuses_indexer)> {
   let summary = "DeepSeek sparse attention: lightning indexer, top-k, MLA";
   let description = [{
     Each query attends to the `top_k` keys its indexer scores highest:
@@ -196,7 +199,10 @@ def Adapt_LinearAttentionOp : Adapt_ComponentOp<"linear_attention", (ins
     PositiveI64Attr:$key_head_dim, PositiveI64Attr:$value_head_dim,
     DefaultValuedAttr<NonNegativeI64Attr, "0">:$conv_kernel,
     UnitAttr:$output_gate,
-    DefaultValuedAttr<NonNegativeI64Attr, "0">:$block_size)> {
+    DefaultValuedAttr<NonNegativeI64Attr, "0">:$block_size,
+    // Qwen3.5's Gated DeltaNet: separate in_proj_qkv, in_proj_z, in_proj_b
+    // and in_proj_a instead of Qwen3-Next's fused in_proj_qkvz/in_proj_ba.
+    UnitAttr:$split_projections)> {
   let summary = "Linear attention: gated delta rule, Kimi delta, lightning";
   let description = [{
     `kind` is `gated_delta_rule` (S_t = a_t S_{t-1}(I - b_t k_t k_t^T) +

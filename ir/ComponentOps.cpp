@@ -102,6 +102,8 @@ SparseAttentionOp::verifySymbolUses(SymbolTableCollection &symbols) {
   int64_t h = componentHidden(*this);
   int64_t heads = getNumHeads(), nope = getHeadDim() - getQkRopeHeadDim();
   int64_t qIn = getQLoraRank() > 0 ? getQLoraRank() : h;
+  if (getReusesIndexer()) // No indexer of its own: the previous full layer's top-k.
+    return expectWeightShape(*this, *w, "kv_b_proj", {heads * (nope + getVHeadDim()), getKvLoraRank()});
   return success(
       succeeded(expectWeightShape(*this, *w, "kv_b_proj",
                                   {heads * (nope + getVHeadDim()),

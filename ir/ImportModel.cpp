@@ -1,10 +1,13 @@
 //===- ImportModel.cpp - ModelSpec into the adapt dialect -----------------===//
 
 #include "ir/ImportModel.h"
+
 #include "ir/AdaptDialect.h"
 #include "parser/ConfigReader.h"
 
 #include "mlir/IR/Builders.h"
+
+#include <algorithm>
 
 using namespace mlir;
 
@@ -137,10 +140,12 @@ private:
     int64_t valueHeads = m.linearValueHeads ? m.linearValueHeads : m.numHeads;
     int64_t keyDim = m.linearKeyDim ? m.linearKeyDim : m.headDim;
     int64_t valueDim = m.linearValueDim ? m.linearValueDim : m.headDim;
+    bool split = std::any_of(c.weights.begin(), c.weights.end(),
+                             [](const WeightDecl &w) { return w.role == "in_proj_qkv"; });
     return builder.create<LinearAttentionOp>(
         loc, x.getType(), ValueRange{x}, c.layer, allRefs(c), kind, keyHeads,
         valueHeads, keyDim, valueDim, m.convKernel, flag(m.outputGate),
-        m.kind == MixerKind::Lightning ? m.blockSize : 0);
+        m.kind == MixerKind::Lightning ? m.blockSize : 0, split);
   }
 
   /// \p v's op carries the unseen enumerated values that decide it as its
@@ -165,7 +170,7 @@ private:
         r.type, m.indexHeads, m.indexHeadDim, m.indexTopK, f64(r.theta),
         r.interleaved, f64(r.factor), r.originalMaxPositions, f64(r.betaFast),
         f64(r.betaSlow), f64(r.mscale), f64(r.mscaleAllDim), r.truncate,
-        f64(m.softmaxScale), m.outBias, m.indexRopeInterleaved);
+        f64(m.softmaxScale), m.outBias, m.indexRopeInterleaved, m.reusesIndexer);
   }
 
   Value ffn(Value x, const ComponentDecl &c) {

@@ -102,7 +102,7 @@ void declareMla(const ModelSpec &spec, const MixerSpec &m, ComponentBuilder &b) 
   b.add("kv_a_layernorm", "kv_a_layernorm.weight", {m.kvLoraRank});
   b.linear("kv_b_proj", m.numHeads * (m.qkNopeDim + m.vHeadDim), m.kvLoraRank);
   b.linear("o_proj", h, m.numHeads * m.vHeadDim);
-  if (m.indexTopK > 0) {
+  if (m.indexTopK > 0 && !m.reusesIndexer) {
     int64_t qIn = m.qLoraRank > 0 ? m.qLoraRank : h;
     b.linear("indexer.wq_b", m.indexHeads * m.indexHeadDim, qIn);
     b.linear("indexer.wk", m.indexHeadDim, h);

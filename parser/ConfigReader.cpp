@@ -320,22 +320,41 @@ MixerSpec readAttention(ConfigObject &cfg, int64_t hidden) {
     m.indexHeadDim = cfg.requireInt({"index_head_dim"});
     // transformers fixes the indexer's RoPE layout per model class, whatever
     // this key says (set by model_type in readModelSpec).
-    cfg.markRead({"indexer_rope_interleave", "index_skip_topk_offset"});
-    // GLM-MoE-DSA can let a layer reuse an earlier layer's top-k ("shared"
-    // indexer_types, an "S" in index_topk_pattern, index_topk_freq > 1);
-    // every layer runs its own indexer here, so such configs are refused.
-    bool shared = cfg.getInt({"index_topk_freq"}).value_or(1) > 1;
-    if (auto types = cfg.getStringList({"indexer_types"}))
-      shared |= std::find(types->begin(), types->end(), "shared") != types->end();
-    if (const nlohmann::json *pattern = cfg.raw("index_topk_pattern"))
-      shared |= pattern->dump().find('S') != std::string::npos ||
-                pattern->dump().find("shared") != std::string::npos;
-    if (shared)
-      cfg.fail("indexer_types",
-               "every layer to run its own indexer (\"full\"); layers that "
-               "reuse an earlier layer's top-k (\"shared\") are not supported");
+    cfg.markRead({"indexer_rope_interleave"});
   }
   return m;
+}
+
+/// GLM-MoE-DSA's per-layer indexer kinds, as transformers derives them:
+/// indexer_types, else index_topk_pattern ("FSSF..." or a list), else
+/// index_topk_freq with index_skip_topk_offset (default 2). "full" runs the
+/// layer's own indexer, "shared" reuses the previous full layer's top-k; any
+/// other value stays as written (an unseen kind for the caller).
+std::vector<std::string> readIndexerTypes(ConfigObject &cfg, int64_t numLayers) {
+  std::vector<std::string> types;
+  if (auto list = cfg.getStringList({"indexer_types"})) {
+    types = *list;
+  } else if (const nlohmann::json *pattern = cfg.raw("index_topk_pattern")) {
+    if (pattern->is_string()) {
+      for (char c : pattern->get<std::string>())
+        types.push_back(c == 'F' ? "full" : c == 'S' ? "shared" : std::string(1, c));
+    } else if (auto listed = cfg.getStringList({"index_topk_pattern"})) {
+      types = *listed;
+    }
+  } else {
+    const int64_t freq = std::max<int64_t>(cfg.getInt({"index_topk_freq"}).value_or(1), 1);
+    const int64_t offset = cfg.getInt({"index_skip_topk_offset"}).value_or(2);
+    for (int64_t i = 0; i < numLayers; ++i)
+      types.push_back(std::max<int64_t>(i - offset + 1, 0) % freq == 0 ? "full" : "shared");
+  }
+  cfg.markRead({"indexer_types", "index_topk_pattern", "index_topk_freq", "index_skip_topk_offset"});
+  if (static_cast<int64_t>(types.size()) != numLayers)
+    cfg.fail("indexer_types", "expected one entry per layer (num_hidden_layers = " + std::to_string(numLayers) +
+                                  "), found " + std::to_string(types.size()));
+  if (!types.empty() && types.front() == "shared")
+    cfg.fail("indexer_types", "expected the first layer to run its own indexer (\"full\"): a \"shared\" "
+                              "layer reuses the top-k of an earlier full layer");
+  return types;
 }
 
 /// MoE settings common to every MoE layer (per-layer lists are resolved by
@@ -612,6 +631,10 @@ void readDecoder(ConfigObject &cfg, ModelSpec &spec) {
   };
   bool mixedShared = cfg.getBool({"use_mixed_mlp_moe"}).value_or(false);
 
+  std::vector<std::string> indexerTypes;
+  if (attention.indexTopK > 0)
+    indexerTypes = readIndexerTypes(cfg, numLayers);
+
   for (int64_t i = 0; i < numLayers; ++i) {
     LayerSpec layer;
     layer.index = i;
@@ -619,6 +642,12 @@ void readDecoder(ConfigObject &cfg, ModelSpec &spec) {
     layer.mixer = type == "linear_attention" ? linear : attention;
     if (!isKnownLayerType(type))
       layer.mixer.unseen.push_back("layer_types[" + std::to_string(i) + "] = \"" + printable(type, 80) + "\"");
+    if (layer.mixer.indexTopK > 0) {
+      const std::string &indexer = indexerTypes[i];
+      layer.mixer.reusesIndexer = indexer == "shared";
+      if (indexer != "full" && indexer != "shared")
+        layer.mixer.unseen.push_back("indexer_types[" + std::to_string(i) + "] = \"" + printable(indexer, 80) + "\"");
+    }
     if (type == "sliding_attention" && useSliding) {
       layer.mixer.window = "sliding";
       layer.mixer.windowSize = slidingWindow;

@@ -50,6 +50,10 @@ struct MixerSpec {
   /// missing, naming them; the rest is read as the nearest known case so
   /// that parameters are still counted.
   std::vector<std::string> unseen;
+  /// GLM-5's "shared" indexer layers (indexer_types, index_topk_pattern,
+  /// index_topk_freq): the layer reuses the top-k of the previous layer that
+  /// ran its own indexer, and has no indexer weights of its own.
+  bool reusesIndexer = false;
   int64_t numHeads = 0;
   int64_t numKvHeads = 0;
   int64_t headDim = 0;        ///< q/k head dim (MLA: nope + rope).

@@ -34,10 +34,11 @@ Features featuresOf(Operation *op) {
     f["qk_norm"] = yesNo(a.getQkNorm());
     f["qkv_bias"] = yesNo(a.getQkvBias());
   } else if (auto s = dyn_cast<SparseAttentionOp>(op)) {
-    f["indexer"] = "lightning";
+    f["indexer"] = s.getReusesIndexer() ? "shared" : "lightning";
     f["rope"] = s.getRope().str();
   } else if (auto l = dyn_cast<LinearAttentionOp>(op)) {
     f["kind"] = l.getKind().str();
+    f["split_projections"] = yesNo(l.getSplitProjections());
   } else if (auto m = dyn_cast<MoEOp>(op)) {
     f["scoring"] = m.getScoring().str();
     f["activation"] = m.getActivation().str();
@@ -173,10 +174,21 @@ struct GapAnalysisPass : impl::GapAnalysisPassBase<GapAnalysisPass> {
         gap.reasons.push_back(
             "no library op variant covers " + gap.op + " with " + gap.variant +
             (nearMiss.empty() ? "" : "; closest: " + nearMiss));
+        if (features["split_projections"] == "yes") {
+          std::string roles;
+          for (Attribute a : weights)
+            if (auto w = symbols.lookup<WeightOp>(llvm::cast<FlatSymbolRefAttr>(a).getValue()))
+              if (w.getRole().starts_with("in_proj_"))
+                roles += (roles.empty() ? "" : ", ") + w.getRole().str();
+          gap.reasons.push_back("its input projections are stored split (" + roles +
+                                "); the runtime's layer loads only the fused in_proj_qkvz and in_proj_ba");
+        }
         if (isa<EncoderOp>(op)) // Structure alone does not make two towers the same.
           gap.reasons.push_back("the runtime's encoder is Qwen3-VL's vision tower; an encoder of type \"" +
                                 features["type"] + "\" may be structurally alike but needs its own operator and "
-                                "validation before images can be trained (text-only training does not run it)");
+                                "validation before " + (features["modality"] == "vision" ? std::string("images")
+                                                                          : features["modality"] + " inputs") +
+                                " can be trained (text-only training does not run it)");
         gap.blocks = {true, true, hasLinear, layouts};
       } else {
         gap.registryEntry = entry->id;

@@ -89,6 +89,12 @@ struct ParameterCounts {
   std::map<std::string, int64_t> byComponent; ///< Component kind -> total.
 };
 
+/// Why an unknown config key \p path may change the model's structure (its
+/// name reads like a size, a count, a layer list, a kind or a sharing/feature
+/// switch), or "" when it reads like bookkeeping. A heuristic on the name
+/// only: the report flags the key for a human, it never decides a status.
+std::string structuralHint(const std::string &path);
+
 /// The whole report.
 struct GapReport {
   std::string schemaVersion = "1";

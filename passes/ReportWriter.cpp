@@ -396,6 +396,9 @@ std::string renderGapsJson(const GapReport &report) {
     Json item = Json::object();
     item["path"] = path;
     item["value"] = value;
+    const std::string hint = structuralHint(path);
+    item["possibly_significant"] = !hint.empty();
+    item["why"] = hint;
     unknown.push_back(item);
   }
   root["unknown_config_keys"] = unknown;
@@ -467,8 +470,9 @@ std::string renderGapsMarkdown(const GapReport &report) {
   } else {
     md += "*Blocks* says what the gap stops: `forward` (the model cannot run), `backward` (no "
           "training through it), `LoRA` (no adapters on it), and the parallel layouts the runtime "
-          "does not run the component under yet (`pipeline_parallel` and `context_parallel` for "
-          "every component until they exist; see docs/parallel.md).\n\n";
+          "does not run the component under yet (docs/parallel.md; a missing component blocks every "
+          "layout it would take part in: `data_parallel`, `tensor_parallel`, `pipeline_parallel`, "
+          "`expert_parallel` for MoE, `context_parallel` for token mixers).\n\n";
     md += "| Status | Component | Op | Variant | Layers | Parameters | "
           "Blocks | Why |\n|---|---|---|---|---|---:|---|---|\n";
     for (const ComponentGap *c : worstFirst(report)) {
@@ -497,10 +501,15 @@ std::string renderGapsMarkdown(const GapReport &report) {
   if (report.unknownConfigKeys.empty()) {
     md += "None.\n";
   } else {
-    md += "| Key | Value |\n|---|---|\n";
-    for (const auto &[path, value] : report.unknownConfigKeys)
-      md += "| " + markdownCode(path) + " | " + markdownCode(value) +
-            " |\n";
+    md += "Nothing in adapt reads these keys. A key whose name reads like a size, count, layer "
+          "list, kind or sharing switch is marked *possibly significant*: check it against the "
+          "model's reference code before trusting the parameter count or training it.\n\n";
+    md += "| Key | Value | Possibly significant |\n|---|---|---|\n";
+    for (const auto &[path, value] : report.unknownConfigKeys) {
+      const std::string hint = structuralHint(path);
+      md += "| " + markdownCode(path) + " | " + markdownCode(value) + " | " +
+            (hint.empty() ? std::string("-") : "**yes**: " + markdownEscape(hint)) + " |\n";
+    }
   }
 
   const ManifestCheck &m = report.manifest;

@@ -337,11 +337,13 @@ std::string htmlUnknownKeys(const GapReport &report) {
   if (keys.empty())
     return "<p class=\"sub\">None: every config key was understood.</p>\n";
   std::string table = "<div class=\"scroll\"><table>\n<tr><th>Key</th>"
-                      "<th>Value</th></tr>\n";
-  for (const auto &[path, value] : keys)
+                      "<th>Value</th><th>Possibly significant</th></tr>\n";
+  for (const auto &[path, value] : keys) {
+    const std::string hint = structuralHint(path);
     table += "<tr><td><code>" + htmlEscape(path) +
-             "</code></td><td class=\"mono wrap\">" + htmlEscape(value) +
-             "</td></tr>\n";
+             "</code></td><td class=\"mono wrap\">" + htmlEscape(value) + "</td><td>" +
+             (hint.empty() ? std::string("-") : "<b>yes</b>: " + htmlEscape(hint)) + "</td></tr>\n";
+  }
   table += "</table></div>\n";
   return htmlFold(table, keys.size(),
                   std::to_string(keys.size()) + " unknown keys");

@@ -124,7 +124,7 @@ class Reuse(unittest.TestCase):
         out = os.path.join(self.work, "qwen35")
         proc = run(ADAPT, "generate", model("Qwen3.5-25B-REAP-A3B"), "--out", out)
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
-        c = candidate(out, "linear_attention.gated_delta_rule")
+        c = candidate(out, "linear_attention.gated_delta_rule.split_projections")
         self.assertEqual(c["rule"], "split_projection_layout")
         with open(os.path.join(out, "candidates", c["id"], "registry-entry.json")) as f:
             entry = json.load(f)

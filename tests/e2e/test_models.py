@@ -88,6 +88,39 @@ class EveryModel(unittest.TestCase):
                 for c in report["components"]:
                     self.assertIn(c["status"], ("supported", "partial", "missing", "excluded"))
 
+    def test_shared_indexer_layers_are_missing_and_counted_without_an_indexer(self):
+        """Issue 16 item 7: GLM-5 layers that reuse an earlier layer's top-k
+        (index_topk_freq 2, as transformers derives indexer_types) are a
+        missing `sparse_attention.shared` component (exit 3), not a refusal,
+        and their parameters leave out the indexer they do not have."""
+        with open(os.path.join(MODELS, "GLM-5", "config.json")) as f:
+            config = json.load(f)
+        with tempfile.TemporaryDirectory() as work:
+            reports = {}
+            for name, extra in (("full", {}), ("freq2", {"index_topk_freq": 2})):
+                folder = os.path.join(work, name)
+                os.makedirs(folder)
+                with open(os.path.join(folder, "config.json"), "w") as f:
+                    json.dump({**config, **extra}, f)
+                proc = subprocess.run([ADAPT, "gaps", folder, "--out", folder + "-out"],
+                                      capture_output=True, text=True, timeout=120)
+                self.assertEqual(proc.returncode, 0 if name == "full" else 3, proc.stderr)
+                with open(os.path.join(folder + "-out", "gaps.json")) as f:
+                    reports[name] = json.load(f)
+        shared = [c for c in reports["freq2"]["components"] if c["id"] == "sparse_attention.shared"]
+        self.assertEqual(len(shared), 1)
+        self.assertEqual(shared[0]["status"], "missing")
+        layers = config["num_hidden_layers"]
+        expected = [i for i in range(layers) if max(i - 1, 0) % 2 != 0]  # offset 2, transformers' rule
+        self.assertEqual(shared[0]["layers"], expected)
+        self.assertIn("indexer=shared", shared[0]["reasons"][0])
+        indexer = (config["index_n_heads"] * config["index_head_dim"] * config["q_lora_rank"]
+                   + config["index_head_dim"] * config["hidden_size"] + 2 * config["index_head_dim"]
+                   + config["index_n_heads"] * config["hidden_size"])
+        self.assertEqual(reports["full"]["parameters"]["decoder"] - reports["freq2"]["parameters"]["decoder"],
+                         len(expected) * indexer)
+        self.assertNotIn("index_topk_freq", json.dumps(reports["freq2"]["unknown_config_keys"]))
+
     def test_unseen_enumerated_values_are_gaps_not_refusals(self):
         """Issue 16: a well-formed config whose enumerated value adapt has
         never seen gets a report (exit 3) naming that value, for every
@@ -133,6 +166,23 @@ class EveryModel(unittest.TestCase):
                              if value in json.dumps(c["reasons"]) or value in json.dumps(c["features"])]
                     self.assertTrue(named, [c["id"] for c in missing])
                     self.assertGreater(report["parameters"]["decoder"], 0)  # still counted
+            # GLM-5's per-layer indexer kinds: an unseen one is a gap too.
+            folder = os.path.join(work, "indexer")
+            os.makedirs(folder)
+            with open(os.path.join(MODELS, "GLM-5", "config.json")) as f:
+                config = json.load(f)
+            config["indexer_types"] = ["full"] * config["num_hidden_layers"]
+            config["indexer_types"][5] = "windowed_v2"
+            with open(os.path.join(folder, "config.json"), "w") as f:
+                json.dump(config, f)
+            out = os.path.join(work, "indexer-out")
+            proc = subprocess.run([ADAPT, "gaps", folder, "--out", out], capture_output=True, text=True,
+                                  timeout=120)
+            self.assertEqual(proc.returncode, 3, proc.stderr)
+            with open(os.path.join(out, "gaps.json")) as f:
+                missing = [c for c in json.load(f)["components"] if c["status"] == "missing"]
+            self.assertEqual([c["layers"] for c in missing], [[5]])
+            self.assertIn("indexer_types[5]", json.dumps(missing[0]["reasons"]))
             # A hostile value: control bytes escaped, length bounded, still a gap.
             folder = os.path.join(work, "hostile")
             os.makedirs(folder)

@@ -54,7 +54,8 @@ TEST(ConfigReader, SparseAttentionIndexerRopeAndSharedLayers) {
   EXPECT_EQ(glm.layers[0].mixer.indexTopK, 2048);
   EXPECT_TRUE(glm.layers[0].mixer.indexRopeInterleaved);
   EXPECT_TRUE(glm.layers[0].mixer.rope.interleaved);
-  // Layers reusing an earlier layer's top-k are refused by name.
+  // Layers reusing an earlier layer's top-k ("shared") are read per layer,
+  // as transformers derives them: a gap, never a refusal.
   std::string text = R"({"model_type": "glm_moe_dsa", "hidden_size": 64,
     "num_hidden_layers": 2, "vocab_size": 100, "num_attention_heads": 4,
     "kv_lora_rank": 16, "q_lora_rank": 32, "qk_nope_head_dim": 8,
@@ -64,8 +65,34 @@ TEST(ConfigReader, SparseAttentionIndexerRopeAndSharedLayers) {
     "index_n_heads": 2, "index_head_dim": 16,
     "indexer_types": ["full", "shared"]})";
   Result<ModelSpec> r = parseModelConfig(text, "glm/config.json");
-  ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.error().message().find("indexer_types"), std::string::npos);
+  ASSERT_TRUE(r.ok()) << r.error().message();
+  EXPECT_FALSE(r->layers[0].mixer.reusesIndexer);
+  EXPECT_TRUE(r->layers[1].mixer.reusesIndexer);
+  EXPECT_TRUE(r->unknownKeys.empty());
+  // The pattern and frequency forms, and transformers' default offset 2.
+  auto types = [&](const std::string &keys) {
+    std::string mutated = text;
+    mutated.replace(mutated.find("\"indexer_types\": [\"full\", \"shared\"]"),
+                    std::string("\"indexer_types\": [\"full\", \"shared\"]").size(), keys);
+    mutated.replace(mutated.find("\"num_hidden_layers\": 2"), std::string("\"num_hidden_layers\": 2").size(),
+                    "\"num_hidden_layers\": 6");
+    Result<ModelSpec> spec = parseModelConfig(mutated, "glm/config.json");
+    EXPECT_TRUE(spec.ok()) << keys;
+    std::string out;
+    for (const LayerSpec &l : spec->layers)
+      out += l.mixer.reusesIndexer ? 'S' : l.mixer.unseen.empty() ? 'F' : '?';
+    return out;
+  };
+  EXPECT_EQ(types("\"index_topk_pattern\": \"FSSFSS\""), "FSSFSS");
+  EXPECT_EQ(types("\"index_topk_freq\": 2"), "FFSFSF");
+  EXPECT_EQ(types("\"index_topk_freq\": 3, \"index_skip_topk_offset\": 1"), "FSSFSS");
+  EXPECT_EQ(types("\"indexer_types\": [\"full\", \"full\", \"sliding\", \"full\", \"full\", \"full\"]"), "FF?FFF");
+  // A first layer with nothing to reuse is malformed.
+  std::string first = text;
+  first.replace(first.find("[\"full\", \"shared\"]"), 18, "[\"shared\", \"full\"]");
+  Result<ModelSpec> bad = parseModelConfig(first, "glm/config.json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message().find("indexer_types"), std::string::npos);
 }
 
 TEST(ConfigReader, LayerPatternKeysAllResolve) {

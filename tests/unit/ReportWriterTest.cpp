@@ -290,6 +290,8 @@ TEST(ReportWriterTest, JsonRoundTripsDocumentedFields) {
   ASSERT_EQ(j["unknown_config_keys"].size(), 2u);
   EXPECT_EQ(j["unknown_config_keys"][0]["path"], "quantization_config.fmt");
   EXPECT_EQ(j["unknown_config_keys"][0]["value"], "\"e4m3\"");
+  EXPECT_EQ(j["unknown_config_keys"][0]["possibly_significant"], false);
+  EXPECT_EQ(j["unknown_config_keys"][1]["possibly_significant"], true); // ep_size: a size
   const auto &m = j["manifest"];
   EXPECT_EQ(m["checked"], true);
   EXPECT_EQ(m["file"], "model.safetensors.index.json");
@@ -461,3 +463,16 @@ TEST(ReportWriterTest, JsonMatchesPublishedSchema) {
 
 } // namespace
 } // namespace adapt
+
+// Unknown keys whose names read like structure are flagged for a human; the
+// names below are real unknown keys of shared configs (Hunyuan-A13B's
+// cross-layer attention sharing, Ming's feature switches) or bookkeeping.
+TEST(ReportWriterTest, UnknownKeysThatLookStructuralAreFlagged) {
+  for (const char *key : {"cla_share_factor", "vit_mapping_type", "vision_config.num_layers",
+                          "full_attn_layers", "audio_config.tie_word_embeddings",
+                          "llm_config.use_interleaved_frame_timestamp", "index_head_dim"})
+    EXPECT_FALSE(adapt::structuralHint(key).empty()) << key;
+  for (const char *key : {"quantization_config.fmt", "pool_type_name", "vit_remove_prenorm",
+                          "transformers_version", "initializer_range"})
+    EXPECT_TRUE(adapt::structuralHint(key).empty()) << key;
+}
