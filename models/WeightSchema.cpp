@@ -428,6 +428,11 @@ void refineWithManifest(ModelSpec &spec, const NameProbe &probe) {
   if (!probe)
     return;
   std::string prefix = chooseDecoderPrefix(spec, probe);
+  for (Assumption &a : spec.assumptions) {
+    if (a.confirmBy.rfind(spec.weightPrefix, 0) == 0)
+      a.confirmBy = prefix + a.confirmBy.substr(spec.weightPrefix.size());
+    a.status = probe(a.confirmBy) ? "confirmed" : "contradicted";
+  }
   for (LayerSpec &layer : spec.layers) {
     std::string attn = prefix + "layers." + std::to_string(layer.index) + ".self_attn.";
     // Qwen3-style QK-norm is not spelled in the config; its tensors say so.

@@ -762,11 +762,24 @@ std::string recogniseFamily(const ModelSpec &spec, ConfigObject &cfg) {
   return "qwen3_moe";
 }
 
-/// Features a family always has although its config does not spell them.
+/// Records that \p feature was taken from the family, once per feature, with
+/// the tensor of layer \p layer (or the key) that would confirm it.
+void assume(ModelSpec &spec, const std::string &feature, int64_t layer, const std::string &tensor) {
+  for (const Assumption &a : spec.assumptions)
+    if (a.feature == feature)
+      return;
+  spec.assumptions.push_back(
+      {feature, "family " + spec.family + ": its transformers classes always have it; config.json does not say",
+       spec.weightPrefix + "layers." + std::to_string(layer) + "." + tensor});
+}
+
+/// Features a family always has although its config does not spell them;
+/// each is recorded as an assumption with what would confirm it.
 void applyFamilyFeatures(ModelSpec &spec) {
   for (LayerSpec &layer : spec.layers) {
     MixerSpec &m = layer.mixer;
     FfnSpec &f = layer.ffn;
+    const int64_t i = layer.index;
     bool llama4 = spec.family == "llama4";
     if (llama4 && m.kind == MixerKind::Attention) {
       // Complex-number RoPE on adjacent pairs; a weightless L2 QK-norm on the
@@ -801,17 +814,30 @@ void applyFamilyFeatures(ModelSpec &spec) {
       m.sinks = true;
       m.outBias = true;
       layer.ffn.routerBias = layer.ffn.expertBias = layer.ffn.isMoe;
+      assume(spec, "attention sinks", i, "self_attn.sinks");
+      assume(spec, "o_proj bias", i, "self_attn.o_proj.bias");
+      if (layer.ffn.isMoe) {
+        assume(spec, "router bias", i, "mlp.router.bias");
+        assume(spec, "expert biases", i, "mlp.experts.gate_up_proj_bias");
+      }
     }
     if (spec.family == "qwen3_next" && m.kind == MixerKind::Attention) {
+      if (!m.qkNorm)
+        assume(spec, "QK norm", i, "self_attn.q_norm.weight");
       m.outputGate = true;
       m.qkNorm = true;
+      assume(spec, "attention output gate (q_proj rows doubled)", i, "self_attn.q_proj.weight");
     }
-    if (spec.family == "qwen3_next" && layer.ffn.isMoe && layer.ffn.numShared)
+    if (spec.family == "qwen3_next" && layer.ffn.isMoe && layer.ffn.numShared) {
       layer.ffn.sharedGate = true;
+      assume(spec, "shared-expert gate", i, "mlp.shared_expert_gate.weight");
+    }
     // Kimi-Linear's router (transformers' KimiLinearTopkRouter) always adds
     // e_score_correction_bias for selection; its shared experts are
     // num_shared_experts experts of moe_intermediate_size.
     if (spec.family == "kimi_linear" && layer.ffn.isMoe) {
+      if (!layer.ffn.biasCorrection)
+        assume(spec, "router score-correction bias", i, "block_sparse_moe.gate.e_score_correction_bias");
       layer.ffn.biasCorrection = true;
       if (layer.ffn.numShared > 0 && layer.ffn.sharedIntermediate == 0)
         layer.ffn.sharedIntermediate = layer.ffn.expertIntermediate;

@@ -182,6 +182,20 @@ struct UnknownKey {
   std::string value; ///< The value, abbreviated.
 };
 
+/// A feature the reader took from the recognised family rather than from the
+/// config: what would confirm it is a tensor name (checked against the
+/// manifest when there is one) or a config key.
+struct Assumption {
+  std::string feature; ///< "attention sinks", "shared-expert gate", ...
+  std::string basis;   ///< Why it is assumed.
+  /// The tensor (first layer it applies to) that would confirm it, under the
+  /// decoder prefix: refineWithManifest names it in full and checks it.
+  std::string confirmBy;
+  /// "confirmed" (the manifest lists the tensor), "contradicted" (it does
+  /// not) or "unconfirmed" (no weight index to look in).
+  std::string status = "unconfirmed";
+};
+
 /// The normalised model.
 struct ModelSpec {
   std::string configFile;   ///< Where the config came from.
@@ -201,7 +215,8 @@ struct ModelSpec {
   std::vector<EncoderSpec> encoders;
   QuantSpec quant;
   std::vector<UnknownKey> unknownKeys;
-  std::vector<std::string> notes; ///< Things the reader assumed, for the report.
+  std::vector<std::string> notes; ///< Remarks for the report.
+  std::vector<Assumption> assumptions; ///< Features inferred, not read; one per feature.
 };
 
 } // namespace adapt

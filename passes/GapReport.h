@@ -95,6 +95,17 @@ struct ParameterCounts {
 /// only: the report flags the key for a human, it never decides a status.
 std::string structuralHint(const std::string &path);
 
+/// A feature taken from the recognised family, not read from the config.
+struct ReportedAssumption {
+  std::string feature;   ///< "shared-expert gate".
+  std::string basis;     ///< Why it was assumed.
+  std::string confirmBy; ///< The tensor name or config key that would confirm it.
+  /// "confirmed" (the manifest lists the tensor), "contradicted" (it does
+  /// not: the manifest check reports it missing too) or "unconfirmed" (no
+  /// weight index to look in, or a key).
+  std::string status;
+};
+
 /// The whole report.
 struct GapReport {
   std::string schemaVersion = "1";
@@ -108,6 +119,7 @@ struct GapReport {
   std::vector<std::pair<std::string, std::string>> unknownConfigKeys;
   ManifestCheck manifest;
   std::vector<std::string> notes;
+  std::vector<ReportedAssumption> assumptions;
 
   /// True when some component is partial or missing, or the manifest
   /// disagrees with the config: `adapt gaps` then exits 3.

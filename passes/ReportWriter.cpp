@@ -423,6 +423,16 @@ std::string renderGapsJson(const GapReport &report) {
   manifest["issues"] = issues;
   root["manifest"] = manifest;
   root["notes"] = report.notes;
+  Json assumptions = Json::array();
+  for (const ReportedAssumption &a : report.assumptions) {
+    Json item = Json::object();
+    item["feature"] = a.feature;
+    item["basis"] = a.basis;
+    item["confirm_by"] = a.confirmBy;
+    item["status"] = a.status;
+    assumptions.push_back(item);
+  }
+  root["assumptions"] = assumptions;
   std::string out;
   appendJson(root, 0, out);
   return out + "\n";
@@ -550,6 +560,15 @@ std::string renderGapsMarkdown(const GapReport &report) {
       anyNext = true;
       md += "- " + markdownCode(c.id) + ": " + markdownEscape(c.nextStep) + "\n";
     }
+
+  if (!report.assumptions.empty()) {
+    md += "\n## Assumptions\n\nFeatures taken from the recognised family, not read from config.json; "
+          "*confirmed* means the manifest lists the tensor that shows it.\n\n"
+          "| Feature | Status | Would be confirmed by | Why assumed |\n|---|---|---|---|\n";
+    for (const ReportedAssumption &a : report.assumptions)
+      md += "| " + markdownEscape(a.feature) + " | " + markdownEscape(a.status) + " | " +
+            markdownCode(a.confirmBy) + " | " + markdownEscape(a.basis) + " |\n";
+  }
 
   if (!report.notes.empty()) {
     md += "\n## Notes\n\n";

@@ -490,6 +490,15 @@ std::string renderGapsHtml(const GapReport &report) {
   html += "<h2>Components</h2>\n" + htmlComponents(report);
   html += "<h2>Unknown config keys</h2>\n" + htmlUnknownKeys(report);
   html += "<h2>Manifest</h2>\n" + htmlManifest(report.manifest);
+  if (!report.assumptions.empty()) {
+    html += "<h2>Assumptions</h2>\n<p class=\"sub\">Features taken from the recognised family, not read "
+            "from config.json.</p>\n<div class=\"scroll\"><table>\n<tr><th>Feature</th><th>Status</th>"
+            "<th>Would be confirmed by</th><th>Why assumed</th></tr>\n";
+    for (const ReportedAssumption &a : report.assumptions)
+      html += "<tr><td>" + htmlEscape(a.feature) + "</td><td>" + htmlEscape(a.status) + "</td><td><code>" +
+              htmlEscape(a.confirmBy) + "</code></td><td>" + htmlEscape(a.basis) + "</td></tr>\n";
+    html += "</table></div>\n";
+  }
   if (!report.notes.empty()) {
     html += "<h2>Notes</h2>\n<ul class=\"notes\">\n";
     for (const std::string &note : report.notes)

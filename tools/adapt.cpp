@@ -280,6 +280,8 @@ int analyse(mlir::MLIRContext &context, const Options &opts, bool runPasses,
       out.report.unknownConfigKeys.push_back({key.path, key.value});
     out.report.notes.insert(out.report.notes.end(), spec.notes.begin(),
                             spec.notes.end());
+    for (const Assumption &a : spec.assumptions)
+      out.report.assumptions.push_back({a.feature, a.basis, a.confirmBy, a.status});
     if (out.files->manifest) {
       analysisContext.manifest = &*out.files->manifest;
       analysisContext.headers = &out.files->headers;

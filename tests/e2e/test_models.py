@@ -88,6 +88,39 @@ class EveryModel(unittest.TestCase):
                 for c in report["components"]:
                     self.assertIn(c["status"], ("supported", "partial", "missing", "excluded"))
 
+    def test_features_taken_from_the_family_are_reported_as_assumptions(self):
+        """Issue 16 item 2: a feature inferred from the family rather than
+        read from config.json is listed with the tensor that would confirm
+        it, checked against the manifest when there is one."""
+        with tempfile.TemporaryDirectory() as work:
+            def assumptions(folder, exits=(0, 3)):
+                out = os.path.join(work, os.path.basename(folder) + "-gaps")
+                proc = subprocess.run([ADAPT, "gaps", folder, "--out", out], capture_output=True, text=True,
+                                      timeout=120)
+                self.assertIn(proc.returncode, exits, proc.stderr)
+                with open(os.path.join(out, "gaps.json")) as f:
+                    report = json.load(f)
+                return {a["feature"]: (a["confirm_by"], a["status"]) for a in report["assumptions"]}, report
+            found, _ = assumptions(os.path.join(MODELS, "gpt-oss-20b"))
+            self.assertEqual(found["attention sinks"], ("model.layers.0.self_attn.sinks", "confirmed"))
+            self.assertEqual({s for _, s in found.values()}, {"confirmed"})
+            found, _ = assumptions(os.path.join(MODELS, "Qwen3-Next-80B-A3B-Thinking"))  # no weight index
+            self.assertEqual(found["shared-expert gate"][1], "unconfirmed")
+            folder = os.path.join(work, "gpt-oss-no-sinks")
+            os.makedirs(folder)
+            for name in os.listdir(os.path.join(MODELS, "gpt-oss-20b")):
+                if name.endswith(".json"):
+                    with open(os.path.join(MODELS, "gpt-oss-20b", name)) as f:
+                        data = json.load(f)
+                    if name == "model.safetensors.index.json":
+                        del data["weight_map"]["model.layers.0.self_attn.sinks"]
+                    with open(os.path.join(folder, name), "w") as f:
+                        json.dump(data, f)
+            # A tensor the config implies but the manifest lacks exits 2, report written.
+            found, report = assumptions(folder, exits=(2,))
+            self.assertEqual(found["attention sinks"][1], "contradicted")
+            self.assertIn("model.layers.0.self_attn.sinks", json.dumps(report["manifest"]["issues"]))
+
     def test_shared_indexer_layers_are_missing_and_counted_without_an_indexer(self):
         """Issue 16 item 7: GLM-5 layers that reuse an earlier layer's top-k
         (index_topk_freq 2, as transformers derives indexer_types) are a

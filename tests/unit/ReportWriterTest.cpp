@@ -227,7 +227,7 @@ TEST(ReportWriterTest, JsonRoundTripsDocumentedFields) {
   EXPECT_EQ(keys, (std::vector<std::string>{
                       "schema_version", "source", "model", "summary",
                       "has_gaps", "status_counts", "parameters", "components",
-                      "unknown_config_keys", "manifest", "notes"}));
+                      "unknown_config_keys", "manifest", "notes", "assumptions"}));
   EXPECT_EQ(j["source"], "/models/DeepSeek-V3");
   EXPECT_EQ(j["model"]["model_type"], "deepseek_v3");
   EXPECT_EQ(j["model"]["architecture"], "DeepseekV3ForCausalLM");
