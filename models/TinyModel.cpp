@@ -45,6 +45,8 @@ constexpr int64_t kExpertWidth = 32;
 constexpr int64_t kGptOssExpertWidth = 96;
 constexpr int64_t kLlama4ExpertWidth = 48;
 constexpr int64_t kDenseWidth = 128;
+/// gpt-oss's expert gate/up values get this standard deviation (others 1).
+constexpr double kGptOssGateUpScale = 3.0;
 constexpr int64_t kMaxPositions = 512;
 
 struct FamilyInfo {
@@ -411,11 +413,12 @@ ojson minimaxConfig(int64_t n) {
 /// dense MLP form is covered too and fewer routers make the 50-step loss
 /// alignment less sensitive to fp32 routing flips.
 /// Value heads (4) are twice the key heads (2), as the layout of
-/// in_proj_qkvz/in_proj_ba interleaves them per key head. dk == dv (16): with
-/// dv 8 or 24 training the in_proj_qkvz adapters of this random model is
-/// chaotic in fp32 (transformers' own fp32 run drifts 1.8e-3 from float64 in
-/// 50 steps), which the loss alignment cannot tell from a bug; dk != dv is
-/// covered by the op stage.
+/// in_proj_qkvz/in_proj_ba interleaves them per key head. Key heads are wider
+/// than value heads (dk 32, dv 16), so a swapped dimension shows. With dv
+/// wider than dk (16/24, 16/32) or dv 8, training the in_proj_qkvz adapters
+/// of this random model is chaotic in fp32 (per-step differences grow to
+/// 8e-5 by step 48, 1.8e-3 with dv 8), which the loss alignment cannot tell
+/// from a bug; dk 32/dv 16 stays within 1.2e-6 of transformers for 50 steps.
 ojson qwen3NextConfig(int64_t n) {
   ojson c;
   c["architectures"] = {"Qwen3NextForCausalLM"};
@@ -430,7 +433,7 @@ ojson qwen3NextConfig(int64_t n) {
   c["initializer_range"] = 0.02;
   c["intermediate_size"] = kDenseWidth;
   c["linear_conv_kernel_dim"] = 4;
-  c["linear_key_head_dim"] = 16;
+  c["linear_key_head_dim"] = 32;
   c["linear_num_key_heads"] = 2;
   c["linear_num_value_heads"] = 4;
   c["linear_value_head_dim"] = 16;
@@ -526,6 +529,10 @@ ojson llama4Config(int64_t n) {
   c["attention_dropout"] = 0.0;
   c["bos_token_id"] = 0;
   c["eos_token_id"] = 1;
+  // The release leaves transformers' default (8192 positions); shrunk like
+  // the sizes so the NoPE layers' attention temperature acts within a
+  // 12-token fixture (log1p(floor((pos + 1) / 4)) * attn_scale + 1).
+  c["floor_scale"] = 4;
   c["head_dim"] = kHeadDim;
   c["hidden_act"] = "silu";
   c["hidden_size"] = kHidden;
@@ -854,9 +861,17 @@ void appendF32(std::string &out, float value) {
 /// Scale of a weight's values: unit-variance outputs for matmuls (1/sqrt(in))
 /// and unit embeddings, so activations and logits are O(1) and a few dozen
 /// LoRA steps visibly lower the loss; other tensors keep small values.
-double weightStd(const WeightDecl &weight) {
+double weightStd(const WeightDecl &weight, bool gptOss) {
   if (weight.name.find("embed_tokens") != std::string::npos)
     return 1.0;
+  // gpt-oss: gate/up values of std 3, so about 2% pass the SwiGLU clamp (7)
+  // and a missing clamp shows; down_proj a third, so the outputs stay O(1).
+  if (gptOss && weight.routed && weight.name.find("mlp.experts.gate_up_proj") != std::string::npos &&
+      !endsWith(weight.name, "_bias") && !weight.shape.empty())
+    return kGptOssGateUpScale / std::sqrt(double(weight.shape.back()));
+  if (gptOss && weight.routed && weight.name.find("mlp.experts.down_proj") != std::string::npos &&
+      !endsWith(weight.name, "_bias") && !weight.shape.empty())
+    return 1.0 / (kGptOssGateUpScale * std::sqrt(double(weight.shape.back())));
   // Short convolutions (linear attention): unit-variance outputs too.
   if (weight.name.find("conv1d.weight") != std::string::npos && !weight.shape.empty())
     return 1.0 / std::sqrt(double(weight.shape.back()));
@@ -866,10 +881,10 @@ double weightStd(const WeightDecl &weight) {
 }
 
 TensorData plainTensor(const DiskTensor &t, const WeightDecl &weight,
-                       uint64_t seed, double normMean = 1.0) {
+                       uint64_t seed, double normMean, bool gptOss) {
   TensorData d{t.name, t.dtype, t.shape, {}};
   std::vector<float> values =
-      sampleValues(seed, t.name, elements(t.shape), weightStd(weight), normMean);
+      sampleValues(seed, t.name, elements(t.shape), weightStd(weight, gptOss), normMean);
   const std::vector<int64_t> &logical = weight.shape;
   // expandToDisk stores fused expert matmuls as [E, in, out].
   bool transposed = weight.linear && weight.routed && weight.experts == 0 &&
@@ -927,9 +942,12 @@ void mxfp4Tensors(const DiskTensor &blocks, const DiskTensor &scales,
                   const std::string &logicalName, uint64_t seed,
                   std::vector<TensorData> &out) {
   int64_t groups = elements(scales.shape);
-  // Blocks are [..., out, in/32, 16]: unit-variance outputs as weightStd.
+  // Blocks are [..., out, in/32, 16]: the scale weightStd gives the plain tensor.
   double fanIn = double(blocks.shape[blocks.shape.size() - 2] * 32);
-  std::vector<float> w = sampleValues(seed, logicalName, groups * 32, 1.0 / std::sqrt(fanIn));
+  double scale = endsWith(logicalName, "gate_up_proj") ? kGptOssGateUpScale
+                 : endsWith(logicalName, "down_proj")  ? 1.0 / kGptOssGateUpScale
+                                                       : 1.0;
+  std::vector<float> w = sampleValues(seed, logicalName, groups * 32, scale / std::sqrt(fanIn));
   TensorData b{blocks.name, blocks.dtype, blocks.shape, {}};
   TensorData s{scales.name, scales.dtype, scales.shape, {}};
   b.bytes.resize(groups * 16);
@@ -1101,7 +1119,8 @@ writeTinyModel(const TinyModelOptions &options) {
           // for the gated norm of its linear attention.
           bool zeroCentred = spec.family == "qwen3_next" &&
                              weight.name.find("linear_attn.norm") == std::string::npos;
-          tensors.push_back(plainTensor(disk[0], weight, options.seed, zeroCentred ? 0.0 : 1.0));
+          tensors.push_back(plainTensor(disk[0], weight, options.seed, zeroCentred ? 0.0 : 1.0,
+                                        spec.family == "gpt_oss"));
         } else if (disk.size() == 2 && disk[0].dtype == "F8_E4M3") {
           fp8Tensors(disk[0], disk[1], spec.quant, options.seed, tensors);
         } else if (disk.size() == 2 && endsWith(disk[0].name, "_blocks")) {

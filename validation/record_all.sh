@@ -4,6 +4,7 @@
 # family's model stage against its fixture, and each family's 50-step loss
 # alignment and PEFT round trip.
 # usage: validation/record_all.sh [ADAPT_BINARY]   (default build/bin/adapt)
+#        FAMILIES="gpt_oss llama4" validation/record_all.sh   (those families only)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ADAPT=${1:-build/bin/adapt}
@@ -13,8 +14,8 @@ DEST=validation/records/cpu-fp32
 mkdir -p $DEST
 $ADAPT validate models/tiny-qwen3-moe --stage op --out $W/op > /dev/null
 cp $W/op/op-stage.json $W/op/op-stage.md $DEST/
-for f in qwen3_moe mixtral deepseek_v3 kimi_k2 gpt_oss glm4_moe minimax_m2 llama4 minimax qwen3_vl_moe \
-    qwen3_next kimi_linear deepseek_v32 glm_moe_dsa; do
+for f in ${FAMILIES:-qwen3_moe mixtral deepseek_v3 kimi_k2 gpt_oss glm4_moe minimax_m2 llama4 minimax \
+    qwen3_vl_moe qwen3_next kimi_linear deepseek_v32 glm_moe_dsa}; do
   echo "== $f"
   $ADAPT tiny $f --out $W/$f > /dev/null
   mkdir -p $W/rec-$f && cp $W/op/op-stage.json $W/rec-$f/

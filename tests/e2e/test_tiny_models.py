@@ -10,6 +10,7 @@ forward pass.
 Usage: test_tiny_models.py ADAPT_BINARY
 """
 import filecmp
+import hashlib
 import json
 import os
 import subprocess
@@ -25,6 +26,19 @@ FAMILIES = ["qwen3_moe", "mixtral", "deepseek_v3", "kimi_k2", "gpt_oss",
 # (family, quant): the quantized variants. Without a GPU transformers
 # dequantizes them to BF16 on load, which checks names, shapes and scales.
 QUANTIZED = [("deepseek_v3", "fp8"), ("kimi_k2", "fp8"), ("gpt_oss", "mxfp4")]
+# The branches each family's fixture must exercise (validation/branch_coverage.py).
+BRANCHES = {
+    "gpt_oss": ["swiglu_gate_clamped", "swiglu_up_clamped", "sliding_window"],
+    "llama4": ["chunked_window", "nope_layers", "temperature_tuning"],
+    "minimax": ["lightning_blocks"],
+    "deepseek_v3": ["group_limited_routing", "unequal_mla_head_dims"],
+    "kimi_k2": ["unequal_mla_head_dims"],
+    "deepseek_v32": ["group_limited_routing", "sparse_selection", "unequal_mla_head_dims"],
+    "glm_moe_dsa": ["sparse_selection", "unequal_mla_head_dims"],
+    "qwen3_next": ["unequal_linear_head_dims"],
+    "kimi_linear": ["unequal_mla_head_dims"],
+    "qwen3_vl_moe": ["image_tokens"],
+}
 FILES = ["config.json", "model.safetensors.index.json",
          "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
 
@@ -150,6 +164,33 @@ class TinyModels(unittest.TestCase):
         self.assertEqual(tiny("mixtral", self.path("bad"), "--seed", "x").returncode, 2)
         proc = subprocess.run([ADAPT, "tiny", "mixtral"], capture_output=True, text=True)
         self.assertEqual(proc.returncode, 2)
+
+    def test_fixtures_exercise_every_branch_of_their_family(self):
+        """Issue 16 item 5: each family's committed fixture (what the model
+        stage and loss alignment compare against) reaches its clamps,
+        windows, limits, unequal sizes and routing corner cases, counted by
+        validation/branch_coverage.py on the reference itself; and the
+        fixture was made from exactly the model `adapt tiny` writes today."""
+        python = find_python()
+        if python is None:
+            self.skipTest("no Python with transformers (set ADAPT_PYTHON)")
+        probe = os.path.join(ROOT, "validation", "branch_coverage.py")
+        for family, branches in BRANCHES.items():
+            with self.subTest(family=family):
+                out = self.write(family, f"{family}-branches")
+                fixture = os.path.join(ROOT, "validation", "fixtures", family)
+                with open(os.path.join(fixture, "fixture.json")) as f:
+                    made_from = json.load(f)["model_files"]
+                for name, digest in made_from.items():
+                    with open(os.path.join(out, name), "rb") as f:
+                        self.assertEqual(hashlib.sha256(f.read()).hexdigest(), digest,
+                                         f"{family}: the fixture was made from another {name}")
+                proc = subprocess.run([python, probe, out, fixture], capture_output=True, text=True,
+                                      timeout=600)
+                self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+                hits = json.loads(proc.stdout.strip().splitlines()[-1])
+                for branch in branches:
+                    self.assertGreater(hits.get(branch, 0), 0, f"{family}: {branch} never acts: {hits}")
 
     def test_transformers_loads_every_family(self):
         python = find_python()
