@@ -8,6 +8,7 @@
 #include "runtime/Layers.h"
 #include "runtime/LightningLayer.h"
 #include "runtime/LinearAttention.h"
+#include "runtime/LinearCrossEntropy.h"
 #include "runtime/LinearLayers.h"
 #include "runtime/SafetensorsIO.h"
 
@@ -825,12 +826,9 @@ torch::Tensor Model::loss(const torch::Tensor &ids, const torch::Tensor &labels)
 
 torch::Tensor Model::loss(const torch::Tensor &ids, const torch::Tensor &labels, const ImageInput &images) {
   torch::Tensor h = impl->hidden(ids, /*training=*/true, &images);
-  torch::Tensor logits = torch::linear(h, impl->lmHead).to(torch::kFloat32);
-  const int64_t seqLen = ids.size(1);
-  torch::Tensor shifted = logits.narrow(1, 0, seqLen - 1).reshape({-1, logits.size(-1)});
-  torch::Tensor targets = labels.to(logits.device()).narrow(1, 1, seqLen - 1).reshape({-1});
-  return torch::nn::functional::cross_entropy(
-      shifted, targets, torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100));
+  torch::Tensor targets = labels.to(h.device()).narrow(1, 1, ids.size(1) - 1);
+  // The mean over the targets that count, as cross_entropy's ignore_index.
+  return lossSumOfHidden(h, labels) / targets.ne(-100).sum().to(torch::kFloat32);
 }
 
 torch::Tensor Model::lossSum(const torch::Tensor &ids, const torch::Tensor &labels) {
@@ -849,13 +847,12 @@ std::pair<int64_t, int64_t> Model::stageLayers() const {
 }
 
 torch::Tensor Model::lossSumOfHidden(const torch::Tensor &h, const torch::Tensor &labels) {
-  torch::Tensor logits = torch::linear(h, impl->lmHead).to(torch::kFloat32);
   const int64_t predicted = labels.size(1) - 1; // T - 1, or T with the next part's first label.
-  torch::Tensor shifted = logits.narrow(1, 0, predicted).reshape({-1, logits.size(-1)});
-  torch::Tensor targets = labels.to(logits.device()).narrow(1, 1, predicted).reshape({-1});
-  return torch::nn::functional::cross_entropy(
-      shifted, targets,
-      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum));
+  torch::Tensor shifted = h.narrow(1, 0, predicted).reshape({-1, h.size(-1)});
+  torch::Tensor targets = labels.to(h.device()).narrow(1, 1, predicted).reshape({-1});
+  // The LM head and the loss fused over row chunks: the [tokens, vocab]
+  // logits never exist whole (runtime/LinearCrossEntropy.h).
+  return linearCrossEntropySum(shifted, impl->lmHead, targets);
 }
 
 std::vector<AdapterTensor> Model::adapters() const {

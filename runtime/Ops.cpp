@@ -5,6 +5,7 @@
 #include "runtime/Errors.h"
 #include "runtime/GeneratedOps.h"
 
+#include <ATen/record_function.h>
 #include <cmath>
 
 namespace adapt::rt {
@@ -321,6 +322,7 @@ torch::Tensor weighExperts(const torch::Tensor &l, const FfnDef &ffn, const torc
 } // namespace
 
 Routing route(const torch::Tensor &logits, const FfnDef &ffn, const torch::Tensor &bias) {
+  RECORD_FUNCTION("adapt::moe.route", c10::ArrayRef<const c10::IValue>{}); // a --profile scope
   torch::Tensor l = logits.to(torch::kFloat32);
   if (!ffn.generatedRouter.empty())
     return routeGenerated(l, ffn, bias);
@@ -350,6 +352,7 @@ int64_t routingDifferences(const Routing &a, const Routing &b) {
 }
 
 ExpertGroups groupByExpert(const Routing &routing, int64_t experts, int64_t align) {
+  RECORD_FUNCTION("adapt::moe.permute", c10::ArrayRef<const c10::IValue>{}); // a --profile scope
   const int64_t k = routing.experts.size(1);
   torch::Tensor flat = routing.experts.reshape({-1});
   torch::Tensor order = std::get<1>(flat.sort(/*stable=*/true, 0, false));

@@ -106,6 +106,10 @@ Training (defaults in brackets):
   --dump-gradients FILE  write every step's whole adapter gradients (reduced,
                          before clipping) as safetensors ("<step>.<peft key>"):
                          the parallel stage compares layouts with them
+  --profile N            profile N steps (from the second) with Kineto: a
+                         Chrome trace OUT/profile/trace.json and the time by
+                         kind (attention, GEMMs, LoRA, experts, router, loss,
+                         optimizer, copies, idle) in OUT/profile/breakdown.md
   --help                 this text
 
 Every step appends one JSON line to OUT/metrics.jsonl: step, loss, lr,
@@ -134,7 +138,7 @@ const std::set<std::string> kValueFlags = {
     "--model", "--data", "--out", "--steps", "--batch", "--seq-len", "--lr", "--weight-decay",
     "--warmup", "--seed", "--device", "--dtype", "--grad-clip", "--checkpoint-every",
     "--log-every", "--export", "--merge", "--eos", "--peak-tflops", "--logits-out", "--validate", "--init-adapter", "--dump-batches",
-    "--force-routing", "--tp", "--ep", "--pp", "--dp", "--cp", "--dist-timeout", "--dump-gradients", "--micro-batches"};
+    "--force-routing", "--tp", "--ep", "--pp", "--dp", "--cp", "--dist-timeout", "--dump-gradients", "--micro-batches", "--profile"};
 const std::set<std::string> kBoolFlags = {"--resume", "--recompute", "--help", "-h"};
 
 /// The parsed command line: flag -> value ("" for booleans).
@@ -364,6 +368,8 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
     opts.gradientsPath = args.values.at("--dump-gradients");
   if (args.has("--micro-batches"))
     opts.microBatches = parseInt("--micro-batches", args.values.at("--micro-batches"), 1);
+  if (args.has("--profile"))
+    opts.profileSteps = parseInt("--profile", args.values.at("--profile"), 1);
   // A parallel run: checked before any weight is read, then the groups formed.
   const LaunchInfo launch = launchFromEnvironment();
   Layout layout;

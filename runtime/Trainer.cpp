@@ -13,12 +13,14 @@
 #include "runtime/ExpertParallel.h"
 #include "runtime/ParallelStep.h"
 #include "runtime/Pipeline.h"
+#include "runtime/Profiler.h"
 #include "runtime/RunReport.h"
 #include "runtime/TensorParallel.h"
 #include "runtime/FileSystem.h"
 #include "runtime/SafetensorsIO.h"
 #include "runtime/Sha256.h"
 
+#include <ATen/record_function.h>
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -575,11 +577,17 @@ int Trainer::run(const PackedDataset &data) {
   const int64_t firstStep = completed;
   using Clock = std::chrono::steady_clock;
   const auto runStart = Clock::now();
+  // --profile N: from the second step, so one-time allocation stays out.
+  const int64_t profileFirst = opts.steps - firstStep > opts.profileSteps ? firstStep + 1 : firstStep;
+  StepProfiler profiler(opts.outDir, profileFirst,
+                        writes() ? std::min(opts.profileSteps, opts.steps - profileFirst) : 0, cuda,
+                        model.def().lora.rank, model.def().vocab);
 
   while (completed < opts.steps) {
     if (int signal = stopRequested())
       return interrupted(signal);
     const int64_t index = completed;
+    profiler.beforeStep(index);
     const auto stepStart = Clock::now();
     const double lr = learningRate(opts, index);
     if (optimizer) // A rank may own no tensor (ZeRO-1) or train none (a pipeline stage).
@@ -630,8 +638,10 @@ int Trainer::run(const PackedDataset &data) {
     }
     if (!std::isfinite(gradNorm))
       throw notFinite("gradient norm", gradNorm);
-    if (optimizer)
+    if (optimizer) {
+      RECORD_FUNCTION("adapt::optimizer", c10::ArrayRef<const c10::IValue>{});
       optimizer->step();
+    }
     if (opts.distributed) { // ZeRO-1: every replica takes the owners' new values.
       std::vector<torch::Tensor> values;
       for (const AdapterTensor &p : trained)
@@ -752,6 +762,7 @@ int Trainer::run(const PackedDataset &data) {
       std::fprintf(stderr, "%s\n", progress);
     }
 
+    profiler.afterStep(index);
     if (opts.checkpointEvery > 0 && completed % opts.checkpointEvery == 0)
       saveCheckpoint();
   }

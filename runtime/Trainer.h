@@ -69,6 +69,9 @@ struct TrainOptions {
   /// gradients are those of the whole batch (the same normalisation as a
   /// parallel run's, so DP2 equals one process with 2 micro-batches).
   int64_t microBatches = 1;
+  /// --profile N: Kineto over N steps from the run's second step (its first
+  /// when it has no more than N), written to OUT/profile (runtime/Profiler.h).
+  int64_t profileSteps = 0;
 };
 
 /// Learning rate of the step with 0-based index \p index: lr * (index + 1) /

@@ -667,6 +667,7 @@ std::vector<Check> registry() {
   addSparseAttentionChecks(all);
   addVisionChecks(all);
   addLightningChecks(all);
+  addLossChecks(all);
   return all;
 }
 

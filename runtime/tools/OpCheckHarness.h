@@ -127,6 +127,8 @@ void addSparseAttentionChecks(std::vector<Check> &all);
 void addVisionChecks(std::vector<Check> &all);
 /// MiniMax lightning attention, blocked and recurrent (OpCheckLightning.cpp).
 void addLightningChecks(std::vector<Check> &all);
+/// The fused, chunked LM head and cross-entropy (OpCheckLoss.cpp).
+void addLossChecks(std::vector<Check> &all);
 
 } // namespace adapt::rt::opcheck
 

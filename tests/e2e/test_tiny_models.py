@@ -34,7 +34,7 @@ BRANCHES = {
     "deepseek_v3": ["group_limited_routing", "unequal_mla_head_dims"],
     "kimi_k2": ["unequal_mla_head_dims"],
     "deepseek_v32": ["group_limited_routing", "sparse_selection", "unequal_mla_head_dims"],
-    "glm_moe_dsa": ["sparse_selection", "unequal_mla_head_dims"],
+    "glm_moe_dsa": ["sparse_selection"],  # GLM-5's q/k and v head dims are equal (256)
     "qwen3_next": ["unequal_linear_head_dims"],
     "kimi_linear": ["unequal_mla_head_dims"],
     "qwen3_vl_moe": ["image_tokens"],

@@ -255,6 +255,39 @@ class Trainer(unittest.TestCase):
                 self.assertEqual(runs["recomputed"][0], runs["stored"][0])
                 self.assertEqual(runs["recomputed"][1], runs["stored"][1], "the adapters differ")
 
+    def test_profile_writes_a_trace_and_a_breakdown_by_kind(self):
+        # --profile N: a Chrome trace and the time by kind of work, with the
+        # runtime's scopes (loss, router, optimizer) found in it; the profiled
+        # run's numbers are those of an unprofiled one.
+        model, train = self.build("qwen3_moe")
+        args = ["--model", model, "--data", self.data, "--steps", "3", "--batch", "2", "--seq-len", "32",
+                "--lr", "1e-2", "--log-every", "0", "--seed", "3"]
+        plain = os.path.join(self.work, "unprofiled")
+        proc = run(train, "--out", plain, *args)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        out = os.path.join(self.work, "profiled")
+        proc = run(train, "--out", out, "--profile", "2", *args)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("profile of steps 2-3", proc.stderr)
+        self.assertEqual(losses(out), losses(plain))
+        with open(os.path.join(out, "profile", "trace.json")) as f:
+            trace = json.load(f)
+        names = {e.get("name") for e in trace["traceEvents"]}
+        for scope in ("adapt::lm_head_loss", "adapt::moe.route", "adapt::optimizer"):
+            self.assertIn(scope, names)
+        with open(os.path.join(out, "profile", "breakdown.json")) as f:
+            breakdown = json.load(f)
+        self.assertEqual(breakdown["steps"], 2)
+        kinds = breakdown["seconds_per_step"]
+        # (On the CPU experts run as per-expert GEMMs; on CUDA as grouped ones.)
+        for kind in ("LM head + loss", "router, top-k, permute", "optimizer", "LoRA GEMMs",
+                     "dense GEMMs (projections, dense MLPs)"):
+            self.assertGreater(kinds.get(kind, 0), 0, kind)
+        self.assertLessEqual(sum(kinds.values()), 1.05 * breakdown["wall_s_per_step"])
+        with open(os.path.join(out, "profile", "breakdown.md")) as f:
+            self.assertIn("| LM head + loss |", f.read())
+        self.assertEqual(run(train, "--out", out + "-bad", "--profile", "0", *args).returncode, 2)
+
     def test_sigterm_finishes_the_step_and_checkpoints(self):
         model, train = self.build("qwen3_moe")
         out = os.path.join(self.work, "sigterm")

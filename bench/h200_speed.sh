@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Issue 17 on the H200: adapt's generated trainer against transformers + PEFT,
+# side by side in one call, at several depths of Qwen3-30B-A3B's widths
+# (random bf16 weights, LoRA r=16 on q/k/v/o and the routed experts, AdamW),
+# then a --profile breakdown of adapt's step. Per-layer cost and fixed cost
+# come from two depths: (t_deep - t_shallow) / (deep - shallow).
+# usage: bench/h200_speed.sh OUTDIR   (after bench/h200_check.sh built the
+#        runtime; projects from bench/h200_speed_prepare.sh in .h200/q30-L<N>)
+# env: DEPTHS ("1 12"), BATCH (2), SEQ (4096), STEPS (8), PEER (1: run it)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:?usage: h200_speed.sh OUTDIR}; mkdir -p "$OUT"
+W=/tmp/adapt-h200; BATCH=${BATCH:-2}; SEQ=${SEQ:-4096}; STEPS=${STEPS:-8}
+python3 - "$W/data.jsonl" <<'PY'
+import json, random, sys
+random.seed(0)
+with open(sys.argv[1], "w") as f:
+    for _ in range(256):
+        f.write(json.dumps({"input_ids": [random.randrange(151936) for _ in range(8192)]}) + "\n")
+PY
+for n in ${DEPTHS:-1 12}; do
+  python3 bench/make_random_qwen3_moe.py bench/h200/qwen3-30b-a3b-config.json --layers $n --out $W/model-L$n > /dev/null
+  cmake -S .h200/q30-L$n -B $W/train-L$n -G Ninja -DCMAKE_BUILD_TYPE=Release -DAdaptRuntime_DIR=$W/rt > /dev/null 2>&1
+  cmake --build $W/train-L$n > $W/build-L$n.log 2>&1 || { echo "L$n: build failed"; tail -20 $W/build-L$n.log; continue; }
+  rm -rf $W/run-L$n
+  $W/train-L$n/train --model $W/model-L$n --data $W/data.jsonl --out $W/run-L$n --steps $STEPS --batch $BATCH \
+    --seq-len $SEQ --device cuda --dtype bf16 --lr 1e-4 --checkpoint-every 1000 --log-every 0 ${EXTRA:-} \
+    > $W/run-L$n.log 2>&1 || { echo "L$n: adapt failed"; tail -5 $W/run-L$n.log; }
+  if [ "${PEER:-1}" = 1 ]; then
+    python3 bench/peer_hf_peft.py $W/model-L$n --batch $BATCH --seq-len $SEQ --steps 6 --rank 16 --alpha 32 \
+      --experts 2>/dev/null | grep '^{' | tail -1 > $W/peer-L$n.json || echo '{}' > $W/peer-L$n.json
+  else
+    echo '{}' > $W/peer-L$n.json
+  fi
+  rm -rf $W/prof-L$n
+  $W/train-L$n/train --model $W/model-L$n --data $W/data.jsonl --out $W/prof-L$n --steps 4 --batch $BATCH \
+    --seq-len $SEQ --device cuda --dtype bf16 --lr 1e-4 --checkpoint-every 1000 --log-every 0 --profile 2 ${EXTRA:-} \
+    > /dev/null 2>&1 && cp $W/prof-L$n/profile/breakdown.md $OUT/breakdown-L$n.md
+  rm -rf $W/model-L$n
+done
+python3 - "$W" "$OUT" $((BATCH * SEQ)) ${DEPTHS:-1 12} <<'PY'
+import json, sys
+w, out, tokens, depths = sys.argv[1], sys.argv[2], int(sys.argv[3]), [int(d) for d in sys.argv[4:]]
+rows = {}
+for n in depths:
+    try:
+        m = [json.loads(l) for l in open(f"{w}/run-L{n}/metrics.jsonl")]
+    except OSError:
+        continue
+    steady = sorted(r["tokens_per_s"] for r in m[2:]) or [m[-1]["tokens_per_s"]]
+    peer = json.load(open(f"{w}/peer-L{n}.json")) if open(f"{w}/peer-L{n}.json").read().strip() else {}
+    peak = max(max(r.get("peak_device_gib", [0])) for r in m)
+    rows[n] = {"adapt_tokens_per_s": steady[len(steady) // 2], "adapt_peak_gib": peak,
+               "adapt_mfu": m[-1].get("mfu"), "peer_tokens_per_s": peer.get("tokens_per_s"),
+               "peer_peak_gib": peer.get("peak_mem_gib"), "loss_last": m[-1]["loss"]}
+    if peer.get("tokens_per_s"):
+        rows[n]["ratio"] = rows[n]["adapt_tokens_per_s"] / peer["tokens_per_s"]
+ds = sorted(rows)
+if len(ds) >= 2:
+    a, b = ds[0], ds[-1]
+    for who in ("adapt", "peer"):
+        ta, tb = rows[a].get(f"{who}_tokens_per_s"), rows[b].get(f"{who}_tokens_per_s")
+        if ta and tb:
+            per_layer = (1 / tb - 1 / ta) / (b - a)   # seconds per token per layer
+            rows[f"{who}_per_layer_ms_per_step"] = per_layer * tokens * 1e3
+            rows[f"{who}_fixed_ms_per_step"] = (1 / ta - a * per_layer) * tokens * 1e3
+json.dump(rows, open(out + "/speed.json", "w"), indent=2)
+print(json.dumps(rows, indent=2))
+PY
