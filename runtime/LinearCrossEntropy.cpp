@@ -8,6 +8,10 @@
 
 #include "runtime/LinearCrossEntropy.h"
 
+#ifdef ADAPT_WITH_CUDA_KERNELS
+#include "runtime/cuda/CrossEntropyKernel.h"
+#endif
+
 #include <ATen/record_function.h>
 #include <algorithm>
 
@@ -28,6 +32,17 @@ struct LinearCrossEntropyFunction : torch::autograd::Function<LinearCrossEntropy
     torch::Tensor w = weight.detach(), x = h.detach();
     for (int64_t start = 0; start < rows; start += chunkRows) {
       const int64_t n = std::min(chunkRows, rows - start);
+#ifdef ADAPT_WITH_CUDA_KERNELS
+      if (x.is_cuda()) { // One kernel per chunk: no fp32 copy of the logits at all.
+        torch::Tensor logits = torch::mm(x.narrow(0, start, n), w.t());
+        torch::Tensor rowLoss = torch::empty({n}, loss.options());
+        cuda::softmaxCrossEntropyRowsInPlace(logits, targets.narrow(0, start, n).contiguous(), rowLoss, wantGrad);
+        loss.add_(rowLoss.sum());
+        if (wantGrad)
+          gradH.narrow(0, start, n).copy_(torch::mm(logits, w));
+        continue;
+      }
+#endif
       torch::Tensor logits = torch::mm(x.narrow(0, start, n), w.t()).to(torch::kFloat32); // [n, V]
       torch::Tensor target = targets.narrow(0, start, n);
       torch::Tensor valid = target.ne(kIgnoreIndex);
