@@ -199,37 +199,33 @@ class EveryModel(unittest.TestCase):
                              if value in json.dumps(c["reasons"]) or value in json.dumps(c["features"])]
                     self.assertTrue(named, [c["id"] for c in missing])
                     self.assertGreater(report["parameters"]["decoder"], 0)  # still counted
+            def gaps_of_mutated(name, model, mutate):
+                """`adapt gaps` on a copy of MODEL's config changed by MUTATE: exit 3, the report."""
+                folder = os.path.join(work, name)
+                os.makedirs(folder)
+                with open(os.path.join(MODELS, model, "config.json")) as f:
+                    config = json.load(f)
+                mutate(config)
+                with open(os.path.join(folder, "config.json"), "w") as f:
+                    json.dump(config, f)
+                proc = subprocess.run([ADAPT, "gaps", folder, "--out", folder + "-out"], capture_output=True,
+                                      text=True, timeout=120)
+                self.assertEqual(proc.returncode, 3, proc.stderr)
+                with open(os.path.join(folder + "-out", "gaps.json")) as f:
+                    return json.load(f)
+
             # GLM-5's per-layer indexer kinds: an unseen one is a gap too.
-            folder = os.path.join(work, "indexer")
-            os.makedirs(folder)
-            with open(os.path.join(MODELS, "GLM-5", "config.json")) as f:
-                config = json.load(f)
-            config["indexer_types"] = ["full"] * config["num_hidden_layers"]
-            config["indexer_types"][5] = "windowed_v2"
-            with open(os.path.join(folder, "config.json"), "w") as f:
-                json.dump(config, f)
-            out = os.path.join(work, "indexer-out")
-            proc = subprocess.run([ADAPT, "gaps", folder, "--out", out], capture_output=True, text=True,
-                                  timeout=120)
-            self.assertEqual(proc.returncode, 3, proc.stderr)
-            with open(os.path.join(out, "gaps.json")) as f:
-                missing = [c for c in json.load(f)["components"] if c["status"] == "missing"]
+            def unseen_indexer(config):
+                config["indexer_types"] = ["full"] * config["num_hidden_layers"]
+                config["indexer_types"][5] = "windowed_v2"
+            report = gaps_of_mutated("indexer", "GLM-5", unseen_indexer)
+            missing = [c for c in report["components"] if c["status"] == "missing"]
             self.assertEqual([c["layers"] for c in missing], [[5]])
             self.assertIn("indexer_types[5]", json.dumps(missing[0]["reasons"]))
             # A hostile value: control bytes escaped, length bounded, still a gap.
-            folder = os.path.join(work, "hostile")
-            os.makedirs(folder)
-            with open(os.path.join(MODELS, "gpt-oss-20b", "config.json")) as f:
-                config = json.load(f)
-            config["layer_types"][1] = "evil\x1b[31m" + "y" * 5000
-            with open(os.path.join(folder, "config.json"), "w") as f:
-                json.dump(config, f)
-            out = os.path.join(work, "hostile-out")
-            proc = subprocess.run([ADAPT, "gaps", folder, "--out", out], capture_output=True, text=True,
-                                  timeout=120)
-            self.assertEqual(proc.returncode, 3, proc.stderr)
-            with open(os.path.join(out, "gaps.json")) as f:
-                reasons = " ".join(r for c in json.load(f)["components"] for r in c["reasons"])
+            report = gaps_of_mutated("hostile", "gpt-oss-20b",
+                                     lambda c: c["layer_types"].__setitem__(1, "evil\x1b[31m" + "y" * 5000))
+            reasons = " ".join(r for c in report["components"] for r in c["reasons"])
             self.assertIn("layer_types[1]", reasons)
             self.assertNotIn("\x1b", reasons)
             self.assertLess(len(reasons), 3000)
