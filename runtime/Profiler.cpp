@@ -52,6 +52,9 @@ std::string scopeKind(const std::string &scope) {
   return "";
 }
 
+/// How many operators the markdown breakdown lists.
+constexpr size_t kTopOperators = 20;
+
 /// One CPU operator as the breakdown needs it.
 struct CpuOp {
   std::string name, scope;
@@ -130,7 +133,20 @@ std::string ProfileBreakdown::markdown() const {
   md += line;
   std::snprintf(line, sizeof(line), "\nWall time per step: %.2f ms over %lld profiled steps.\n",
                 1e3 * span / double(std::max<int64_t>(steps, 1)), (long long)steps);
-  return md + line;
+  md += line;
+  std::vector<std::pair<double, std::string>> top;
+  for (const auto &[name, entry] : operators)
+    top.push_back({entry.second, name});
+  std::sort(top.rbegin(), top.rend());
+  if (top.size() > kTopOperators)
+    top.resize(kTopOperators);
+  md += "\nThe operators that took the most time:\n\n| operator | kind | ms per step |\n|---|---|---:|\n";
+  for (const auto &[secs, name] : top) {
+    std::snprintf(line, sizeof(line), "| `%s` | %s | %.2f |\n", name.substr(0, 120).c_str(),
+                  operators.at(name).first.c_str(), 1e3 * secs / double(std::max<int64_t>(steps, 1)));
+    md += line;
+  }
+  return md;
 }
 
 std::string ProfileBreakdown::json() const {
@@ -143,6 +159,10 @@ std::string ProfileBreakdown::json() const {
     if (auto it = seconds.find(kind); it != seconds.end())
       kinds.set(kind, it->second / double(std::max<int64_t>(steps, 1)));
   root.set("seconds_per_step", std::move(kinds));
+  JsonValue ops = JsonValue::object();
+  for (const auto &[name, entry] : operators)
+    ops.set(name, entry.second / double(std::max<int64_t>(steps, 1)));
+  root.set("operator_seconds_per_step", std::move(ops));
   return root.dump() + "\n";
 }
 
@@ -229,8 +249,13 @@ bool StepProfiler::afterStep(int64_t index) {
   };
   if (!state->cuda) {
     for (const CpuOp &op : ops)
-      if (op.self > 0)
-        b.seconds[kindOf(op, "")] += op.self;
+      if (op.self > 0) {
+        const std::string kind = kindOf(op, "");
+        b.seconds[kind] += op.self;
+        auto &entry = b.operators[op.name];
+        entry.first = kind;
+        entry.second += op.self;
+      }
   } else {
     std::unordered_map<uint64_t, const CpuOp *> byCorrelation;
     for (const CpuOp &op : ops)
@@ -244,6 +269,9 @@ bool StepProfiler::afterStep(int64_t index) {
       const std::string kind = it != byCorrelation.end() ? kindOf(*it->second, k.name)
                                                          : profileKind("", {}, k.name, state->loraRank, state->vocab);
       b.seconds[kind] += double(k.end - k.start) * 1e-9;
+      auto &entry = b.operators[it != byCorrelation.end() ? it->second->name : k.name];
+      entry.first = kind;
+      entry.second += double(k.end - k.start) * 1e-9;
       const uint64_t from = std::max(k.start, coveredUntil);
       if (k.end > from)
         busy += double(k.end - from) * 1e-9;

@@ -32,10 +32,13 @@ std::string profileKind(const std::string &op, const std::vector<std::vector<int
 /// Seconds per kind over the profiled steps, and what they cover.
 struct ProfileBreakdown {
   std::map<std::string, double> seconds; ///< kind -> seconds (all steps).
+  /// operator (the launching one for a kernel, else the kernel) -> (kind, seconds).
+  std::map<std::string, std::pair<std::string, double>> operators;
   double span = 0.0;                     ///< Wall time of the profiled steps.
   int64_t steps = 0;
   bool device = false; ///< GPU kernel time (else CPU operator self time).
-  /// A markdown table: per kind, ms per step and share.
+  /// Markdown tables: per kind, ms per step and share; then the operators
+  /// that took the most time.
   std::string markdown() const;
   std::string json() const;
 };

@@ -284,8 +284,11 @@ class Trainer(unittest.TestCase):
                      "dense GEMMs (projections, dense MLPs)"):
             self.assertGreater(kinds.get(kind, 0), 0, kind)
         self.assertLessEqual(sum(kinds.values()), 1.05 * breakdown["wall_s_per_step"])
+        self.assertIn("aten::mm", breakdown["operator_seconds_per_step"])
         with open(os.path.join(out, "profile", "breakdown.md")) as f:
-            self.assertIn("| LM head + loss |", f.read())
+            text = f.read()
+        self.assertIn("| LM head + loss |", text)
+        self.assertIn("The operators that took the most time", text)
         self.assertEqual(run(train, "--out", out + "-bad", "--profile", "0", *args).returncode, 2)
 
     def test_sigterm_finishes_the_step_and_checkpoints(self):
