@@ -32,8 +32,10 @@ std::string profileKind(const std::string &op, const std::vector<std::vector<int
 /// Seconds per kind over the profiled steps, and what they cover.
 struct ProfileBreakdown {
   std::map<std::string, double> seconds; ///< kind -> seconds (all steps).
-  /// operator (the launching one for a kernel, else the kernel) -> (kind, seconds).
-  std::map<std::string, std::pair<std::string, double>> operators;
+  /// (operator, kind) -> seconds: the launching operator for a kernel (else
+  /// the kernel), with the kind it counted as there (one operator, such as
+  /// aten::mul, can serve several kinds).
+  std::map<std::pair<std::string, std::string>, double> operators;
   double span = 0.0;                     ///< Wall time of the profiled steps.
   int64_t steps = 0;
   bool device = false; ///< GPU kernel time (else CPU operator self time).
