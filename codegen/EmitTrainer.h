@@ -33,8 +33,11 @@ struct GeneratedOpUse {
 };
 
 struct TrainerOptions {
-  std::string sourcePath; ///< PATH as the user gave it (header comment only).
-  std::string modelDir;   ///< Absolute model folder: the trainer's default.
+  /// The model folder relative to the generated project's folder (the
+  /// trainer's default --model, made absolute by the project's CMakeLists.txt
+  /// at build time): no absolute path is written into the project, so it
+  /// builds and runs wherever project and model move together.
+  std::string modelDir;
   std::vector<GeneratedOpUse> generatedOps;
 };
 

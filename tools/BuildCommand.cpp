@@ -243,18 +243,36 @@ bool runLogged(const std::vector<std::string> &args, const std::string &log,
   return false;
 }
 
-/// The folder the trainer loads by default: PATH's folder, absolute.
-std::string absoluteModelDir(const std::string &path) {
+/// \p path made absolute and without `.`/`..` components, symbolic links
+/// kept (the project folder need not exist yet, so nothing is resolved).
+std::string lexicalAbsolute(const std::string &path) {
+  llvm::SmallString<256> out(path);
+  llvm::sys::fs::make_absolute(out);
+  llvm::sys::path::remove_dots(out, /*remove_dot_dot=*/true);
+  return std::string(out);
+}
+
+/// The model folder PATH names (PATH itself, or the folder of a file).
+std::string modelFolder(const std::string &path) {
   llvm::SmallString<256> dir(path);
   if (!llvm::sys::fs::is_directory(dir))
     llvm::sys::path::remove_filename(dir);
-  if (dir.empty())
-    dir = ".";
-  llvm::SmallString<256> real;
-  if (!llvm::sys::fs::real_path(dir, real))
-    return std::string(real);
-  llvm::sys::fs::make_absolute(dir);
-  return std::string(dir);
+  return dir.empty() ? std::string(".") : std::string(dir);
+}
+
+/// The relative path from absolute folder \p from to absolute path \p to.
+std::string relativePath(const std::string &from, const std::string &to) {
+  std::vector<llvm::StringRef> a(llvm::sys::path::begin(from), llvm::sys::path::end(from));
+  std::vector<llvm::StringRef> b(llvm::sys::path::begin(to), llvm::sys::path::end(to));
+  size_t common = 0;
+  while (common < a.size() && common < b.size() && a[common] == b[common])
+    ++common;
+  llvm::SmallString<256> out;
+  for (size_t i = common; i < a.size(); ++i)
+    llvm::sys::path::append(out, "..");
+  for (size_t i = common; i < b.size(); ++i)
+    llvm::sys::path::append(out, b[i]);
+  return out.empty() ? std::string(".") : std::string(out);
 }
 
 /// Components the trainer runs whose registry entry is not implemented.
@@ -452,8 +470,7 @@ int runBuildCommand(int argc, char **argv) {
   // Generate.
   std::cout << "== generating " << o.out << std::endl;
   TrainerOptions trainer;
-  trainer.sourcePath = o.path;
-  trainer.modelDir = absoluteModelDir(o.path);
+  trainer.modelDir = relativePath(lexicalAbsolute(o.out), lexicalAbsolute(modelFolder(o.path)));
   if (!collectGeneratedOps(report, registry, trainer.generatedOps, error)) {
     std::cerr << "adapt: error: " << error << "\n";
     return kExitBadInput;
