@@ -1,6 +1,7 @@
 //===- ExpertParallel.cpp - routed experts split across ranks -------------===//
 
 #include "runtime/ExpertParallel.h"
+#include "runtime/ExpertRows.h"
 
 #include <atomic>
 #include <chrono>
@@ -81,10 +82,8 @@ torch::Tensor dispatchToExperts(const torch::Tensor &rows, const torch::Tensor &
   routing.experts = torch::tensor(expertOfReceived, torch::kLong).view({n, 1}).to(rows.device());
   routing.weights = torch::ones({n, 1}, torch::TensorOptions().dtype(torch::kFloat32).device(rows.device()));
   ExpertGroups groups = groupByExpert(routing, local, align);
-  torch::Tensor out = compute(received.index_select(0, groups.tokenOfRow), groups);
-  torch::Tensor weights = groups.weightOfRow.to(out.scalar_type()).unsqueeze(1);
-  torch::Tensor inReceivedOrder = torch::zeros({n, out.size(1)}, out.options())
-                                      .index_add(0, groups.tokenOfRow, out * weights);
+  torch::Tensor out = compute(dispatchTokens(received, groups), groups);
+  torch::Tensor inReceivedOrder = combineExpertRows(out, groups, torch::Tensor());
   return allToAllRows(inReceivedOrder, group, recv, send);
 }
 

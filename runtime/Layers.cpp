@@ -1,6 +1,7 @@
 //===- Layers.cpp - modules with weights: linear+LoRA, attention, FFN -----===//
 
 #include "runtime/Layers.h"
+#include "runtime/ExpertRows.h"
 #include "runtime/SparseAttention.h"
 
 #include "runtime/LinearAttention.h"
@@ -19,8 +20,9 @@ torch::Tensor LoraLinear::forward(const torch::Tensor &input, bool training) con
     torch::Tensor in = x;
     if (training && dropout > 0.0)
       in = torch::dropout(in, dropout, /*train=*/true);
-    torch::Tensor a = loraA.to(x.scalar_type()), b = loraB.to(x.scalar_type());
-    y = y + torch::linear(torch::linear(in, a), b) * scale;
+    // The scale joins the rank-r factor, not the [tokens, out] product.
+    torch::Tensor a = loraA.to(x.scalar_type()), b = (loraB * scale).to(x.scalar_type());
+    y = y + torch::linear(torch::linear(in, a), b);
   }
   if (!rows)
     return y;
@@ -45,7 +47,8 @@ torch::Tensor ExpertLinear::forward(const torch::Tensor &x, const ExpertGroups &
   if (!hasLora())
     return y;
   auto [a, b] = groupedFactors(x.scalar_type());
-  return y + groupedLinear(groupedLinear(x, a, groups), b, groups) * scale;
+  // The scale joins the rank-r factor, not the [rows, out] product.
+  return y + groupedLinear(groupedLinear(x, a, groups), b * scale, groups);
 }
 
 double AttentionLayer::softmaxScale() const {
@@ -191,19 +194,17 @@ torch::Tensor FfnLayer::forward(const torch::Tensor &x, bool training, torch::Te
   ExpertGroups groups = groupByExpert(routing, def.experts, shard.split() ? 1 : align);
   if (load)
     *load = groups.counts;
-  torch::Tensor rows = flat.index_select(0, groups.tokenOfRow);
-  torch::Tensor rowWeights = groups.weightOfRow.to(x.scalar_type()).unsqueeze(1);
+  torch::Tensor rows = dispatchTokens(flat, groups);
   const bool scaleInput = def.router == RouterKind::TopKSigmoidInput;
   if (scaleInput)
-    rows = rows * rowWeights;
+    rows = rows * groups.weightOfRow.to(x.scalar_type()).unsqueeze(1);
   ExpertCompute experts = [this](const torch::Tensor &in, const ExpertGroups &g) {
     return expertDown.forward(gatedActivation(gateUp.forward(in, g), interleavedGateUp, def), g);
   };
   torch::Tensor out = shard.split() ? dispatchToExperts(rows, groups.counts, shard, align, experts)
                                     : experts(rows, groups);
-  if (!scaleInput)
-    out = out * rowWeights;
-  torch::Tensor y = torch::zeros_like(flat).index_add(0, groups.tokenOfRow, out.to(flat.scalar_type()));
+  torch::Tensor y = combineExpertRows(out.to(flat.scalar_type()), groups,
+                                      scaleInput ? torch::Tensor() : routing.weights);
   if (def.sharedIntermediate > 0) {
     torch::Tensor shared = sharedDown.forward(
         torch::silu(sharedGate.forward(flat, training)) * sharedUp.forward(flat, training), training);

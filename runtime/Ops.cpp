@@ -4,6 +4,9 @@
 
 #include "runtime/Errors.h"
 #include "runtime/GeneratedOps.h"
+#ifdef ADAPT_WITH_CUDA_KERNELS
+#include "runtime/cuda/SwiGluKernel.h"
+#endif
 
 #include <ATen/record_function.h>
 #include <cmath>
@@ -11,6 +14,10 @@
 namespace adapt::rt {
 
 torch::Tensor rmsNorm(const torch::Tensor &x, const torch::Tensor &weight, double eps) {
+  // On the GPU, LibTorch's fused kernel (fp32 inside, one rounding at the
+  // end) in place of five elementwise passes and two casts.
+  if (x.is_cuda() && (!weight.defined() || weight.scalar_type() == x.scalar_type()))
+    return at::rms_norm(x, {x.size(-1)}, weight.defined() ? std::optional<torch::Tensor>(weight) : std::nullopt, eps);
   torch::Tensor h = x.to(torch::kFloat32);
   h = h * torch::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
   if (!weight.defined())
@@ -360,8 +367,12 @@ ExpertGroups groupByExpert(const Routing &routing, int64_t experts, int64_t alig
   torch::Tensor expertOfRow = flat.index_select(0, order);
   torch::Tensor tokenOfRow = torch::div(order, k, "floor");
   torch::Tensor weightOfRow = routing.weights.reshape({-1}).index_select(0, order);
-  g.counts = torch::bincount(flat, {}, experts);
+  // Counted by a scatter, not bincount: bincount reads the largest id back
+  // to the host, a synchronisation per MoE layer on the GPU.
+  g.counts = torch::zeros({experts}, flat.options()).scatter_add_(0, flat, torch::ones_like(flat));
+  g.pairsPerToken = k;
   if (align <= 1) {
+    g.rowOfPair = torch::empty_like(order).index_copy_(0, order, torch::arange(flat.size(0), flat.options()));
     g.expertOfRow = expertOfRow;
     g.tokenOfRow = tokenOfRow;
     g.weightOfRow = weightOfRow;
@@ -380,6 +391,7 @@ ExpertGroups groupByExpert(const Routing &routing, int64_t experts, int64_t alig
   const int64_t bound = flat.size(0) + experts * (align - 1);
   paddedEnd = paddedEnd.index_fill(0, torch::tensor({experts - 1}, flat.options()), bound);
   g.rowCounts = paddedEnd - paddedStart;
+  g.rowOfPair = torch::empty_like(order).index_copy_(0, order, dest);
   g.tokenOfRow = torch::zeros({bound}, tokenOfRow.options()).index_copy_(0, dest, tokenOfRow);
   g.weightOfRow = torch::zeros({bound}, weightOfRow.options()).index_copy_(0, dest, weightOfRow);
   torch::Tensor allRows = torch::arange(bound, flat.options());
@@ -391,6 +403,24 @@ ExpertGroups groupByExpert(const Routing &routing, int64_t experts, int64_t alig
 int64_t groupAlignment(const torch::Device &device) { return device.is_cuda() ? 16 : 1; }
 
 namespace {
+
+#ifdef ADAPT_WITH_CUDA_KERNELS
+/// silu(gate) * up over a fused [rows, 2W] projection by one CUDA kernel each
+/// way; saves only the projection for backward.
+struct FusedSwiGlu : torch::autograd::Function<FusedSwiGlu> {
+  static torch::Tensor forward(torch::autograd::AutogradContext *ctx, const torch::Tensor &gateUp) {
+    torch::Tensor in = gateUp.contiguous();
+    ctx->save_for_backward({in});
+    return cuda::swiGluForward(in);
+  }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext *ctx,
+                                               torch::autograd::tensor_list grads) {
+    return {cuda::swiGluBackward(ctx->get_saved_variables()[0], grads[0].contiguous())};
+  }
+};
+
+torch::Tensor fusedSwiGlu(const torch::Tensor &gateUp) { return FusedSwiGlu::apply(gateUp); }
+#endif
 
 /// Whether LibTorch has a grouped-GEMM kernel for this device, dtype and
 /// shape: fp32 or bf16 on CPU, bf16 on CUDA, and on both rows of each
@@ -448,6 +478,10 @@ torch::Tensor gatedActivation(const torch::Tensor &gateUp, bool interleaved, con
     torch::Tensor glu = gate * torch::sigmoid(gate * ffn.swigluAlpha);
     return (up + 1) * glu;
   }
+#ifdef ADAPT_WITH_CUDA_KERNELS
+  if (!interleaved && gateUp.is_cuda() && gateUp.dim() == 2)
+    return fusedSwiGlu(gateUp);
+#endif
   return torch::silu(gate) * up;
 }
 

@@ -106,6 +106,8 @@ struct ExpertGroups {
   torch::Tensor offsets;     ///< [E] int32 cumulative (padded) row counts.
   torch::Tensor rowCounts;   ///< [E] int64 (padded) rows per expert.
   torch::Tensor counts;      ///< [E] int64 tokens routed to each expert.
+  torch::Tensor rowOfPair;   ///< [N*k] int64: the row of (token t, slot j) at t*k+j.
+  int64_t pairsPerToken = 1; ///< k, the experts each token is routed to.
 };
 /// Sorts the N*k (token, expert) pairs of \p routing by expert, padding each
 /// group to a multiple of \p align rows (1: no padding). Sizes stay on the

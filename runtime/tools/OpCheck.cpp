@@ -16,6 +16,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "runtime/ExpertRows.h"
 #include "runtime/FileSystem.h"
 #include "runtime/Json.h"
 #include "runtime/Layers.h"
@@ -376,7 +377,7 @@ struct ExpertCase {
 };
 
 /// The MoE combine y_n = sum_j w_nj ((W_e + s B_e A_e) x_n + b_e) through
-/// groupByExpert, grouped GEMMs and a weighted scatter, against a per-token
+/// groupByExpert, dispatchTokens, grouped GEMMs and combineExpertRows, against a per-token
 /// loop in double.
 Trial expertTrial(const Ctx &c, const ExpertCase &x) {
   const bool lora = x.rank > 0;
@@ -398,7 +399,7 @@ Trial expertTrial(const Ctx &c, const ExpertCase &x) {
 
   ExpertGroups g = groupByExpert(Routing{idx.to(c.device), wt.ours}, x.E, x.align);
   Trial t{verdict("groups", groupsProblem(g, idx, wt.ref, x.E, x.align))};
-  Tensor rows = in.ours.index_select(0, g.tokenOfRow), y;
+  Tensor rows = dispatchTokens(in.ours, g), y;
   if (lora || x.bias) {
     ExpertLinear lin{w.ours, x.bias ? bias.ours : Tensor(), lora ? A.ours : Tensor(), lora ? Bm.ours : Tensor(), 1.5};
     lin.peftSwapped = x.swapped;
@@ -406,8 +407,7 @@ Trial expertTrial(const Ctx &c, const ExpertCase &x) {
   } else {
     y = groupedLinear(rows, w.ours, g);
   }
-  y = y * g.weightOfRow.to(c.dtype).unsqueeze(1);
-  Tensor ours = torch::zeros({x.N, x.out}, in.ours.options()).index_add(0, g.tokenOfRow, y);
+  Tensor ours = combineExpertRows(y, g, wt.ours);
 
   // Reference: effective per-expert weights, then a loop over tokens.
   std::vector<Tensor> eff;

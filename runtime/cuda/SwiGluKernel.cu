@@ -1,0 +1,88 @@
+//===- SwiGluKernel.cu - SwiGLU on a fused gate/up projection -------------===//
+//
+// One elementwise pass each way. The composition (narrow, silu, mul) writes
+// silu(gate) as an intermediate, keeps gate, up and silu(gate) for backward,
+// and its backward writes each half's gradient into a zero-filled [rows, 2W]
+// tensor before adding them; here forward reads gateUp once and backward
+// writes the [rows, 2W] gradient once.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/cuda/SwiGluKernel.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+
+namespace adapt::rt::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+__device__ __forceinline__ float sigmoidOf(float x) { return 1.0f / (1.0f + __expf(-x)); }
+
+template <typename T>
+__global__ void swiGluForwardKernel(const T *__restrict__ gateUp, T *__restrict__ out, int64_t rows, int64_t width) {
+  const int64_t n = rows * width;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = i / width, col = i - row * width;
+    const float g = static_cast<float>(gateUp[row * 2 * width + col]);
+    const float u = static_cast<float>(gateUp[row * 2 * width + width + col]);
+    out[i] = static_cast<T>(g * sigmoidOf(g) * u);
+  }
+}
+
+template <typename T>
+__global__ void swiGluBackwardKernel(const T *__restrict__ gateUp, const T *__restrict__ gradOut,
+                                     T *__restrict__ gradGateUp, int64_t rows, int64_t width) {
+  const int64_t n = rows * width;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = i / width, col = i - row * width;
+    const int64_t gi = row * 2 * width + col, ui = gi + width;
+    const float g = static_cast<float>(gateUp[gi]), u = static_cast<float>(gateUp[ui]);
+    const float go = static_cast<float>(gradOut[i]);
+    const float s = sigmoidOf(g);
+    gradGateUp[gi] = static_cast<T>(go * u * s * (1.0f + g * (1.0f - s)));
+    gradGateUp[ui] = static_cast<T>(go * g * s);
+  }
+}
+
+int blocksFor(int64_t n) {
+  const int64_t wanted = (n + kThreads - 1) / kThreads;
+  const int64_t cap = int64_t(at::cuda::getCurrentDeviceProperties()->multiProcessorCount) * 32;
+  return static_cast<int>(std::max<int64_t>(1, std::min(wanted, cap)));
+}
+
+} // namespace
+
+at::Tensor swiGluForward(const at::Tensor &gateUp) {
+  const c10::cuda::CUDAGuard guard(gateUp.device());
+  const int64_t rows = gateUp.size(0), width = gateUp.size(1) / 2;
+  at::Tensor out = at::empty({rows, width}, gateUp.options());
+  if (out.numel() == 0)
+    return out;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gateUp.scalar_type(), "swiGluForward", [&] {
+    swiGluForwardKernel<scalar_t><<<blocksFor(out.numel()), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+        gateUp.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, width);
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+at::Tensor swiGluBackward(const at::Tensor &gateUp, const at::Tensor &gradOut) {
+  const c10::cuda::CUDAGuard guard(gateUp.device());
+  const int64_t rows = gateUp.size(0), width = gateUp.size(1) / 2;
+  at::Tensor grad = at::empty_like(gateUp);
+  if (grad.numel() == 0)
+    return grad;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gateUp.scalar_type(), "swiGluBackward", [&] {
+    swiGluBackwardKernel<scalar_t><<<blocksFor(gradOut.numel()), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+        gateUp.data_ptr<scalar_t>(), gradOut.data_ptr<scalar_t>(), grad.data_ptr<scalar_t>(), rows, width);
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return grad;
+}
+
+} // namespace adapt::rt::cuda
