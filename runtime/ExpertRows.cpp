@@ -4,6 +4,12 @@
 
 #include <torch/autograd.h>
 
+#include <algorithm>
+
+#ifdef ADAPT_WITH_CUDA_KERNELS
+#include "runtime/cuda/ExpertCombineKernel.h"
+#endif
+
 namespace adapt::rt {
 
 namespace {
@@ -21,7 +27,12 @@ struct DispatchTokens : torch::autograd::Function<DispatchTokens> {
     const torch::Tensor rowOfPair = ctx->get_saved_variables()[0];
     const int64_t tokens = ctx->saved_data["tokens"].toInt();
     const torch::Tensor &g = grads[0];
-    torch::Tensor summed = g.index_select(0, rowOfPair).view({tokens, -1, g.size(1)}).sum(1);
+    const int64_t k = rowOfPair.size(0) / std::max<int64_t>(tokens, 1);
+#ifdef ADAPT_WITH_CUDA_KERNELS
+    if (g.is_cuda() && tokens > 0) // the combine kernel with unit weights: one pass
+      return {cuda::combineRows(g, rowOfPair, torch::Tensor(), k), torch::Tensor(), torch::Tensor()};
+#endif
+    torch::Tensor summed = g.index_select(0, rowOfPair).view({tokens, k, g.size(1)}).sum(1);
     return {summed, torch::Tensor(), torch::Tensor()};
   }
 };
@@ -45,6 +56,31 @@ struct GatherOwnedRows : torch::autograd::Function<GatherOwnedRows> {
   }
 };
 
+#ifdef ADAPT_WITH_CUDA_KERNELS
+/// combineExpertRows on the GPU: gather and weighted sum in one kernel, and
+/// one pass each for the rows' and the weights' gradients.
+struct CombineRowsKernel : torch::autograd::Function<CombineRowsKernel> {
+  static torch::Tensor forward(torch::autograd::AutogradContext *ctx, const torch::Tensor &rows,
+                               const torch::Tensor &weights, const torch::Tensor &rowOfPair, int64_t k) {
+    ctx->save_for_backward({rows, weights, rowOfPair});
+    ctx->saved_data["k"] = k;
+    return cuda::combineRows(rows, rowOfPair, weights, k);
+  }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext *ctx,
+                                               torch::autograd::tensor_list grads) {
+    auto saved = ctx->get_saved_variables();
+    const torch::Tensor &rows = saved[0], &weights = saved[1], &rowOfPair = saved[2];
+    const int64_t k = ctx->saved_data["k"].toInt();
+    torch::Tensor g = grads[0].contiguous();
+    torch::Tensor gradRows = cuda::combineRowsGradRows(g, rowOfPair, weights, k, rows.size(0));
+    torch::Tensor gradWeights = ctx->needs_input_grad(1)
+                                    ? cuda::combineRowsGradWeights(g, rows, rowOfPair, k, weights.scalar_type())
+                                    : torch::Tensor();
+    return {gradRows, gradWeights, torch::Tensor(), torch::Tensor()};
+  }
+};
+#endif
+
 } // namespace
 
 torch::Tensor dispatchTokens(const torch::Tensor &tokens, const ExpertGroups &groups) {
@@ -54,6 +90,10 @@ torch::Tensor dispatchTokens(const torch::Tensor &tokens, const ExpertGroups &gr
 torch::Tensor combineExpertRows(const torch::Tensor &rows, const ExpertGroups &groups,
                                 const torch::Tensor &weights) {
   const int64_t pairs = groups.rowOfPair.size(0), k = groups.pairsPerToken;
+#ifdef ADAPT_WITH_CUDA_KERNELS
+  if (rows.is_cuda() && weights.defined() && pairs > 0)
+    return CombineRowsKernel::apply(rows, weights, groups.rowOfPair, k);
+#endif
   torch::Tensor picked = GatherOwnedRows::apply(rows, groups.rowOfPair).view({pairs / k, k, rows.size(1)});
   if (!weights.defined())
     return picked.sum(1);

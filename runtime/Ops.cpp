@@ -389,7 +389,8 @@ ExpertGroups groupByExpert(const Routing &routing, int64_t experts, int64_t alig
   // A size known without synchronising: an upper bound. The last group runs
   // to it, so every row the GEMMs touch holds a real (finite) token.
   const int64_t bound = flat.size(0) + experts * (align - 1);
-  paddedEnd = paddedEnd.index_fill(0, torch::tensor({experts - 1}, flat.options()), bound);
+  paddedEnd = paddedEnd.clone();
+  paddedEnd.narrow(0, experts - 1, 1).fill_(bound); // on the device: no host-to-device copy
   g.rowCounts = paddedEnd - paddedStart;
   g.rowOfPair = torch::empty_like(order).index_copy_(0, order, dest);
   g.tokenOfRow = torch::zeros({bound}, tokenOfRow.options()).index_copy_(0, dest, tokenOfRow);

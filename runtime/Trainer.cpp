@@ -194,10 +194,11 @@ double Trainer::lossAndGradients(const Batch &batch, double &allReduceSeconds) {
   if (!opts.distributed && micro == 1) {
     torch::Tensor ids = batch.ids.to(opts.device), labels = batch.labels.to(opts.device);
     torch::Tensor loss = model.loss(ids, labels, ImageInput{batch.pixels, batch.gridThw});
-    const double value = loss.item<double>();
-    if (std::isfinite(value))
-      loss.backward();
-    return value;
+    // Backward is queued before the loss is read: reading it first would
+    // leave the GPU idle while the host launches backward. A non-finite loss
+    // stops the run before the optimizer (train()), so its gradients are unused.
+    loss.backward();
+    return loss.item<double>();
   }
   if (batch.pixels.defined())
     throw badInput(opts.dataPath, "images",
@@ -235,12 +236,12 @@ double Trainer::lossAndGradients(const Batch &batch, double &allReduceSeconds) {
       torch::Tensor share =
           model.lossSumOfHidden(model.stageForward(ids.narrow(0, m * rows, rows)), labels.narrow(0, m * rows, rows)) /
           globalCount;
+      share.backward(); // queued before the value is read, as above
       const double value = share.item<double>();
       // Alone, stop at once; in a parallel run every rank keeps to the
       // collectives and all see the non-finite total below.
       if (!std::isfinite(value) && !run)
         return value;
-      share.backward();
       local += value;
     }
   }

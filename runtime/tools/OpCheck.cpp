@@ -384,7 +384,7 @@ Trial expertTrial(const Ctx &c, const ExpertCase &x) {
   const int64_t r = std::max<int64_t>(x.rank, 1);
   Input in = input(c, torch::randn({x.N, x.in}, f64), true);
   Input w = input(c, torch::randn({x.E, x.out, x.in}, f64) / std::sqrt(double(x.in)), !lora);
-  Input wt = input(c, torch::rand({x.N, x.k}, f64) * 0.75 + 0.25, false, torch::kFloat32);
+  Input wt = input(c, torch::rand({x.N, x.k}, f64) * 0.75 + 0.25, true, torch::kFloat32);
   std::vector<Tensor> picks; // k distinct experts per token, never the idle one
   for (int64_t n = 0; n < x.N; ++n) {
     Tensor p = torch::randperm(x.idle >= 0 ? x.E - 1 : x.E, i64).narrow(0, 0, x.k);
@@ -435,8 +435,9 @@ Trial expertTrial(const Ctx &c, const ExpertCase &x) {
   }
   Tensor ref = torch::stack(tokens);
   t.push_back({"out", ours, ref});
-  backward(t, ours, ref, lora ? std::vector<std::pair<std::string, Input *>>{{"x", &in}, {"lora_A", &A}, {"lora_B", &Bm}}
-                              : std::vector<std::pair<std::string, Input *>>{{"x", &in}, {"w", &w}});
+  backward(t, ours, ref,
+           lora ? std::vector<std::pair<std::string, Input *>>{{"x", &in}, {"lora_A", &A}, {"lora_B", &Bm}, {"weights", &wt}}
+                : std::vector<std::pair<std::string, Input *>>{{"x", &in}, {"w", &w}, {"weights", &wt}});
   return t;
 }
 

@@ -1,0 +1,33 @@
+//===- ExpertCombineKernel.h - experts' rows back to tokens -*- C++ -*-===//
+//
+// The MoE unpermute and weighted combine as single passes (built where nvcc
+// is, ADAPT_WITH_CUDA_KERNELS). runtime/ExpertRows.cpp keeps the LibTorch
+// composition (gather, batched GEMM over k) as the CPU path and reference.
+// Every (token t, slot j) pair p = t*k + j owns one row rowOfPair[p].
+//
+//===----------------------------------------------------------------------===//
+#ifndef ADAPT_RUNTIME_CUDA_EXPERTCOMBINEKERNEL_H
+#define ADAPT_RUNTIME_CUDA_EXPERTCOMBINEKERNEL_H
+
+#include <ATen/core/Tensor.h>
+
+namespace adapt::rt::cuda {
+
+/// y[t] = sum_j w[t, j] * rows[rowOfPair[t*k + j]] for \p rows [R, H]
+/// (contiguous), \p rowOfPair [T*k] int64, \p weights [T, k] any float dtype
+/// (undefined: all ones); fp32 accumulation, stored in rows' dtype: [T, H].
+at::Tensor combineRows(const at::Tensor &rows, const at::Tensor &rowOfPair, const at::Tensor &weights, int64_t k);
+
+/// combineRows's gradient for \p rows: row rowOfPair[p] = w[p] * gradY[p / k],
+/// padding rows (owned by no pair) zero: [rows, H] in gradY's dtype.
+at::Tensor combineRowsGradRows(const at::Tensor &gradY, const at::Tensor &rowOfPair, const at::Tensor &weights,
+                               int64_t k, int64_t rows);
+
+/// combineRows's gradient for the weights: gradW[p] = <gradY[p / k],
+/// rows[rowOfPair[p]]> in fp32: [T, k] in the weights' dtype \p dtype.
+at::Tensor combineRowsGradWeights(const at::Tensor &gradY, const at::Tensor &rows, const at::Tensor &rowOfPair,
+                                  int64_t k, at::ScalarType dtype);
+
+} // namespace adapt::rt::cuda
+
+#endif // ADAPT_RUNTIME_CUDA_EXPERTCOMBINEKERNEL_H
