@@ -6,11 +6,14 @@
 # come from two depths: (t_deep - t_shallow) / (deep - shallow).
 # usage: bench/h200_speed.sh OUTDIR   (after bench/h200_check.sh built the
 #        runtime; projects from bench/h200_speed_prepare.sh in .h200/q30-L<N>)
-# env: DEPTHS ("1 12"), BATCH (2), SEQ (4096), STEPS (8), PEER (1: run it)
+# env: DEPTHS ("1 12"), BATCH (2), SEQ (4096), STEPS (8), PEER (1: run it),
+#      PEER_DEPTHS (the depths the peer runs at; default all), PROFILE (1: profile
+#      each depth), MODELS (where random weights are written; /dev/shm for 48
+#      layers, whose ~57 GB do not fit the disk beside the build)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: h200_speed.sh OUTDIR}; mkdir -p "$OUT"
-W=/tmp/adapt-h200; BATCH=${BATCH:-2}; SEQ=${SEQ:-4096}; STEPS=${STEPS:-8}
+W=/tmp/adapt-h200; M=${MODELS:-$W}; BATCH=${BATCH:-2}; SEQ=${SEQ:-4096}; STEPS=${STEPS:-8}
 python3 - "$W/data.jsonl" <<'PY'
 import json, random, sys
 random.seed(0)
@@ -19,24 +22,24 @@ with open(sys.argv[1], "w") as f:
         f.write(json.dumps({"input_ids": [random.randrange(151936) for _ in range(8192)]}) + "\n")
 PY
 for n in ${DEPTHS:-1 12}; do
-  python3 bench/make_random_qwen3_moe.py bench/h200/qwen3-30b-a3b-config.json --layers $n --out $W/model-L$n > /dev/null
+  python3 bench/make_random_qwen3_moe.py bench/h200/qwen3-30b-a3b-config.json --layers $n --out $M/model-L$n > /dev/null
   cmake -S .h200/q30-L$n -B $W/train-L$n -G Ninja -DCMAKE_BUILD_TYPE=Release -DAdaptRuntime_DIR=$W/rt > /dev/null 2>&1
   cmake --build $W/train-L$n > $W/build-L$n.log 2>&1 || { echo "L$n: build failed"; tail -20 $W/build-L$n.log; continue; }
   rm -rf $W/run-L$n
-  $W/train-L$n/train --model $W/model-L$n --data $W/data.jsonl --out $W/run-L$n --steps $STEPS --batch $BATCH \
+  $W/train-L$n/train --model $M/model-L$n --data $W/data.jsonl --out $W/run-L$n --steps $STEPS --batch $BATCH \
     --seq-len $SEQ --device cuda --dtype bf16 --lr 1e-4 --checkpoint-every 1000 --log-every 0 ${EXTRA:-} \
     > $W/run-L$n.log 2>&1 || { echo "L$n: adapt failed"; tail -5 $W/run-L$n.log; }
-  if [ "${PEER:-1}" = 1 ]; then
-    python3 bench/peer_hf_peft.py $W/model-L$n --batch $BATCH --seq-len $SEQ --steps 6 --rank 16 --alpha 32 \
+  if [ "${PEER:-1}" = 1 ] && [[ " ${PEER_DEPTHS:-$n} " == *" $n "* ]]; then
+    python3 bench/peer_hf_peft.py $M/model-L$n --batch $BATCH --seq-len $SEQ --steps 6 --rank 16 --alpha 32 \
       --experts 2>/dev/null | grep '^{' | tail -1 > $W/peer-L$n.json || echo '{}' > $W/peer-L$n.json
   else
     echo '{}' > $W/peer-L$n.json
   fi
   rm -rf $W/prof-L$n
-  $W/train-L$n/train --model $W/model-L$n --data $W/data.jsonl --out $W/prof-L$n --steps 4 --batch $BATCH \
+  [ "${PROFILE:-1}" = 1 ] && $W/train-L$n/train --model $M/model-L$n --data $W/data.jsonl --out $W/prof-L$n --steps 4 --batch $BATCH \
     --seq-len $SEQ --device cuda --dtype bf16 --lr 1e-4 --checkpoint-every 1000 --log-every 0 --profile 2 ${EXTRA:-} \
     > /dev/null 2>&1 && cp $W/prof-L$n/profile/breakdown.md $OUT/breakdown-L$n.md
-  rm -rf $W/model-L$n
+  rm -rf $M/model-L$n
 done
 python3 - "$W" "$OUT" $((BATCH * SEQ)) ${DEPTHS:-1 12} <<'PY'
 import json, sys

@@ -22,7 +22,10 @@ torch::Tensor LoraLinear::forward(const torch::Tensor &input, bool training) con
       in = torch::dropout(in, dropout, /*train=*/true);
     // The scale joins the rank-r factor, not the [tokens, out] product.
     torch::Tensor a = loraA.to(x.scalar_type()), b = (loraB * scale).to(x.scalar_type());
-    y = y + torch::linear(torch::linear(in, a), b);
+    // The up-projection accumulates into the base output inside the GEMM (beta = 1).
+    const std::vector<int64_t> shape = y.sizes().vec();
+    torch::Tensor down = torch::linear(in, a);
+    y = torch::addmm(y.reshape({-1, shape.back()}), down.reshape({-1, down.size(-1)}), b.t()).view(shape);
   }
   if (!rows)
     return y;
