@@ -31,7 +31,7 @@ Type elementTypeFor(OpBuilder &b, const std::string &dtype) {
 
 Result<OwningOpRef<ModuleOp>> importOnnxModel(MLIRContext &context,
                                               const std::string &path,
-                                              GapReport &report) {
+                                              std::string &architecture) {
   Result<OnnxGraph> graph = readOnnxModel(path);
   if (!graph)
     return graph.error();
@@ -49,9 +49,7 @@ Result<OwningOpRef<ModuleOp>> importOnnxModel(MLIRContext &context,
         vocab = t->shape[0];
         hidden = t->shape[1];
       }
-  report.modelType = "onnx";
-  report.family = "onnx";
-  report.architecture = graph->producer.empty() ? "ONNX graph" : graph->producer;
+  architecture = graph->producer.empty() ? "ONNX graph" : graph->producer;
 
   context.getOrLoadDialect<AdaptDialect>();
   OpBuilder b(&context);

@@ -3,7 +3,8 @@
 #define ADAPT_IR_IMPORTONNX_H
 
 #include "parser/InputError.h"
-#include "passes/GapReport.h"
+
+#include <string>
 
 #include "mlir/IR/BuiltinOps.h"
 #include "mlir/IR/OwningOpRef.h"
@@ -12,10 +13,11 @@ namespace adapt {
 
 /// Reads \p path and maps its operators onto library components: matched
 /// ones become component ops, the rest `adapt.unmapped` (reported as gaps).
-/// Fills the model facts of \p report.
+/// \p architecture receives the graph's producer ("ONNX graph" when none),
+/// which the gap report names as the model's architecture.
 Result<mlir::OwningOpRef<mlir::ModuleOp>>
 importOnnxModel(mlir::MLIRContext &context, const std::string &path,
-                GapReport &report);
+                std::string &architecture);
 
 } // namespace adapt
 

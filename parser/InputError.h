@@ -2,7 +2,7 @@
 //
 // Every reader in parser/ reports bad input as one InputError value naming the
 // file, the field and what was expected. The CLI turns it into one line on
-// stderr and exit code 2 (see docs/exit-codes.md).
+// stderr and exit code 2 (README.md, "Exit codes").
 //
 //===----------------------------------------------------------------------===//
 #ifndef ADAPT_PARSER_INPUTERROR_H

@@ -33,7 +33,11 @@ std::unique_ptr<mlir::Pass> createGapAnalysisPass(AnalysisContext context);
 
 /// The `adapt gaps` pipeline: manifest check (when there is a manifest),
 /// parameter accounting, gap analysis.
-void buildGapPipeline(mlir::OpPassManager &pm, const AnalysisContext &context);
+void populateGapPipeline(mlir::OpPassManager &pm, const AnalysisContext &context);
+
+/// The `adapt build` pipeline after the gap pipeline: LoRA adapters on the
+/// components \p options targets.
+void populateLoraPipeline(mlir::OpPassManager &pm, const InjectLoraPassOptions &options);
 
 /// Registers the passes and the pipeline with adapt-opt.
 void registerAdaptPassesAndPipelines();

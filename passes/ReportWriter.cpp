@@ -11,6 +11,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "passes/ReportWriter.h"
+#include "parser/AtomicFile.h"
 #include "passes/ReportWriterInternal.h"
 
 #include <nlohmann/json.hpp>
@@ -578,43 +579,6 @@ std::string renderGapsMarkdown(const GapReport &report) {
   return md;
 }
 
-namespace {
-
-/// Writes all of `data` to `fd`, retrying short writes and EINTR.
-bool writeAll(int fd, const std::string &data) {
-  size_t done = 0;
-  while (done < data.size()) {
-    ssize_t n = ::write(fd, data.data() + done, data.size() - done);
-    if (n < 0 && errno == EINTR)
-      continue;
-    if (n <= 0)
-      return false;
-    done += static_cast<size_t>(n);
-  }
-  return true;
-}
-
-/// Creates `path` with `data`, flushed to disk; on failure sets `error`.
-bool writeSynced(const std::string &path, const std::string &data,
-                 std::string &error) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    error = "cannot create " + path + ": " + std::strerror(errno);
-    return false;
-  }
-  bool ok = writeAll(fd, data) && ::fsync(fd) == 0;
-  int savedErrno = errno;
-  if (::close(fd) != 0 && ok) {
-    ok = false;
-    savedErrno = errno;
-  }
-  if (!ok)
-    error = "cannot write " + path + ": " + std::strerror(savedErrno);
-  return ok;
-}
-
-} // namespace
-
 bool writeGapReport(const GapReport &report, const std::string &dir,
                     std::string &error) {
   std::vector<std::pair<std::string, std::string>> files;
@@ -626,43 +590,7 @@ bool writeGapReport(const GapReport &report, const std::string &dir,
     error = std::string("cannot render the gap report: ") + e.what();
     return false;
   }
-  std::error_code ec;
-  std::filesystem::path root(dir.empty() ? std::string(".") : dir);
-  std::filesystem::create_directories(root, ec);
-  if (ec || !std::filesystem::is_directory(root, ec)) {
-    error = "cannot create directory " + root.string() + ": " +
-            (ec ? ec.message() : std::string("not a directory"));
-    return false;
-  }
-  std::string suffix = ".tmp." + std::to_string(::getpid());
-  std::vector<std::string> temps;
-  auto cleanup = [&temps] {
-    for (const std::string &temp : temps)
-      ::unlink(temp.c_str());
-  };
-  for (const auto &[name, data] : files) {
-    std::string temp = (root / ("." + name + suffix)).string();
-    temps.push_back(temp);
-    if (!writeSynced(temp, data, error)) {
-      cleanup();
-      return false;
-    }
-  }
-  for (size_t i = 0; i < files.size(); ++i) {
-    std::string target = (root / files[i].first).string();
-    if (::rename(temps[i].c_str(), target.c_str()) != 0) {
-      error = "cannot rename " + temps[i] + " to " + target + ": " +
-              std::strerror(errno);
-      cleanup();
-      return false;
-    }
-  }
-  int dirFd = ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dirFd >= 0) {
-    ::fsync(dirFd);
-    ::close(dirFd);
-  }
-  return true;
+  return writeFilesAtomically(dir, files, error);
 }
 
 } // namespace adapt

@@ -14,6 +14,8 @@
 //===----------------------------------------------------------------------===//
 
 #include "tools/BuildCommand.h"
+#include "parser/AtomicFile.h"
+#include "tools/ModelAnalysis.h"
 
 #include "agent/Agent.h"
 #include "agent/ReviewKey.h"
@@ -53,14 +55,6 @@ const char *const kBuildUsage =
 namespace {
 
 constexpr int kExitCompileFailed = 4;
-
-struct BuildOptions {
-  std::string path, out, runtimeDir, registry;
-  std::vector<std::string> targets;
-  int64_t rank = 8;
-  double alpha = 16.0, dropout = 0.0;
-  bool rslora = false, router = false, noCompile = false, allowGaps = false;
-};
 
 int usageError(const std::string &error) {
   std::cerr << "adapt: error: " << error << "\nusage:\n" << kBuildUsage;
@@ -167,42 +161,6 @@ void printDiagnostic(mlir::Diagnostic &d) {
                          ? "warning"
                          : "note";
   std::cerr << "adapt: " << kind << ": " << d.str() << "\n";
-}
-
-/// Writes \p contents to \p path through a temporary file and a rename;
-/// leaves an identical file alone (its timestamp too, so rebuilds are no-ops).
-bool writeAtomically(const std::string &path, const std::string &contents,
-                     std::string &error) {
-  llvm::SmallString<256> parent(path);
-  llvm::sys::path::remove_filename(parent);
-  if (!parent.empty())
-    llvm::sys::fs::create_directories(parent); // candidates/ of generated ops.
-  {
-    std::ifstream in(path, std::ios::binary);
-    if (in) {
-      std::ostringstream existing;
-      existing << in.rdbuf();
-      if (existing.str() == contents)
-        return true;
-    }
-  }
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << contents;
-    out.close();
-    if (!out) {
-      error = "cannot write " + tmp;
-      std::remove(tmp.c_str());
-      return false;
-    }
-  }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    error = "cannot rename " + tmp + " to " + path;
-    std::remove(tmp.c_str());
-    return false;
-  }
-  return true;
 }
 
 /// The last \p count lines of a file.
@@ -362,6 +320,11 @@ int runBuildCommand(int argc, char **argv) {
   std::string error;
   if (!parseBuildArgs(argc, argv, o, error))
     return usageError(error);
+  return buildTrainer(o);
+}
+
+int buildTrainer(const BuildOptions &o) {
+  std::string error;
   if (isOnnxPath(o.path))
     return usageError(o.path + ": adapt build needs a Hugging Face model "
                       "folder (config.json and safetensors), not ONNX");
@@ -373,70 +336,21 @@ int runBuildCommand(int argc, char **argv) {
     return mlir::success();
   });
 
-  // Read and import, as `gaps` does.
+  // Read, import and analyse, as `gaps` does.
   std::cout << "== analysing " << o.path << std::endl;
-  std::optional<OpRegistry> ownRegistry;
-  if (!o.registry.empty()) {
-    Result<OpRegistry> read = readOpRegistry(o.registry);
-    if (!read) {
-      std::cerr << "adapt: error: " << read.error().message() << "\n";
-      return kExitBadInput;
-    }
-    ownRegistry = std::move(read.value());
-  }
-  const OpRegistry &registry = ownRegistry ? *ownRegistry : builtinOpRegistry();
-  Result<ModelFiles> loaded = loadModelFiles(o.path);
-  if (!loaded) {
-    std::cerr << "adapt: error: " << loaded.error().message() << "\n";
+  Analysis analysed;
+  if (int code = analyseModel(context, {o.path, o.registry, /*runPasses=*/true}, analysed))
+    return code;
+  const OpRegistry &registry = analysed.opRegistry();
+  GapReport &report = analysed.report;
+  mlir::OwningOpRef<mlir::ModuleOp> &module = analysed.module;
+  if (const ManifestIssue *issue = contradictingManifestIssue(report)) {
+    printManifestContradiction(report, *issue);
     return kExitBadInput;
-  }
-  ModelFiles files = std::move(loaded.value());
-  ModelSpec &spec = files.spec;
-  NameProbe probe;
-  std::unordered_set<std::string> names;
-  if (files.manifest) {
-    for (const auto &entry : files.manifest->tensors)
-      names.insert(entry.first);
-    probe = [&names](const std::string &n) { return names.count(n) > 0; };
-  }
-  refineWithManifest(spec, probe);
-  mlir::OwningOpRef<mlir::ModuleOp> module =
-      importModel(context, spec, declareModel(spec, probe));
-  if (mlir::failed(mlir::verify(*module))) {
-    std::cerr << "adapt: error: " << o.path
-              << ": the config describes an inconsistent model (see above)\n";
-    return kExitBadInput;
-  }
-
-  // Manifest check, parameter counts and gap analysis.
-  GapReport report;
-  report.source = o.path;
-  AnalysisContext analysis;
-  analysis.registry = &registry;
-  analysis.report = &report;
-  if (files.manifest) {
-    analysis.manifest = &*files.manifest;
-    analysis.headers = &files.headers;
-  }
-  {
-    mlir::PassManager pm(&context);
-    buildGapPipeline(pm, analysis);
-    if (mlir::failed(pm.run(*module))) {
-      std::cerr << "adapt: error: " << o.path << ": analysis failed\n";
-      return kExitBadInput;
-    }
   }
   int64_t extra = 0;
-  for (const ManifestIssue &issue : report.manifest.issues) {
-    if (issue.kind == "missing" || issue.kind == "shape" || issue.kind == "dtype") {
-      std::cerr << "adapt: error: " << report.manifest.file << ": " << issue.tensor
-                << ": expected " << issue.expected << ", found " << issue.found
-                << " (the manifest disagrees with the config; `adapt gaps` "
-                   "lists every issue)\n";
-      return kExitBadInput;
-    }
+  for (const ManifestIssue &issue : report.manifest.issues)
     extra += issue.kind == "extra";
-  }
   if (extra > 0)
     std::cerr << "adapt: warning: " << report.manifest.file << ": " << extra
               << " tensor(s) belong to no component the config describes; the "
@@ -462,7 +376,7 @@ int runBuildCommand(int argc, char **argv) {
     lora.rslora = o.rslora;
     lora.router = o.router;
     mlir::PassManager pm(&context);
-    pm.addPass(createInjectLoraPass(lora));
+    populateLoraPipeline(pm, lora);
     if (mlir::failed(pm.run(*module)))
       return kExitBadInput; // The pass printed why.
   }
@@ -490,7 +404,7 @@ int runBuildCommand(int argc, char **argv) {
     return kExitBadInput;
   }
   for (const GeneratedFile &file : generated)
-    if (!writeAtomically(o.out + "/" + file.name, file.contents, error)) {
+    if (!writeFileAtomically(o.out + "/" + file.name, file.contents, error, /*keepIdentical=*/true)) {
       std::cerr << "adapt: error: " << error << "\n";
       return kExitBadInput;
     }
@@ -508,7 +422,7 @@ int runBuildCommand(int argc, char **argv) {
   std::string runtimeDir = o.runtimeDir;
   if (runtimeDir.empty()) {
     std::string exe = llvm::sys::fs::getMainExecutable(
-        argv[0], reinterpret_cast<void *>(&runBuildCommand));
+        "adapt", reinterpret_cast<void *>(&runBuildCommand));
     llvm::SmallString<256> dir(exe);
     llvm::sys::path::remove_filename(dir);
     llvm::sys::path::append(dir, "..", "runtime");

@@ -19,11 +19,15 @@
 #include "tools/GenerateCommand.h"
 
 #include "agent/Agent.h"
+#include "ir/AdaptDialect.h"
+#include "passes/ReportWriter.h"
+#include "tools/ModelAnalysis.h"
 #include "parser/InputError.h"
 
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"
-#include "llvm/Support/Program.h"
+#include "mlir/IR/MLIRContext.h"
+#include "llvm/Support/raw_ostream.h"
 
 #include <cmath>
 #include <cstdlib>
@@ -64,17 +68,9 @@ int usageError(const std::string &message) {
   return kExitBadInput;
 }
 
-/// This executable's path (to run `adapt gaps` / `inspect` as children).
+/// This executable's path (to find the candidate checker beside it).
 std::string selfPath(const char *argv0) {
   return llvm::sys::fs::getMainExecutable(argv0, reinterpret_cast<void *>(&runGenerateCommand));
-}
-
-/// Runs a child to completion; stdout+stderr into \p log. Returns the exit code.
-int runTool(const std::vector<std::string> &args, const std::string &log) {
-  llvm::SmallVector<llvm::StringRef, 16> argv(args.begin(), args.end());
-  std::optional<llvm::StringRef> redirects[] = {llvm::StringRef(""), llvm::StringRef(log),
-                                                llvm::StringRef(log)};
-  return llvm::sys::ExecuteAndWait(args[0], argv, std::nullopt, redirects, 600);
 }
 
 /// The first IR line of the op whose variant is \p id, or "".
@@ -213,7 +209,7 @@ int runGenerateCommand(int argc, char **argv) {
     return kExitBadInput;
   }
 
-  // The gap report: given, or made by `adapt gaps` in a child.
+  // The gap report: given, or made here.
   std::string gapsPath;
   bool isJson = llvm::StringRef(o.path).ends_with(".json") &&
                 llvm::sys::path::filename(o.path) != "config.json";
@@ -224,23 +220,29 @@ int runGenerateCommand(int argc, char **argv) {
              !llvm::sys::fs::exists(o.path + "/config.json")) {
     gapsPath = o.path + "/gaps.json";
   } else {
-    std::vector<std::string> gaps = {self, "gaps", o.path, "--out", o.out + "/gaps"};
-    std::vector<std::string> inspect = {self, "inspect", o.path, "--emit", "analysed"};
-    if (!o.registry.empty()) {
-      gaps.insert(gaps.end(), {"--registry", o.registry});
-      inspect.insert(inspect.end(), {"--registry", o.registry});
+    // In-process: the same analysis as `adapt gaps`, and the analysed IR
+    // that the candidates' records quote.
+    mlir::MLIRContext context;
+    context.getOrLoadDialect<AdaptDialect>();
+    Analysis analysed;
+    if (int code = analyseModel(context, {o.path, o.registry, /*runPasses=*/true}, analysed))
+      return code;
+    if (const ManifestIssue *issue = contradictingManifestIssue(analysed.report)) {
+      printManifestContradiction(analysed.report, *issue);
+      return kExitBadInput;
     }
-    int rc = runTool(gaps, o.out + "/gaps.log");
-    if (rc != kExitOk && rc != kExitGapsFound) {
-      std::string log;
-      agent::readText(o.out + "/gaps.log", log);
-      std::cerr << log << "adapt: error: " << o.path << ": `adapt gaps` failed (exit " << rc
-                << ")\n";
+    if (!writeGapReport(analysed.report, o.out + "/gaps", error)) {
+      std::cerr << "adapt: error: " << o.out << "/gaps: " << error << "\n";
       return kExitBadInput;
     }
     gapsPath = o.out + "/gaps/gaps.json";
-    if (runTool(inspect, o.out + "/ir-before.mlir") == 0)
-      agent::readText(o.out + "/ir-before.mlir", ir);
+    llvm::raw_string_ostream irText(ir);
+    analysed.module->print(irText);
+    irText.flush();
+    if (!agent::writeText(o.out + "/ir-before.mlir", ir, error)) {
+      std::cerr << "adapt: error: " << o.out << "/ir-before.mlir: " << error << "\n";
+      return kExitBadInput;
+    }
   }
   std::string gapsText;
   Json report;

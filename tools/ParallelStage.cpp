@@ -266,7 +266,7 @@ void writeDataset(const std::string &path, int64_t vocab) {
 
 } // namespace
 
-int runParallelStage(const ParallelStageOptions &o, char *argv0) {
+int runParallelStage(const ParallelStageOptions &o) {
   const std::string work = o.out + "/parallel";
   llvm::sys::fs::create_directories(work);
   const int64_t vocab = std::min<int64_t>(vocabOf(o.path), 256);
@@ -286,12 +286,12 @@ int runParallelStage(const ParallelStageOptions &o, char *argv0) {
   }
   // The trainer with adapt's default LoRA targets (attention and experts).
   std::string trainerDir = work + "/trainer";
-  std::vector<std::string> build = {argv0, "build", o.path, "--out", trainerDir, "--runtime-dir", o.runtimeDir};
-  std::vector<char *> buildArgv;
-  for (std::string &s : build)
-    buildArgv.push_back(s.data());
+  BuildOptions build;
+  build.path = o.path;
+  build.out = trainerDir;
+  build.runtimeDir = o.runtimeDir;
   std::cout << "== building the trainer" << std::endl;
-  if (int rc = runBuildCommand(int(buildArgv.size()), buildArgv.data()); rc != kExitOk)
+  if (int rc = buildTrainer(build); rc != kExitOk)
     return rc;
   const std::string train = trainerDir + "/train", data = work + "/data.jsonl";
   const bool deltaRule = hasDeltaRuleLayers(trainerDir);

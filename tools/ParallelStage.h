@@ -18,9 +18,9 @@ struct ParallelStageOptions {
 /// processes on this machine (gloo on CPU, fp32, torchrun's variables) and
 /// compares per-step losses, every step's adapter gradients and the exported
 /// adapter with the single-process run; writes OUT/parallel-stage.json and
-/// .md. Exit 0 every layout run passed, 4 one failed, 2 bad input. ARGV0 is
-/// the adapt binary (for `adapt build`).
-int runParallelStage(const ParallelStageOptions &options, char *argv0);
+/// .md. Exit 0 every layout run passed, 4 one failed, 2 bad input. The
+/// trainer is built in-process (buildTrainer).
+int runParallelStage(const ParallelStageOptions &options);
 
 } // namespace adapt
 

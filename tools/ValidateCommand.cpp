@@ -86,7 +86,7 @@ int notRun(const ValidateOptions &o, const std::string &reason) {
   return kExitOk;
 }
 
-int runModelStage(const ValidateOptions &o, char *argv0) {
+int runModelStage(const ValidateOptions &o) {
   if (o.fixture.empty())
     return usage("--stage model needs --fixture DIR (validation/fixtures/<family>)");
   std::string fixtureMeta = o.fixture + "/fixture.json";
@@ -122,15 +122,32 @@ int runModelStage(const ValidateOptions &o, char *argv0) {
   if (!lora.value("target_parameters", nlohmann::json::array()).empty())
     targets += std::string(targets.empty() ? "" : ",") + "experts";
   std::string trainerDir = o.out + "/trainer";
-  std::vector<std::string> build = {argv0, "build", o.path, "--out", trainerDir, "--lora-targets", targets,
-                                    "--lora-rank", std::to_string(lora.value("rank", 8)),
-                                    "--lora-alpha", std::to_string(lora.value("alpha", 16.0)),
-                                    "--runtime-dir", o.runtimeDir};
-  std::vector<char *> buildArgv;
-  for (std::string &s : build)
-    buildArgv.push_back(s.data());
+  // The fixture is input like any other: its settings are checked as the
+  // build command's flags would be.
+  const nlohmann::json rank = lora.contains("rank") ? lora["rank"] : nlohmann::json(8);
+  const nlohmann::json alpha = lora.contains("alpha") ? lora["alpha"] : nlohmann::json(16.0);
+  std::string bad;
+  if (targets.empty())
+    bad = "lora.target_modules: expected at least one target module or target parameter";
+  else if (!rank.is_number_integer() || rank.get<int64_t>() < 1 || rank.get<int64_t>() > 65536)
+    bad = "lora.rank: expected an integer in 1..65536";
+  else if (!alpha.is_number() || !(alpha.get<double>() > 0) || alpha.get<double>() > 1e9)
+    bad = "lora.alpha: expected a number > 0";
+  if (!bad.empty()) {
+    std::cerr << "adapt: error: " << fixtureMeta << ": " << bad << "\n";
+    return kExitBadInput;
+  }
+  BuildOptions build;
+  build.path = o.path;
+  build.out = trainerDir;
+  build.runtimeDir = o.runtimeDir;
+  std::stringstream list(targets);
+  for (std::string item; std::getline(list, item, ',');)
+    build.targets.push_back(item);
+  build.rank = rank.get<int64_t>();
+  build.alpha = alpha.get<double>();
   std::cout << "== building the trainer with the fixture's LoRA (" << targets << ")\n";
-  if (int rc = runBuildCommand(int(buildArgv.size()), buildArgv.data()); rc != kExitOk)
+  if (int rc = buildTrainer(build); rc != kExitOk)
     return rc;
   std::cout << "== model stage against " << o.fixture << "\n";
   int rc = runProgram({trainerDir + "/train", "--validate", o.fixture, "--out", o.out});
@@ -198,7 +215,7 @@ int runValidateCommand(int argc, char **argv) {
       if (parallel.steps < 1 || parallel.steps > 1000 || o.steps.find_first_not_of("0123456789") != std::string::npos)
         return usage("--steps expects an integer in 1..1000");
     }
-    return runParallelStage(parallel, argv[0]);
+    return runParallelStage(parallel);
   }
   if (o.stage == "full")
     return notRun(o, "needs the parallel stage to pass first, at the model's real size");
@@ -213,7 +230,7 @@ int runValidateCommand(int argc, char **argv) {
     int rc = runProgram({checker, "--out", o.out});
     return rc == kExitOk || rc == kExitValidationFailed || rc == kExitBadInput ? rc : kExitValidationFailed;
   }
-  return runModelStage(o, argv[0]);
+  return runModelStage(o);
 }
 
 } // namespace adapt

@@ -4,7 +4,7 @@
 //   adapt gaps PATH --out DIR [--registry FILE]
 //   adapt tiny FAMILY --out DIR [--seed N] [--layers N] [--quant fp8|mxfp4]
 //
-// Exit codes (docs/exit-codes.md): 0 ok / nothing missing, 2 bad input or
+// Exit codes (README.md, "Exit codes"): 0 ok / nothing missing, 2 bad input or
 // usage, 3 gaps found. Nothing else on any input: every failure is caught
 // here and reported as one line on stderr.
 //
@@ -20,13 +20,13 @@
 #include "passes/ReportWriter.h"
 #include "tools/BuildCommand.h"
 #include "tools/GenerateCommand.h"
+#include "tools/ModelAnalysis.h"
+#include "tools/PlanCommand.h"
 #include "tools/ReviewCommand.h"
 #include "tools/ServeCommand.h"
 #include "tools/ValidateCommand.h"
 
 #include "mlir/IR/MLIRContext.h"
-#include "mlir/IR/Verifier.h"
-#include "mlir/Pass/PassManager.h"
 #include "llvm/Support/raw_ostream.h"
 
 #include <algorithm>
@@ -39,9 +39,6 @@
 #include <map>
 #include <unordered_set>
 
-#ifdef ADAPT_WITH_ONNX
-#include "ir/ImportOnnx.h"
-#endif
 
 using namespace adapt;
 
@@ -64,6 +61,9 @@ constexpr const char *kUsage = R"(usage:
                  [--flag-speedup X]
   adapt review DIR [--only ID] | --approve ID [--by NAME] | --approve-noncritical
                | --reject ID --reason TEXT [--by NAME] | --export FILE [--registry BASE]
+  adapt plan PATH --gpus N [--gpus-per-node 8] [--gpu-memory 139GiB] [--seq-len T]
+             [--global-batch B] [--micro-batch M] [--lora-targets a,b] [--lora-rank R]
+             [--dtype bf16|fp8] [--out DIR]
   adapt --help | --version
 
 PATH is a model folder (config.json, optionally model.safetensors.index.json
@@ -80,6 +80,10 @@ reuse rules first, then an LLM at an OpenAI-compatible endpoint (--endpoint or
 ADAPT_LLM_BASE_URL, ADAPT_LLM_MODEL, ADAPT_LLM_API_KEY); records under DIR.
 review shows them (diffs, IR, evidence) and records approvals (docs/agent.md).
 
+plan chooses the parallel layout (TP, EP, PP, CP, DP, recomputation) for
+training PATH's LoRA on N GPUs: memory per GPU by category and step time by
+part for every legal layout, the fastest that fits first (docs/plan.md).
+
 serve runs a Model Context Protocol server on http://ADDR:N/mcp (default
 127.0.0.1, port 0 = any free port, printed on stdout) until SIGINT/SIGTERM.
 
@@ -88,6 +92,7 @@ exit codes: 0 success (gaps: nothing missing), 2 bad input or usage,
             4 the generated trainer did not compile (build); a validation
               check failed (validate: the record names the first divergence)
             generate: 0 every gap has a candidate, 3 some gap has none
+            plan: 0 a layout fits, 3 none fits (why, and what would)
 )";
 
 /// Parsed command line.
@@ -226,102 +231,6 @@ int runTiny(int argc, char **argv) {
   return kExitOk;
 }
 
-/// The model as IR plus what the passes found.
-struct Analysis {
-  mlir::OwningOpRef<mlir::ModuleOp> module;
-  GapReport report;
-  std::optional<ModelFiles> files;
-};
-
-/// Reads PATH, imports it and (when \p runPasses) runs the gap pipeline.
-/// Returns an exit code on failure, 0 on success.
-int analyse(mlir::MLIRContext &context, const Options &opts, bool runPasses,
-            Analysis &out) {
-  out.report.source = opts.path;
-  AnalysisContext analysisContext;
-  std::optional<OpRegistry> registry;
-  if (!opts.registry.empty()) {
-    Result<OpRegistry> read = readOpRegistry(opts.registry);
-    if (!read)
-      return reportInputError(read.error());
-    registry = std::move(read.value());
-    analysisContext.registry = &*registry;
-  }
-  if (isOnnxPath(opts.path)) {
-#ifdef ADAPT_WITH_ONNX
-    Result<mlir::OwningOpRef<mlir::ModuleOp>> imported =
-        importOnnxModel(context, opts.path, out.report);
-    if (!imported)
-      return reportInputError(imported.error());
-    out.module = std::move(imported.value());
-#else
-    return reportInputError({opts.path, "", "this build of adapt has no ONNX support"});
-#endif
-  } else {
-    Result<ModelFiles> files = loadModelFiles(opts.path);
-    if (!files)
-      return reportInputError(files.error());
-    out.files = std::move(files.value());
-    ModelSpec &spec = out.files->spec;
-    NameProbe probe;
-    std::unordered_set<std::string> names;
-    if (out.files->manifest) {
-      for (const auto &entry : out.files->manifest->tensors)
-        names.insert(entry.first);
-      probe = [&names](const std::string &n) { return names.count(n) > 0; };
-    }
-    refineWithManifest(spec, probe);
-    std::vector<ComponentDecl> components = declareModel(spec, probe);
-    out.module = importModel(context, spec, components);
-    out.report.modelType = spec.modelType;
-    out.report.architecture = spec.architecture;
-    out.report.family = spec.family;
-    for (const UnknownKey &key : spec.unknownKeys)
-      out.report.unknownConfigKeys.push_back({key.path, key.value});
-    out.report.notes.insert(out.report.notes.end(), spec.notes.begin(),
-                            spec.notes.end());
-    for (const Assumption &a : spec.assumptions)
-      out.report.assumptions.push_back({a.feature, a.basis, a.confirmBy, a.status});
-    if (out.files->manifest) {
-      analysisContext.manifest = &*out.files->manifest;
-      analysisContext.headers = &out.files->headers;
-    }
-  }
-  if (mlir::failed(mlir::verify(*out.module))) {
-    std::cerr << "adapt: error: " << opts.path
-              << ": the config describes an inconsistent model (see the "
-                 "diagnostics above)\n";
-    return kExitBadInput;
-  }
-  if (!runPasses)
-    return 0;
-  analysisContext.report = &out.report;
-  mlir::PassManager pm(&context);
-  buildGapPipeline(pm, analysisContext);
-  if (mlir::failed(pm.run(*out.module))) {
-    std::cerr << "adapt: error: " << opts.path << ": analysis failed\n";
-    return kExitBadInput;
-  }
-  return 0;
-}
-
-/// Counts components by status and writes the one-line summary.
-void summarise(GapReport &report) {
-  std::map<GapStatus, int> counts;
-  for (const ComponentGap &c : report.components)
-    ++counts[c.status];
-  report.summary = std::to_string(report.components.size()) +
-                   " component variants: " +
-                   std::to_string(counts[GapStatus::Supported]) + " supported, " +
-                   std::to_string(counts[GapStatus::Partial]) + " partial, " +
-                   std::to_string(counts[GapStatus::Missing]) + " missing";
-  if (counts[GapStatus::Excluded])
-    report.summary += ", " + std::to_string(counts[GapStatus::Excluded]) + " excluded from training";
-  if (report.manifest.checked)
-    report.summary += "; manifest: " +
-                      std::to_string(report.manifest.issues.size()) + " issues";
-}
-
 /// The human summary of `inspect`.
 void printSummary(const Analysis &a) {
   const GapReport &r = a.report;
@@ -398,6 +307,8 @@ int run(int argc, char **argv) {
     return runGenerateCommand(argc, argv);
   if (argc >= 2 && !std::strcmp(argv[1], "review"))
     return runReviewCommand(argc, argv);
+  if (argc >= 2 && !std::strcmp(argv[1], "plan"))
+    return runPlanCommand(argc, argv);
   Options opts;
   std::string error;
   if (!parseArgs(argc, argv, opts, error) ||
@@ -410,10 +321,9 @@ int run(int argc, char **argv) {
   mlir::MLIRContext context;
   context.getOrLoadDialect<AdaptDialect>();
   Analysis analysis;
-  bool emitRaw = opts.command == "inspect" && opts.emit == "mlir";
-  if (int code = analyse(context, opts, !emitRaw, analysis))
+  const bool emitRaw = opts.command == "inspect" && opts.emit == "mlir";
+  if (int code = analyseModel(context, {opts.path, opts.registry, !emitRaw}, analysis))
     return code;
-  summarise(analysis.report);
   if (opts.command == "inspect") {
     if (opts.emit == "summary")
       printSummary(analysis);
@@ -427,15 +337,10 @@ int run(int argc, char **argv) {
   }
   std::cout << analysis.report.summary << "\n"
             << "wrote " << opts.out << "/gaps.json, gaps.md, gaps.html\n";
-  if (analysis.report.manifest.checked)
-    for (const ManifestIssue &issue : analysis.report.manifest.issues)
-      if (issue.kind == "missing" || issue.kind == "shape" || issue.kind == "dtype") {
-        std::cerr << "adapt: error: " << analysis.report.manifest.file << ": "
-                  << issue.tensor << ": expected " << issue.expected << ", found "
-                  << issue.found << " (the manifest disagrees with the config; "
-                  << "all issues are in gaps.json)\n";
-        return kExitBadInput;
-      }
+  if (const ManifestIssue *issue = contradictingManifestIssue(analysis.report)) {
+    printManifestContradiction(analysis.report, *issue);
+    return kExitBadInput;
+  }
   return analysis.report.hasGaps() ? kExitGapsFound : kExitOk;
 }
 

@@ -1,4 +1,10 @@
-//===- Pipeline.cpp - the gap-report pipeline -----------------------------===//
+//===- Pipelines.cpp - the compiler's pass pipelines ----------------------===//
+//
+// Every command and tool that analyses or transforms a model builds its pass
+// manager from these (in the style of CIRCT's Firtool.cpp): `adapt gaps`,
+// `inspect`, `build`, `generate`, and adapt-opt's registered pipeline.
+//
+//===----------------------------------------------------------------------===//
 
 #include "passes/Passes.h"
 
@@ -8,7 +14,7 @@ using namespace mlir;
 
 namespace adapt {
 
-void buildGapPipeline(OpPassManager &pm, const AnalysisContext &context) {
+void populateGapPipeline(OpPassManager &pm, const AnalysisContext &context) {
   // Facts about the files first, so later passes can cite shards.
   if (context.manifest)
     pm.addPass(createCheckManifestPass(context));
@@ -18,12 +24,16 @@ void buildGapPipeline(OpPassManager &pm, const AnalysisContext &context) {
   pm.addPass(createGapAnalysisPass(context));
 }
 
+void populateLoraPipeline(OpPassManager &pm, const InjectLoraPassOptions &options) {
+  pm.addPass(createInjectLoraPass(options));
+}
+
 void registerAdaptPassesAndPipelines() {
   registerAdaptPasses();
   PassPipelineRegistration<>(
       "adapt-gap-pipeline",
       "Parameter accounting then gap analysis against the built-in registry",
-      [](OpPassManager &pm) { buildGapPipeline(pm, AnalysisContext{}); });
+      [](OpPassManager &pm) { populateGapPipeline(pm, AnalysisContext{}); });
 }
 
 } // namespace adapt

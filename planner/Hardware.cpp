@@ -1,0 +1,57 @@
+//===- Hardware.cpp - GPU and fabric constants, with their sources --------===//
+
+#include "planner/Hardware.h"
+
+namespace adapt::plan {
+
+const Hardware &h200() {
+  static const Hardware h = [] {
+    Hardware x;
+    x.name = "NVIDIA H200 (141 GB HBM3e, NVLink 4, 400 Gb/s InfiniBand per GPU)";
+    // NVIDIA H200 datasheet: 141 GB. The lent machine reports ~139 GiB usable.
+    x.memoryBytes = 139.0 * (1ull << 30);
+    // Measured on the lent H200: bf16 torch.matmul ~780 TFLOP/s at large
+    // shapes (the developers' guide); FP8 is twice the bf16 rate (datasheet ratio).
+    x.bf16Flops = 780e12;
+    x.fp8Flops = 1560e12;
+    // NVLink 4: 900 GB/s per GPU both directions (datasheet), 450 GB/s each
+    // way; NCCL reaches ~80 % of it in all-to-all and ring all-reduce (NCCL
+    // tests' bus bandwidth on H100/H200 HGX, ~360 GB/s).
+    x.intraNodeBytesPerS = 360e9;
+    // One 400 Gb/s ConnectX-7 per GPU (HGX H200 reference design): 50 GB/s,
+    // ~40 GB/s reached by NCCL across nodes.
+    x.interNodeBytesPerS = 40e9;
+    // CUDA context, cuBLAS/cuDNN handles and NCCL buffers outside the
+    // caching allocator: ~0.6 GiB in nvidia-smi beyond the allocator peak on
+    // the H200 runs (docs/performance.md), 1 GiB with NCCL's channels.
+    x.contextBytes = 1.0 * (1ull << 30);
+    // Measured, bench/h200_speed.sh on 2026-12-03 (docs/performance.md):
+    // Qwen3-30B-A3B's widths, 2 x 4096 tokens, LoRA r=16 on attention and
+    // experts: 12.46 ms per MoE layer for 2.81 TFLOP (4 x active matmul
+    // parameters + causal attention, Planner.cpp's count) = 0.29 of 780 TFLOP/s;
+    // the fixed part, 22.5 ms for the 10.2 TFLOP LM head + loss = 0.58.
+    x.layerEfficiency = 0.29;
+    x.headEfficiency = 0.58;
+    // Same runs: allocator peak per extra layer 2.463 GiB, of which 1.160 GiB
+    // weights and 0.200 GiB adapter state; 1.103 GiB of activations at 8,192
+    // tokens against the planner's count of 1.376 GiB: 0.80.
+    x.activationScale = 0.80;
+    // Same runs: 1 layer peaks at 4.29 GiB; weights 2.32, adapters 0.20,
+    // activations 1.10 leave 0.67 GiB (embedding output, loss chunk of
+    // 832 x vocab logits, cuBLAS workspace).
+    x.fixedAllocatorBytes = 0.67 * (1ull << 30);
+    // bench/h200_long_context.sh (docs/performance.md): ~0.6 MiB per token
+    // per Gated DeltaNet layer of 32 x 128 value channels.
+    x.deltaRuleBytesPerToken = 0.6 * (1 << 20);
+    // Same table: one gdn layer, 131,072 tokens forward + backward in
+    // 1,716 ms: 13.1 us per token.
+    x.deltaRuleSecondsPerToken = 1.716 / 131072.0;
+    // Same table: one dsa layer at 131,072 tokens took 19.05 s, nearly all of
+    // it the indexer's ~1.1e15 FLOP of fp32 scores: ~58 TFLOP/s.
+    x.indexerFlops = 58e12;
+    return x;
+  }();
+  return h;
+}
+
+} // namespace adapt::plan

@@ -1,0 +1,54 @@
+//===- Hardware.h - GPU and fabric constants the planner uses ---*- C++ -*-===//
+//
+// Every constant here has a source: measured on this project's H200
+// (docs/performance.md, bench/h200_speed.sh) or a cited public figure.
+// Hardware.cpp holds the values; this header only their meaning.
+//
+//===----------------------------------------------------------------------===//
+#ifndef ADAPT_PLANNER_HARDWARE_H
+#define ADAPT_PLANNER_HARDWARE_H
+
+#include <string>
+
+namespace adapt::plan {
+
+/// One GPU kind, the fabric between GPUs, and how efficiently adapt's
+/// runtime uses them (measured).
+struct Hardware {
+  std::string name;
+  double memoryBytes = 0;       ///< GPU memory per rank (default; --gpu-memory overrides).
+  double bf16Flops = 0;         ///< Dense bf16 matmul rate reached by cuBLAS, FLOP/s.
+  double fp8Flops = 0;          ///< Dense FP8 rate, FLOP/s.
+  double intraNodeBytesPerS = 0;///< Per-GPU NVLink bandwidth, one direction.
+  double interNodeBytesPerS = 0;///< Per-GPU network bandwidth, one direction.
+  double contextBytes = 0;      ///< CUDA context and NCCL buffers outside the allocator, per rank.
+  /// Fraction of bf16Flops an MoE decoder layer's forward + backward
+  /// reaches in adapt's runtime (router, permutation, elementwise and
+  /// launch gaps included).
+  double layerEfficiency = 0;
+  /// The same for the LM head and fused loss.
+  double headEfficiency = 0;
+  /// Measured activation bytes kept per token per decoder layer, as a
+  /// multiple of the planner's count of saved tensors (Planner.cpp).
+  double activationScale = 1.0;
+  /// Allocator bytes besides weights, adapters and layer activations
+  /// (embedding output, loss chunk, workspace).
+  double fixedAllocatorBytes = 0;
+  /// Activation bytes per token per Gated DeltaNet / KDA layer of 4,096
+  /// value channels (the LibTorch chunked composition's saved fp32
+  /// intermediates), scaled by the layer's value width.
+  double deltaRuleBytesPerToken = 0;
+  /// Seconds per token of one Gated DeltaNet layer (4,096 value channels)
+  /// forward + backward, projections included: the delta rule runs as a
+  /// LibTorch composition, far from its FLOP count.
+  double deltaRuleSecondsPerToken = 0;
+  /// FLOP/s the DSA lightning indexer's scoring reaches (fp32 scores).
+  double indexerFlops = 0;
+};
+
+/// The H200 this project measures on, with its sources.
+const Hardware &h200();
+
+} // namespace adapt::plan
+
+#endif // ADAPT_PLANNER_HARDWARE_H
