@@ -885,6 +885,23 @@ void addGeneratedOpFiles(const std::vector<GeneratedOpUse> &uses,
     files.push_back({"candidates/" + use.symbol + (use.cuda ? ".cu" : ".cpp"), use.source});
 }
 
+/// The `m.plannedLayout` lines of a model that adapt-apply-plan annotated
+/// (`adapt build --plan`), or "".
+std::string plannedLayoutText(ModelOp model) {
+  std::optional<llvm::ArrayRef<int64_t>> layout = model.getParallelLayout();
+  if (!layout || layout->size() != 5)
+    return "";
+  const llvm::ArrayRef<int64_t> l = *layout;
+  std::ostringstream os;
+  os << "  // adapt plan's layout: the default when no --tp/--ep/--pp/--cp/--dp is given.\n"
+     << "  m.plannedLayout.present = true;\n"
+     << "  m.plannedLayout.tp = " << l[0] << ";\n  m.plannedLayout.ep = " << l[1] << ";\n"
+     << "  m.plannedLayout.pp = " << l[2] << ";\n  m.plannedLayout.cp = " << l[3] << ";\n"
+     << "  m.plannedLayout.dp = " << l[4] << ";\n"
+     << "  m.plannedLayout.recompute = " << (model.getRecompute() ? "true" : "false") << ";\n";
+  return os.str();
+}
+
 } // namespace
 
 bool emitTrainer(ModuleOp module, const TrainerOptions &options,
@@ -1083,6 +1100,7 @@ bool emitTrainer(ModuleOp module, const TrainerOptions &options,
      << "  m.lora.targets = {" << targetList << "};\n"
      << "  m.lora.modules = {" << moduleList << (moduleList.empty() ? "" : "\n  ") << "};\n"
      << visionText
+     << plannedLayoutText(model)
      << emitLayerList(ids, helpers, indices)
      << emitGeneratedOpUses(options.generatedOps)
      << "  return m;\n}\n\n"

@@ -17,7 +17,11 @@ def Adapt_ModelOp : Adapt_Op<"model", [
                        StrAttr:$family,
                        PositiveI64Attr:$hidden,
                        PositiveI64Attr:$vocab,
-                       DefaultValuedAttr<StrAttr, "\"\"">:$architecture);
+                       DefaultValuedAttr<StrAttr, "\"\"">:$architecture,
+                       // adapt plan's layout, [tp, ep, pp, cp, dp], and its
+                       // recomputation choice (adapt-apply-plan).
+                       OptionalAttr<DenseI64ArrayAttr>:$parallel_layout,
+                       UnitAttr:$recompute);
   let regions = (region SizedRegion<1>:$body);
   let assemblyFormat = "$sym_name attr-dict-with-keyword $body";
 }

@@ -34,7 +34,8 @@ public:
     std::string name = spec.modelType.empty() ? "model" : spec.modelType;
     auto model = builder.create<ModelOp>(loc, name, spec.modelType,
                                          spec.family, spec.hidden, spec.vocab,
-                                         spec.architecture);
+                                         spec.architecture, /*parallel_layout=*/mlir::DenseI64ArrayAttr(),
+                                         /*recompute=*/false);
     model->setAttr("adapt.dtype", builder.getStringAttr(spec.dtype));
     if (!spec.quant.method.empty()) {
       const QuantSpec &q = spec.quant;

@@ -56,7 +56,8 @@ Result<OwningOpRef<ModuleOp>> importOnnxModel(MLIRContext &context,
   Location loc = FileLineColLoc::get(&context, path, 1, 1);
   OwningOpRef<ModuleOp> module = ModuleOp::create(loc);
   b.setInsertionPointToEnd(module->getBody());
-  auto model = b.create<ModelOp>(loc, "onnx", "onnx", "onnx", hidden, vocab);
+  auto model = b.create<ModelOp>(loc, "onnx", "onnx", "onnx", hidden, vocab, /*architecture=*/"",
+                                 /*parallel_layout=*/DenseI64ArrayAttr(), /*recompute=*/false);
   Block *body = b.createBlock(&model.getBody());
   Value x = body->addArgument(
       RankedTensorType::get({ShapedType::kDynamic}, b.getI64Type()), loc);

@@ -39,6 +39,10 @@ void populateGapPipeline(mlir::OpPassManager &pm, const AnalysisContext &context
 /// components \p options targets.
 void populateLoraPipeline(mlir::OpPassManager &pm, const InjectLoraPassOptions &options);
 
+/// `adapt build --plan`: the plan's layout checked against the model and
+/// recorded on it (adapt-apply-plan).
+void populatePlanPipeline(mlir::OpPassManager &pm, const ApplyPlanPassOptions &options);
+
 /// Registers the passes and the pipeline with adapt-opt.
 void registerAdaptPassesAndPipelines();
 

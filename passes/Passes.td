@@ -55,6 +55,26 @@ def GapAnalysisPass : Pass<"adapt-gap-analysis", "::mlir::ModuleOp"> {
 // Training
 //===----------------------------------------------------------------------===//
 
+def ApplyPlanPass : Pass<"adapt-apply-plan", "::mlir::ModuleOp"> {
+  let summary = "Record a parallel layout (adapt plan's choice) on the model";
+  let description = [{
+    Checks the layout against the model as the runtime will (TP only over
+    softmax GQA/MHA attention whose query and key/value heads it divides; EP
+    dividing every MoE layer's experts; PP at most the token mixers; CP never
+    with DSA sparse attention) and sets `parallel_layout = [tp, ep, pp, cp,
+    dp]` and `recompute` on adapt.model. Code generation makes them the
+    trainer's default layout (`adapt build --plan plan.json`).
+  }];
+  let options = [
+    Option<"tp", "tp", "int64_t", "1", "tensor-parallel size">,
+    Option<"ep", "ep", "int64_t", "1", "expert-parallel size">,
+    Option<"pp", "pp", "int64_t", "1", "pipeline stages">,
+    Option<"cp", "cp", "int64_t", "1", "context-parallel size">,
+    Option<"dp", "dp", "int64_t", "1", "data-parallel size">,
+    Option<"recompute", "recompute", "bool", "false", "per-layer recomputation">,
+  ];
+}
+
 def InjectLoraPass : Pass<"adapt-inject-lora", "::mlir::ModuleOp"> {
   let summary = "Mark the linear weights that get LoRA adapters";
   let description = [{

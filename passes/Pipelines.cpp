@@ -28,6 +28,10 @@ void populateLoraPipeline(OpPassManager &pm, const InjectLoraPassOptions &option
   pm.addPass(createInjectLoraPass(options));
 }
 
+void populatePlanPipeline(OpPassManager &pm, const ApplyPlanPassOptions &options) {
+  pm.addPass(createApplyPlanPass(options));
+}
+
 void registerAdaptPassesAndPipelines() {
   registerAdaptPasses();
   PassPipelineRegistration<>(

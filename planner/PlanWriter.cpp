@@ -133,7 +133,7 @@ std::string stackedBars(const std::vector<const Candidate *> &rows,
 
 std::string verdictLine(const Plan &plan) {
   if (plan.chosen < 0)
-    return "No layout fits: " + plan.refusal + ".";
+    return "No layout fits. " + plan.refusal + ".";
   const Candidate &c = plan.candidates[size_t(plan.chosen)];
   return c.layout.text() + ": " + fixed(c.tokensPerSecond / 1000.0, 1) + "K tokens/s, " +
          fixed(gib(c.memory.total()), 1) + " GiB on the busiest GPU, " + fixed(c.time.total(), 3) + " s per step.";
@@ -163,6 +163,7 @@ std::string renderPlanJson(const Plan &plan) {
                 {"lora_parameters", f.attentionAdapter + f.expertAdapter + f.mlpAdapter}};
   j["request"] = {{"gpus", r.gpus},           {"gpus_per_node", r.gpusPerNode},
                   {"gpu_memory_bytes", r.gpuMemoryBytes > 0 ? r.gpuMemoryBytes : h.memoryBytes},
+                  {"memory_headroom", kMemoryHeadroom},
                   {"seq_len", r.seqLen},      {"global_batch", r.globalBatch},
                   {"micro_batch", r.microBatch}, {"lora_rank", r.loraRank},
                   {"lora_attention", r.loraAttention}, {"lora_experts", r.loraExperts}, {"lora_mlp", r.loraMlp},
@@ -194,7 +195,7 @@ std::string renderPlanMarkdown(const Plan &plan) {
   md << "Request: " << r.gpus << " GPUs (" << r.gpusPerNode << " per node), sequences of " << r.seqLen
      << " tokens, global batch " << r.globalBatch << ", micro-batch " << r.microBatch << ", LoRA rank " << r.loraRank
      << ", " << (r.fp8Weights ? "FP8" : "bf16") << " frozen weights. " << plan.layoutsConsidered
-     << " layouts considered.\n\n";
+     << " layouts considered; a layout fits when its estimate is at most 90 % of the GPU's memory.\n\n";
   if (plan.chosen < 0) {
     md << "What would fit:\n\n";
     for (const std::string &s : plan.suggestions)

@@ -200,7 +200,7 @@ Candidate estimate(const ModelFacts &f, const PlanRequest &r, const Hardware &h,
     m.buffers += 2.0 * tokensPerMicro * f.topK * f.hidden * 2.0;
   m.context = h.contextBytes;
   const double memory = r.gpuMemoryBytes > 0 ? r.gpuMemoryBytes : h.memoryBytes;
-  c.fits = m.total() <= memory;
+  c.fits = m.total() <= memory * (1.0 - kMemoryHeadroom);
 
   // Step time of the slowest rank, no overlap of communication and compute.
   TimeEstimate &t = c.time;
@@ -336,7 +336,8 @@ Plan makePlan(const ModelFacts &f, const PlanRequest &r, const Hardware &h) {
         continue;
       }
       if (!c.fits) {
-        c.verdict = "does not fit: needs " + gib(c.memory.total()) + " of " + gib(memory);
+        c.verdict = "does not fit: needs " + gib(c.memory.total()) + ", more than " +
+                    gib(memory * (1.0 - kMemoryHeadroom)) + " (90 % of the GPU)";
         continue;
       }
       // The part of the step that grew most against the chosen layout.
@@ -374,7 +375,8 @@ Plan makePlan(const ModelFacts &f, const PlanRequest &r, const Hardware &h) {
       {lm.weights, "frozen weights"}, {lm.experts, "routed experts' weights"}, {lm.adapters, "adapters"},
       {lm.optimizer, "optimizer state"}, {lm.activations, "activations"}, {lm.buffers, "buffers"}};
   auto largest = *std::max_element(parts.begin(), parts.end());
-  plan.refusal = "no layout fits in " + gib(memory) + " per GPU: the smallest (" + least.layout.text() + ") needs " +
+  plan.refusal = "Nothing fits in " + gib(memory * (1.0 - kMemoryHeadroom)) + " per GPU (90 % of " + gib(memory) +
+                 "): the smallest (" + least.layout.text() + ") needs " +
                  gib(lm.total()) + ", most of it " + largest.second + " (" + gib(largest.first) + ")";
   for (int64_t more = r.gpus * 2; more <= r.gpus * 64; more *= 2) {
     PlanRequest bigger = r;

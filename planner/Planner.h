@@ -21,6 +21,11 @@
 
 namespace adapt::plan {
 
+/// Share of GPU memory a plan leaves free: the calibration bound on the
+/// memory estimate (10 %, docs/plan.md), so a layout that fits on paper also
+/// fits on the GPU.
+constexpr double kMemoryHeadroom = 0.10;
+
 /// What the user asks for.
 struct PlanRequest {
   int64_t gpus = 1;

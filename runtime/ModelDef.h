@@ -231,6 +231,15 @@ struct VisionDef {
 };
 
 /// The whole decoder-only model.
+/// The parallel layout `adapt plan` chose for this model (`adapt build
+/// --plan`): the trainer's layout when no layout flag is given.
+struct PlannedLayout {
+  bool present = false;
+  int64_t tp = 1, ep = 1, pp = 1, cp = 1, dp = 1;
+  bool recompute = false;
+  int64_t processes() const { return tp * ep * pp * cp * dp; }
+};
+
 struct ModelDef {
   std::string family;       ///< adapt's family id, e.g. "qwen3_moe".
   std::string modelType;    ///< config.json's model_type, for the adapter config.
@@ -244,6 +253,7 @@ struct ModelDef {
   std::vector<LayerDef> layers;
   LoraDef lora;
   VisionDef vision;         ///< Image encoder (Qwen3-VL); depth 0: none.
+  PlannedLayout plannedLayout;
 };
 
 } // namespace adapt::rt

@@ -98,7 +98,9 @@ Training (defaults in brackets):
                          MLP widths, --pp the layers
                          (stages balanced by FLOPs, 1F1B over --micro-batches),
                          --cp every sequence, --dp and --ep the
-                         batch [1]
+                         batch [1; a trainer built with `adapt build --plan`
+                         defaults to the plan's layout and recomputation]
+  --no-recompute         turn off the plan's recomputation
   --dist-timeout S       a collective waiting longer (a rank died) fails every
                          rank with exit 7 [300]
   --micro-batches N      gradient accumulation: run each batch (each rank's
@@ -139,7 +141,7 @@ const std::set<std::string> kValueFlags = {
     "--warmup", "--seed", "--device", "--dtype", "--grad-clip", "--checkpoint-every",
     "--log-every", "--export", "--merge", "--eos", "--peak-tflops", "--logits-out", "--validate", "--init-adapter", "--dump-batches",
     "--force-routing", "--tp", "--ep", "--pp", "--dp", "--cp", "--dist-timeout", "--dump-gradients", "--micro-batches", "--profile"};
-const std::set<std::string> kBoolFlags = {"--resume", "--recompute", "--help", "-h"};
+const std::set<std::string> kBoolFlags = {"--resume", "--recompute", "--no-recompute", "--help", "-h"};
 
 /// The parsed command line: flag -> value ("" for booleans).
 struct Args {
@@ -373,13 +375,30 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
   // A parallel run: checked before any weight is read, then the groups formed.
   const LaunchInfo launch = launchFromEnvironment();
   Layout layout;
+  bool layoutFlags = false;
   for (auto [flag, size] : {std::pair<const char *, int64_t *>{"--tp", &layout.tp},
                             {"--ep", &layout.ep}, {"--pp", &layout.pp}, {"--dp", &layout.dp},
                             {"--cp", &layout.cp}})
-    if (const std::string *text = args.has(flag) ? &args.values.at(flag) : nullptr)
+    if (const std::string *text = args.has(flag) ? &args.values.at(flag) : nullptr) {
       *size = parseInt(flag, *text, 1);
+      layoutFlags = true;
+    }
+  const PlannedLayout &plan = def.plannedLayout;
+  if (plan.present && !layoutFlags) { // adapt build --plan: the plan's layout
+    layout = Layout{plan.tp, plan.ep, plan.pp, plan.dp, plan.cp};
+    if (plan.processes() != launch.worldSize)
+      throw badInput("", "--tp/--ep/--pp/--cp/--dp",
+                     "this trainer was built for the planned layout " + layout.text() + " on " +
+                         std::to_string(plan.processes()) + " processes, launched with " +
+                         std::to_string(launch.worldSize) + ": start " + std::to_string(plan.processes()) +
+                         " (torchrun --nproc-per-node, or Slurm tasks), or give the layout flags");
+  }
+  if (args.has("--recompute") && args.has("--no-recompute"))
+    throw badInput("", "--no-recompute", "expected --recompute or --no-recompute, not both");
+  const bool recompute =
+      args.has("--recompute") || (plan.present && plan.recompute && !layoutFlags && !args.has("--no-recompute"));
   checkLayout(layout, launch.worldSize, def, opts.batch, opts.seqLen);
-  if (layout.cp > 1 && args.has("--recompute"))
+  if (layout.cp > 1 && recompute)
     throw badInput("", "--recompute",
                    "expected no --recompute with --cp (recomputing a layer would repeat its context "
                    "exchange; not implemented yet)");
@@ -452,7 +471,7 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
   modelOptions.dtype = opts.dtype;
   modelOptions.seed = opts.seed;
   modelOptions.progress = loadProgress();
-  modelOptions.recomputeLayers = args.has("--recompute");
+  modelOptions.recomputeLayers = recompute;
   modelOptions.distributed = opts.distributed;
   if (layout.pp > 1) {
     modelOptions.pipelineBounds = pipelineBoundaries(def, layout.pp, opts.seqLen);

@@ -1,7 +1,7 @@
 //===- BuildCommand.cpp - `adapt build` -----------------------------------===//
 //
 //   adapt build PATH --out DIR [--lora-targets a,b] [--lora-rank R]
-//               [--lora-alpha A] [--lora-dropout P] [--rslora] [--lora-router]
+//               [--lora-alpha A] [--lora-dropout P] [--rslora] [--lora-router] [--plan FILE]
 //               [--no-compile] [--runtime-dir DIR] [--allow-gaps]
 //               [--registry FILE]
 //
@@ -28,6 +28,7 @@
 #include "passes/ReportWriter.h"
 
 #include "mlir/IR/Diagnostics.h"
+#include <nlohmann/json.hpp>
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/IR/Verifier.h"
 #include "mlir/Pass/PassManager.h"
@@ -49,7 +50,7 @@ namespace adapt {
 
 const char *const kBuildUsage =
     "  adapt build PATH --out DIR [--lora-targets a,b] [--lora-rank R]\n"
-    "              [--lora-alpha A] [--lora-dropout P] [--rslora] [--lora-router]\n"
+    "              [--lora-alpha A] [--lora-dropout P] [--rslora] [--lora-router] [--plan FILE]\n"
     "              [--no-compile] [--runtime-dir DIR] [--allow-gaps] [--registry FILE]\n";
 
 namespace {
@@ -131,6 +132,9 @@ bool parseBuildArgs(int argc, char **argv, BuildOptions &o, std::string &error) 
       o.router = true;
     } else if (arg == "--no-compile") {
       o.noCompile = true;
+    } else if (arg == "--plan") {
+      if (!value(o.planPath))
+        return false;
     } else if (arg == "--allow-gaps") {
       o.allowGaps = true;
     } else if (!arg.empty() && arg[0] == '-') {
@@ -161,6 +165,61 @@ void printDiagnostic(mlir::Diagnostic &d) {
                          ? "warning"
                          : "note";
   std::cerr << "adapt: " << kind << ": " << d.str() << "\n";
+}
+
+/// The chosen layout of `adapt plan`'s plan.json at \p path, for the model
+/// \p analysed (the plan must have been made for its depth and width).
+/// False with a "field: expectation" \p error.
+bool readPlanLayout(const std::string &path, const Analysis &analysed, ApplyPlanPassOptions &out,
+                    std::string &error) {
+  std::ifstream in(path);
+  if (!in) {
+    error = "cannot read the plan (adapt plan --out DIR writes DIR/plan.json)";
+    return false;
+  }
+  const nlohmann::json plan = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!plan.is_object() || plan.value("schema_version", "") != "1") {
+    error = "schema_version: expected a plan.json of schema 1 (adapt plan --out)";
+    return false;
+  }
+  const nlohmann::json &chosen = plan.contains("chosen") ? plan["chosen"] : nlohmann::json();
+  if (!chosen.is_object() || !chosen.contains("layout") || !chosen["layout"].is_object()) {
+    error = "chosen: expected a layout; the plan found none that fits (its refusal says why)";
+    return false;
+  }
+  const nlohmann::json &layout = chosen["layout"];
+  int64_t sizes[5];
+  const char *names[5] = {"tp", "ep", "pp", "cp", "dp"};
+  for (int i = 0; i < 5; ++i) {
+    const nlohmann::json &v = layout.contains(names[i]) ? layout[names[i]] : nlohmann::json();
+    if (!v.is_number_integer() || v.get<int64_t>() < 1 || v.get<int64_t>() > (int64_t(1) << 20)) {
+      error = std::string("chosen.layout.") + names[i] + ": expected an integer >= 1";
+      return false;
+    }
+    sizes[i] = v.get<int64_t>();
+  }
+  if (!layout.contains("recompute") || !layout["recompute"].is_boolean()) {
+    error = "chosen.layout.recompute: expected true or false";
+    return false;
+  }
+  const nlohmann::json &model = plan.contains("model") ? plan["model"] : nlohmann::json();
+  const ModelSpec &spec = analysed.files->spec;
+  if (!model.is_object() || model.value("layers", int64_t(-1)) != int64_t(spec.layers.size()) ||
+      model.value("hidden", int64_t(-1)) != spec.hidden) {
+    error = "model: expected a plan for this model (" + std::to_string(spec.layers.size()) + " layers, hidden " +
+            std::to_string(spec.hidden) + "), found one for " +
+            (model.is_object() ? std::to_string(model.value("layers", int64_t(-1))) + " layers, hidden " +
+                                     std::to_string(model.value("hidden", int64_t(-1)))
+                               : std::string("no model"));
+    return false;
+  }
+  out.tp = sizes[0];
+  out.ep = sizes[1];
+  out.pp = sizes[2];
+  out.cp = sizes[3];
+  out.dp = sizes[4];
+  out.recompute = layout["recompute"].get<bool>();
+  return true;
 }
 
 /// The last \p count lines of a file.
@@ -379,6 +438,22 @@ int buildTrainer(const BuildOptions &o) {
     populateLoraPipeline(pm, lora);
     if (mlir::failed(pm.run(*module)))
       return kExitBadInput; // The pass printed why.
+  }
+
+  // The plan's layout, checked against this model and recorded in the IR.
+  if (!o.planPath.empty()) {
+    ApplyPlanPassOptions plan;
+    if (!readPlanLayout(o.planPath, analysed, plan, error)) {
+      std::cerr << "adapt: error: " << o.planPath << ": " << error << "\n";
+      return kExitBadInput;
+    }
+    mlir::PassManager pm(&context);
+    populatePlanPipeline(pm, plan);
+    if (mlir::failed(pm.run(*module)))
+      return kExitBadInput; // The pass printed why.
+    std::cout << "== planned layout TP" << plan.tp << " EP" << plan.ep << " PP" << plan.pp << " CP" << plan.cp
+              << " DP" << plan.dp << (plan.recompute ? " recompute" : "") << " (the trainer's default)"
+              << std::endl;
   }
 
   // Generate.

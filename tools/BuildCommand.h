@@ -12,6 +12,7 @@ namespace adapt {
 /// it directly instead of assembling an argv).
 struct BuildOptions {
   std::string path, out, runtimeDir, registry;
+  std::string planPath; ///< --plan: plan.json whose layout becomes the trainer's default.
   std::vector<std::string> targets; ///< --lora-targets; empty: the default set.
   int64_t rank = 8;
   double alpha = 16.0, dropout = 0.0;

@@ -44,28 +44,8 @@ using namespace adapt;
 
 namespace {
 
-constexpr const char *kUsage = R"(usage:
-  adapt inspect PATH [--emit summary|mlir|analysed] [--registry FILE]
-  adapt gaps PATH --out DIR [--registry FILE]
-  adapt tiny FAMILY --out DIR [--seed N] [--layers N] [--quant fp8|mxfp4]
-  adapt build PATH --out DIR [--lora-targets a,b] [--lora-rank R]
-              [--lora-alpha A] [--lora-dropout P] [--rslora] [--lora-router]
-              [--no-compile] [--runtime-dir DIR] [--allow-gaps] [--registry FILE]
-  adapt validate PATH --stage op|model|parallel|full --out DIR
-                 [--fixture DIR] [--runtime-dir DIR]
-  adapt serve [--port N] [--host ADDR] [--token TOKEN] [--allow-host NAME]
-              [--max-body BYTES] [--test-mode]
-  adapt generate PATH --out DIR [--registry FILE] [--endpoint URL] [--model NAME]
-                 [--api-key KEY] [--max-attempts N] [--max-tokens N] [--timeout S]
-                 [--test-timeout S] [--retries N] [--target libtorch|cuda] [--only ID]
-                 [--flag-speedup X]
-  adapt review DIR [--only ID] | --approve ID [--by NAME] | --approve-noncritical
-               | --reject ID --reason TEXT [--by NAME] | --export FILE [--registry BASE]
-  adapt plan PATH --gpus N [--gpus-per-node 8] [--gpu-memory 139GiB] [--seq-len T]
-             [--global-batch B] [--micro-batch M] [--lora-targets a,b] [--lora-rank R]
-             [--dtype bf16|fp8] [--out DIR]
-  adapt --help | --version
-
+/// What `adapt --help` says after the usage lines of every command.
+constexpr const char *kUsageNotes = R"(
 PATH is a model folder (config.json, optionally model.safetensors.index.json
 and shards), a config.json file, or an .onnx file.
 
@@ -94,6 +74,9 @@ exit codes: 0 success (gaps: nothing missing), 2 bad input or usage,
             generate: 0 every gap has a candidate, 3 some gap has none
             plan: 0 a layout fits, 3 none fits (why, and what would)
 )";
+
+/// Every command's usage lines, then kUsageNotes (defined with the command table).
+std::string usageText();
 
 /// Parsed command line.
 struct Options {
@@ -210,7 +193,7 @@ int runTiny(int argc, char **argv) {
   if (error.empty() && options.outDir.empty())
     error = "tiny expects --out DIR";
   if (!error.empty()) {
-    std::cerr << "adapt: error: " << error << "\n" << kUsage;
+    std::cerr << "adapt: error: " << error << "\n" << usageText();
     return kExitBadInput;
   }
   const std::vector<std::string> &families = tinyModelFamilies();
@@ -285,37 +268,90 @@ void printSummary(const Analysis &a) {
   std::cout << "status       " << r.summary << "\n";
 }
 
+/// One command: its name, usage lines and entry point (null: inspect/gaps,
+/// which run() handles itself).
+struct Command {
+  const char *name;
+  const char *usage;
+  int (*run)(int, char **);
+};
+
+const Command kCommands[] = {
+    {"inspect", "  adapt inspect PATH [--emit summary|mlir|analysed] [--registry FILE]\n", nullptr},
+    {"gaps", "  adapt gaps PATH --out DIR [--registry FILE]\n", nullptr},
+    {"tiny", "  adapt tiny FAMILY --out DIR [--seed N] [--layers N] [--quant fp8|mxfp4]\n", runTiny},
+    {"build", kBuildUsage, runBuildCommand},
+    {"validate", kValidateUsage, runValidateCommand},
+    {"serve", kServeUsage, runServeCommand},
+    {"generate", kGenerateUsage, runGenerateCommand},
+    {"review", kReviewUsage, runReviewCommand},
+    {"plan", kPlanUsage, runPlanCommand},
+};
+
+/// The usage lines of every command, then the notes.
+std::string usageText() {
+  std::string text = "usage:\n";
+  for (const Command &c : kCommands)
+    text += c.usage;
+  return text + "  adapt --help | --version\n" + kUsageNotes;
+}
+
+/// Levenshtein distance, for "did you mean".
+size_t editDistance(const std::string &a, const std::string &b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j)
+    row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t next = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+      diagonal = row[j];
+      row[j] = next;
+    }
+  }
+  return row[b.size()];
+}
+
 int run(int argc, char **argv) {
   if (argc >= 2 && (!std::strcmp(argv[1], "--help") || !std::strcmp(argv[1], "-h") ||
                     !std::strcmp(argv[1], "help"))) {
-    std::cout << kUsage;
+    std::cout << usageText();
     return kExitOk;
   }
+  const Command *command = nullptr;
+  for (const Command &c : kCommands)
+    if (argc >= 2 && argv[1] == std::string(c.name))
+      command = &c;
+  if (argc >= 2 && !command && argv[1][0] != '-') {
+    std::string nearest;
+    for (const Command &c : kCommands)
+      if (editDistance(argv[1], c.name) <= 2 && (nearest.empty() || editDistance(argv[1], c.name) <
+                                                                        editDistance(argv[1], nearest)))
+        nearest = c.name;
+    std::cerr << "adapt: error: unknown command '" << argv[1] << "'"
+              << (nearest.empty() ? "" : "; did you mean '" + nearest + "'?") << " (adapt --help lists them)\n";
+    return kExitBadInput;
+  }
+  // `adapt COMMAND --help`: that command's usage, exit 0.
+  for (int i = 2; command && i < argc; ++i)
+    if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
+      std::cout << "usage:\n" << command->usage;
+      return kExitOk;
+    }
+  if (command && command->run)
+    return command->run(argc, argv);
   if (argc >= 2 && !std::strcmp(argv[1], "--version")) {
     std::cout << "adapt 0.1.0 (gaps schema 1)\n";
     return kExitOk;
   }
-  if (argc >= 2 && !std::strcmp(argv[1], "tiny"))
-    return runTiny(argc, argv);
-  if (argc >= 2 && !std::strcmp(argv[1], "build"))
-    return runBuildCommand(argc, argv);
-  if (argc >= 2 && !std::strcmp(argv[1], "validate"))
-    return runValidateCommand(argc, argv);
-  if (argc >= 2 && !std::strcmp(argv[1], "serve"))
-    return runServeCommand(argc, argv);
-  if (argc >= 2 && !std::strcmp(argv[1], "generate"))
-    return runGenerateCommand(argc, argv);
-  if (argc >= 2 && !std::strcmp(argv[1], "review"))
-    return runReviewCommand(argc, argv);
-  if (argc >= 2 && !std::strcmp(argv[1], "plan"))
-    return runPlanCommand(argc, argv);
   Options opts;
   std::string error;
   if (!parseArgs(argc, argv, opts, error) ||
       (opts.command != "inspect" && opts.command != "gaps")) {
     if (error.empty())
       error = "unknown command '" + opts.command + "'";
-    std::cerr << "adapt: error: " << error << "\n" << kUsage;
+    std::cerr << "adapt: error: " << error << "\n" << usageText();
     return kExitBadInput;
   }
   mlir::MLIRContext context;

@@ -53,6 +53,22 @@ class BadInput(unittest.TestCase):
         self.assertEqual(report["manifest"]["issues"], [])
         self.assertEqual(report["manifest"]["headers_read"], 2)
 
+    def test_every_command_answers_help(self):
+        for command in ("inspect", "gaps", "tiny", "build", "validate", "serve", "generate", "review", "plan"):
+            with self.subTest(command=command):
+                proc = subprocess.run([ADAPT, command, "--help"], capture_output=True, text=True, timeout=30)
+                self.assertEqual(proc.returncode, 0, proc.stderr)
+                self.assertIn("adapt " + command, proc.stdout)
+
+    def test_a_mistyped_command_gets_a_suggestion(self):
+        proc = subprocess.run([ADAPT, "bulid", self.model], capture_output=True, text=True, timeout=30)
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("did you mean 'build'?", proc.stderr)
+        self.assertEqual(len(proc.stderr.strip().splitlines()), 1, proc.stderr)
+        proc = subprocess.run([ADAPT, "frobnicate"], capture_output=True, text=True, timeout=30)
+        self.assertEqual(proc.returncode, 2)
+        self.assertNotIn("did you mean", proc.stderr)
+
     def test_malformed_config_json(self):
         with open(os.path.join(self.model, "config.json"), "w") as f:
             f.write('{"hidden_size": 64,')
