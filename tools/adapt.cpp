@@ -19,6 +19,7 @@
 #include "passes/Passes.h"
 #include "passes/ReportWriter.h"
 #include "tools/BuildCommand.h"
+#include "tools/DataCommand.h"
 #include "tools/GenerateCommand.h"
 #include "tools/ModelAnalysis.h"
 #include "tools/PlanCommand.h"
@@ -59,6 +60,10 @@ generate proposes a candidate for every gap of PATH (a model or a gaps.json):
 reuse rules first, then an LLM at an OpenAI-compatible endpoint (--endpoint or
 ADAPT_LLM_BASE_URL, ADAPT_LLM_MODEL, ADAPT_LLM_API_KEY); records under DIR.
 review shows them (diffs, IR, evidence) and records approvals (docs/agent.md).
+
+data tokenizes text, chat and prompt/completion records with the model's own
+tokenizer and chat template into the trainer's JSONL, learning only the
+assistant or completion tokens (docs/datasets.md).
 
 plan chooses the parallel layout (TP, EP, PP, CP, DP, recomputation) for
 training PATH's LoRA on N GPUs: memory per GPU by category and step time by
@@ -286,6 +291,7 @@ const Command kCommands[] = {
     {"generate", kGenerateUsage, runGenerateCommand},
     {"review", kReviewUsage, runReviewCommand},
     {"plan", kPlanUsage, runPlanCommand},
+    {"data", kDataUsage, runDataCommand},
 };
 
 /// The usage lines of every command, then the notes.
