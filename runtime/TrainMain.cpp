@@ -62,6 +62,10 @@ Training (defaults in brackets):
   --warmup N             linear warmup steps, then cosine decay to 0 [0]
   --grad-clip X          clip the global gradient norm to X; 0 = off [1.0]
   --seed N               LoRA init, data shuffle and dropout seed [0]
+  --lora-rank R, --lora-alpha A, --lora-dropout P, --rslora
+                         LoRA settings for this run, without rebuilding
+                         [as `adapt build` generated them; a resumed run
+                         keeps the checkpoint's rank]
   --eos ID               token appended after every document [none: document
                          starts are masked from the loss instead]
   --device cpu|cuda[:N]  [cuda when available, else cpu]
@@ -140,8 +144,9 @@ const std::set<std::string> kValueFlags = {
     "--model", "--data", "--out", "--steps", "--batch", "--seq-len", "--lr", "--weight-decay",
     "--warmup", "--seed", "--device", "--dtype", "--grad-clip", "--checkpoint-every",
     "--log-every", "--export", "--merge", "--eos", "--peak-tflops", "--logits-out", "--validate", "--init-adapter", "--dump-batches",
-    "--force-routing", "--tp", "--ep", "--pp", "--dp", "--cp", "--dist-timeout", "--dump-gradients", "--micro-batches", "--profile"};
-const std::set<std::string> kBoolFlags = {"--resume", "--recompute", "--no-recompute", "--help", "-h"};
+    "--force-routing", "--tp", "--ep", "--pp", "--dp", "--cp", "--dist-timeout", "--dump-gradients", "--micro-batches", "--profile",
+    "--lora-rank", "--lora-alpha", "--lora-dropout"};
+const std::set<std::string> kBoolFlags = {"--resume", "--recompute", "--no-recompute", "--rslora", "--help", "-h"};
 
 /// The parsed command line: flag -> value ("" for booleans).
 struct Args {
@@ -264,6 +269,35 @@ TrainOptions resolveOptions(const Args &args, const JsonValue &saved,
     o.warmup = parseInt("--warmup", s, 0);
   if (std::string s = value("--seed", "seed"); !s.empty())
     o.seed = static_cast<uint64_t>(parseInt("--seed", s, 0));
+  // LoRA at train time. The rank fixes the adapter's shapes, so a resumed
+  // run keeps the checkpoint's. Given flags are checked strictly.
+  if (const std::string *s = get("--lora-rank"); s && parseInt("--lora-rank", *s, 1) > 65536)
+    throw badInput("", "--lora-rank", "expected an integer in 1..65536 but got " + *s);
+  if (const std::string *s = get("--lora-alpha"); s && !(parseDouble("--lora-alpha", *s, 0) > 0))
+    throw badInput("", "--lora-alpha", "expected a number > 0 but got " + *s);
+  if (const std::string *s = get("--lora-dropout"); s && !(parseDouble("--lora-dropout", *s, 0) < 1))
+    throw badInput("", "--lora-dropout", "expected a number in [0, 1) but got " + *s);
+  if (const JsonValue *r = saved.find("lora_rank"); r && r->isNumber() && get("--lora-rank") &&
+                                                    parseInt("--lora-rank", *get("--lora-rank"), 1) != r->asInt())
+    throw badInput("", "--lora-rank",
+                   "expected the checkpoint's rank " + r->dump() + " when resuming (the adapter's shape)");
+  if (std::string s = value("--lora-rank", "lora_rank"); !s.empty() && std::strtod(s.c_str(), nullptr) > 0) {
+    o.loraRank = parseInt("--lora-rank", s, 1);
+    if (o.loraRank > 65536)
+      throw badInput("", "--lora-rank", "expected an integer in 1..65536 but got " + s);
+  }
+  if (std::string s = value("--lora-alpha", "lora_alpha"); !s.empty() && std::strtod(s.c_str(), nullptr) != 0) {
+    o.loraAlpha = parseDouble("--lora-alpha", s, 0);
+    if (!(o.loraAlpha > 0))
+      throw badInput("", "--lora-alpha", "expected a number > 0 but got " + s);
+  }
+  if (std::string s = value("--lora-dropout", "lora_dropout"); !s.empty() && std::strtod(s.c_str(), nullptr) != -1.0) {
+    o.loraDropout = parseDouble("--lora-dropout", s, 0);
+    if (!(o.loraDropout < 1))
+      throw badInput("", "--lora-dropout", "expected a number in [0, 1) but got " + s);
+  }
+  if (const JsonValue *v = saved.find("rslora"); args.has("--rslora") || (v && v->isBool() && v->asBool()))
+    o.rslora = true;
   if (std::string s = value("--grad-clip", "grad_clip"); !s.empty())
     o.gradClip = parseDouble("--grad-clip", s, 0);
   if (std::string s = value("--eos", "eos"); !s.empty())
@@ -483,7 +517,17 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
       std::fprintf(stderr, "pipeline stages (layers, by FLOPs): %s; %lld micro-batches\n", stages.c_str(),
                    (long long)opts.microBatches);
   }
-  Model model(def, opts.modelDir, modelOptions);
+  // The LoRA settings of this run: the generated ones unless given.
+  ModelDef trained = def;
+  if (opts.loraRank > 0)
+    trained.lora.rank = opts.loraRank;
+  if (opts.loraAlpha > 0)
+    trained.lora.alpha = opts.loraAlpha;
+  if (opts.loraDropout >= 0)
+    trained.lora.dropout = opts.loraDropout;
+  if (opts.rslora)
+    trained.lora.rslora = true;
+  Model model(trained, opts.modelDir, modelOptions);
   if (args.has("--init-adapter"))
     loadInitialAdapter(model, args.values.at("--init-adapter"), opts.distributed.get());
   if (args.has("--dump-batches") && data) {

@@ -438,6 +438,12 @@ void Trainer::saveCheckpoint() {
         {"weight_decay", opts.weightDecay},
         {"warmup", opts.warmup},
         {"seed", static_cast<int64_t>(opts.seed)},
+        // The LoRA settings in effect (generated or given), which a resumed
+        // run keeps.
+        {"lora_rank", model.def().lora.rank},
+        {"lora_alpha", model.def().lora.alpha},
+        {"lora_dropout", model.def().lora.dropout},
+        {"rslora", model.def().lora.rslora},
         {"grad_clip", opts.gradClip},
         {"eos", opts.eos},
         {"dtype", dtypeFlag(opts.dtype)},

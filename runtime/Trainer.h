@@ -45,6 +45,11 @@ struct TrainOptions {
   double weightDecay = 0.0;
   int64_t warmup = 0;    ///< Linear warmup steps.
   uint64_t seed = 0;
+  /// LoRA settings chosen at train time (--lora-rank/--lora-alpha/
+  /// --lora-dropout/--rslora); 0 or -1: as `adapt build` generated them.
+  int64_t loraRank = 0;
+  double loraAlpha = 0.0, loraDropout = -1.0;
+  bool rslora = false;
   torch::Device device = torch::kCPU;
   torch::ScalarType dtype = torch::kFloat32;
   double gradClip = 1.0; ///< <= 0: no clipping (the norm is still logged).

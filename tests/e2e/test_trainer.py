@@ -255,6 +255,33 @@ class Trainer(unittest.TestCase):
                 self.assertEqual(runs["recomputed"][0], runs["stored"][0])
                 self.assertEqual(runs["recomputed"][1], runs["stored"][1], "the adapters differ")
 
+    def test_lora_settings_at_train_time_without_rebuilding(self):
+        model, train = self.build("qwen3_moe")  # generated with rank 8, alpha 16
+        out = os.path.join(self.work, "lora-at-train-time")
+        args = ["--model", model, "--data", self.data, "--batch", "2", "--seq-len", "32", "--log-every", "0"]
+        proc = run(train, "--out", out, "--steps", "2", "--export", out + "/adapter", "--lora-rank", "4",
+                   "--lora-alpha", "8", "--lora-dropout", "0.1", "--rslora", *args)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        with open(out + "/adapter/adapter_config.json") as f:
+            config = json.load(f)
+        # (PEFT refuses dropout on expert parameters: the config says 0 when experts are adapted.)
+        self.assertEqual((config["r"], config["lora_alpha"], config["use_rslora"]), (4, 8, True))
+        with open(out + "/adapter/adapter_model.safetensors", "rb") as f:
+            header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+        ranks = {v["shape"][0] for k, v in header.items() if k.endswith("q_proj.lora_A.weight")}
+        self.assertEqual(ranks, {4})
+        # The rank is the adapter's shape: a resumed run keeps the checkpoint's.
+        proc = run(train, "--out", out, "--steps", "3", "--resume", "--lora-rank", "6", *args)
+        self.assertEqual(proc.returncode, 2, proc.stderr)
+        self.assertIn("--lora-rank", proc.stderr)
+        proc = run(train, "--out", out, "--steps", "3", "--resume", *args)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        for flag, value in (("--lora-rank", "0"), ("--lora-alpha", "-1"), ("--lora-dropout", "1")):
+            with self.subTest(flag=flag):
+                proc = run(train, "--out", os.path.join(self.work, "bad-lora"), "--steps", "1", flag, value, *args)
+                self.assertEqual(proc.returncode, 2, proc.stderr)
+                self.assertIn(flag, proc.stderr)
+
     def test_profile_writes_a_trace_and_a_breakdown_by_kind(self):
         # --profile N: a Chrome trace and the time by kind of work, with the
         # runtime's scopes (loss, router, optimizer) found in it; the profiled
