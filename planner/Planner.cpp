@@ -219,7 +219,7 @@ Candidate estimate(const ModelFacts &f, const PlanRequest &r, const Hardware &h,
     layerSeconds *= 1.5;
   const double headSeconds = tokensPerStep * 2.0 * 2.0 * f.hidden * f.vocab / (h.bf16Flops * h.headEfficiency);
   t.compute = layerSeconds + headSeconds;
-  const int64_t tpStride = 1, cpStride = l.tp, epStride = l.tp * l.cp, dpStride = l.tp * l.cp * l.ep;
+  const int64_t tpStride = 1, cpStride = l.tp, epStride = l.tp * l.cp;
   if (l.ep > 1 && f.moeLayers > 0) {
     const double bytes = tokensPerStep * f.topK * f.hidden * 2.0 * (l.ep - 1.0) / l.ep;
     t.expertAllToAll = moeLayersPerStage * bytes * (l.recompute ? 6.0 : 4.0) / groupBandwidth(l.ep, epStride, r, h);
@@ -241,7 +241,6 @@ Candidate estimate(const ModelFacts &f, const PlanRequest &r, const Hardware &h,
   const double sharded = f.expertAdapter / l.ep / l.pp * 4.0;
   t.dataParallel = ring(replicated, double(l.cp * l.ep * l.dp)) / groupBandwidth(l.cp * l.ep * l.dp, cpStride, r, h) +
                    ring(sharded, double(l.cp * l.dp)) / groupBandwidth(l.cp * l.ep * l.dp, cpStride, r, h);
-  (void)dpStride;
   if (l.pp > 1) {
     const double perMicro = (t.compute + t.expertAllToAll + t.tensorParallel + t.contextParallel) / micro;
     t.bubble = (l.pp - 1.0) * perMicro;

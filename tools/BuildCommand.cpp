@@ -178,7 +178,12 @@ bool readPlanLayout(const std::string &path, const Analysis &analysed, ApplyPlan
     return false;
   }
   const nlohmann::json plan = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (!plan.is_object() || plan.value("schema_version", "") != "1") {
+  // Typed reads only: a field of the wrong type is bad input, never an exception.
+  auto integer = [](const nlohmann::json &object, const char *key) -> int64_t {
+    return object.is_object() && object.contains(key) && object[key].is_number_integer() ? object[key].get<int64_t>()
+                                                                                        : -1;
+  };
+  if (!plan.is_object() || !plan.contains("schema_version") || plan["schema_version"] != "1") {
     error = "schema_version: expected a plan.json of schema 1 (adapt plan --out)";
     return false;
   }
@@ -204,12 +209,11 @@ bool readPlanLayout(const std::string &path, const Analysis &analysed, ApplyPlan
   }
   const nlohmann::json &model = plan.contains("model") ? plan["model"] : nlohmann::json();
   const ModelSpec &spec = analysed.files->spec;
-  if (!model.is_object() || model.value("layers", int64_t(-1)) != int64_t(spec.layers.size()) ||
-      model.value("hidden", int64_t(-1)) != spec.hidden) {
+  if (integer(model, "layers") != int64_t(spec.layers.size()) || integer(model, "hidden") != spec.hidden) {
     error = "model: expected a plan for this model (" + std::to_string(spec.layers.size()) + " layers, hidden " +
             std::to_string(spec.hidden) + "), found one for " +
-            (model.is_object() ? std::to_string(model.value("layers", int64_t(-1))) + " layers, hidden " +
-                                     std::to_string(model.value("hidden", int64_t(-1)))
+            (model.is_object() ? std::to_string(integer(model, "layers")) + " layers, hidden " +
+                                     std::to_string(integer(model, "hidden"))
                                : std::string("no model"));
     return false;
   }

@@ -169,7 +169,11 @@ class Plan(unittest.TestCase):
         # A plan for another model, and a plan that chose nothing: exit 2, naming the field.
         with open(os.path.join(plan_dir, "plan.json")) as f:
             data = json.load(f)
-        for field, edit in (("model:", lambda d: d["model"].update(layers=99)), ("chosen:", lambda d: d.update(chosen=None))):
+        for field, edit in (("model:", lambda d: d["model"].update(layers=99)),
+                            ("model:", lambda d: d["model"].update(layers="two")),
+                            ("schema_version:", lambda d: d.update(schema_version=1)),
+                            ("chosen.layout.tp:", lambda d: d["chosen"]["layout"].update(tp="1")),
+                            ("chosen:", lambda d: d.update(chosen=None))):
             with self.subTest(field=field):
                 bad = json.loads(json.dumps(data))
                 edit(bad)
