@@ -4,6 +4,8 @@
 # PEFT round trip both ways, for each tiny family in .h200/tiny with its
 # trainer project in .h200/la-gen (generated here with the fixtures' targets).
 # usage: bench/h200_validate.sh OUTDIR   (after bench/h200_check.sh built the runtime)
+# env: FAMILIES (default: all in .h200/la-gen), DTYPES (bf16), RANK (LoRA rank, 4;
+#      8 or more takes the fused expert LoRA kernel on the GPU)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: h200_validate.sh OUTDIR}; mkdir -p "$OUT"
@@ -13,7 +15,8 @@ for f in ${FAMILIES:-$(ls .h200/la-gen)}; do
   cmake --build $W/la-$f > $OUT/build-la-$f.log 2>&1 || { echo "$f: build failed"; tail -5 $OUT/build-la-$f.log; continue; }
   for dt in ${DTYPES:-bf16}; do
     echo -n "$f cuda $dt: "
-    python3 validation/loss_alignment.py .h200/tiny/$f $W/la-$f/train $W/la-out-$f-$dt --device cuda --dtype $dt 2>&1 | tail -1
-    cp $W/la-out-$f-$dt/loss-alignment.json $OUT/loss-alignment-$f-cuda-$dt.json 2>/dev/null
+    python3 validation/loss_alignment.py .h200/tiny/$f $W/la-$f/train $W/la-out-$f-$dt --device cuda --dtype $dt \
+      --rank ${RANK:-4} 2>&1 | tail -1
+    cp $W/la-out-$f-$dt/loss-alignment.json $OUT/loss-alignment-$f-cuda-$dt${RANK:+-r$RANK}.json 2>/dev/null
   done
 done

@@ -5,6 +5,9 @@
 #include "runtime/SparseAttention.h"
 
 #include "runtime/LinearAttention.h"
+#ifdef ADAPT_WITH_CUDA_KERNELS
+#include "runtime/cuda/LowRankKernel.h"
+#endif
 
 #include <cmath>
 
@@ -43,15 +46,68 @@ std::pair<torch::Tensor, torch::Tensor> ExpertLinear::groupedFactors(torch::Scal
   return {a.view({experts, rank, a.size(1)}), b.view({b.size(0), rank, experts}).permute({2, 0, 1})};
 }
 
-torch::Tensor ExpertLinear::forward(const torch::Tensor &x, const ExpertGroups &groups) const {
-  torch::Tensor y = groupedLinear(x, weight, groups);
-  if (bias.defined())
-    y = y + bias.index_select(0, groups.expertOfRow);
-  if (!hasLora())
+namespace {
+
+#ifdef ADAPT_WITH_CUDA_KERNELS
+/// The routed experts' base grouped GEMM and its LoRA as one autograd node:
+/// y = x W_e^T + (x A_e^T) (s B_e)^T per expert's rows. The rank-r
+/// up-projection is added into the base output in place (forward), and its
+/// input-gradient term into the base input gradient (backward), by
+/// cuda::addLowRankRows, so neither a [rows, out] LoRA product nor the adds
+/// after it exist. The frozen W gets no gradient; A's and B's come from two
+/// grouped GEMMs whose groups split the rows (the reduction) dimension.
+struct ExpertLoraFunction : torch::autograd::Function<ExpertLoraFunction> {
+  /// \p a [E, r, in], \p scaledB [E, out, r] (scale included), \p weight
+  /// [E, out, in] frozen; rows of \p x sorted by expert (\p offsets, \p
+  /// expertOfRow from ExpertGroups).
+  static torch::Tensor forward(torch::autograd::AutogradContext *ctx, const torch::Tensor &x,
+                               const torch::Tensor &a, const torch::Tensor &scaledB, const torch::Tensor &weight,
+                               const torch::Tensor &offsets, const torch::Tensor &expertOfRow) {
+    torch::Tensor in = x.contiguous(), down = a.contiguous(), up = scaledB.contiguous();
+    torch::Tensor y = at::_grouped_mm(in, weight.transpose(-2, -1), offsets);
+    torch::Tensor low = at::_grouped_mm(in, down.transpose(-2, -1), offsets); // [rows, r]
+    cuda::addLowRankRows(y, low, up, expertOfRow);
+    ctx->save_for_backward({in, down, up, weight, offsets, expertOfRow, low});
     return y;
-  auto [a, b] = groupedFactors(x.scalar_type());
-  // The scale joins the rank-r factor, not the [rows, out] product.
-  return y + groupedLinear(groupedLinear(x, a, groups), b * scale, groups);
+  }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext *ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto v = ctx->get_saved_variables();
+    const torch::Tensor &in = v[0], &down = v[1], &up = v[2], &weight = v[3], &offsets = v[4], &experts = v[5],
+                        &low = v[6];
+    torch::Tensor dy = grads[0].contiguous();
+    torch::Tensor dx = at::_grouped_mm(dy, weight, offsets);   // [rows, in]
+    torch::Tensor dLow = at::_grouped_mm(dy, up, offsets);     // [rows, r]
+    torch::Tensor downT = down.transpose(1, 2).contiguous();   // [E, in, r]
+    cuda::addLowRankRows(dx, dLow, downT, experts);
+    torch::Tensor dDown = at::_grouped_mm(dLow.t(), in, offsets); // [E, r, in]
+    torch::Tensor dUp = at::_grouped_mm(dy.t(), low, offsets);    // [E, out, r]
+    return {dx, dDown, dUp, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+#endif
+
+} // namespace
+
+torch::Tensor ExpertLinear::forward(const torch::Tensor &x, const ExpertGroups &groups) const {
+  if (hasLora()) {
+    auto [a, b] = groupedFactors(x.scalar_type());
+#ifdef ADAPT_WITH_CUDA_KERNELS
+    // The fused node where the grouped GEMM runs on the GPU for every operand.
+    if (x.is_cuda() && x.size(0) > 0 && !weight.requires_grad() && cuda::lowRankSupported(a.size(1)) &&
+        hasGroupedMm(x, weight) && hasGroupedMm(x, a)) {
+      torch::Tensor y = ExpertLoraFunction::apply(x, a, b * scale, weight, groups.offsets, groups.expertOfRow);
+      return bias.defined() ? y + bias.index_select(0, groups.expertOfRow) : y;
+    }
+#endif
+    torch::Tensor y = groupedLinear(x, weight, groups);
+    if (bias.defined())
+      y = y + bias.index_select(0, groups.expertOfRow);
+    // The scale joins the rank-r factor, not the [rows, out] product.
+    return y + groupedLinear(groupedLinear(x, a, groups), b * scale, groups);
+  }
+  torch::Tensor y = groupedLinear(x, weight, groups);
+  return bias.defined() ? y + bias.index_select(0, groups.expertOfRow) : y;
 }
 
 double AttentionLayer::softmaxScale() const {

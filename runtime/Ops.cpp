@@ -5,6 +5,7 @@
 #include "runtime/Errors.h"
 #include "runtime/GeneratedOps.h"
 #ifdef ADAPT_WITH_CUDA_KERNELS
+#include "runtime/cuda/RopeKernel.h"
 #include "runtime/cuda/SwiGluKernel.h"
 #endif
 
@@ -101,7 +102,52 @@ RopeTables ropeTablesAt(const RopeDef &rope, int64_t first, int64_t count, torch
   return t;
 }
 
+namespace {
+
+#ifdef ADAPT_WITH_CUDA_KERNELS
+/// applyRope by one CUDA kernel each way (runtime/cuda/RopeKernel.h); keeps
+/// only the tables for backward, whose kernel applies the transposed rotation.
+struct FusedRope : torch::autograd::Function<FusedRope> {
+  static torch::Tensor forward(torch::autograd::AutogradContext *ctx, const torch::Tensor &x,
+                               const torch::Tensor &cos, const torch::Tensor &sin, bool interleaved) {
+    ctx->save_for_backward({cos, sin});
+    ctx->saved_data["interleaved"] = interleaved;
+    return cuda::rotary(x, cos, sin, interleaved, /*adjoint=*/false);
+  }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext *ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    torch::Tensor g = grads[0].stride(-1) == 1 ? grads[0] : grads[0].contiguous();
+    return {cuda::rotary(g, saved[0], saved[1], ctx->saved_data["interleaved"].toBool(), /*adjoint=*/true),
+            torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+#endif
+
+/// Whether the rotary kernel takes \p x with tables \p t: CUDA, [B, H, T, D]
+/// with a unit last stride, plain fp32 [T, rot] tables without a gradient.
+bool rotaryKernelFits(const torch::Tensor &x, const RopeTables &t) {
+#ifdef ADAPT_WITH_CUDA_KERNELS
+  const auto fp32Table = [&](const torch::Tensor &table) {
+    return table.dim() == 2 && table.scalar_type() == torch::kFloat32 && table.stride(1) == 1 &&
+           !table.requires_grad() && table.size(0) == x.size(2) && table.size(1) % 2 == 0 &&
+           table.size(1) <= x.size(3);
+  };
+  return x.is_cuda() && x.dim() == 4 && x.stride(3) == 1 && fp32Table(t.cos) && fp32Table(t.sin) &&
+         t.cos.sizes() == t.sin.sizes() && t.cos.stride(0) == t.sin.stride(0);
+#else
+  (void)x, (void)t;
+  return false;
+#endif
+}
+
+} // namespace
+
 torch::Tensor applyRope(const torch::Tensor &x, const RopeTables &t, bool interleaved) {
+#ifdef ADAPT_WITH_CUDA_KERNELS
+  if (rotaryKernelFits(x, t))
+    return FusedRope::apply(x, t.cos, t.sin, interleaved);
+#endif
   const int64_t rot = t.cos.size(-1);
   torch::Tensor xr = x.narrow(-1, 0, rot);
   torch::Tensor rotated;
@@ -423,9 +469,8 @@ struct FusedSwiGlu : torch::autograd::Function<FusedSwiGlu> {
 torch::Tensor fusedSwiGlu(const torch::Tensor &gateUp) { return FusedSwiGlu::apply(gateUp); }
 #endif
 
-/// Whether LibTorch has a grouped-GEMM kernel for this device, dtype and
-/// shape: fp32 or bf16 on CPU, bf16 on CUDA, and on both rows of each
-/// operand a multiple of 16 bytes (a rank-4 LoRA factor in bf16 is not).
+} // namespace
+
 bool hasGroupedMm(const torch::Tensor &x, const torch::Tensor &w) {
   const auto type = x.scalar_type();
   const bool kernel = x.device().is_cpu() ? type == torch::kFloat32 || type == torch::kBFloat16
@@ -434,7 +479,6 @@ bool hasGroupedMm(const torch::Tensor &x, const torch::Tensor &w) {
   return kernel && (w.size(1) * bytes) % 16 == 0 && (w.size(2) * bytes) % 16 == 0;
 }
 
-} // namespace
 
 torch::Tensor groupedLinear(const torch::Tensor &x, const torch::Tensor &w,
                             const ExpertGroups &groups) {

@@ -118,6 +118,11 @@ ExpertGroups groupByExpert(const Routing &routing, int64_t experts, int64_t alig
 /// Hopper kernels' tile/TMA alignment), none elsewhere.
 int64_t groupAlignment(const torch::Device &device);
 
+/// Whether LibTorch has a grouped-GEMM kernel for \p x [R, K] times \p w
+/// [E, N, K]: fp32 or bf16 on CPU, bf16 on CUDA, and both N and K rows a
+/// multiple of 16 bytes (a rank-4 LoRA factor in bf16 is not).
+bool hasGroupedMm(const torch::Tensor &x, const torch::Tensor &w);
+
 /// Row-grouped matmul: rows of \p x [R, K] in group g (by \p groups.offsets)
 /// are multiplied by \p w [E, N, K] transposed, giving [R, N]. Uses
 /// at::_grouped_mm where LibTorch has a kernel for the device and dtype, and

@@ -11,6 +11,9 @@
 #include "runtime/SparseAttention.h"
 
 #include "runtime/Errors.h"
+#ifdef ADAPT_WITH_CUDA_KERNELS
+#include "runtime/cuda/IndexerKernel.h"
+#endif
 
 #include <cmath>
 #include <limits>
@@ -31,6 +34,51 @@ std::string sizesText(const torch::Tensor &t) {
 
 } // namespace
 
+namespace {
+
+#ifdef ADAPT_WITH_CUDA_KERNELS
+/// lightningTopK on the GPU in bf16: per query block, the per-head scores of
+/// the keys up to the block's last query only (causality halves the work) by
+/// one bf16 GEMM, then cuda::indexerScores (relu, head weights with the scale
+/// folded in, mask) and top-k. The block is as many queries as one [block,
+/// H, keys] bf16 tile within \p tileBudget elements holds, so memory grows
+/// with T, never T * T. Scores round to bf16 once per head (relative 2^-8),
+/// so near-tied keys may be chosen otherwise than in fp32.
+SparseSelection lightningTopKBf16(const torch::Tensor &q, const torch::Tensor &k, const torch::Tensor &headWeights,
+                                  double scale, int64_t keep, int64_t tileBudget, int64_t queryOffset) {
+  const int64_t batch = q.size(0), heads = q.size(1), seqLen = q.size(2), dim = q.size(3), keyLen = k.size(1);
+  const int64_t block = std::max<int64_t>(1, std::min<int64_t>({seqLen, 65535, tileBudget / (heads * keyLen)}));
+  // relu(scale * s) = scale * relu(s) for scale > 0: the scale joins the weights.
+  torch::Tensor weights = headWeights.to(torch::kFloat32) * scale;
+  torch::Tensor positions = torch::arange(queryOffset, queryOffset + seqLen,
+                                          torch::TensorOptions().dtype(torch::kInt64).device(q.device()));
+  std::vector<torch::Tensor> perBatch;
+  for (int64_t b = 0; b < batch; ++b) {
+    torch::Tensor qt = q[b].transpose(0, 1); // [T, H, D]
+    std::vector<torch::Tensor> parts;
+    for (int64_t start = 0; start < seqLen; start += block) {
+      const int64_t n = std::min(block, seqLen - start);
+      // Keys up to the block's last query, at least `keep` of them (the later
+      // ones masked) so every block gives `keep` slots.
+      const int64_t keys = std::min(keyLen, std::max(queryOffset + start + n, keep));
+      torch::Tensor headScores =
+          torch::matmul(qt.narrow(0, start, n).reshape({n * heads, dim}), k[b].narrow(0, 0, keys).t())
+              .view({n, heads, keys});
+      torch::Tensor index =
+          cuda::indexerScores(headScores, weights[b].narrow(0, start, n).contiguous(), queryOffset + start);
+      parts.push_back(std::get<1>(index.topk(keep, -1)));
+    }
+    perBatch.push_back(torch::cat(parts, 0));
+  }
+  SparseSelection s;
+  s.indices = torch::stack(perBatch);
+  s.valid = s.indices <= positions.view({1, seqLen, 1});
+  return s;
+}
+#endif
+
+} // namespace
+
 SparseSelection lightningTopK(const torch::Tensor &q, const torch::Tensor &k,
                               const torch::Tensor &headWeights, double scale, int64_t topK,
                               int64_t queryBlock, int64_t tileBudget, int64_t queryOffset) {
@@ -48,6 +96,10 @@ SparseSelection lightningTopK(const torch::Tensor &q, const torch::Tensor &k,
   const int64_t keep = std::min(topK, keyLen);
   const int64_t block =
       std::max<int64_t>(1, std::min(std::max<int64_t>(queryBlock, 1), tileBudget / std::max<int64_t>(1, heads * keyLen)));
+#ifdef ADAPT_WITH_CUDA_KERNELS
+  if (q.is_cuda() && q.scalar_type() == torch::kBFloat16 && k.scalar_type() == torch::kBFloat16 && heads <= 256)
+    return lightningTopKBf16(q, k, headWeights, scale, keep, tileBudget, queryOffset);
+#endif
   // As transformers: q [B, S, H, D] @ k^T [B, 1, D, T] in fp32, scaled, relu,
   // then the per-head weights [B, S, 1, H] @ [B, S, H, T].
   torch::Tensor keysT = k.to(torch::kFloat32).transpose(1, 2).unsqueeze(1);

@@ -154,6 +154,7 @@ def main():
            "--batch", str(args.batch), "--seq-len", str(args.seq_len), "--lr", str(args.lr), "--warmup", "0",
            "--weight-decay", "0", "--grad-clip", "1.0", "--log-every", "0", "--checkpoint-every", "0",
            "--device", args.device, "--dtype", args.dtype, "--init-adapter", initial,
+           "--lora-rank", str(args.rank), "--lora-alpha", str(2 * args.rank),
            "--dump-batches", os.path.join(args.out, "batches.safetensors"),
            "--export", os.path.join(args.out, "ours-adapter")]
     proc = subprocess.run(cmd, capture_output=True, text=True)

@@ -129,10 +129,13 @@ Tensor refRope(const Tensor &x, const std::vector<double> &inv, double m, int64_
 
 /// applyRope(ropeTables(rope)) on x [2, 3, T, D]; the reference rotates
 /// pairs the \p refInterleaved way (other than rope's only in the self-test).
-Trial ropeTrial(const Ctx &c, int64_t T, int64_t D, const RopeDef &rope, bool refInterleaved) {
+/// \p strided: x laid out [2, T, 3, D] and viewed as [2, 3, T, D], as
+/// attention's heads come from a projection.
+Trial ropeTrial(const Ctx &c, int64_t T, int64_t D, const RopeDef &rope, bool refInterleaved, bool strided = false) {
   Input x = input(c, torch::randn({2, 3, T, D}, f64), true);
   RopeTables tables = ropeTables(rope, T, c.device);
-  Tensor ours = applyRope(x.ours, tables, rope.interleaved);
+  Tensor in = strided ? x.ours.transpose(1, 2).contiguous().transpose(1, 2) : x.ours;
+  Tensor ours = applyRope(in, tables, rope.interleaved);
   auto [inv, factor] = ropeReference(rope);
   Tensor ref = refRope(x.ref, inv, factor, rope.rotaryDim, refInterleaved);
   std::string bad; // the tables: finite fp32 [T, rotaryDim] on the device
@@ -553,11 +556,11 @@ std::vector<Check> registry() {
           [=](const Ctx &c) { return rmsNormTrial(c, B, T, D, weight); });
 
   // RoPE on x [2, 3, T, D]; shapes are (T, D, rotaryDim).
-  auto rope = [&](const std::string &id, RopeDef r, const Shapes &shapes) {
+  auto rope = [&](const std::string &id, RopeDef r, const Shapes &shapes, bool strided = false) {
     for (auto [T, D, rot] : shapes) {
       r.rotaryDim = rot;
       add(id, S({{"B", 2}, {"H", 3}, {"T", T}, {"D", D}, {"rot", rot}, {"theta", int64_t(r.theta)}}),
-          [=](const Ctx &c) { return ropeTrial(c, T, D, r, r.interleaved); });
+          [=](const Ctx &c) { return ropeTrial(c, T, D, r, r.interleaved, strided); });
     }
   };
   auto def = [](bool interleaved, const char *scaling, double theta, double factor = 1.0, int64_t original = 0) {
@@ -571,6 +574,8 @@ std::vector<Check> registry() {
   rope("rope.interleaved", def(true, "", 10000), full);
   rope("rope.partial.half", def(false, "", 10000), partial);
   rope("rope.partial.interleaved", def(true, "", 10000), partial);
+  rope("rope.half.strided", def(false, "", 10000), {{13, 24, 24}, {7, 17, 10}}, true);
+  rope("rope.interleaved.strided", def(true, "", 10000), {{13, 24, 16}}, true);
   // YaRN: factor 4 over 16 original positions; theta 100 puts the ramp inside
   // these small rotary dims. Forms: plain (attention factor from factor alone),
   // DeepSeek (mscale 1 / mscaleAllDim 1, interleaved), a ratio (1 / 0.5).
@@ -655,6 +660,8 @@ std::vector<Check> registry() {
     expert(id, {13, 5, 2, 24, 16, 1, -1, 4, swapped});
     expert(id, {7, 8, 3, 17, 10, 16, 2, 4, swapped});
     expert(id, {13, 5, 2, 24, 16, 16, -1, 8, swapped});
+    // Rank 16 over several 16-row tiles: the fused grouped-GEMM + LoRA node on CUDA.
+    expert(id, {45, 6, 3, 32, 40, 16, 4, 16, swapped});
   }
   expert("expert_lora.peft_bias", {13, 5, 2, 24, 16, 1, -1, 4, false, true});
   expert("expert_linear.bias", {7, 5, 2, 17, 10, 16, -1, 0, false, true});

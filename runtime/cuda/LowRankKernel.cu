@@ -1,0 +1,119 @@
+//===- LowRankKernel.cu - add a per-expert rank-r product in place --------===//
+//
+// One thread per two adjacent output columns and a tile of kTileRows rows:
+// the tile's rank-r inputs sit in shared memory, the thread keeps its two
+// columns of the current expert's factor in registers (reloaded only where
+// the expert changes, which on the GPU's 16-row-aligned groups is at most
+// once per tile), and every output element is read and written once.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/cuda/LowRankKernel.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/Exception.h>
+
+namespace adapt::rt::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kTileRows = 16;
+
+/// Two adjacent elements, moved as one 2-element vector.
+template <typename T> struct alignas(2 * sizeof(T)) Pair {
+  T first, second;
+};
+
+template <typename T, int Rank>
+__global__ void addLowRankRowsKernel(T *__restrict__ out, const T *__restrict__ low, const T *__restrict__ factor,
+                                     const int64_t *__restrict__ expertOfRow, int64_t rows, int64_t width) {
+  __shared__ float lowTile[kTileRows][Rank];
+  __shared__ int64_t expertTile[kTileRows];
+  const int64_t firstRow = int64_t(blockIdx.x) * kTileRows; // rows on x: no 65,535 limit
+  const int tileRows = static_cast<int>(rows - firstRow < kTileRows ? rows - firstRow : kTileRows);
+  for (int i = threadIdx.x; i < tileRows * Rank; i += blockDim.x)
+    lowTile[i / Rank][i % Rank] = static_cast<float>(low[(firstRow + i / Rank) * Rank + i % Rank]);
+  for (int i = threadIdx.x; i < tileRows; i += blockDim.x)
+    expertTile[i] = expertOfRow[firstRow + i];
+  // Every row's pair of outputs is requested before any is used: enough
+  // loads in flight to keep the memory busy (one at a time left it at a
+  // quarter of its bandwidth).
+  const int64_t col = 2 * (int64_t(blockIdx.y) * blockDim.x + threadIdx.x);
+  const bool active = col < width;
+  Pair<T> values[kTileRows];
+#pragma unroll
+  for (int i = 0; i < kTileRows; ++i)
+    if (active && i < tileRows)
+      values[i] = *reinterpret_cast<const Pair<T> *>(out + (firstRow + i) * width + col);
+  __syncthreads();
+  if (!active)
+    return;
+  float column0[Rank], column1[Rank];
+  int64_t loaded = -1;
+#pragma unroll
+  for (int i = 0; i < kTileRows; ++i) {
+    if (i >= tileRows)
+      break;
+    const int64_t e = expertTile[i];
+    if (e != loaded) {
+      const T *f = factor + (e * width + col) * Rank;
+#pragma unroll
+      for (int k = 0; k < Rank; ++k) {
+        column0[k] = static_cast<float>(f[k]);
+        column1[k] = static_cast<float>(f[Rank + k]);
+      }
+      loaded = e;
+    }
+    float acc0 = static_cast<float>(values[i].first), acc1 = static_cast<float>(values[i].second);
+#pragma unroll
+    for (int k = 0; k < Rank; ++k) {
+      acc0 += lowTile[i][k] * column0[k];
+      acc1 += lowTile[i][k] * column1[k];
+    }
+    *reinterpret_cast<Pair<T> *>(out + (firstRow + i) * width + col) = Pair<T>{static_cast<T>(acc0), static_cast<T>(acc1)};
+  }
+}
+
+template <typename T, int Rank>
+void launch(at::Tensor &out, const at::Tensor &low, const at::Tensor &factor, const at::Tensor &expertOfRow) {
+  const int64_t rows = out.size(0), width = out.size(1);
+  const dim3 grid(static_cast<unsigned>((rows + kTileRows - 1) / kTileRows),
+                  static_cast<unsigned>((width / 2 + kThreads - 1) / kThreads));
+  addLowRankRowsKernel<T, Rank><<<grid, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+      out.data_ptr<T>(), low.data_ptr<T>(), factor.data_ptr<T>(), expertOfRow.data_ptr<int64_t>(), rows, width);
+}
+
+} // namespace
+
+bool lowRankSupported(int64_t rank) { return rank > 0 && rank <= 32 && rank % 8 == 0; }
+
+void addLowRankRows(at::Tensor &out, const at::Tensor &low, const at::Tensor &factor,
+                    const at::Tensor &expertOfRow) {
+  const int64_t rank = low.size(1);
+  TORCH_CHECK(lowRankSupported(rank), "addLowRankRows: rank ", rank, " is not a multiple of 8 up to 32");
+  TORCH_CHECK(out.size(1) % 2 == 0, "addLowRankRows: expected an even width, found ", out.size(1));
+  TORCH_CHECK(out.is_contiguous() && low.is_contiguous() && factor.is_contiguous() && expertOfRow.is_contiguous(),
+              "addLowRankRows: expected contiguous tensors");
+  TORCH_CHECK(factor.dim() == 3 && factor.size(1) == out.size(1) && factor.size(2) == rank &&
+                  low.size(0) == out.size(0) && expertOfRow.size(0) == out.size(0) &&
+                  expertOfRow.scalar_type() == at::kLong,
+              "addLowRankRows: expected out [R, N], low [R, r], factor [E, N, r], expertOfRow [R] int64");
+  if (out.numel() == 0)
+    return;
+  const c10::cuda::CUDAGuard guard(out.device());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, out.scalar_type(), "addLowRankRows", [&] {
+    switch (rank) {
+    case 8: launch<scalar_t, 8>(out, low, factor, expertOfRow); break;
+    case 16: launch<scalar_t, 16>(out, low, factor, expertOfRow); break;
+    case 24: launch<scalar_t, 24>(out, low, factor, expertOfRow); break;
+    default: launch<scalar_t, 32>(out, low, factor, expertOfRow); break;
+    }
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+} // namespace adapt::rt::cuda
