@@ -215,7 +215,7 @@ def main():
     proc = subprocess.run([args.train, "--model", args.model, "--data", data, "--out", os.path.join(args.out, "probe"),
                            "--batch", str(args.batch), "--seq-len", str(args.seq_len), "--device", args.device,
                            "--dtype", "fp32", "--init-adapter", peft_adapter, "--logits-out", logits_file,
-                           "--steps", "0"], capture_output=True, text=True)
+                           "--steps", "0", "--lora-rank", str(args.rank), "--lora-alpha", str(2 * args.rank)], capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"our trainer failed to load PEFT's adapter ({proc.returncode}): {proc.stderr[-2000:]}")
 
@@ -233,7 +233,7 @@ def main():
     proc = subprocess.run([args.train, "--model", args.model, "--data", data, "--out", os.path.join(args.out, "probe2"),
                            "--batch", str(args.batch), "--seq-len", str(args.seq_len), "--dtype", "fp32",
                            "--device", "cpu", "--init-adapter", ours_adapter, "--logits-out", logits_file,
-                           "--steps", "0"], capture_output=True, text=True)
+                           "--steps", "0", "--lora-rank", str(args.rank), "--lora-alpha", str(2 * args.rank)], capture_output=True, text=True)
     with torch.no_grad():
         ours_in_peft = cosine(peft.PeftModel.from_pretrained(base, ours_adapter)(probe).logits,
                               load_file(logits_file)["logits"])
