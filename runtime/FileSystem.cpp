@@ -231,4 +231,20 @@ void copyFileAtomic(const std::string &from, const std::string &to) {
   ::close(in);
 }
 
+bool writeAll(int fd, const std::string &text) {
+  const char *p = text.data();
+  size_t left = text.size();
+  while (left > 0) {
+    ssize_t n = ::write(fd, p, left);
+    if (n < 0) {
+      if (errno == EINTR)
+        continue;
+      return false;
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
 } // namespace adapt::rt

@@ -72,6 +72,10 @@ private:
   bool committed = false;
 };
 
+/// Writes all of \p text to \p fd, looping over partial writes and EINTR;
+/// false with errno set on failure (append-only logs: metrics, events).
+bool writeAll(int fd, const std::string &text);
+
 /// Writes \p bytes to \p path atomically.
 void writeFileAtomic(const std::string &path, std::string_view bytes);
 /// Copies the file \p from to \p to atomically; exit code 2 when \p from

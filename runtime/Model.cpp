@@ -835,6 +835,10 @@ torch::Tensor Model::lossSum(const torch::Tensor &ids, const torch::Tensor &labe
   return lossSumOfHidden(impl->hidden(ids, /*training=*/true), labels);
 }
 
+torch::Tensor Model::evalLossSum(const torch::Tensor &ids, const torch::Tensor &labels, const ImageInput &images) {
+  return lossSumOfHidden(impl->hidden(ids, /*training=*/false, &images), labels);
+}
+
 torch::Tensor Model::stageForward(const torch::Tensor &input) {
   ModelImpl &m = *impl;
   torch::Tensor x = m.firstStage ? torch::embedding(m.embedding, input.to(m.options.device)) : input;

@@ -105,6 +105,9 @@ public:
   /// The sum (not the mean) of the text-only next-token cross-entropies:
   /// a parallel run divides it by the global batch's target count.
   torch::Tensor lossSum(const torch::Tensor &ids, const torch::Tensor &labels);
+  /// The summed next-token cross-entropy of an eval forward: dropout off,
+  /// as the trainer's eval loss (call it under torch::NoGradGuard).
+  torch::Tensor evalLossSum(const torch::Tensor &ids, const torch::Tensor &labels, const ImageInput &images);
 
   /// Pipeline parallelism: this stage's part of a training forward. The
   /// first stage takes token ids [B, T], the others the previous stage's

@@ -42,7 +42,16 @@ std::string lineChart(const std::string &title, const std::vector<std::pair<std:
       x0 = std::min(x0, x), x1 = std::max(x1, x), y0 = std::min(y0, y), y1 = std::max(y1, y);
     }
   std::ostringstream svg;
-  svg << "<figure><svg width='" << width << "' height='" << height << "' role='img'><title>"
+  // The plotted points as data (for programs and tests): {"name": [[step, value], ...]}.
+  svg << "<figure data-chart='" << escaped(title) << "' data-series='{";
+  for (size_t s = 0; s < series.size(); ++s) {
+    svg << (s ? "," : "") << "\"" << escaped(series[s].first) << "\":[";
+    for (size_t i = 0; i < series[s].second.size(); ++i)
+      svg << (i ? "," : "") << "[" << number(series[s].second[i].first, "%.17g") << ","
+          << number(series[s].second[i].second, "%.9g") << "]";
+    svg << "]";
+  }
+  svg << "}'><svg width='" << width << "' height='" << height << "' role='img'><title>"
       << escaped(title) << "</title><text x='" << left << "' y='16' font-weight='bold'>" << escaped(title)
       << "</text>";
   if (!std::isfinite(x0)) {
@@ -65,30 +74,43 @@ std::string lineChart(const std::string &title, const std::vector<std::pair<std:
       << number(x1, "%.0f") << "</text>";
   const char *colours[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e"};
   for (size_t s = 0; s < series.size(); ++s) {
+    // One point alone (an eval at the end) is a dot; more are a line with dots.
     svg << "<polyline fill='none' stroke-width='1.5' stroke='" << colours[s % 5] << "' points='";
     for (auto [x, y] : series[s].second)
       svg << number(px(x), "%.1f") << "," << number(py(y), "%.1f") << " ";
-    svg << "'/><text x='" << width - 200 << "' y='" << top + 14 * (s + 1) << "' font-size='11' fill='"
+    svg << "'/>";
+    if (series[s].second.size() <= 50)
+      for (auto [x, y] : series[s].second)
+        svg << "<circle r='2.5' fill='" << colours[s % 5] << "' cx='" << number(px(x), "%.1f") << "' cy='"
+            << number(py(y), "%.1f") << "'/>";
+    svg << "<text x='" << width - 200 << "' y='" << top + 14 * (s + 1) << "' font-size='11' fill='"
         << colours[s % 5] << "'>" << escaped(series[s].first) << "</text>";
   }
   svg << "</svg></figure>";
   return svg.str();
 }
 
-/// One row of cells per entry of ROWS, shaded by value (a heat map table).
+/// One row of cells per entry of ROWS, shaded by value (a heat map table);
+/// \p columns, when given, head the columns.
 std::string heatTable(const std::string &title, const std::string &rowName,
-                      const std::vector<std::vector<double>> &rows) {
+                      const std::vector<std::vector<double>> &rows, const std::vector<std::string> &columns = {}) {
   double top = 0;
   for (const auto &row : rows)
     for (double v : row)
       top = std::max(top, v);
   std::ostringstream html;
-  html << "<h3>" << escaped(title) << "</h3><table class='heat'>";
+  html << "<h3>" << escaped(title) << "</h3><table class='heat' data-heat='" << escaped(title) << "'>";
+  if (!columns.empty()) {
+    html << "<tr><th></th>";
+    for (const std::string &c : columns)
+      html << "<th>" << escaped(c) << "</th>";
+    html << "</tr>";
+  }
   for (size_t r = 0; r < rows.size(); ++r) {
     html << "<tr><th>" << escaped(rowName) << " " << r << "</th>";
     for (double v : rows[r]) {
       int shade = top > 0 ? static_cast<int>(255 - 200 * v / top) : 255;
-      html << "<td style='background:rgb(" << shade << "," << shade << ",255)' title='" << number(v)
+      html << "<td style='background:rgb(" << shade << "," << shade << ",255)' title='" << number(v, "%.9g")
            << "'>" << number(v, "%.0f") << "</td>";
     }
     html << "</tr>";
@@ -110,6 +132,63 @@ std::vector<std::vector<double>> matrix(const JsonValue *value) {
       out.push_back(std::move(cells));
   }
   return out;
+}
+
+/// How many steps an expert-load-over-time table shows, and how many MoE
+/// layers get one (evenly spaced; a 48-layer, 128-expert model would
+/// otherwise make a page of megabytes).
+constexpr size_t kLoadColumns = 40, kLoadLayers = 12;
+
+/// Per MoE layer (up to kLoadLayers of them), the share of its routed tokens
+/// (%) each expert received at up to kLoadColumns evenly spaced steps: how
+/// the load moves as the adapter trains.
+std::string expertLoadOverTime(const std::vector<JsonValue> &lines) {
+  std::vector<size_t> withLoad;
+  for (size_t i = 0; i < lines.size(); ++i)
+    if (!matrix(lines[i].find("expert_load")).empty())
+      withLoad.push_back(i);
+  if (withLoad.empty())
+    return "";
+  std::vector<size_t> picked;
+  const size_t n = withLoad.size(), columns = std::min(n, kLoadColumns);
+  for (size_t c = 0; c < columns; ++c)
+    picked.push_back(withLoad[columns == 1 ? n - 1 : c * (n - 1) / (columns - 1)]);
+  std::vector<std::vector<std::vector<double>>> loads; // [column][layer][expert]
+  std::vector<std::string> steps;
+  for (size_t i : picked) {
+    loads.push_back(matrix(lines[i].find("expert_load")));
+    steps.push_back(number(lines[i].find("step")->asDouble(), "%.0f"));
+  }
+  const size_t layers = loads.back().size();
+  std::vector<size_t> shown;
+  for (size_t l = 0; l < layers; ++l)
+    if (!loads.back()[l].empty())
+      shown.push_back(l);
+  if (shown.size() > kLoadLayers) {
+    std::vector<size_t> spaced;
+    for (size_t j = 0; j < kLoadLayers; ++j)
+      spaced.push_back(shown[j * (shown.size() - 1) / (kLoadLayers - 1)]);
+    shown = spaced;
+  }
+  std::ostringstream html;
+  html << "<h2>Expert load over time</h2><p>Share of each MoE layer's routed tokens per expert (%), at "
+       << columns << " of " << n << " steps" << (shown.size() < layers ? ", for evenly spaced layers" : "")
+       << ".</p>";
+  for (size_t l : shown) {
+    const size_t experts = loads.back()[l].size();
+    std::vector<std::vector<double>> rows(experts, std::vector<double>(picked.size(), 0.0));
+    for (size_t c = 0; c < picked.size(); ++c) {
+      if (l >= loads[c].size() || loads[c][l].size() != experts)
+        continue;
+      double total = 0;
+      for (double v : loads[c][l])
+        total += v;
+      for (size_t e = 0; e < experts; ++e)
+        rows[e][c] = total > 0 ? 100.0 * loads[c][l][e] / total : 0.0;
+    }
+    html << heatTable("layer " + std::to_string(l) + ": expert load (%) by step", "expert", rows, steps);
+  }
+  return html.str();
 }
 
 } // namespace
@@ -145,10 +224,16 @@ void writeRunReport(const std::string &outDir) {
     if (const JsonValue *layout = lines.back().find("layout"); layout && layout->isString())
       html << ", layout " << escaped(layout->asString());
   html << ". Source: metrics.jsonl (one line per step).</p>";
-  html << lineChart("loss", {{"loss", curve("loss")}});
+  if (curve("eval_loss").empty())
+    html << lineChart("loss", {{"loss", curve("loss")}});
+  else
+    html << lineChart("loss", {{"loss", curve("loss")}, {"eval loss", curve("eval_loss")}});
   html << lineChart("gradient norm (before clipping)", {{"grad_norm", curve("grad_norm")}});
   html << lineChart("learning rate", {{"lr", curve("lr")}});
   html << lineChart("tokens/s", {{"tokens_per_s", curve("tokens_per_s")}});
+  if (!curve("mfu").empty())
+    html << lineChart("MFU (3 x forward FLOPs of the active parameters + attention, over the peak)",
+                      {{"mfu", curve("mfu")}});
   if (!curve("allreduce_s").empty())
     html << lineChart("collectives per step (s)", {{"gradient all-reduce", curve("allreduce_s")},
                                                    {"expert all-to-all", curve("alltoall_s")},
@@ -171,8 +256,9 @@ void writeRunReport(const std::string &outDir) {
         html << "</tr></table>";
       }
   }
+  html << expertLoadOverTime(lines);
   html << "</body></html>\n";
-  writeFileAtomic(joinPath(outDir, "metrics.html"), html.str());
+  writeFileAtomic(joinPath(outDir, "report.html"), html.str());
 }
 
 double peakHostGiB() {

@@ -1,11 +1,13 @@
 //===- RunReport.h - a run's curves as a page people look at -----*- C++ -*-===//
 //
-// OUT/metrics.jsonl is for programs; OUT/metrics.html is for people: the loss,
-// gradient norm, learning rate and throughput curves, the expert load of the
-// last step per MoE layer (and per expert-parallel rank), and, for parallel
-// runs, the collectives' time per step and each rank's peak memory. One
-// self-contained file (inline SVG, no scripts, no network), rewritten by the
-// trainer at every checkpoint and at the end.
+// OUT/metrics.jsonl is for programs; OUT/report.html is for people: the loss
+// (and eval loss), gradient norm, learning rate, throughput and MFU curves,
+// the expert load of the last step per MoE layer (and per expert-parallel
+// rank) and over the run's steps, and, for parallel runs, the collectives'
+// time per step and each rank's peak memory. One self-contained file (inline
+// SVG, no scripts, no network; every chart's points also as a data-series
+// attribute), rewritten by the trainer at every checkpoint, every eval and
+// at the end.
 //
 //===----------------------------------------------------------------------===//
 #ifndef ADAPT_RUNTIME_RUNREPORT_H
@@ -15,7 +17,7 @@
 
 namespace adapt::rt {
 
-/// Writes OUT_DIR/metrics.html from OUT_DIR/metrics.jsonl (atomically; a
+/// Writes OUT_DIR/report.html from OUT_DIR/metrics.jsonl (atomically; a
 /// malformed line is skipped). Write failures throw RuntimeError (exit 6).
 void writeRunReport(const std::string &outDir);
 

@@ -55,11 +55,20 @@ Data and output:
 
 Training (defaults in brackets):
   --steps N              total optimizer steps of the run [0; 1000 with --data]
+  --epochs N             train for N passes over the data's windows instead:
+                         steps = ceil(N * windows / batch) (not with --steps)
   --batch B              sequences per step [8]
   --seq-len T            tokens per sequence [512]
   --lr X                 peak learning rate [1e-4]
   --weight-decay X       AdamW decoupled weight decay [0]
-  --warmup N             linear warmup steps, then cosine decay to 0 [0]
+  --warmup N             linear warmup steps, then the schedule [0]
+  --schedule S           after warmup: cosine (to 0), linear (to 0) or
+                         constant [cosine]
+  --eval-data FILE       held-out data (the --data formats): eval_loss in the
+                         metrics every --eval-every steps and at the end, and
+                         the lowest one's adapter in OUT/best-adapter (PEFT)
+  --eval-every N         steps between eval losses; 0 = only at the end [0]
+  --eval-batches N       batches of --batch windows per eval [every window once]
   --grad-clip X          clip the global gradient norm to X; 0 = off [1.0]
   --seed N               LoRA init, data shuffle and dropout seed [0]
   --lora-rank R, --lora-alpha A, --lora-dropout P, --rslora
@@ -119,7 +128,10 @@ Training (defaults in brackets):
   --help                 this text
 
 Every step appends one JSON line to OUT/metrics.jsonl: step, loss, lr,
-tokens_per_s, mfu, grad_norm, expert_load (tokens per expert per layer).
+tokens_per_s, mfu, grad_norm, expert_load (tokens per expert per layer),
+eval_loss (steps with an eval). The same scalars go to TensorBoard event files
+in OUT/tensorboard (`tensorboard --logdir OUT/tensorboard`), and the curves and
+expert-load heat maps to OUT/report.html, rewritten at checkpoints and evals.
 SIGINT/SIGTERM finish the current step, checkpoint and exit; a second one
 kills at once. --resume then repeats an uninterrupted run's losses exactly
 (bitwise on CPU fp32).
@@ -145,7 +157,8 @@ const std::set<std::string> kValueFlags = {
     "--warmup", "--seed", "--device", "--dtype", "--grad-clip", "--checkpoint-every",
     "--log-every", "--export", "--merge", "--eos", "--peak-tflops", "--logits-out", "--validate", "--init-adapter", "--dump-batches",
     "--force-routing", "--tp", "--ep", "--pp", "--dp", "--cp", "--dist-timeout", "--dump-gradients", "--micro-batches", "--profile",
-    "--lora-rank", "--lora-alpha", "--lora-dropout"};
+    "--lora-rank", "--lora-alpha", "--lora-dropout", "--eval-data", "--eval-every", "--eval-batches", "--epochs",
+    "--schedule"};
 const std::set<std::string> kBoolFlags = {"--resume", "--recompute", "--no-recompute", "--rslora", "--help", "-h"};
 
 /// The parsed command line: flag -> value ("" for booleans).
@@ -253,10 +266,25 @@ TrainOptions resolveOptions(const Args &args, const JsonValue &saved,
   o.exportDir = get("--export") ? *get("--export") : "";
   o.mergeDir = get("--merge") ? *get("--merge") : "";
   o.resume = args.has("--resume");
+  if (args.has("--epochs") && args.has("--steps"))
+    throw badInput("", "--epochs", "expected --epochs or --steps, not both");
   if (std::string s = value("--steps", "steps"); !s.empty())
     o.steps = parseInt("--steps", s, 0);
   else if (!o.dataPath.empty())
-    o.steps = 1000;
+    o.steps = 1000; // --epochs replaces it once the data's windows are known
+  if (std::string s = value("--schedule", "schedule"); !s.empty()) {
+    if (s != "cosine" && s != "linear" && s != "constant")
+      throw badInput("", "--schedule", "expected cosine, linear or constant but got '" + s + "'");
+    o.schedule = s;
+  }
+  if (const std::string *s = get("--eval-data"))
+    o.evalDataPath = *s;
+  if (const std::string *s = get("--eval-every"))
+    o.evalEvery = parseInt("--eval-every", *s, 0);
+  if (const std::string *s = get("--eval-batches"))
+    o.evalBatches = parseInt("--eval-batches", *s, 1);
+  if ((args.has("--eval-every") || args.has("--eval-batches")) && o.evalDataPath.empty())
+    throw badInput("", args.has("--eval-every") ? "--eval-every" : "--eval-batches", "expected --eval-data with it");
   if (std::string s = value("--batch", "batch"); !s.empty())
     o.batch = parseInt("--batch", s, 1);
   if (std::string s = value("--seq-len", "seq_len"); !s.empty())
@@ -490,7 +518,7 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
                    "expected --data with --steps, --export or --merge: nothing to do");
 
   // Data first: its errors are cheap to find, the model is not.
-  std::unique_ptr<PackedDataset> data;
+  std::unique_ptr<PackedDataset> data, evalData;
   if (opts.steps > 0) {
     data = std::make_unique<PackedDataset>(
         opts.dataPath, DatasetOptions{opts.seqLen, def.vocab, opts.eos, opts.seed});
@@ -498,6 +526,25 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
                  opts.dataPath.c_str(), (long long)data->documents(),
                  (long long)data->streamTokens(), (long long)data->windows(),
                  (long long)opts.seqLen);
+    if (args.has("--epochs")) {
+      const int64_t epochs = parseInt("--epochs", args.values.at("--epochs"), 1);
+      opts.steps = (epochs * data->windows() + opts.batch - 1) / opts.batch;
+      std::fprintf(stderr, "%lld epochs of %lld windows in batches of %lld: %lld steps\n", (long long)epochs,
+                   (long long)data->windows(), (long long)opts.batch, (long long)opts.steps);
+    }
+  } else if (args.has("--epochs")) {
+    throw badInput("", "--epochs", "expected --data with it");
+  }
+  if (!opts.evalDataPath.empty()) {
+    if (opts.distributed)
+      throw badInput("", "--eval-data", "expected a run of one process: eval in parallel layouts is not implemented yet");
+    if (!opts.forceRoutingPath.empty())
+      throw badInput("", "--eval-data", "expected no --force-routing with it (forced routing covers training batches only)");
+    // Packed as the training data (same length, EOS and seed).
+    evalData = std::make_unique<PackedDataset>(
+        opts.evalDataPath, DatasetOptions{opts.seqLen, def.vocab, opts.eos, opts.seed});
+    std::fprintf(stderr, "eval data: %s: %lld documents, %lld windows of %lld\n", opts.evalDataPath.c_str(),
+                 (long long)evalData->documents(), (long long)evalData->windows(), (long long)opts.seqLen);
   }
 
   ModelOptions modelOptions;
@@ -550,7 +597,7 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
       installStopSignalHandlers();
       if (!data)
         throw badInput("", "--data", "expected a dataset (JSONL or ADAPTTOK) to train on");
-      int code = trainer.run(*data);
+      int code = trainer.run(*data, evalData.get());
       if (code != kExitSuccess)
         return code;
       std::fprintf(stderr, "trained %lld steps; checkpoint in %s\n", (long long)trainer.step(),

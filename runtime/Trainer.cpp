@@ -106,22 +106,6 @@ std::string durationText(double seconds) {
 
 std::string dtypeFlag(torch::ScalarType t) { return t == torch::kBFloat16 ? "bf16" : "fp32"; }
 
-/// Writes all of \p text to \p fd; false with errno set on failure.
-bool writeAll(int fd, const std::string &text) {
-  const char *p = text.data();
-  size_t left = text.size();
-  while (left > 0) {
-    ssize_t n = ::write(fd, p, left);
-    if (n < 0) {
-      if (errno == EINTR)
-        continue;
-      return false;
-    }
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
-  return true;
-}
 
 } // namespace
 
@@ -133,6 +117,10 @@ double learningRate(const TrainOptions &o, int64_t index) {
     return o.lr;
   double progress = static_cast<double>(index - o.warmup) / static_cast<double>(decaySteps);
   progress = std::clamp(progress, 0.0, 1.0);
+  if (o.schedule == "constant")
+    return o.lr;
+  if (o.schedule == "linear")
+    return o.lr * (1.0 - progress);
   constexpr double kPi = 3.14159265358979323846;
   return o.lr * 0.5 * (1.0 + std::cos(kPi * progress));
 }
@@ -437,6 +425,7 @@ void Trainer::saveCheckpoint() {
         {"lr", opts.lr},
         {"weight_decay", opts.weightDecay},
         {"warmup", opts.warmup},
+        {"schedule", opts.schedule},
         {"seed", static_cast<int64_t>(opts.seed)},
         // The LoRA settings in effect (generated or given), which a resumed
         // run keeps.
@@ -503,7 +492,7 @@ void Trainer::writeReport() const {
   try {
     writeRunReport(opts.outDir);
   } catch (const RuntimeError &e) { // The curves can wait; the run goes on.
-    std::fprintf(stderr, "warning: metrics.html not written: %s\n", e.what());
+    std::fprintf(stderr, "warning: report.html not written: %s\n", e.what());
   }
 }
 
@@ -557,7 +546,40 @@ int Trainer::interrupted(int signal) {
   return kExitInterrupted;
 }
 
-int Trainer::run(const PackedDataset &data) {
+int Trainer::run(const PackedDataset &data) { return run(data, nullptr); }
+
+double Trainer::evalLoss(const PackedDataset &eval) {
+  torch::NoGradGuard noGrad;
+  const int64_t all = std::max<int64_t>(1, eval.windows() / opts.batch);
+  const int64_t batches = opts.evalBatches > 0 ? std::min(opts.evalBatches, all) : all;
+  double sum = 0.0, count = 0.0;
+  for (int64_t i = 0; i < batches; ++i) {
+    Batch b = eval.batch(i, opts.batch);
+    torch::Tensor ids = b.ids.to(opts.device), labels = b.labels.to(opts.device);
+    const double targets = (labels.narrow(1, 1, labels.size(1) - 1) != -100).sum().item<double>();
+    if (targets == 0)
+      continue;
+    sum += model.evalLossSum(ids, labels, ImageInput{b.pixels, b.gridThw}).item<double>();
+    count += targets;
+  }
+  return count > 0 ? sum / count : std::nan("");
+}
+
+void Trainer::saveBestAdapter(double loss) {
+  const std::string dir = joinPath(opts.outDir, "best-adapter"), tmp = dir + ".tmp", old = dir + ".old";
+  removeAll(tmp);
+  exportAdapter(model, opts.modelDir, tmp);
+  JsonValue note = JsonValue::object({{"step", completed}, {"eval_loss", loss}, {"eval_data", opts.evalDataPath}});
+  writeFileAtomic(joinPath(tmp, "adapt_eval.json"), note.dump(2) + "\n");
+  removeAll(old);
+  if (pathExists(dir))
+    renamePath(dir, old);
+  renamePath(tmp, dir);
+  removeAll(old);
+  bestEvalLoss = loss;
+}
+
+int Trainer::run(const PackedDataset &data, const PackedDataset *eval) {
   if (params.empty())
     throw badInput(opts.modelDir, "lora targets",
                    "expected at least one adapter tensor to train, but the "
@@ -568,8 +590,19 @@ int Trainer::run(const PackedDataset &data) {
                  "warning: the data or packing differs from the checkpoint's (%s, now %s); "
                  "the resumed run will not repeat the batches of an uninterrupted one\n",
                  restoredFingerprint.c_str(), currentFingerprint.c_str());
-  if (writes())
+  if (writes()) {
     truncateMetrics();
+    tensorBoard = std::make_unique<TensorBoardWriter>(joinPath(opts.outDir, "tensorboard"));
+    // A resumed run's best adapter so far, to be beaten.
+    std::ifstream noteFile(joinPath(joinPath(opts.outDir, "best-adapter"), "adapt_eval.json"));
+    std::string noteText((std::istreambuf_iterator<char>(noteFile)), std::istreambuf_iterator<char>());
+    try {
+      if (eval && !noteText.empty())
+        if (const JsonValue *v = parseJson(noteText, "best-adapter/adapt_eval.json").find("eval_loss"); v && v->isNumber())
+          bestEvalLoss = v->asDouble();
+    } catch (const RuntimeError &) { // An unreadable note: the next eval replaces the adapter.
+    }
+  }
 
   std::vector<torch::Tensor> tensors;
   for (const AdapterTensor &a : trained)
@@ -751,8 +784,31 @@ int Trainer::run(const PackedDataset &data) {
         line.set("pipeline_wait_s", longest);
       }
     }
-    if (writes())
+    // Eval after the step, every evalEvery steps and at the last one.
+    const bool evalNow = eval && (completed == opts.steps || (opts.evalEvery > 0 && completed % opts.evalEvery == 0));
+    double evalValue = std::nan("");
+    if (evalNow) {
+      evalValue = evalLoss(*eval);
+      line.set("eval_loss", std::isfinite(evalValue) ? JsonValue(evalValue) : JsonValue(nullptr));
+    }
+    if (writes()) {
       appendMetrics(line.dump());
+      std::vector<std::pair<std::string, double>> scalars = {
+          {"train/loss", lossValue}, {"train/lr", lr}, {"train/grad_norm", gradNorm},
+          {"perf/tokens_per_s", tokensPerSecond}};
+      if (peak > 0)
+        scalars.push_back({"perf/mfu", 3.0 * flopsPerToken * tokensPerSecond / peak});
+      if (std::isfinite(evalValue))
+        scalars.push_back({"eval/loss", evalValue});
+      tensorBoard->addScalars(completed, scalars);
+      if (std::isfinite(evalValue)) {
+        std::fprintf(stderr, "%sstep %lld: eval loss %.4f%s\n", tty ? "\r\x1b[K" : "", (long long)completed,
+                     evalValue, bestEvalLoss == 0 || evalValue < bestEvalLoss ? " (best so far: OUT/best-adapter)" : "");
+        if (bestEvalLoss == 0 || evalValue < bestEvalLoss)
+          saveBestAdapter(evalValue);
+        writeReport();
+      }
+    }
 
     const double elapsed = std::chrono::duration<double>(now - runStart).count();
     const double perStep = elapsed / static_cast<double>(completed - firstStep);

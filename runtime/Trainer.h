@@ -20,6 +20,7 @@
 #include "runtime/Errors.h"
 #include "runtime/Json.h"
 #include "runtime/Model.h"
+#include "runtime/TensorBoard.h"
 
 #include <torch/torch.h>
 
@@ -44,6 +45,15 @@ struct TrainOptions {
   double lr = 1e-4;
   double weightDecay = 0.0;
   int64_t warmup = 0;    ///< Linear warmup steps.
+  /// After warmup: "cosine" (to 0 at the last step), "linear" (to 0) or
+  /// "constant".
+  std::string schedule = "cosine";
+  /// Held-out data for an eval loss ("": none): every evalEvery steps (0:
+  /// only at the end) and at the end, over evalBatches batches of `batch`
+  /// windows (0: every window once). The lowest eval loss's adapter is
+  /// exported to OUT/best-adapter.
+  std::string evalDataPath;
+  int64_t evalEvery = 0, evalBatches = 0;
   uint64_t seed = 0;
   /// LoRA settings chosen at train time (--lora-rank/--lora-alpha/
   /// --lora-dropout/--rslora); 0 or -1: as `adapt build` generated them.
@@ -80,7 +90,8 @@ struct TrainOptions {
 };
 
 /// Learning rate of the step with 0-based index \p index: lr * (index + 1) /
-/// warmup during warmup, then cosine from lr to 0 at options.steps.
+/// warmup during warmup, then options.schedule from lr: cosine or linear to
+/// 0 at options.steps, or constant.
 double learningRate(const TrainOptions &options, int64_t index);
 
 /// The process-wide "stop after this step" flag SIGINT/SIGTERM set.
@@ -114,6 +125,9 @@ public:
   /// at step S; last good checkpoint at step K kept in OUT/checkpoint"),
   /// leaving the checkpoint as it was; write failures throw exit code 6.
   int run(const PackedDataset &data);
+  /// run() with held-out \p eval data (options.evalDataPath, packed alike)
+  /// for eval_loss in the metrics and OUT/best-adapter.
+  int run(const PackedDataset &data, const PackedDataset *eval);
 
   /// Writes OUT/checkpoint for step(), atomically (see the file comment).
   void saveCheckpoint();
@@ -131,8 +145,14 @@ private:
   int interrupted(int signal);
   std::string checkpointNote() const;
 
-  /// Rewrites OUT/metrics.html (rank 0; a failure only warns).
+  /// Rewrites OUT/report.html (rank 0; a failure only warns).
   void writeReport() const;
+  /// The mean next-token loss over \p eval's first options.evalBatches
+  /// batches (every target token counted once; dropout off, no gradient).
+  double evalLoss(const PackedDataset &eval);
+  /// Exports the adapters to OUT/best-adapter (via best-adapter.tmp and a
+  /// rename), with adapt_eval.json giving the step and eval loss.
+  void saveBestAdapter(double loss);
   /// Whether this process writes files (alone, or rank 0 of a parallel run).
   bool writes() const { return !opts.distributed || opts.distributed->rank() == 0; }
   /// One step's loss and gradients: alone, model.loss and backward; in a
@@ -155,6 +175,8 @@ private:
   std::string restoredFingerprint; ///< The checkpoint's data fingerprint.
   std::string currentFingerprint;
   double lastLoss = 0, lastLr = 0;
+  double bestEvalLoss = 0; ///< Of OUT/best-adapter; 0: none yet.
+  std::unique_ptr<TensorBoardWriter> tensorBoard; ///< OUT/tensorboard, opened by run().
   std::unique_ptr<SafetensorsFile> forcedRouting; ///< opts.forceRoutingPath, open.
   std::vector<std::pair<std::string, torch::Tensor>> gradients; ///< For opts.gradientsPath.
   /// Forces step \p index's routing from forcedRouting (BadInput when it has none).

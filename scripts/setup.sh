@@ -18,6 +18,12 @@ if ! .venv/bin/python -c 'import torch, transformers, peft' >/dev/null 2>&1; the
   python3 -m venv .venv
   .venv/bin/pip install -q --disable-pip-version-check -r scripts/requirements.txt
 fi
+# TensorBoard (reads the trainer's event files in tests/e2e/test_trainer.py),
+# for a .venv made before it joined scripts/requirements.txt.
+if ! .venv/bin/python -c 'import tensorboard' >/dev/null 2>&1; then
+  echo "== installing tensorboard into .venv"
+  .venv/bin/pip install -q --disable-pip-version-check tensorboard==2.21.0
+fi
 # The MCP conformance suite (tests/e2e/test_serve.py) needs Node.js >= 22,
 # newer than Debian's: a pinned Node wheel in .venv, and the suite pinned by
 # tests/mcp/package-lock.json in tests/mcp/node_modules (ignored by git).

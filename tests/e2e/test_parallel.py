@@ -148,7 +148,7 @@ class Launch(unittest.TestCase):
             self.assertEqual(sum(metrics[0]["expert_load_per_ep_rank"][0]), 4 * 32 * 2)
             self.assertEqual(len(metrics[0]["peak_host_gib"]), 2)
             self.assertTrue(all(0 < m < 64 for m in metrics[0]["peak_host_gib"]))
-            with open(os.path.join(out, "metrics.html")) as f:
+            with open(os.path.join(out, "report.html")) as f:
                 page = f.read()
             for needle in ("<svg", "loss", "collectives per step", "expert load per expert-parallel rank",
                            "peak host memory per rank"):

@@ -282,6 +282,111 @@ class Trainer(unittest.TestCase):
                 self.assertEqual(proc.returncode, 2, proc.stderr)
                 self.assertIn(flag, proc.stderr)
 
+    def test_eval_set_tensorboard_and_report(self):
+        # An eval set: eval_loss every N steps and at the end, the best
+        # adapter kept; epochs instead of steps; the scalars in TensorBoard's
+        # event format; report.html's charts hold exactly metrics.jsonl's data.
+        model, train = self.build("qwen3_moe")
+        eval_data = os.path.join(self.work, "eval.jsonl")
+        write_dataset(eval_data, documents=16, seed=7)
+        out = os.path.join(self.work, "eval-run")
+        args = ["--model", model, "--data", self.data, "--batch", "4", "--seq-len", "32", "--lr", "1e-2",
+                "--log-every", "0", "--eval-data", eval_data]
+        proc = run(train, "--out", out, "--epochs", "2", "--eval-every", "10", *args)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        # 64 documents of 48 tokens packed into windows of 32: 96 windows, 2 epochs of batches of 4.
+        self.assertIn("2 epochs of 96 windows in batches of 4: 48 steps", proc.stderr)
+        lines = [json.loads(line) for line in read_lines(os.path.join(out, "metrics.jsonl"))]
+        self.assertEqual(len(lines), 48)
+        evals = {line["step"]: line["eval_loss"] for line in lines if "eval_loss" in line}
+        self.assertEqual(sorted(evals), [10, 20, 30, 40, 48])
+        self.assertLess(evals[48], 0.8 * evals[10], "the eval loss did not fall")
+        best = read_json(os.path.join(out, "best-adapter", "adapt_eval.json"))
+        self.assertEqual(best["eval_loss"], min(evals.values()))
+        self.assertEqual(best["step"], min(evals, key=evals.get))
+        self.assertTrue(os.path.exists(os.path.join(out, "best-adapter", "adapter_model.safetensors")))
+
+        # TensorBoard reads our event file: every step's loss, and the evals.
+        if PYTHON:
+            script = ("import sys, glob, json\n"
+                      "from tensorboard.backend.event_processing.event_accumulator import EventAccumulator\n"
+                      "files = glob.glob(sys.argv[1] + '/events.out.tfevents.*')\n"
+                      "ea = EventAccumulator(files[0]); ea.Reload()\n"
+                      "print(json.dumps({'files': len(files), 'tags': ea.Tags()['scalars'], "
+                      "'loss': [[e.step, e.value] for e in ea.Scalars('train/loss')], "
+                      "'eval': [[e.step, e.value] for e in ea.Scalars('eval/loss')]}))\n")
+            proc = run(PYTHON, "-c", script, os.path.join(out, "tensorboard"))
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            board = json.loads(proc.stdout)
+            self.assertEqual(board["files"], 1)
+            self.assertEqual(sorted(board["tags"]),
+                             ["eval/loss", "perf/tokens_per_s", "train/grad_norm", "train/loss", "train/lr"])
+            self.assertEqual([s for s, _ in board["loss"]], list(range(1, 49)))
+            for (step, value), line in zip(board["loss"], lines):  # simple_value is a float32
+                self.assertAlmostEqual(value, line["loss"], delta=1e-6 * abs(line["loss"]))
+            self.assertEqual([s for s, _ in board["eval"]], [10, 20, 30, 40, 48])
+
+        # report.html: the charts' data are metrics.jsonl's (9 significant
+        # digits), and the expert load over time has 40 evenly spaced steps.
+        from html.parser import HTMLParser
+
+        class Charts(HTMLParser):
+            def __init__(self):
+                super().__init__()
+                self.series, self.heat, self.table, self.cells = {}, {}, None, []
+
+            def handle_starttag(self, tag, attrs):
+                a = dict(attrs)
+                if tag == "figure" and "data-chart" in a:
+                    self.series[a["data-chart"]] = json.loads(a["data-series"])
+                if tag == "table" and "data-heat" in a:
+                    self.table = a["data-heat"]
+                    self.heat[self.table] = []
+                if tag == "tr" and self.table:
+                    self.heat[self.table].append([])
+                if tag == "td" and self.table and "title" in a:
+                    self.heat[self.table][-1].append(float(a["title"]))
+
+            def handle_endtag(self, tag):
+                if tag == "table":
+                    self.table = None
+
+        charts = Charts()
+        charts.feed(read_text(os.path.join(out, "report.html")))
+        loss = charts.series["loss"]
+        self.assertEqual(len(loss["loss"]), len(lines))
+        for (step, value), line in zip(loss["loss"], lines):
+            self.assertEqual(step, line["step"])
+            self.assertAlmostEqual(value, line["loss"], delta=1e-8 * abs(line["loss"]))
+        self.assertEqual([[s, round(v, 6)] for s, v in loss["eval loss"]],
+                         [[s, round(evals[s], 6)] for s in sorted(evals)])
+        self.assertEqual(len(charts.series["tokens/s"]["tokens_per_s"]), 48)
+        layer0 = [rows for title, rows in charts.heat.items() if title.startswith("layer 0: expert load")]
+        self.assertEqual(len(layer0), 1)
+        rows = [r for r in layer0[0] if r]
+        experts = len(lines[-1]["expert_load"][0])
+        self.assertEqual((len(rows), len(rows[0])), (experts, 40))
+        last = lines[-1]["expert_load"][0]
+        for e in range(experts):  # the last column is the last step, in % of its routed tokens
+            self.assertAlmostEqual(rows[e][-1], 100.0 * last[e] / sum(last), places=5)
+
+        # Flags that contradict each other stop with exit 2.
+        for bad in (["--epochs", "1", "--steps", "3"], ["--steps", "2", "--eval-every", "1", "--eval-data", ""],
+                    ["--steps", "2", "--schedule", "exponential"]):
+            with self.subTest(flags=bad):
+                flags = [a for a in args if a not in ("--eval-data", eval_data)] if "--eval-data" in bad else args
+                bad = [b for b in bad if b not in ("--eval-data", "")]
+                proc = run(train, "--out", os.path.join(self.work, "bad-eval"), *bad, *flags)
+                self.assertEqual(proc.returncode, 2, proc.stderr)
+        # The schedules: constant keeps the peak after warmup; linear ends at lr / steps.
+        for schedule, want in (("constant", [1e-2] * 4), ("linear", [1e-2, 7.5e-3, 5e-3, 2.5e-3])):
+            out = os.path.join(self.work, "schedule-" + schedule)
+            proc = run(train, "--out", out, "--steps", "4", "--schedule", schedule, *args[:-2])
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            got = [json.loads(line)["lr"] for line in read_lines(os.path.join(out, "metrics.jsonl"))]
+            for g, w in zip(got, want):
+                self.assertAlmostEqual(g, w, delta=1e-12)
+
     def test_profile_writes_a_trace_and_a_breakdown_by_kind(self):
         # --profile N: a Chrome trace and the time by kind of work, with the
         # runtime's scopes (loss, router, optimizer) found in it; the profiled
