@@ -1052,6 +1052,37 @@ bool makeDirectories(const std::string &path, std::string &error) {
   return true;
 }
 
+/// models/tiny/tokenizer.json (scripts/make_tiny_tokenizer.py): ids 0-4 are
+/// its special tokens, the rest a BPE over the King James Genesis.
+constexpr const char *kTinyTokenizer =
+#include "TinyTokenizer.inc"
+    ;
+
+/// tokenizer_config.json for a tiny model whose config is \p config: the
+/// tokenizer's special tokens named by the config's bos/eos ids, and a
+/// ChatML chat template over its <|im_start|>/<|im_end|> tokens, so that
+/// AutoTokenizer and apply_chat_template work on every tiny family.
+std::string tinyTokenizerConfig(const nlohmann::json &config) {
+  static const char *special[] = {"<unk>", "<|bos|>", "<|eos|>", "<|im_start|>", "<|im_end|>"};
+  auto tokenOf = [&](const char *key) -> std::string {
+    const auto it = config.find(key);
+    if (it == config.end() || !it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > 4)
+      return "";
+    return special[it->get<int64_t>()];
+  };
+  nlohmann::ordered_json t;
+  t["tokenizer_class"] = "PreTrainedTokenizerFast";
+  t["unk_token"] = "<unk>";
+  if (std::string bos = tokenOf("bos_token_id"); !bos.empty())
+    t["bos_token"] = bos;
+  if (std::string eos = tokenOf("eos_token_id"); !eos.empty())
+    t["eos_token"] = t["pad_token"] = eos;
+  t["model_max_length"] = 1000000;
+  t["chat_template"] = "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+                       "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+  return t.dump(2) + "\n";
+}
+
 } // namespace
 
 const std::vector<std::string> &tinyModelFamilies() {
@@ -1168,7 +1199,8 @@ writeTinyModel(const TinyModelOptions &options) {
     files.push_back(path);
     return true;
   };
-  if (!write("config.json", *config) ||
+  if (!write("config.json", *config) || !write("tokenizer.json", kTinyTokenizer) ||
+      !write("tokenizer_config.json", tinyTokenizerConfig(nlohmann::json::parse(*config))) ||
       !write("model.safetensors.index.json", index.dump(2) + "\n") ||
       !write(shardNames[0], safetensorsFile(shards[0])) ||
       !write(shardNames[1], safetensorsFile(shards[1])))

@@ -224,10 +224,15 @@ void writeRunReport(const std::string &outDir) {
     if (const JsonValue *layout = lines.back().find("layout"); layout && layout->isString())
       html << ", layout " << escaped(layout->asString());
   html << ". Source: metrics.jsonl (one line per step).</p>";
-  if (curve("eval_loss").empty())
+  // The eval loss from the untrained adapter's (step 0) on.
+  std::vector<std::pair<double, double>> evalCurve = curve("eval_loss");
+  if (!lines.empty())
+    if (const JsonValue *v = lines.front().find("eval_loss_untrained"); v && v->isNumber())
+      evalCurve.insert(evalCurve.begin(), {0.0, v->asDouble()});
+  if (evalCurve.empty())
     html << lineChart("loss", {{"loss", curve("loss")}});
   else
-    html << lineChart("loss", {{"loss", curve("loss")}, {"eval loss", curve("eval_loss")}});
+    html << lineChart("loss", {{"loss", curve("loss")}, {"eval loss", evalCurve}});
   html << lineChart("gradient norm (before clipping)", {{"grad_norm", curve("grad_norm")}});
   html << lineChart("learning rate", {{"lr", curve("lr")}});
   html << lineChart("tokens/s", {{"tokens_per_s", curve("tokens_per_s")}});

@@ -623,6 +623,17 @@ int Trainer::run(const PackedDataset &data, const PackedDataset *eval) {
                         writes() ? std::min(opts.profileSteps, opts.steps - profileFirst) : 0, cuda,
                         model.def().lora.rank, model.def().vocab);
 
+  // The untrained adapter's eval loss (a fresh run only): what training has to beat.
+  double untrainedEval = std::nan("");
+  if (eval && completed == 0 && opts.steps > 0) {
+    untrainedEval = evalLoss(*eval);
+    if (writes()) {
+      std::fprintf(stderr, "eval loss before training: %.4f\n", untrainedEval);
+      if (std::isfinite(untrainedEval))
+        tensorBoard->addScalars(0, {{"eval/loss", untrainedEval}});
+    }
+  }
+
   while (completed < opts.steps) {
     if (int signal = stopRequested())
       return interrupted(signal);
@@ -787,6 +798,8 @@ int Trainer::run(const PackedDataset &data, const PackedDataset *eval) {
     // Eval after the step, every evalEvery steps and at the last one.
     const bool evalNow = eval && (completed == opts.steps || (opts.evalEvery > 0 && completed % opts.evalEvery == 0));
     double evalValue = std::nan("");
+    if (completed == 1 && std::isfinite(untrainedEval))
+      line.set("eval_loss_untrained", untrainedEval);
     if (evalNow) {
       evalValue = evalLoss(*eval);
       line.set("eval_loss", std::isfinite(evalValue) ? JsonValue(evalValue) : JsonValue(nullptr));

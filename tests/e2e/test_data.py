@@ -3,7 +3,9 @@
 model's own tokenizer and chat template (as transformers renders it), the loss
 only on assistant/completion tokens, pre-tokenized records checked and kept,
 bad records named by line (or counted with --skip-bad). The tokenizer is a
-small byte-level BPE trained here with the `tokenizers` library."""
+small byte-level BPE trained here with the `tokenizers` library. Then the
+README's main job on text: the tiny model's own tokenizer, Genesis, an eval
+set, and PEFT generating with the trained adapter."""
 import json
 import os
 import subprocess
@@ -132,6 +134,61 @@ class Data(unittest.TestCase):
         proc = run(self.data, "--out", os.path.join(self.tmp.name, "x.jsonl"))
         self.assertEqual(proc.returncode, 2)
         self.assertIn("--model", proc.stderr)
+
+
+GENERATE = r'''
+import json, sys, torch, peft
+from transformers import AutoModelForCausalLM, AutoTokenizer
+model_dir, adapter = sys.argv[1:3]
+tok = AutoTokenizer.from_pretrained(model_dir)
+model = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir), adapter)
+torch.manual_seed(0)
+prompt = tok("And God said", return_tensors="pt").input_ids
+out = model.generate(prompt, max_new_tokens=24, do_sample=True, top_k=20)
+chat = [{"role": "user", "content": "Who was Abraham?"}, {"role": "assistant", "content": "The father of Isaac."}]
+print(json.dumps({"prompt": prompt.shape[1], "ids": out[0].tolist(), "text": tok.decode(out[0]),
+                  "chat": tok.apply_chat_template(chat, tokenize=False)}))
+'''
+
+
+@unittest.skipUnless(os.path.exists(PYTHON), "needs the reference venv (scripts/setup.sh)")
+class MainJob(unittest.TestCase):
+    def test_text_to_a_trained_adapter_that_peft_generates_with(self):
+        """The README's main job, shorter: a tiny model with its own tokenizer,
+        Genesis as text, an eval set; the eval loss falls well below the
+        untrained adapter's, and PEFT loads the best adapter and generates."""
+        with tempfile.TemporaryDirectory() as tmp:
+            model, trainer = os.path.join(tmp, "tiny"), os.path.join(tmp, "trainer")
+            proc = subprocess.run([ADAPT, "tiny", "qwen3_moe", "--out", model], capture_output=True, text=True)
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            for name in ("train", "eval"):
+                proc = run(os.path.join(ROOT, "examples", "genesis", name + ".jsonl"), "--model", model,
+                           "--out", os.path.join(tmp, name + ".jsonl"))
+                self.assertEqual(proc.returncode, 0, proc.stderr)
+            proc = subprocess.run([ADAPT, "build", model, "--out", trainer], capture_output=True, text=True)
+            self.assertEqual(proc.returncode, 0, proc.stdout[-2000:] + proc.stderr[-2000:])
+            run_dir = os.path.join(tmp, "run")
+            proc = subprocess.run([os.path.join(trainer, "train"), "--data", os.path.join(tmp, "train.jsonl"),
+                                   "--eval-data", os.path.join(tmp, "eval.jsonl"), "--out", run_dir,
+                                   "--epochs", "3", "--batch", "8", "--seq-len", "128", "--lr", "2e-2",
+                                   "--warmup", "20", "--lora-rank", "32", "--lora-alpha", "64",
+                                   "--eval-every", "100", "--log-every", "0"],
+                                  capture_output=True, text=True, timeout=600)
+            self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+            with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+                lines = [json.loads(line) for line in f]
+            untrained = lines[0]["eval_loss_untrained"]
+            evals = [line["eval_loss"] for line in lines if "eval_loss" in line]
+            # Measured: 6.04 untrained, 4.16 after 3 epochs; a model that learns nothing stays near 6.
+            self.assertLess(evals[-1], untrained - 1.0, (untrained, evals))
+            proc = subprocess.run([PYTHON, "-c", GENERATE, model, os.path.join(run_dir, "best-adapter")],
+                                  capture_output=True, text=True, timeout=300)
+            self.assertEqual(proc.returncode, 0, proc.stderr[-2000:])
+            out = json.loads(proc.stdout.splitlines()[-1])
+            self.assertEqual(len(out["ids"]) - out["prompt"], 24, "PEFT generated fewer tokens than asked")
+            self.assertTrue(out["text"].startswith("And God said"), out["text"])
+            self.assertEqual(out["chat"], "<|im_start|>user\nWho was Abraham?<|im_end|>\n"
+                                          "<|im_start|>assistant\nThe father of Isaac.<|im_end|>\n")
 
 
 if __name__ == "__main__":

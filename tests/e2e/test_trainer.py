@@ -296,6 +296,7 @@ class Trainer(unittest.TestCase):
         self.assertEqual(proc.returncode, 0, proc.stderr)
         # 64 documents of 48 tokens packed into windows of 32: 96 windows, 2 epochs of batches of 4.
         self.assertIn("2 epochs of 96 windows in batches of 4: 48 steps", proc.stderr)
+        self.assertIn("eval loss before training", proc.stderr)
         lines = [json.loads(line) for line in read_lines(os.path.join(out, "metrics.jsonl"))]
         self.assertEqual(len(lines), 48)
         evals = {line["step"]: line["eval_loss"] for line in lines if "eval_loss" in line}
@@ -324,7 +325,7 @@ class Trainer(unittest.TestCase):
             self.assertEqual([s for s, _ in board["loss"]], list(range(1, 49)))
             for (step, value), line in zip(board["loss"], lines):  # simple_value is a float32
                 self.assertAlmostEqual(value, line["loss"], delta=1e-6 * abs(line["loss"]))
-            self.assertEqual([s for s, _ in board["eval"]], [10, 20, 30, 40, 48])
+            self.assertEqual([s for s, _ in board["eval"]], [0, 10, 20, 30, 40, 48])
 
         # report.html: the charts' data are metrics.jsonl's (9 significant
         # digits), and the expert load over time has 40 evenly spaced steps.
@@ -358,6 +359,8 @@ class Trainer(unittest.TestCase):
         for (step, value), line in zip(loss["loss"], lines):
             self.assertEqual(step, line["step"])
             self.assertAlmostEqual(value, line["loss"], delta=1e-8 * abs(line["loss"]))
+        evals[0] = lines[0]["eval_loss_untrained"]
+        self.assertGreater(evals[0], evals[48])
         self.assertEqual([[s, round(v, 6)] for s, v in loss["eval loss"]],
                          [[s, round(evals[s], 6)] for s in sorted(evals)])
         self.assertEqual(len(charts.series["tokens/s"]["tokens_per_s"]), 48)
