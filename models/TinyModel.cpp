@@ -13,6 +13,7 @@
 #include "models/TinyModelSparse.h"
 #include "models/WeightSchema.h"
 #include "parser/ConfigReader.h"
+#include "parser/Strings.h"
 
 #include <nlohmann/json.hpp>
 
@@ -737,10 +738,6 @@ private:
   bool hasSpare = false;
 };
 
-bool endsWith(const std::string &s, const std::string &suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 /// The values of one tensor: normal(0, \p weightStd) for weights; norms
 /// \p normMean + noise so they are not the identity (mean 0 for zero-centred

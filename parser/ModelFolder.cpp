@@ -1,6 +1,7 @@
 //===- ModelFolder.cpp - find and read a release's files ------------------===//
 
 #include "parser/ModelFolder.h"
+#include "parser/Strings.h"
 #include "parser/ConfigReader.h"
 
 #include <map>
@@ -22,10 +23,6 @@ bool isFile(const std::string &path) {
 bool pathExistsAtAll(const std::string &path) {
   struct stat st;
   return lstat(path.c_str(), &st) == 0;
-}
-bool endsWith(const std::string &s, const std::string &suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 } // namespace
 

@@ -49,6 +49,11 @@ std::string renderGapsMarkdown(const GapReport &report);
 /// and notes. Every report string is HTML-escaped.
 std::string renderGapsHtml(const GapReport &report);
 
+/// Escapes \p text for HTML text and quoted attribute values (& < > " '),
+/// after replacing invalid UTF-8 with U+FFFD: the one escaper of the
+/// compiler's HTML pages (gap reports, plans).
+std::string htmlEscape(const std::string &text);
+
 /// Renders all three files and writes DIR/gaps.json, DIR/gaps.md and
 /// DIR/gaps.html, creating DIR (and its parents) if needed. Each file is
 /// written to a temporary name in DIR, fsynced and renamed over the target,

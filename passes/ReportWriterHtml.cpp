@@ -129,33 +129,6 @@ const char *const kPalette[] = {"#0969da", "#8250df", "#bf3989", "#1a7f37",
                                 "#bc4c00", "#0598bc", "#9a6700", "#57606a",
                                 "#6639ba", "#116329", "#a40e26", "#0550ae"};
 
-/// Escapes `text` for HTML text and quoted attribute values.
-std::string htmlEscape(const std::string &text) {
-  std::string out;
-  for (char c : sanitizeText(text)) {
-    switch (c) {
-    case '&':
-      out += "&amp;";
-      break;
-    case '<':
-      out += "&lt;";
-      break;
-    case '>':
-      out += "&gt;";
-      break;
-    case '"':
-      out += "&quot;";
-      break;
-    case '\'':
-      out += "&#39;";
-      break;
-    default:
-      out += c;
-    }
-  }
-  return out;
-}
-
 /// Escaped `text`, or an en dash when it is empty.
 std::string htmlOrDash(const std::string &text) {
   return text.empty() ? std::string("&ndash;") : htmlEscape(text);
@@ -509,6 +482,32 @@ std::string renderGapsHtml(const GapReport &report) {
                 "gaps.json schema_version " +
          htmlEscape(report.schemaVersion) +
          "</footer>\n</main>\n</body>\n</html>\n";
+}
+
+std::string htmlEscape(const std::string &text) {
+  std::string out;
+  for (char c : sanitizeText(text)) {
+    switch (c) {
+    case '&':
+      out += "&amp;";
+      break;
+    case '<':
+      out += "&lt;";
+      break;
+    case '>':
+      out += "&gt;";
+      break;
+    case '"':
+      out += "&quot;";
+      break;
+    case '\'':
+      out += "&#39;";
+      break;
+    default:
+      out += c;
+    }
+  }
+  return out;
 }
 
 } // namespace adapt

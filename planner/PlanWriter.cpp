@@ -3,6 +3,7 @@
 #include "planner/PlanWriter.h"
 
 #include "parser/AtomicFile.h"
+#include "passes/ReportWriter.h"
 
 #include <nlohmann/json.hpp>
 
@@ -25,19 +26,6 @@ std::string fixed(double value, int digits) {
   char buffer[64];
   std::snprintf(buffer, sizeof buffer, "%.*f", digits, value);
   return buffer;
-}
-
-std::string htmlEscape(const std::string &text) {
-  std::string out;
-  for (char c : text)
-    switch (c) {
-    case '&': out += "&amp;"; break;
-    case '<': out += "&lt;"; break;
-    case '>': out += "&gt;"; break;
-    case '"': out += "&quot;"; break;
-    default: out += c;
-    }
-  return out;
 }
 
 /// Memory categories in display order: (name, bytes).

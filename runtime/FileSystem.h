@@ -72,6 +72,12 @@ private:
   bool committed = false;
 };
 
+/// Whether \p s ends with \p suffix (file and tensor names; C++17 has no
+/// ends_with). The runtime's one copy: it builds without the compiler's parser/.
+inline bool endsWith(const std::string &s, const std::string &suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
 /// Writes all of \p text to \p fd, looping over partial writes and EINTR;
 /// false with errno set on failure (append-only logs: metrics, events).
 bool writeAll(int fd, const std::string &text);

@@ -5,6 +5,7 @@
 #include "runtime/Recompute.h"
 
 #include "runtime/Errors.h"
+#include "runtime/FileSystem.h"
 #include "runtime/Layers.h"
 #include "runtime/LightningLayer.h"
 #include "runtime/LinearAttention.h"
@@ -49,10 +50,6 @@ torch::Tensor scaledResidual(const torch::Tensor &residual, const torch::Tensor 
   if (alpha == 1.0 && beta == 1.0)
     return residual + update;
   return residual * alpha + update * beta;
-}
-
-bool endsWith(const std::string &s, const std::string &suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 /// Whether two layers rotate identically (and so can share RoPE tables).

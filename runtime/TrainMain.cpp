@@ -18,6 +18,7 @@
 #include "runtime/Json.h"
 #include "runtime/Model.h"
 #include "runtime/ModelCost.h"
+#include "runtime/TrainConfig.h"
 #include "runtime/Trainer.h"
 #include "runtime/Validate.h"
 
@@ -52,6 +53,9 @@ Data and output:
                          safetensors shards, index, config.json, tokenizer files
   --resume               continue from OUT/checkpoint when it exists; settings
                          not given again are the checkpoint's
+  --config FILE          settings from a YAML file, one `flag: value` per line
+                         (`lr: 2e-4`, `eval-data: eval.jsonl`, `rslora: true`);
+                         flags given on the command line override it
 
 Training (defaults in brackets):
   --steps N              total optimizer steps of the run [0; 1000 with --data]
@@ -158,7 +162,7 @@ const std::set<std::string> kValueFlags = {
     "--log-every", "--export", "--merge", "--eos", "--peak-tflops", "--logits-out", "--validate", "--init-adapter", "--dump-batches",
     "--force-routing", "--tp", "--ep", "--pp", "--dp", "--cp", "--dist-timeout", "--dump-gradients", "--micro-batches", "--profile",
     "--lora-rank", "--lora-alpha", "--lora-dropout", "--eval-data", "--eval-every", "--eval-batches", "--epochs",
-    "--schedule"};
+    "--schedule", "--config"};
 const std::set<std::string> kBoolFlags = {"--resume", "--recompute", "--no-recompute", "--rslora", "--help", "-h"};
 
 /// The parsed command line: flag -> value ("" for booleans).
@@ -191,7 +195,11 @@ Args parseArgs(int argc, char **argv) {
         throw badInput("", arg, "expected the flag at most once");
       args.values[arg] = value;
     } else {
-      throw badInput("", arg, "expected a known flag (see --help)");
+      std::set<std::string> all = kValueFlags;
+      all.insert(kBoolFlags.begin(), kBoolFlags.end());
+      const std::string near = nearestFlag(arg, all);
+      throw badInput("", arg, "expected a known flag (see --help)" +
+                                  (near.empty() ? std::string() : "; did you mean " + near + "?"));
     }
   }
   return args;
@@ -401,6 +409,12 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
   if (args.has("--help") || args.has("-h")) {
     std::fputs(trainUsage(argc > 0 ? argv[0] : "train", defaultModelDir).c_str(), stdout);
     return kExitSuccess;
+  }
+  if (args.has("--config")) { // Its settings, where the command line gives none.
+    std::set<std::string> valueFlags = kValueFlags, boolFlags = {"--resume", "--recompute", "--no-recompute", "--rslora"};
+    valueFlags.erase("--config");
+    for (const ConfigSetting &c : readTrainConfig(args.values.at("--config"), valueFlags, boolFlags))
+      args.values.emplace(c.flag, c.value);
   }
   if (!args.has("--out"))
     throw badInput("", "--out", "expected the run folder (--out DIR); see --help");

@@ -886,10 +886,6 @@ void exportAdapter(const Model &model, const std::string &modelDir, const std::s
 
 namespace {
 
-bool endsWith(const std::string &s, const std::string &suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 /// Files of a model folder that are weights (never copied by merge).
 bool isWeightFile(const std::string &name) {
   for (const char *ext : {".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".h5",

@@ -390,6 +390,36 @@ class Trainer(unittest.TestCase):
             for g, w in zip(got, want):
                 self.assertAlmostEqual(g, w, delta=1e-12)
 
+    def test_config_file_holds_the_flags_and_the_command_line_overrides(self):
+        model, train = self.build("qwen3_moe")
+        config = os.path.join(self.work, "run.yaml")
+        write_text(config, "---\n# a run\nmodel: %s\ndata: %s\nsteps: 5   # overridden below\nbatch: 2\n"
+                           "seq_len: 32\nlr: '2e-3'\nschedule: constant\nlog-every: 0\nrslora: true\n"
+                           "recompute: false\n" % (model, self.data))
+        out = os.path.join(self.work, "from-config")
+        proc = run(train, "--config", config, "--out", out, "--steps", "3", "--export", out + "/adapter")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        lines = [json.loads(line) for line in read_lines(os.path.join(out, "metrics.jsonl"))]
+        self.assertEqual([line["lr"] for line in lines], [2e-3] * 3)
+        self.assertTrue(read_json(out + "/adapter/adapter_config.json")["use_rslora"])
+        for text, wanted in (("lr: 1e-3\nlearning_rate: 2\n", ":2: learning-rate: expected a trainer setting"),
+                             ("optimizer:\n  name: adamw\n", ":1: optimizer: expected a trainer setting"),
+                             ("lr:\n  - 1\n", ":1: lr: expected one scalar value on the line"),
+                             ("steps: 1\n  batch: 2\n", ":2: --config: expected `key: value` at the start"),
+                             ("rslora: maybe\n", ":1: rslora: expected true or false"),
+                             ("lr: 1\nlr: 2\n", ":2: lr: expected each setting once")):
+            with self.subTest(config=text):
+                write_text(config, text)
+                proc = run(train, "--config", config, "--out", os.path.join(self.work, "bad-config"))
+                self.assertEqual(proc.returncode, 2, proc.stderr)
+                self.assertIn(config + wanted, proc.stderr)
+        write_text(config, "sed: 1\n")
+        proc = run(train, "--config", config, "--out", os.path.join(self.work, "bad-config"))
+        self.assertIn("did you mean 'seed'?", proc.stderr)
+        proc = run(train, "--out", os.path.join(self.work, "bad-config"), "--eval-evry", "3")
+        self.assertEqual(proc.returncode, 2, proc.stderr)
+        self.assertIn("did you mean --eval-every?", proc.stderr)
+
     def test_profile_writes_a_trace_and_a_breakdown_by_kind(self):
         # --profile N: a Chrome trace and the time by kind of work, with the
         # runtime's scopes (loss, router, optimizer) found in it; the profiled
