@@ -20,6 +20,8 @@
 #include "passes/ReportWriter.h"
 #include "tools/BuildCommand.h"
 #include "tools/DataCommand.h"
+
+#include "llvm/ADT/StringRef.h"
 #include "tools/GenerateCommand.h"
 #include "tools/ModelAnalysis.h"
 #include "tools/PlanCommand.h"
@@ -302,21 +304,9 @@ std::string usageText() {
   return text + "  adapt --help | --version\n" + kUsageNotes;
 }
 
-/// Levenshtein distance, for "did you mean".
+/// Levenshtein distance, for "did you mean" (LLVM's).
 size_t editDistance(const std::string &a, const std::string &b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j)
-    row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t next = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
-      diagonal = row[j];
-      row[j] = next;
-    }
-  }
-  return row[b.size()];
+  return llvm::StringRef(a).edit_distance(b, /*AllowReplacements=*/true);
 }
 
 int run(int argc, char **argv) {
