@@ -276,16 +276,15 @@ void PackedDataset::finishPacking() {
   uint64_t pos = 0;
   for (Document &d : docs) {
     const uint64_t span = d.length + (opts.eos >= 0 ? 1 : 0);
-    if (d.images >= 0) {
-      // An image document is never cut: it starts a window (the gap before
-      // it is masked padding) and must fit in it.
-      if (span > T)
-        throw badInput(imageFiles[static_cast<size_t>(d.images)], "input_ids",
-                       "expected a document with images to fit in one window of --seq-len " +
-                           std::to_string(T) + " tokens but it has " + std::to_string(span) +
-                           " (EOS included)");
+    if (d.images >= 0 && span > T) // An image document is never cut.
+      throw badInput(imageFiles[static_cast<size_t>(d.images)], "input_ids",
+                     "expected a document with images to fit in one window of --seq-len " +
+                         std::to_string(T) + " tokens but it has " + std::to_string(span) +
+                         " (EOS included)");
+    // An image document, and without packing every document, starts a
+    // window: the gap before it is masked padding.
+    if (d.images >= 0 || !opts.packing)
       pos = (pos + T - 1) / T * T;
-    }
     d.streamStart = pos;
     pos += span;
   }
@@ -300,7 +299,7 @@ void PackedDataset::finishPacking() {
   // Only windows with something to learn are served: a window whose labels
   // at 1..T-1 are all masked would make the mean loss 0/0. Without labels
   // and with EOS, only the padded tail can be such a window.
-  bool mayLackTargets = !memLabels.empty() || opts.eos < 0 || !imageFiles.empty();
+  bool mayLackTargets = !memLabels.empty() || opts.eos < 0 || !imageFiles.empty() || !opts.packing;
   std::vector<int64_t> ids(T), labels(T);
   usable.reserve(static_cast<size_t>(totalWindows));
   for (int64_t w = 0; w < totalWindows; ++w) {
@@ -340,7 +339,7 @@ void PackedDataset::window(int64_t w, int64_t *ids, int64_t *labels) const {
       continue;
     }
     const Document &d = docs[di];
-    if (pos < d.streamStart) { // Padding before a window-aligned image document.
+    if (pos < d.streamStart) { // Padding before a window-aligned document.
       ids[t] = pad;
       labels[t] = kIgnoreLabel;
       continue;
@@ -464,6 +463,7 @@ std::string PackedDataset::fingerprint() const {
          " windows=" + std::to_string(usable.size()) +
          " seq_len=" + std::to_string(opts.seqLen) +
          " eos=" + std::to_string(opts.eos) + " seed=" + std::to_string(opts.seed) +
+         (opts.packing ? std::string() : " packing=off") +
          (imageFiles.empty() ? std::string() : " image_documents=" + std::to_string(imageFiles.size()));
 }
 

@@ -40,6 +40,11 @@ struct DatasetOptions {
   int64_t vocab = 0;   ///< Every id must be in [0, vocab).
   int64_t eos = -1;    ///< Appended after every document when >= 0.
   uint64_t seed = 0;   ///< Window shuffle: epoch e uses seed + e.
+  /// false (`train --no-packing`): every document starts a window, a longer
+  /// one continues in the next, and the rest of a window is masked padding,
+  /// so no token ever attends to another document's (causal attention
+  /// never looks at the padding after it). true: documents are concatenated.
+  bool packing = true;
 };
 
 /// One batch: ids and labels [B, T], int64 on the CPU. labels equal ids

@@ -81,6 +81,9 @@ Training (defaults in brackets):
                          keeps the checkpoint's rank]
   --eos ID               token appended after every document [none: document
                          starts are masked from the loss instead]
+  --no-packing           start every document at a window (a longer one goes on
+                         in the next; the rest is masked padding), so no token
+                         attends to another document [documents are packed]
   --device cpu|cuda[:N]  [cuda when available, else cpu]
   --dtype fp32|bf16      base weights and activations; adapters stay fp32
                          [bf16 on cuda, fp32 on cpu]
@@ -163,7 +166,8 @@ const std::set<std::string> kValueFlags = {
     "--force-routing", "--tp", "--ep", "--pp", "--dp", "--cp", "--dist-timeout", "--dump-gradients", "--micro-batches", "--profile",
     "--lora-rank", "--lora-alpha", "--lora-dropout", "--eval-data", "--eval-every", "--eval-batches", "--epochs",
     "--schedule", "--config"};
-const std::set<std::string> kBoolFlags = {"--resume", "--recompute", "--no-recompute", "--rslora", "--help", "-h"};
+const std::set<std::string> kBoolFlags = {"--resume", "--recompute", "--no-recompute", "--rslora", "--no-packing",
+                                          "--help", "-h"};
 
 /// The parsed command line: flag -> value ("" for booleans).
 struct Args {
@@ -334,6 +338,8 @@ TrainOptions resolveOptions(const Args &args, const JsonValue &saved,
   }
   if (const JsonValue *v = saved.find("rslora"); args.has("--rslora") || (v && v->isBool() && v->asBool()))
     o.rslora = true;
+  if (const JsonValue *v = saved.find("packing"); args.has("--no-packing") || (v && v->isBool() && !v->asBool()))
+    o.packing = false;
   if (std::string s = value("--grad-clip", "grad_clip"); !s.empty())
     o.gradClip = parseDouble("--grad-clip", s, 0);
   if (std::string s = value("--eos", "eos"); !s.empty())
@@ -411,7 +417,8 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
     return kExitSuccess;
   }
   if (args.has("--config")) { // Its settings, where the command line gives none.
-    std::set<std::string> valueFlags = kValueFlags, boolFlags = {"--resume", "--recompute", "--no-recompute", "--rslora"};
+    std::set<std::string> valueFlags = kValueFlags,
+                          boolFlags = {"--resume", "--recompute", "--no-recompute", "--rslora", "--no-packing"};
     valueFlags.erase("--config");
     for (const ConfigSetting &c : readTrainConfig(args.values.at("--config"), valueFlags, boolFlags))
       args.values.emplace(c.flag, c.value);
@@ -535,7 +542,7 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
   std::unique_ptr<PackedDataset> data, evalData;
   if (opts.steps > 0) {
     data = std::make_unique<PackedDataset>(
-        opts.dataPath, DatasetOptions{opts.seqLen, def.vocab, opts.eos, opts.seed});
+        opts.dataPath, DatasetOptions{opts.seqLen, def.vocab, opts.eos, opts.seed, opts.packing});
     std::fprintf(stderr, "data: %s: %lld documents, %lld tokens, %lld windows of %lld\n",
                  opts.dataPath.c_str(), (long long)data->documents(),
                  (long long)data->streamTokens(), (long long)data->windows(),
@@ -556,7 +563,7 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
       throw badInput("", "--eval-data", "expected no --force-routing with it (forced routing covers training batches only)");
     // Packed as the training data (same length, EOS and seed).
     evalData = std::make_unique<PackedDataset>(
-        opts.evalDataPath, DatasetOptions{opts.seqLen, def.vocab, opts.eos, opts.seed});
+        opts.evalDataPath, DatasetOptions{opts.seqLen, def.vocab, opts.eos, opts.seed, opts.packing});
     std::fprintf(stderr, "eval data: %s: %lld documents, %lld windows of %lld\n", opts.evalDataPath.c_str(),
                  (long long)evalData->documents(), (long long)evalData->windows(), (long long)opts.seqLen);
   }
@@ -629,7 +636,7 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
   if (args.has("--logits-out")) {
     if (!data)
       data = std::make_unique<PackedDataset>(
-          opts.dataPath, DatasetOptions{opts.seqLen, def.vocab, opts.eos, opts.seed});
+          opts.dataPath, DatasetOptions{opts.seqLen, def.vocab, opts.eos, opts.seed, opts.packing});
     Batch first = data->batch(0, opts.batch);
     torch::NoGradGuard noGrad;
     torch::Tensor logits = model.logits(first.ids).cpu(); // Every rank: expert exchanges.

@@ -435,6 +435,7 @@ void Trainer::saveCheckpoint() {
         {"rslora", model.def().lora.rslora},
         {"grad_clip", opts.gradClip},
         {"eos", opts.eos},
+        {"packing", opts.packing},
         {"dtype", dtypeFlag(opts.dtype)},
         {"checkpoint_every", opts.checkpointEvery},
         {"log_every", opts.logEvery},

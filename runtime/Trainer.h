@@ -67,6 +67,7 @@ struct TrainOptions {
   bool resume = false;
   int64_t logEvery = 10; ///< Steps between full progress lines on stderr.
   int64_t eos = -1;      ///< Appended after every document when >= 0.
+  bool packing = true;   ///< false: every document starts a window (DatasetOptions).
   double peakFlops = 0;  ///< For MFU; 0: 989e12 for CUDA bf16, else none.
   /// "": routers choose. Else a safetensors file of forced experts per step
   /// and MoE block ("<step>.<block path>" -> [B*T, k]; Model::forceRouting).

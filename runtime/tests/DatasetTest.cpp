@@ -85,6 +85,28 @@ TEST(Dataset, JsonlObjectsArraysBlankLinesAndEos) {
   EXPECT_EQ(windowIds(data, 1, true), (std::vector<int64_t>{4, 5, 9, -100}));
 }
 
+TEST(Dataset, WithoutPackingEveryDocumentStartsAWindow) {
+  // No token attends to another document's: each document starts a window,
+  // a long one continues in the next, the rest is masked padding.
+  TempDir dir;
+  std::string path = dir.write("d.jsonl", "[1, 2]\n[4, 5, 6, 7, 8, 10, 11]\n[12]\n");
+  PackedDataset data(path, {4, 20, /*eos=*/9, 0, /*packing=*/false});
+  EXPECT_EQ(data.streamTokens(), 14); // 1 2 9 pad | 4 5 6 7 | 8 10 11 9 | 12 9 pad pad
+  ASSERT_EQ(data.windows(), 4);
+  EXPECT_EQ(windowIds(data, 0), (std::vector<int64_t>{1, 2, 9, 9}));
+  EXPECT_EQ(windowIds(data, 0, true), (std::vector<int64_t>{1, 2, 9, -100}));
+  EXPECT_EQ(windowIds(data, 1), (std::vector<int64_t>{4, 5, 6, 7}));
+  EXPECT_EQ(windowIds(data, 2), (std::vector<int64_t>{8, 10, 11, 9}));
+  EXPECT_EQ(windowIds(data, 3, true), (std::vector<int64_t>{12, 9, -100, -100}));
+  // Packed, the same documents share windows.
+  PackedDataset packed(path, {4, 20, 9, 0});
+  EXPECT_EQ(packed.streamTokens(), 13);
+  EXPECT_EQ(windowIds(packed, 0), (std::vector<int64_t>{1, 2, 9, 4}));
+  EXPECT_EQ(windowIds(packed, 2), (std::vector<int64_t>{10, 11, 9, 12}));
+  EXPECT_EQ(packed.windows(), 3); // the last, 9 and padding, has nothing to predict
+  EXPECT_NE(data.fingerprint(), packed.fingerprint());
+}
+
 TEST(Dataset, WithoutEosDocumentStartsAreMasked) {
   TempDir dir;
   std::string path = dir.write("d.jsonl", "[1, 2, 3]\n[4, 5]\n[6]\n");
