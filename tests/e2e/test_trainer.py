@@ -373,18 +373,19 @@ class Trainer(unittest.TestCase):
         for e in range(experts):  # the last column is the last step, in % of its routed tokens
             self.assertAlmostEqual(rows[e][-1], 100.0 * last[e] / sum(last), places=5)
 
-        # Flags that contradict each other stop with exit 2.
-        for bad in (["--epochs", "1", "--steps", "3"], ["--steps", "2", "--eval-every", "1", "--eval-data", ""],
-                    ["--steps", "2", "--schedule", "exponential"]):
-            with self.subTest(flags=bad):
-                flags = [a for a in args if a not in ("--eval-data", eval_data)] if "--eval-data" in bad else args
-                bad = [b for b in bad if b not in ("--eval-data", "")]
-                proc = run(train, "--out", os.path.join(self.work, "bad-eval"), *bad, *flags)
+        # Flags that contradict each other stop with exit 2, naming the flag.
+        plain = args[:-2]  # without --eval-data
+        for bad, flag in ((["--epochs", "1", "--steps", "3", *args], "--epochs"),
+                          (["--steps", "2", "--eval-every", "1", *plain], "--eval-every"),
+                          (["--steps", "2", "--schedule", "exponential", *plain], "--schedule")):
+            with self.subTest(flag=flag):
+                proc = run(train, "--out", os.path.join(self.work, "bad-eval"), *bad)
                 self.assertEqual(proc.returncode, 2, proc.stderr)
+                self.assertIn(flag, proc.stderr)
         # The schedules: constant keeps the peak after warmup; linear ends at lr / steps.
         for schedule, want in (("constant", [1e-2] * 4), ("linear", [1e-2, 7.5e-3, 5e-3, 2.5e-3])):
             out = os.path.join(self.work, "schedule-" + schedule)
-            proc = run(train, "--out", out, "--steps", "4", "--schedule", schedule, *args[:-2])
+            proc = run(train, "--out", out, "--steps", "4", "--schedule", schedule, *plain)
             self.assertEqual(proc.returncode, 0, proc.stderr)
             got = [json.loads(line)["lr"] for line in read_lines(os.path.join(out, "metrics.jsonl"))]
             for g, w in zip(got, want):
