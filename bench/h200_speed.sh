@@ -9,7 +9,8 @@
 # env: DEPTHS ("1 12"), BATCH (2), SEQ (4096), STEPS (8), PEER (1: run it),
 #      PEER_DEPTHS (the depths the peer runs at; default all), PROFILE (1: profile
 #      each depth), MODELS (where random weights are written; /dev/shm for 48
-#      layers, whose ~57 GB do not fit the disk beside the build)
+#      layers, whose ~57 GB do not fit the disk beside the build), EAGER (1: also
+#      run adapt with --no-cuda-graphs, and compare speed and per-step losses)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: h200_speed.sh OUTDIR}; mkdir -p "$OUT"
@@ -29,6 +30,13 @@ for n in ${DEPTHS:-1 12}; do
   $W/train-L$n/train --model $M/model-L$n --data $W/data.jsonl --out $W/run-L$n --steps $STEPS --batch $BATCH \
     --seq-len $SEQ --device cuda --dtype bf16 --lr 1e-4 --checkpoint-every 1000 --log-every 0 ${EXTRA:-} \
     > $W/run-L$n.log 2>&1 || { echo "L$n: adapt failed"; tail -5 $W/run-L$n.log; }
+  if [ "${EAGER:-0}" = 1 ]; then # the same run with every step eager: speed and losses against the graph's
+    rm -rf $W/eager-L$n
+    $W/train-L$n/train --model $M/model-L$n --data $W/data.jsonl --out $W/eager-L$n --steps $STEPS --batch $BATCH \
+      --seq-len $SEQ --device cuda --dtype bf16 --lr 1e-4 --checkpoint-every 1000 --log-every 0 --no-cuda-graphs \
+      ${EXTRA:-} > $W/eager-L$n.log 2>&1 || { echo "L$n: adapt (eager) failed"; tail -5 $W/eager-L$n.log; }
+  fi
+  grep -h "CUDA graph" $W/run-L$n.log
   if [ "${PEER:-1}" = 1 ] && [[ " ${PEER_DEPTHS:-$n} " == *" $n "* ]]; then
     python3 bench/peer_hf_peft.py $M/model-L$n --batch $BATCH --seq-len $SEQ --steps 6 --rank 16 --alpha 32 \
       --experts 2>/dev/null | grep '^{' | tail -1 > $W/peer-L$n.json || echo '{}' > $W/peer-L$n.json
@@ -56,6 +64,16 @@ for n in depths:
     rows[n] = {"adapt_tokens_per_s": steady[len(steady) // 2], "adapt_peak_gib": peak,
                "adapt_mfu": m[-1].get("mfu"), "peer_tokens_per_s": peer.get("tokens_per_s"),
                "peer_peak_gib": peer.get("peak_mem_gib"), "loss_last": m[-1]["loss"]}
+    try:  # EAGER=1: the same steps without the CUDA graph
+        e = [json.loads(l) for l in open(f"{w}/eager-L{n}/metrics.jsonl")]
+        es = sorted(r["tokens_per_s"] for r in e[2:]) or [e[-1]["tokens_per_s"]]
+        rows[n]["eager_tokens_per_s"] = es[len(es) // 2]
+        rows[n]["eager_peak_gib"] = max(max(r.get("peak_device_gib", [0])) for r in e)
+        rows[n]["graph_steps"] = sum(1 for r in m if r.get("cuda_graph"))
+        rows[n]["loss_rel_diff_max"] = max(abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(m, e))
+        rows[n]["grad_norm_rel_diff_max"] = max(abs(a["grad_norm"] - b["grad_norm"]) / b["grad_norm"] for a, b in zip(m, e))
+    except (OSError, ValueError, KeyError):
+        pass
     if peer.get("tokens_per_s"):
         rows[n]["ratio"] = rows[n]["adapt_tokens_per_s"] / peer["tokens_per_s"]
 ds = sorted(rows)

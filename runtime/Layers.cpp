@@ -233,7 +233,7 @@ std::string FfnLayer::blockPath() const {
 }
 
 torch::Tensor FfnLayer::forward(const torch::Tensor &x, bool training, torch::Tensor *load,
-                                const torch::Tensor &forcedExperts, int64_t *flips) const {
+                                const torch::Tensor &forcedExperts, torch::Tensor *flips) const {
   if (!isMoe())
     return down.forward(torch::silu(gate.forward(x, training)) * up.forward(x, training), training);
   const auto shape = x.sizes().vec();

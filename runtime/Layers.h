@@ -111,9 +111,10 @@ struct FfnLayer {
   bool isMoe() const { return def.experts > 0; }
   /// \p load receives tokens per expert when this is a MoE layer. Defined
   /// \p forcedExperts [tokens, k] replace the router's choice (routeForced);
-  /// then \p flips receives how many tokens the router would have sent elsewhere.
+  /// then \p flips receives how many tokens the router would have sent
+  /// elsewhere (an int64 scalar on the device: nothing is read back).
   torch::Tensor forward(const torch::Tensor &x, bool training, torch::Tensor *load,
-                        const torch::Tensor &forcedExperts = {}, int64_t *flips = nullptr) const;
+                        const torch::Tensor &forcedExperts = {}, torch::Tensor *flips = nullptr) const;
   /// The MoE block's module path ("model.layers.3.mlp"): the parent of the router's.
   std::string blockPath() const;
 };

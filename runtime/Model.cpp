@@ -17,6 +17,7 @@
 #include <cmath>
 #include <set>
 #include <sstream>
+#include <tuple>
 #include <utility>
 
 namespace adapt::rt {
@@ -102,11 +103,27 @@ public:
   std::vector<torch::Tensor> lastLoad;
   /// Model::forceRouting's experts by MoE block path, and the flips per layer.
   std::map<std::string, torch::Tensor> forcedRouting;
-  std::vector<int64_t> lastFlips;
+  std::vector<torch::Tensor> lastFlips; ///< Per layer, int64 scalars on the device.
   int64_t loaded = 0, toLoad = 0;
   std::vector<std::pair<std::string, torch::Tensor>> *capture = nullptr;
   /// Per layer, the first layer with the same RoPE: whose tables it shares.
   std::vector<size_t> ropeOwner;
+  /// RoPE tables by (owner layer, first position, length, device): made
+  /// once, since their frequencies start on the CPU, and a copy to the GPU
+  /// inside a captured step (StepGraph) is not allowed. Cleared when full.
+  std::map<std::tuple<size_t, int64_t, int64_t, std::string>, RopeTables> ropeCache;
+
+  /// The text RoPE tables of ropeOwner \p owner for positions [first, first + count).
+  const RopeTables &cachedRope(size_t owner, int64_t first, int64_t count, torch::Device device) {
+    auto key = std::make_tuple(owner, first, count, device.str());
+    auto it = ropeCache.find(key);
+    if (it == ropeCache.end()) {
+      if (ropeCache.size() >= 64)
+        ropeCache.clear();
+      it = ropeCache.emplace(key, ropeTablesAt(layers[owner].attention.def.rope, first, count, device)).first;
+    }
+    return it->second;
+  }
   torch::Generator generator;
   std::unique_ptr<VisionTower> vision; ///< Qwen3-VL image encoder (ModelDef.vision).
   /// Pipeline parallelism: this rank's stage runs layers [firstLayer,
@@ -155,7 +172,7 @@ public:
           def.vision, [this](const std::string &name, std::vector<int64_t> shape) { return load(name, shape); });
     skipping = false;
     lastLoad.resize(layers.size());
-    lastFlips.assign(layers.size(), 0);
+    lastFlips.resize(layers.size());
     for (size_t i = 0; i < def.layers.size(); ++i) {
       size_t owner = i;
       for (size_t j = 0; j < i && owner == i; ++j)
@@ -718,7 +735,7 @@ public:
         it = tables
                  .emplace(ropeOwner[i], splice.positions.defined() && !rope.mropeSection.empty()
                                             ? mropeTables(rope, splice.positions, x.device())
-                                            : ropeTablesAt(rope, context.offset(seqLen), seqLen, x.device()))
+                                            : cachedRope(ropeOwner[i], context.offset(seqLen), seqLen, x.device()))
                  .first;
       if (it != tables.end() && !it->second.positions.defined())
         it->second.positions = splice.positions; // For a generated rotary operator.
@@ -1108,19 +1125,46 @@ void Model::sumExpertLoad() {
     t = torch::Tensor();
 }
 
+std::vector<torch::Tensor> Model::loadTensors() const { return impl->lastLoad; }
+
+void Model::setLoadTensors(std::vector<torch::Tensor> counters) { impl->lastLoad = std::move(counters); }
+
 void Model::captureActivations(std::vector<std::pair<std::string, torch::Tensor>> *sink) {
   impl->capture = sink;
 }
 
 void Model::forceRouting(std::map<std::string, torch::Tensor> experts) {
-  impl->forcedRouting = std::move(experts);
-  impl->lastFlips.assign(impl->layers.size(), 0);
+  std::map<std::string, int64_t> expertCounts;
+  for (const Layer &l : impl->layers)
+    if (l.ffn.isMoe())
+      expertCounts[l.ffn.blockPath()] = l.ffn.def.experts;
+  for (auto &[block, chosen] : experts) {
+    auto count = expertCounts.find(block);
+    checkForcedExperts(chosen, count == expertCounts.end() ? 0 : count->second, block);
+  }
+  // Same blocks and shapes as before: the new choice goes into the old
+  // tensors, which a captured step (StepGraph) reads.
+  bool inPlace = experts.size() == impl->forcedRouting.size();
+  for (auto &[block, chosen] : experts) {
+    auto old = impl->forcedRouting.find(block);
+    inPlace = inPlace && old != impl->forcedRouting.end() && old->second.sizes() == chosen.sizes() &&
+              old->second.device() == chosen.device() && old->second.scalar_type() == chosen.scalar_type();
+  }
+  if (inPlace) {
+    for (auto &[block, chosen] : experts)
+      impl->forcedRouting.at(block).copy_(chosen);
+  } else { // Own copies: the caller's may be read-only views of a mapped file.
+    for (auto &[block, chosen] : experts)
+      chosen = chosen.clone();
+    impl->forcedRouting = std::move(experts);
+  }
 }
 
 int64_t Model::routingFlips() const {
   int64_t total = 0;
-  for (int64_t f : impl->lastFlips)
-    total += f;
+  for (const torch::Tensor &f : impl->lastFlips)
+    if (f.defined())
+      total += f.item<int64_t>();
   return total;
 }
 

@@ -134,6 +134,11 @@ public:
   /// Starts summing expert load over the next forwards (a training step's
   /// micro-batches or pipeline passes); the trainer calls it every step.
   void sumExpertLoad();
+  /// The per-layer expert-load counters expertLoad() reads (undefined for
+  /// dense layers), and setting them back: a captured step (StepGraph)
+  /// writes its own, which another forward (an eval) must not replace.
+  std::vector<torch::Tensor> loadTensors() const;
+  void setLoadTensors(std::vector<torch::Tensor> counters);
   /// Forced routing for the next forwards: every MoE layer sends its tokens to
   /// \p experts[block path] ([B*T, k] int64, e.g. what the reference chose;
   /// block path = the router module's parent, "model.layers.3.mlp") with the

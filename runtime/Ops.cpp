@@ -388,20 +388,24 @@ Routing routeForced(const torch::Tensor &logits, const FfnDef &ffn, const torch:
   if (!ffn.generatedRouter.empty())
     throw badInput("", "--force-routing", "forced routing needs a built-in router, not the generated " +
                                               ffn.generatedRouter);
-  const int64_t n = logits.size(0), e = logits.size(1);
+  const int64_t n = logits.size(0);
   if (experts.dim() != 2 || experts.size(0) != n || experts.size(1) != ffn.topK)
     throw badInput("", "--force-routing",
                    "expected experts of shape [" + std::to_string(n) + ", " + std::to_string(ffn.topK) +
                        "], got " + c10::str(experts.sizes()));
   torch::Tensor idx = experts.to(logits.device(), torch::kLong);
-  if (idx.numel() > 0 && (idx.min().item<int64_t>() < 0 || idx.max().item<int64_t>() >= e))
-    throw badInput("", "--force-routing", "expected expert ids in [0, " + std::to_string(e) + ")");
   return {idx, weighExperts(logits.to(torch::kFloat32), ffn, idx)};
 }
 
-int64_t routingDifferences(const Routing &a, const Routing &b) {
+void checkForcedExperts(const torch::Tensor &experts, int64_t count, const std::string &block) {
+  if (experts.numel() > 0 && (experts.min().item<int64_t>() < 0 || experts.max().item<int64_t>() >= count))
+    throw badInput("", "--force-routing",
+                   "expected expert ids in [0, " + std::to_string(count) + ") for " + block);
+}
+
+torch::Tensor routingDifferences(const Routing &a, const Routing &b) {
   torch::Tensor x = std::get<0>(a.experts.sort(-1)), y = std::get<0>(b.experts.to(x.device()).sort(-1));
-  return (x != y).any(-1).sum().item<int64_t>();
+  return (x != y).any(-1).sum();
 }
 
 ExpertGroups groupByExpert(const Routing &routing, int64_t experts, int64_t align) {

@@ -88,12 +88,18 @@ Routing route(const torch::Tensor &logits, const FfnDef &ffn,
 /// experts it picks (the same scores gathered and normalised). Lets a loss
 /// curve be compared with a reference whose near-tied router scores pick
 /// another expert in the last bit of fp32. Throws BadInput for a wrong shape
-/// or expert id, and for a generated router (its weights are dense, opaque).
+/// and for a generated router (its weights are dense, opaque). It reads
+/// nothing back from the device (a CUDA graph may capture it): the expert
+/// ids are checked beforehand by checkForcedExperts.
 Routing routeForced(const torch::Tensor &logits, const FfnDef &ffn,
                     const torch::Tensor &correctionBias, const torch::Tensor &experts);
+/// Throws BadInput (naming \p block) unless every id of \p experts is in
+/// [0, \p count): forced experts are checked once, before the forwards.
+void checkForcedExperts(const torch::Tensor &experts, int64_t count, const std::string &block);
 
-/// Tokens whose chosen experts (as a set) differ between \p a and \p b.
-int64_t routingDifferences(const Routing &a, const Routing &b);
+/// Tokens whose chosen experts (as a set) differ between \p a and \p b: an
+/// int64 scalar on their device, read after the step.
+torch::Tensor routingDifferences(const Routing &a, const Routing &b);
 
 /// Tokens grouped by expert: the permutation and group offsets that the
 /// grouped GEMMs use. With alignment, each expert's group is padded to a

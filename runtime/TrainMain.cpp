@@ -87,6 +87,9 @@ Training (defaults in brackets):
   --device cpu|cuda[:N]  [cuda when available, else cpu]
   --dtype fp32|bf16      base weights and activations; adapters stay fp32
                          [bf16 on cuda, fp32 on cpu]
+  --no-cuda-graphs       run every step eagerly. By default a single-process
+                         CUDA run captures its third step as a CUDA graph and
+                         replays it (the host no longer launches each kernel)
   --recompute            keep only each layer's input and recompute the layer
                          in the backward pass: ~1/3 more compute, activation
                          memory for long contexts [off]
@@ -131,12 +134,14 @@ Training (defaults in brackets):
   --profile N            profile N steps (from the second) with Kineto: a
                          Chrome trace OUT/profile/trace.json and the time by
                          kind (attention, GEMMs, LoRA, experts, router, loss,
-                         optimizer, copies, idle) in OUT/profile/breakdown.md
+                         optimizer, copies, idle) in OUT/profile/breakdown.md;
+                         profiled steps run eagerly, the CUDA graph after them
   --help                 this text
 
 Every step appends one JSON line to OUT/metrics.jsonl: step, loss, lr,
 tokens_per_s, mfu, grad_norm, expert_load (tokens per expert per layer),
-eval_loss (steps with an eval). The same scalars go to TensorBoard event files
+eval_loss (steps with an eval), cuda_graph (CUDA runs: whether the step was a
+graph replay). The same scalars go to TensorBoard event files
 in OUT/tensorboard (`tensorboard --logdir OUT/tensorboard`), and the curves and
 expert-load heat maps to OUT/report.html, rewritten at checkpoints and evals.
 SIGINT/SIGTERM finish the current step, checkpoint and exit; a second one
@@ -166,7 +171,7 @@ const std::set<std::string> kValueFlags = {
     "--force-routing", "--tp", "--ep", "--pp", "--dp", "--cp", "--dist-timeout", "--dump-gradients", "--micro-batches", "--profile",
     "--lora-rank", "--lora-alpha", "--lora-dropout", "--eval-data", "--eval-every", "--eval-batches", "--epochs",
     "--schedule", "--config"};
-const std::set<std::string> kBoolFlags = {"--resume", "--recompute", "--no-recompute", "--rslora", "--no-packing",
+const std::set<std::string> kBoolFlags = {"--resume", "--recompute", "--no-recompute", "--rslora", "--no-packing", "--no-cuda-graphs",
                                           "--help", "-h"};
 
 /// The parsed command line: flag -> value ("" for booleans).
@@ -418,7 +423,7 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
   }
   if (args.has("--config")) { // Its settings, where the command line gives none.
     std::set<std::string> valueFlags = kValueFlags,
-                          boolFlags = {"--resume", "--recompute", "--no-recompute", "--rslora", "--no-packing"};
+                          boolFlags = {"--resume", "--recompute", "--no-recompute", "--rslora", "--no-packing", "--no-cuda-graphs"};
     valueFlags.erase("--config");
     for (const ConfigSetting &c : readTrainConfig(args.values.at("--config"), valueFlags, boolFlags))
       args.values.emplace(c.flag, c.value);
@@ -453,6 +458,7 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
     opts.gradientsPath = args.values.at("--dump-gradients");
   if (args.has("--micro-batches"))
     opts.microBatches = parseInt("--micro-batches", args.values.at("--micro-batches"), 1);
+  opts.cudaGraphs = !args.has("--no-cuda-graphs");
   if (args.has("--profile"))
     opts.profileSteps = parseInt("--profile", args.values.at("--profile"), 1);
   // A parallel run: checked before any weight is read, then the groups formed.

@@ -19,6 +19,7 @@
 #include "runtime/FileSystem.h"
 #include "runtime/SafetensorsIO.h"
 #include "runtime/Sha256.h"
+#include "runtime/StepGraph.h"
 
 #include <ATen/record_function.h>
 #include <algorithm>
@@ -580,6 +581,88 @@ void Trainer::saveBestAdapter(double loss) {
   bestEvalLoss = loss;
 }
 
+StepGraph::Result Trainer::eagerStep(const Batch &b, int64_t index, double &allReduceSeconds) {
+  for (const AdapterTensor &p : trained) // Owned or not: every replica reduces them.
+    p.value.mutable_grad() = torch::Tensor();
+  model.sumExpertLoad();
+  StepGraph::Result result;
+  result.loss = lossAndGradients(b, allReduceSeconds);
+  if (!std::isfinite(result.loss))
+    throw notFinite("loss", result.loss, index);
+  if (!opts.gradientsPath.empty()) {
+    std::vector<torch::Tensor> wholes;
+    for (const AdapterTensor &p : params) {
+      torch::Tensor grad = p.value.grad().defined() ? p.value.grad() : torch::zeros_like(p.value);
+      wholes.push_back(gatherShard(p, grad.detach(), opts.distributed.get()).to(torch::kCPU).clone());
+    }
+    assembleStages(params, wholes, opts.distributed.get());
+    for (size_t i = 0; i < params.size(); ++i)
+      gradients.emplace_back(std::to_string(index + 1) + "." + params[i].peftKey, wholes[i]);
+  }
+  std::vector<torch::Tensor> tensors;
+  for (const AdapterTensor &a : trained)
+    tensors.push_back(a.value);
+  if (!opts.distributed) {
+    result.gradNorm = torch::nn::utils::clip_grad_norm_(tensors, maxNorm());
+  } else {
+    // clip_grad_norm_'s rule, over the whole model's gradients.
+    result.gradNorm = globalGradNorm(trained, *opts.distributed);
+    const double coefficient = maxNorm() / (result.gradNorm + 1e-6);
+    if (coefficient < 1.0) {
+      torch::NoGradGuard noGrad;
+      for (torch::Tensor &t : tensors)
+        t.mutable_grad().mul_(coefficient);
+    }
+  }
+  if (!std::isfinite(result.gradNorm))
+    throw notFinite("gradient norm", result.gradNorm, index);
+  if (optimizer) {
+    RECORD_FUNCTION("adapt::optimizer", c10::ArrayRef<const c10::IValue>{});
+    optimizer->step();
+  }
+  if (opts.distributed) { // ZeRO-1: every replica takes the owners' new values.
+    std::vector<torch::Tensor> values;
+    for (const AdapterTensor &p : trained)
+      values.push_back(p.value);
+    shareFromOwners(trained, owned, values, opts.distributed.get());
+  }
+  if (graph) // A batch the graph did not fit ran eagerly.
+    graph->afterEagerStep();
+  return result;
+}
+
+bool Trainer::graphStep(const Batch &b, double lr, StepGraph::Result &result) {
+  if (!graph && !graphTried) {
+    graphTried = true;
+    std::vector<torch::Tensor> tensors;
+    for (const AdapterTensor &a : trained)
+      tensors.push_back(a.value);
+    std::string why;
+    graph = StepGraph::capture(model, *optimizer, tensors, b, lr, maxNorm(), result, why);
+    if (!graph) {
+      const char *trace = std::getenv("TORCH_SHOW_CPP_STACKTRACES"); // LibTorch's switch for the whole text
+      std::fprintf(stderr, "CUDA graph: not used (%s); every step runs eagerly\n",
+                   (trace && std::string(trace) == "1" ? why : why.substr(0, why.find('\n'))).c_str());
+      return false;
+    }
+    std::fprintf(stderr, "CUDA graph: step %lld captured; later steps replay it (--no-cuda-graphs: eager)\n",
+                 (long long)(completed + 1));
+  } else if (!graph || !graph->fits(b)) {
+    return false;
+  } else {
+    result = graph->run(b, lr);
+  }
+  model.setLoadTensors(graph->loadTensors()); // An eval forward may have replaced them.
+  return true;
+}
+
+RuntimeError Trainer::notFinite(const char *what, double value, int64_t index) const {
+  return RuntimeError("", "",
+                      std::string(what) + " is " + (std::isnan(value) ? "NaN" : value > 0 ? "Inf" : "-Inf") +
+                          " at step " + std::to_string(index + 1) + "; " + checkpointNote(),
+                      kExitDiverged);
+}
+
 int Trainer::run(const PackedDataset &data, const PackedDataset *eval) {
   if (params.empty())
     throw badInput(opts.modelDir, "lora targets",
@@ -605,9 +688,6 @@ int Trainer::run(const PackedDataset &data, const PackedDataset *eval) {
     }
   }
 
-  std::vector<torch::Tensor> tensors;
-  for (const AdapterTensor &a : trained)
-    tensors.push_back(a.value);
   const bool tty = ::isatty(STDERR_FILENO);
   const bool cuda = opts.device.is_cuda();
   double peak = opts.peakFlops > 0 ? opts.peakFlops
@@ -623,6 +703,12 @@ int Trainer::run(const PackedDataset &data, const PackedDataset *eval) {
   StepProfiler profiler(opts.outDir, profileFirst,
                         writes() ? std::min(opts.profileSteps, opts.steps - profileFirst) : 0, cuda,
                         model.def().lora.rank, model.def().vocab);
+  // CUDA graphs: from the third step of this run and after the profiled steps
+  // (runtime/StepGraph.h); the eager steps before warm up caches and state.
+  graphFrom = std::numeric_limits<int64_t>::max();
+  if (opts.cudaGraphs && cuda && StepGraph::available() && optimizer && !opts.distributed &&
+      opts.microBatches == 1 && opts.gradientsPath.empty() && model.def().lora.dropout == 0.0)
+    graphFrom = std::max(firstStep + 2, opts.profileSteps > 0 ? profileFirst + opts.profileSteps : 0);
 
   // The untrained adapter's eval loss (a fresh run only): what training has to beat.
   double untrainedEval = std::nan("");
@@ -648,58 +734,20 @@ int Trainer::run(const PackedDataset &data, const PackedDataset *eval) {
     torch::manual_seed(stepSeed(opts.seed, index));
 
     Batch b = data.batch(index, opts.batch);
-    for (const AdapterTensor &p : trained) // Owned or not: every replica reduces them.
-      p.value.mutable_grad() = torch::Tensor();
-    model.sumExpertLoad();
-    if (forcedRouting)
+    if (forcedRouting) // into the tensors a captured step reads
       forceRoutingOf(index);
-    auto notFinite = [&](const char *what, double v) {
-      return RuntimeError("", "",
-                          std::string(what) + " is " +
-                              (std::isnan(v) ? "NaN" : v > 0 ? "Inf" : "-Inf") + " at step " +
-                              std::to_string(index + 1) + "; " + checkpointNote(),
-                          kExitDiverged);
-    };
     double allReduceSeconds = 0.0;
-    const double lossValue = lossAndGradients(b, allReduceSeconds);
-    if (!std::isfinite(lossValue))
-      throw notFinite("loss", lossValue);
-    if (!opts.gradientsPath.empty()) {
-      std::vector<torch::Tensor> wholes;
-      for (const AdapterTensor &p : params) {
-        torch::Tensor grad = p.value.grad().defined() ? p.value.grad() : torch::zeros_like(p.value);
-        wholes.push_back(gatherShard(p, grad.detach(), opts.distributed.get()).to(torch::kCPU).clone());
-      }
-      assembleStages(params, wholes, opts.distributed.get());
-      for (size_t i = 0; i < params.size(); ++i)
-        gradients.emplace_back(std::to_string(index + 1) + "." + params[i].peftKey, wholes[i]);
-    }
-    const double maxNorm = opts.gradClip > 0 ? opts.gradClip : std::numeric_limits<double>::infinity();
-    double gradNorm = 0.0;
-    if (!opts.distributed) {
-      gradNorm = torch::nn::utils::clip_grad_norm_(tensors, maxNorm);
+    StepGraph::Result result;
+    const bool replayed = index >= graphFrom && graphStep(b, lr, result);
+    if (replayed) { // The graph skipped the update of a non-finite step.
+      if (!std::isfinite(result.loss))
+        throw notFinite("loss", result.loss, index);
+      if (!std::isfinite(result.gradNorm))
+        throw notFinite("gradient norm", result.gradNorm, index);
     } else {
-      // clip_grad_norm_'s rule, over the whole model's gradients.
-      gradNorm = globalGradNorm(trained, *opts.distributed);
-      const double coefficient = maxNorm / (gradNorm + 1e-6);
-      if (coefficient < 1.0) {
-        torch::NoGradGuard noGrad;
-        for (torch::Tensor &t : tensors)
-          t.mutable_grad().mul_(coefficient);
-      }
+      result = eagerStep(b, index, allReduceSeconds);
     }
-    if (!std::isfinite(gradNorm))
-      throw notFinite("gradient norm", gradNorm);
-    if (optimizer) {
-      RECORD_FUNCTION("adapt::optimizer", c10::ArrayRef<const c10::IValue>{});
-      optimizer->step();
-    }
-    if (opts.distributed) { // ZeRO-1: every replica takes the owners' new values.
-      std::vector<torch::Tensor> values;
-      for (const AdapterTensor &p : trained)
-        values.push_back(p.value);
-      shareFromOwners(trained, owned, values, opts.distributed.get());
-    }
+    const double lossValue = result.loss, gradNorm = result.gradNorm;
     if (cuda)
       torch::cuda::synchronize();
     completed = index + 1;
@@ -744,6 +792,8 @@ int Trainer::run(const PackedDataset &data, const PackedDataset *eval) {
     });
     if (forcedRouting)
       line.set("routing_flips", model.routingFlips());
+    if (cuda)
+      line.set("cuda_graph", replayed);
     // Peak memory of every rank (one entry alone).
     std::vector<double> hostPeaks = {peakHostGiB()}, devicePeaks = {cuda ? peakDeviceGiB(opts.device.index() < 0 ? 0 : opts.device.index()) : 0.0};
     if (opts.distributed) {

@@ -20,11 +20,13 @@
 #include "runtime/Errors.h"
 #include "runtime/Json.h"
 #include "runtime/Model.h"
+#include "runtime/StepGraph.h"
 #include "runtime/TensorBoard.h"
 
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -88,6 +90,11 @@ struct TrainOptions {
   /// --profile N: Kineto over N steps from the run's second step (its first
   /// when it has no more than N), written to OUT/profile (runtime/Profiler.h).
   int64_t profileSteps = 0;
+  /// A single-process CUDA run without micro-batches, LoRA dropout or
+  /// gradient dumps replays its steps from the third (after the profiled
+  /// ones) as one captured CUDA graph (runtime/StepGraph.h); false:
+  /// --no-cuda-graphs, every step eager.
+  bool cudaGraphs = true;
 };
 
 /// Learning rate of the step with 0-based index \p index: lr * (index + 1) /
@@ -160,6 +167,19 @@ private:
   /// parallel run, this rank's slice, then gradients reduced. Returns the
   /// global loss; ALLREDUCE_SECONDS receives the gradient reduction's time.
   double lossAndGradients(const Batch &batch, double &allReduceSeconds);
+  /// Step \p index run op by op: gradients, clipping (its norm returned),
+  /// AdamW, and in a parallel run the reductions. Throws exit 5 on a
+  /// non-finite loss or norm, before the update.
+  StepGraph::Result eagerStep(const Batch &batch, int64_t index, double &allReduceSeconds);
+  /// The step as a CUDA graph replay: captures it the first time (then
+  /// prints whether the graph is used). False when the step must run eagerly
+  /// (capture failed, or \p batch has other shapes); else \p result holds
+  /// its loss and gradient norm (non-finite: the update was skipped).
+  bool graphStep(const Batch &batch, double lr, StepGraph::Result &result);
+  /// The error of a non-finite loss or gradient norm at step \p index (exit 5).
+  RuntimeError notFinite(const char *what, double value, int64_t index) const;
+  /// The gradient clipping bound (infinity: none).
+  double maxNorm() const { return opts.gradClip > 0 ? opts.gradClip : std::numeric_limits<double>::infinity(); }
 
   Model &model;
   TrainOptions opts;
@@ -180,6 +200,9 @@ private:
   std::unique_ptr<TensorBoardWriter> tensorBoard; ///< OUT/tensorboard, opened by run().
   std::unique_ptr<SafetensorsFile> forcedRouting; ///< opts.forceRoutingPath, open.
   std::vector<std::pair<std::string, torch::Tensor>> gradients; ///< For opts.gradientsPath.
+  std::unique_ptr<StepGraph> graph; ///< The captured step (TrainOptions::cudaGraphs).
+  bool graphTried = false;          ///< Whether capture was tried (once per run).
+  int64_t graphFrom = 0;            ///< The first step index a replay may run.
   /// Forces step \p index's routing from forcedRouting (BadInput when it has none).
   void forceRoutingOf(int64_t index);
 };

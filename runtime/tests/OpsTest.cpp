@@ -128,12 +128,12 @@ TEST(OpsTest, ForcedRoutingWeighsTheGivenExpertsLikeTheRouter) {
     Routing same = routeForced(logits, ffn, bias, own.experts);
     EXPECT_TRUE(torch::equal(same.experts, own.experts));
     EXPECT_TRUE(torch::equal(same.weights, own.weights));
-    EXPECT_EQ(routingDifferences(own, same), 0);
+    EXPECT_EQ(routingDifferences(own, same).item<int64_t>(), 0);
     // Swap each token's experts for the next two ids: the weights follow.
     torch::Tensor other = (own.experts + 2) % 8;
     Routing forced = routeForced(logits, ffn, bias, other);
     EXPECT_TRUE(torch::equal(forced.experts, other));
-    EXPECT_GT(routingDifferences(own, forced), 0);
+    EXPECT_GT(routingDifferences(own, forced).item<int64_t>(), 0);
     torch::Tensor scores = kind == RouterKind::SoftmaxTopK    ? torch::softmax(logits, -1).gather(1, other)
                            : kind == RouterKind::SigmoidTopK ? torch::sigmoid(logits).gather(1, other)
                                                              : logits.gather(1, other);
@@ -142,6 +142,8 @@ TEST(OpsTest, ForcedRoutingWeighsTheGivenExpertsLikeTheRouter) {
                                                                     : scores / scores.sum(-1, true) * 1.5;
     EXPECT_TRUE(torch::allclose(forced.weights, expected, 1e-6, 0)); // one division's rounding apart
     EXPECT_THROW(routeForced(logits, ffn, bias, other.narrow(0, 0, 5)), RuntimeError);
-    EXPECT_THROW(routeForced(logits, ffn, bias, other + 8), RuntimeError);
+    EXPECT_THROW(checkForcedExperts(other + 8, 8, "model.layers.0.mlp"), RuntimeError);
+    EXPECT_THROW(checkForcedExperts(other - 8, 8, "model.layers.0.mlp"), RuntimeError);
+    EXPECT_NO_THROW(checkForcedExperts(other, 8, "model.layers.0.mlp"));
   }
 }
