@@ -8,7 +8,7 @@
 #        runtime; projects from bench/h200_speed_prepare.sh in .h200/q30-L<N>)
 # env: DEPTHS ("1 12"), BATCH (2), SEQ (4096), STEPS (8), PEER (1: run it),
 #      PEER_DEPTHS (the depths the peer runs at; default all), PROFILE (1: profile
-#      each depth), MODELS (where random weights are written; /dev/shm for 48
+#      each depth in PROFILE_DEPTHS, default all), MODELS (where random weights are written; /dev/shm for 48
 #      layers, whose ~57 GB do not fit the disk beside the build), EAGER (1: also
 #      run adapt with --no-cuda-graphs, and compare speed and per-step losses)
 set -uo pipefail
@@ -44,7 +44,7 @@ for n in ${DEPTHS:-1 12}; do
     echo '{}' > $W/peer-L$n.json
   fi
   rm -rf $W/prof-L$n
-  [ "${PROFILE:-1}" = 1 ] && $W/train-L$n/train --model $M/model-L$n --data $W/data.jsonl --out $W/prof-L$n --steps 4 --batch $BATCH \
+  [ "${PROFILE:-1}" = 1 ] && [[ " ${PROFILE_DEPTHS:-$n} " == *" $n "* ]] && $W/train-L$n/train --model $M/model-L$n --data $W/data.jsonl --out $W/prof-L$n --steps 4 --batch $BATCH \
     --seq-len $SEQ --device cuda --dtype bf16 --lr 1e-4 --checkpoint-every 1000 --log-every 0 --profile 2 ${EXTRA:-} \
     > /dev/null 2>&1 && cp $W/prof-L$n/profile/breakdown.md $OUT/breakdown-L$n.md
   rm -rf $M/model-L$n

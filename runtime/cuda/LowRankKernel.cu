@@ -3,8 +3,8 @@
 // One thread per two adjacent output columns and a tile of kTileRows rows:
 // the tile's rank-r inputs sit in shared memory, the thread keeps its two
 // columns of the current expert's factor in registers (reloaded only where
-// the expert changes, which on the GPU's 16-row-aligned groups is at most
-// once per tile), and every output element is read and written once.
+// the expert changes: the GPU's groups are 16-row aligned and usually much
+// longer), and every output element is read and written once.
 //
 //===----------------------------------------------------------------------===//
 
@@ -21,7 +21,15 @@ namespace adapt::rt::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kTileRows = 16;
+/// Rows per block: the factor's columns, held in registers, serve all of
+/// them (they are reloaded only where the expert changes), so the factor's
+/// traffic is a quarter of what it was with 16-row blocks (the second
+/// version read as many factor bytes as output bytes).
+constexpr int kTileRows = 64;
+/// Rows whose outputs are loaded together, before any is used: enough loads
+/// in flight to keep the memory busy (one at a time left it at a quarter of
+/// its bandwidth).
+constexpr int kBatchRows = 16;
 
 /// Two adjacent elements, moved as one 2-element vector.
 template <typename T> struct alignas(2 * sizeof(T)) Pair {
@@ -39,42 +47,42 @@ __global__ void addLowRankRowsKernel(T *__restrict__ out, const T *__restrict__ 
     lowTile[i / Rank][i % Rank] = static_cast<float>(low[(firstRow + i / Rank) * Rank + i % Rank]);
   for (int i = threadIdx.x; i < tileRows; i += blockDim.x)
     expertTile[i] = expertOfRow[firstRow + i];
-  // Every row's pair of outputs is requested before any is used: enough
-  // loads in flight to keep the memory busy (one at a time left it at a
-  // quarter of its bandwidth).
-  const int64_t col = 2 * (int64_t(blockIdx.y) * blockDim.x + threadIdx.x);
-  const bool active = col < width;
-  Pair<T> values[kTileRows];
-#pragma unroll
-  for (int i = 0; i < kTileRows; ++i)
-    if (active && i < tileRows)
-      values[i] = *reinterpret_cast<const Pair<T> *>(out + (firstRow + i) * width + col);
   __syncthreads();
-  if (!active)
+  const int64_t col = 2 * (int64_t(blockIdx.y) * blockDim.x + threadIdx.x);
+  if (col >= width)
     return;
   float column0[Rank], column1[Rank];
   int64_t loaded = -1;
+  for (int batch = 0; batch < tileRows; batch += kBatchRows) {
+    Pair<T> values[kBatchRows];
 #pragma unroll
-  for (int i = 0; i < kTileRows; ++i) {
-    if (i >= tileRows)
-      break;
-    const int64_t e = expertTile[i];
-    if (e != loaded) {
-      const T *f = factor + (e * width + col) * Rank;
+    for (int i = 0; i < kBatchRows; ++i)
+      if (batch + i < tileRows)
+        values[i] = *reinterpret_cast<const Pair<T> *>(out + (firstRow + batch + i) * width + col);
+#pragma unroll
+    for (int i = 0; i < kBatchRows; ++i) {
+      const int row = batch + i;
+      if (row >= tileRows)
+        break;
+      const int64_t e = expertTile[row];
+      if (e != loaded) {
+        const T *f = factor + (e * width + col) * Rank;
+#pragma unroll
+        for (int k = 0; k < Rank; ++k) {
+          column0[k] = static_cast<float>(f[k]);
+          column1[k] = static_cast<float>(f[Rank + k]);
+        }
+        loaded = e;
+      }
+      float acc0 = static_cast<float>(values[i].first), acc1 = static_cast<float>(values[i].second);
 #pragma unroll
       for (int k = 0; k < Rank; ++k) {
-        column0[k] = static_cast<float>(f[k]);
-        column1[k] = static_cast<float>(f[Rank + k]);
+        acc0 += lowTile[row][k] * column0[k];
+        acc1 += lowTile[row][k] * column1[k];
       }
-      loaded = e;
+      *reinterpret_cast<Pair<T> *>(out + (firstRow + row) * width + col) =
+          Pair<T>{static_cast<T>(acc0), static_cast<T>(acc1)};
     }
-    float acc0 = static_cast<float>(values[i].first), acc1 = static_cast<float>(values[i].second);
-#pragma unroll
-    for (int k = 0; k < Rank; ++k) {
-      acc0 += lowTile[i][k] * column0[k];
-      acc1 += lowTile[i][k] * column1[k];
-    }
-    *reinterpret_cast<Pair<T> *>(out + (firstRow + i) * width + col) = Pair<T>{static_cast<T>(acc0), static_cast<T>(acc1)};
   }
 }
 
