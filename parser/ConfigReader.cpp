@@ -27,16 +27,11 @@ namespace adapt {
 
 const char *mixerKindName(MixerKind kind) {
   switch (kind) {
-  case MixerKind::Attention:
-    return "attention";
-  case MixerKind::MLA:
-    return "mla";
-  case MixerKind::GatedDeltaNet:
-    return "gated_delta_net";
-  case MixerKind::KimiDelta:
-    return "kimi_delta";
-  case MixerKind::Lightning:
-    return "lightning";
+  case MixerKind::Attention: return "attention";
+  case MixerKind::MLA: return "mla";
+  case MixerKind::GatedDeltaNet: return "gated_delta_net";
+  case MixerKind::KimiDelta: return "kimi_delta";
+  case MixerKind::Lightning: return "lightning";
   }
   return "unknown";
 }
