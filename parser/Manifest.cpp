@@ -15,7 +15,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <unordered_set>
@@ -454,17 +453,10 @@ Result<Manifest> parseManifest(std::string_view json,
 
 Result<Manifest> readManifest(const std::string &path) {
   try {
-    std::error_code ec;
-    std::filesystem::file_status status = std::filesystem::status(path, ec);
-    if (ec || !std::filesystem::exists(status))
-      return InputError{path, "", "expected an index file but it does not "
-                                  "exist or cannot be accessed"};
-    if (!std::filesystem::is_regular_file(status))
-      return InputError{path, "", "expected a regular file"};
-    uint64_t size = std::filesystem::file_size(path, ec);
-    if (ec)
-      return InputError{path, "", "expected a readable file size: " +
-                                      ec.message()};
+    Result<uint64_t> fileSize = regularFileSize(path, "an index file");
+    if (!fileSize)
+      return fileSize.error();
+    uint64_t size = *fileSize;
     if (size > kMaxManifestBytes)
       return InputError{path, "", "expected at most " +
                                       std::to_string(kMaxManifestBytes) +

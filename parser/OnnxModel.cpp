@@ -361,21 +361,24 @@ Result<OnnxGraph> parseUnguarded(std::string_view bytes,
       return convert.error(field, "expected unique initializer names");
     graph.initializers.push_back(std::move(info));
   }
-  for (int i = 0; i < g.input_size(); ++i) {
-    OnnxTensorInfo info;
-    if (Check bad = convert.valueInfo(
-            g.input(i), tensorField("input", i, g.input(i).name()), info))
-      return *bad;
-    if (!names.count(info.name))
-      graph.inputs.push_back(std::move(info));
-  }
-  for (int i = 0; i < g.output_size(); ++i) {
-    OnnxTensorInfo info;
-    if (Check bad = convert.valueInfo(
-            g.output(i), tensorField("output", i, g.output(i).name()), info))
-      return *bad;
-    graph.outputs.push_back(std::move(info));
-  }
+  // Reads graph.input or graph.output (WHAT) into INTO; with
+  // SKIP_INITIALIZERS, inputs naming an initializer (weights, not graph
+  // inputs) are left out.
+  auto readValues = [&](const auto &values, const char *what,
+                        std::vector<OnnxTensorInfo> &into, bool skipInitializers) -> Check {
+    for (int i = 0; i < values.size(); ++i) {
+      OnnxTensorInfo info;
+      if (Check bad = convert.valueInfo(values[i], tensorField(what, i, values[i].name()), info))
+        return bad;
+      if (!skipInitializers || !names.count(info.name))
+        into.push_back(std::move(info));
+    }
+    return std::nullopt;
+  };
+  if (Check bad = readValues(g.input(), "input", graph.inputs, /*skipInitializers=*/true))
+    return *bad;
+  if (Check bad = readValues(g.output(), "output", graph.outputs, /*skipInitializers=*/false))
+    return *bad;
   graph.nodes.reserve(size_t(g.node_size()));
   for (int i = 0; i < g.node_size(); ++i) {
     const onnx::NodeProto &n = g.node(i);
