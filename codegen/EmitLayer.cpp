@@ -194,6 +194,19 @@ private:
       set(field, "true");
   }
 
+  /// The YaRN fields of a.rope with scaling \p factor, from \p op's rope_*
+  /// attributes (AttentionOp and SparseAttentionOp spell them alike).
+  template <typename AttentionLikeOp> void setYarn(AttentionLikeOp op, double factor) {
+    set("a.rope.scaling", "\"yarn\"");
+    setDouble("a.rope.factor", factor);
+    setInt("a.rope.originalMaxPositions", op.getRopeOriginalMaxPositions());
+    setDouble("a.rope.betaFast", op.getRopeBetaFast().convertToDouble());
+    setDouble("a.rope.betaSlow", op.getRopeBetaSlow().convertToDouble());
+    setDouble("a.rope.mscale", op.getRopeMscale().convertToDouble());
+    setDouble("a.rope.mscaleAllDim", op.getRopeMscaleAllDim().convertToDouble());
+    set("a.rope.truncate", op.getRopeTruncate() ? "true" : "false");
+  }
+
   /// A tensor name, relative to the layer prefix where it is under it.
   std::string name(const std::string &checkpointName) const {
     if (!prefix.empty() && checkpointName.compare(0, prefix.size(), prefix) == 0)
@@ -387,16 +400,8 @@ private:
     setInt("a.rope.rotaryDim", s.getQkRopeHeadDim());
     setDouble("a.rope.theta", s.getRopeTheta().convertToDouble());
     setTrue("a.rope.interleaved", s.getRopeInterleaved());
-    if (rope == "yarn") {
-      set("a.rope.scaling", "\"yarn\"");
-      setDouble("a.rope.factor", s.getRopeFactor().convertToDouble());
-      setInt("a.rope.originalMaxPositions", s.getRopeOriginalMaxPositions());
-      setDouble("a.rope.betaFast", s.getRopeBetaFast().convertToDouble());
-      setDouble("a.rope.betaSlow", s.getRopeBetaSlow().convertToDouble());
-      setDouble("a.rope.mscale", s.getRopeMscale().convertToDouble());
-      setDouble("a.rope.mscaleAllDim", s.getRopeMscaleAllDim().convertToDouble());
-      set("a.rope.truncate", s.getRopeTruncate() ? "true" : "false");
-    }
+    if (rope == "yarn")
+      setYarn(s, s.getRopeFactor().convertToDouble());
     setInt("a.indexer.heads", s.getIndexHeads());
     setInt("a.indexer.headDim", s.getIndexHeadDim());
     setInt("a.indexer.topK", s.getTopK());
@@ -498,14 +503,7 @@ private:
       setDouble("a.rope.theta", theta);
       setTrue("a.rope.interleaved", a.getRopeInterleaved());
       if (rope == "yarn") {
-        set("a.rope.scaling", "\"yarn\"");
-        setDouble("a.rope.factor", factor);
-        setInt("a.rope.originalMaxPositions", a.getRopeOriginalMaxPositions());
-        setDouble("a.rope.betaFast", a.getRopeBetaFast().convertToDouble());
-        setDouble("a.rope.betaSlow", a.getRopeBetaSlow().convertToDouble());
-        setDouble("a.rope.mscale", a.getRopeMscale().convertToDouble());
-        setDouble("a.rope.mscaleAllDim", a.getRopeMscaleAllDim().convertToDouble());
-        set("a.rope.truncate", a.getRopeTruncate() ? "true" : "false");
+        setYarn(a, factor);
       } else if (rope == "llama3") {
         set("a.rope.scaling", "\"llama3\"");
         setDouble("a.rope.factor", factor);
