@@ -11,6 +11,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "parser/Manifest.h"
+#include "tests/unit/SharedModels.h"
 
 #include <gtest/gtest.h>
 
@@ -19,24 +20,13 @@
 #include <filesystem>
 #include <iostream>
 
-#ifndef ADAPT_SOURCE_DIR
-#error "compile with -DADAPT_SOURCE_DIR='\"/path/to/repo\"'"
-#endif
-
 using namespace adapt;
 
 namespace {
 
-/// Directory holding the shared model folders.
-std::string modelsDir() {
-  if (const char *env = std::getenv("ADAPT_SHARED_MODELS"))
-    return env;
-  return std::string(ADAPT_SOURCE_DIR) + "/../shared/models";
-}
-
 /// Path of \p model's index; skips the test when it is not there.
 #define INDEX_OR_SKIP(var, model)                                              \
-  std::string var = modelsDir() + "/" model "/model.safetensors.index.json";   \
+  std::string var = sharedModelsDir() + "/" model "/model.safetensors.index.json";   \
   if (!std::filesystem::exists(var))                                           \
   GTEST_SKIP() << var << " not found; set ADAPT_SHARED_MODELS"
 
