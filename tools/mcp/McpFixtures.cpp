@@ -35,6 +35,13 @@ ToolDef simpleTool(const std::string &name, const std::string &description,
   return tool;
 }
 
+/// An object schema whose one, required property \p name is a string.
+json oneStringSchema(const char *name, const char *description) {
+  return {{"type", "object"},
+          {"properties", {{name, {{"type", "string"}, {"description", description}}}}},
+          {"required", {name}}};
+}
+
 void sleepMs(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
 
 /// Asks the client to fill in a form and describes its answer.
@@ -140,27 +147,15 @@ void addTools(Registry &registry) {
               {text(std::string("Sampling not supported or error: ") + error.what())}));
         }
       });
-  sampling.inputSchema = {
-      {"type", "object"},
-      {"properties", {{"prompt", {{"type", "string"},
-                                  {"description", "The prompt to send to the LLM"}}}}},
-      {"required", {"prompt"}}};
+  sampling.inputSchema = oneStringSchema("prompt", "The prompt to send to the LLM");
   tools.push_back(sampling);
   ToolDef elicitation = simpleTool(
       "test_elicitation", "Tests server-initiated elicitation (user input request)",
       [](const json &arguments, CallContext &context) {
-        json schema = {{"type", "object"},
-                       {"properties", {{"response", {{"type", "string"},
-                                                     {"description", "User's response"}}}}},
-                       {"required", {"response"}}};
-        return elicit(context, arguments.value("message", ""), schema,
-                      "User response: ");
+        return elicit(context, arguments.value("message", ""),
+                      oneStringSchema("response", "User's response"), "User response: ");
       });
-  elicitation.inputSchema = {
-      {"type", "object"},
-      {"properties", {{"message", {{"type", "string"},
-                                   {"description", "The message to show the user"}}}}},
-      {"required", {"message"}}};
+  elicitation.inputSchema = oneStringSchema("message", "The message to show the user");
   tools.push_back(elicitation);
   tools.push_back(simpleTool(
       "test_elicitation_sep1034_defaults", "Tests elicitation with default values per SEP-1034",
@@ -225,44 +220,36 @@ void addTools(Registry &registry) {
 }
 
 void addResources(Registry &registry) {
+  // A resource whose one content item has FIELD ("text" or "blob") = VALUE.
   auto fixed = [](const char *uri, const char *name, const char *title,
-                  const char *description, const char *mime, json contents) {
+                  const char *description, const char *mime, const char *field,
+                  const std::string &value) {
     ResourceDef resource;
     resource.uri = uri;
     resource.name = name;
     resource.title = title;
     resource.description = description;
     resource.mimeType = mime;
+    json contents = json::array({{{"uri", uri}, {"mimeType", mime}, {field, value}}});
     resource.read = [contents](const std::string &,
                                const std::map<std::string, std::string> &) {
       return contents;
     };
     return resource;
   };
-  registry.resources.push_back(fixed(
-      "test://static-text", "static-text", "Static Text Resource",
-      "A static text resource for testing", "text/plain",
-      json::array({{{"uri", "test://static-text"},
-                    {"mimeType", "text/plain"},
-                    {"text", "This is the content of the static text resource."}}})));
-  registry.resources.push_back(fixed(
-      "test://static-binary", "static-binary", "Static Binary Resource",
-      "A static binary resource (image) for testing", "image/png",
-      json::array({{{"uri", "test://static-binary"},
-                    {"mimeType", "image/png"},
-                    {"blob", kPng}}})));
-  registry.resources.push_back(fixed(
-      "test://watched-resource", "watched-resource", "Watched Resource",
-      "A resource that can be subscribed to", "text/plain",
-      json::array({{{"uri", "test://watched-resource"},
-                    {"mimeType", "text/plain"},
-                    {"text", "Watched resource content"}}})));
-  ResourceDef templated;
-  templated.uri = "test://template/{id}/data";
-  templated.name = "template";
-  templated.title = "Resource Template";
-  templated.description = "A resource template with parameter substitution";
-  templated.mimeType = "application/json";
+  registry.resources.push_back(fixed("test://static-text", "static-text", "Static Text Resource",
+                                     "A static text resource for testing", "text/plain", "text",
+                                     "This is the content of the static text resource."));
+  registry.resources.push_back(fixed("test://static-binary", "static-binary",
+                                     "Static Binary Resource",
+                                     "A static binary resource (image) for testing", "image/png",
+                                     "blob", kPng));
+  registry.resources.push_back(fixed("test://watched-resource", "watched-resource",
+                                     "Watched Resource", "A resource that can be subscribed to",
+                                     "text/plain", "text", "Watched resource content"));
+  ResourceDef templated =
+      fixed("test://template/{id}/data", "template", "Resource Template",
+            "A resource template with parameter substitution", "application/json", "text", "");
   templated.isTemplate = true;
   templated.read = [](const std::string &uri,
                       const std::map<std::string, std::string> &variables) {
@@ -280,21 +267,28 @@ json userMessage(json item) {
   return json{{"role", "user"}, {"content", std::move(item)}};
 }
 
+/// A prompt's identity; its arguments and render are the caller's to fill in.
+PromptDef describedPrompt(const char *name, const char *title, const char *description) {
+  PromptDef prompt;
+  prompt.name = name;
+  prompt.title = title;
+  prompt.description = description;
+  return prompt;
+}
+
 void addPrompts(Registry &registry) {
-  PromptDef simple;
-  simple.name = "test_simple_prompt";
-  simple.title = "Simple Test Prompt";
-  simple.description = "A simple prompt without arguments";
+  PromptDef simple = describedPrompt("test_simple_prompt",
+                                     "Simple Test Prompt",
+                                     "A simple prompt without arguments");
   simple.render = [](const json &, CallContext &) {
     return json{{"messages",
                  json::array({userMessage(text("This is a simple prompt for testing."))})}};
   };
   registry.prompts.push_back(simple);
 
-  PromptDef withArguments;
-  withArguments.name = "test_prompt_with_arguments";
-  withArguments.title = "Prompt With Arguments";
-  withArguments.description = "A prompt with required arguments";
+  PromptDef withArguments = describedPrompt("test_prompt_with_arguments",
+                                            "Prompt With Arguments",
+                                            "A prompt with required arguments");
   withArguments.arguments = json::array(
       {{{"name", "arg1"}, {"description", "First test argument"}, {"required", true}},
        {{"name", "arg2"}, {"description", "Second test argument"}, {"required", true}}});
@@ -306,10 +300,9 @@ void addPrompts(Registry &registry) {
   };
   registry.prompts.push_back(withArguments);
 
-  PromptDef embedded;
-  embedded.name = "test_prompt_with_embedded_resource";
-  embedded.title = "Prompt With Embedded Resource";
-  embedded.description = "A prompt that includes an embedded resource";
+  PromptDef embedded = describedPrompt("test_prompt_with_embedded_resource",
+                                       "Prompt With Embedded Resource",
+                                       "A prompt that includes an embedded resource");
   embedded.arguments = json::array({{{"name", "resourceUri"},
                                      {"description", "URI of the resource to embed"},
                                      {"required", true}}});
@@ -324,10 +317,9 @@ void addPrompts(Registry &registry) {
   };
   registry.prompts.push_back(embedded);
 
-  PromptDef image;
-  image.name = "test_prompt_with_image";
-  image.title = "Prompt With Image";
-  image.description = "A prompt that includes image content";
+  PromptDef image = describedPrompt("test_prompt_with_image",
+                                    "Prompt With Image",
+                                    "A prompt that includes image content");
   image.render = [](const json &, CallContext &) {
     return json{{"messages",
                  json::array({userMessage({{"type", "image"},
