@@ -6,6 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "tools/mcp/McpFixtureSupport.h"
 #include "tools/mcp/McpRegistry.h"
 
 #include <chrono>
@@ -20,20 +21,9 @@ constexpr const char *kPng =
 constexpr const char *kWav =
     "UklGRiYAAABXQVZFZm10IBAAAAABAAEAQB8AAAB9AAACABAAZGF0YQIAAAA=";
 
-json text(const std::string &value) {
-  return json{{"type", "text"}, {"text", value}};
-}
 
 json content(json items) { return json{{"content", std::move(items)}}; }
 
-ToolDef simpleTool(const std::string &name, const std::string &description,
-                   std::function<json(const json &, CallContext &)> handler) {
-  ToolDef tool;
-  tool.name = name;
-  tool.description = description;
-  tool.handler = std::move(handler);
-  return tool;
-}
 
 /// An object schema whose one, required property \p name is a string.
 json oneStringSchema(const char *name, const char *description) {
@@ -333,11 +323,9 @@ void addPrompts(Registry &registry) {
 } // namespace
 
 void addConformanceFixtures(Registry &registry) {
-  addTools(registry);
-  addResources(registry);
-  addPrompts(registry);
-  addMultiRoundFixtures(registry);
-  addTaskFixtures(registry);
+  for (void (*add)(Registry &) : {addTools, addResources, addPrompts, addMultiRoundFixtures,
+                                  addTaskFixtures})
+    add(registry);
   registry.completions = true;
 }
 
