@@ -281,9 +281,7 @@ public:
   /// Malformed JSON: reported with the byte offset, line and column.
   bool parse_error(std::size_t position, const std::string &,
                    const nlohmann::detail::exception &ex) {
-    return fail("JSON", "expected valid JSON but byte " +
-                            std::to_string(position) +
-                            " is wrong: " + jsonErrorText(ex));
+    return fail("JSON", invalidJsonText(position, ex));
   }
 
 private:

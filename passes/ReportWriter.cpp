@@ -33,23 +33,18 @@
 namespace adapt {
 namespace report_detail {
 
-/// Appends code point `cp` to `out` as UTF-8.
+/// Appends code point `cp` to `out` as UTF-8: a lead byte holding the high
+/// bits, then one continuation byte per further 6 bits.
 static void appendUtf8(std::string &out, uint32_t cp) {
   if (cp < 0x80) {
     out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
+    return;
   }
+  int continuations = cp < 0x800 ? 1 : cp < 0x10000 ? 2 : 3;
+  static const uint32_t leadMarks[] = {0, 0xC0, 0xE0, 0xF0};
+  out += static_cast<char>(leadMarks[continuations] | (cp >> (6 * continuations)));
+  for (int shift = 6 * (continuations - 1); shift >= 0; shift -= 6)
+    out += static_cast<char>(0x80 | ((cp >> shift) & 0x3F));
 }
 
 /// Returns `text` as valid UTF-8 without control characters other than tab
