@@ -278,6 +278,14 @@ std::string markdownCode(const std::string &text, bool inTable = true) {
   return pad ? "` " + body + " `" : "`" + body + "`";
 }
 
+/// One Markdown table row of \p cells, each already escaped: "| a | b |\n".
+std::string markdownRow(std::initializer_list<std::string> cells) {
+  std::string row = "|";
+  for (const std::string &cell : cells)
+    row += " " + cell + " |";
+  return row + "\n";
+}
+
 } // namespace
 
 std::string formatLayerRanges(const std::vector<int64_t> &layers) {
@@ -425,13 +433,11 @@ std::string renderGapsMarkdown(const GapReport &report) {
       {"MTP", p.mtp},
       {"Encoders", p.encoders}};
   for (const auto &[name, count] : rows)
-    md += std::string("| ") + name + " | " + formatParameterCount(count) +
-          " | " + groupThousands(count) + " |\n";
+    md += markdownRow({name, formatParameterCount(count), groupThousands(count)});
   if (!p.byComponent.empty()) {
     md += "\n| Component kind | Parameters | Exact |\n|---|---:|---:|\n";
     for (const auto &[kind, count] : p.byComponent)
-      md += "| " + markdownCode(kind) + " | " + formatParameterCount(count) +
-            " | " + groupThousands(count) + " |\n";
+      md += markdownRow({markdownCode(kind), formatParameterCount(count), groupThousands(count)});
   }
 
   md += "\n## Components\n\n";
@@ -459,11 +465,9 @@ std::string renderGapsMarkdown(const GapReport &report) {
       std::string params = formatParameterCount(c->parameters);
       if (c->activeParameters != c->parameters)
         params += " (" + formatParameterCount(c->activeParameters) + " active)";
-      md += "| " + status + " | " + markdownCode(c->id) + " | " +
-            markdownCode(c->op) + " | " + markdownEscape(c->variant) +
-            " | " + (layers.empty() ? "-" : layers) + " | " + params + " | " +
-            (blocked.empty() ? "-" : blocked) + " | " +
-            (why.empty() ? "-" : why) + " |\n";
+      md += markdownRow({status, markdownCode(c->id), markdownCode(c->op),
+                         markdownEscape(c->variant), layers.empty() ? "-" : layers, params,
+                         blocked.empty() ? "-" : blocked, why.empty() ? "-" : why});
     }
   }
 
@@ -477,8 +481,8 @@ std::string renderGapsMarkdown(const GapReport &report) {
     md += "| Key | Value | Possibly significant |\n|---|---|---|\n";
     for (const auto &[path, value] : report.unknownConfigKeys) {
       const std::string hint = structuralHint(path);
-      md += "| " + markdownCode(path) + " | " + markdownCode(value) + " | " +
-            (hint.empty() ? std::string("-") : "**yes**: " + markdownEscape(hint)) + " |\n";
+      md += markdownRow({markdownCode(path), markdownCode(value),
+                         hint.empty() ? std::string("-") : "**yes**: " + markdownEscape(hint)});
     }
   }
 
@@ -501,10 +505,8 @@ std::string renderGapsMarkdown(const GapReport &report) {
       size_t shown = std::min(m.issues.size(), kMarkdownIssueRows);
       for (size_t i = 0; i < shown; ++i) {
         const ManifestIssue &issue = m.issues[i];
-        md += "| " + markdownEscape(issue.kind) + " | " +
-              markdownCode(issue.tensor) + " | " +
-              markdownCode(issue.expected) + " | " +
-              markdownCode(issue.found) + " |\n";
+        md += markdownRow({markdownEscape(issue.kind), markdownCode(issue.tensor),
+                           markdownCode(issue.expected), markdownCode(issue.found)});
       }
       if (m.issues.size() > shown)
         md += "\n... and " + std::to_string(m.issues.size() - shown) +
@@ -526,8 +528,8 @@ std::string renderGapsMarkdown(const GapReport &report) {
           "*confirmed* means the manifest lists the tensor that shows it.\n\n"
           "| Feature | Status | Would be confirmed by | Why assumed |\n|---|---|---|---|\n";
     for (const ReportedAssumption &a : report.assumptions)
-      md += "| " + markdownEscape(a.feature) + " | " + markdownEscape(a.status) + " | " +
-            markdownCode(a.confirmBy) + " | " + markdownEscape(a.basis) + " |\n";
+      md += markdownRow({markdownEscape(a.feature), markdownEscape(a.status),
+                         markdownCode(a.confirmBy), markdownEscape(a.basis)});
   }
 
   if (!report.notes.empty()) {
