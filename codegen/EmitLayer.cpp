@@ -11,6 +11,7 @@
 #include "ir/AdaptDialect.h"
 #include "models/LoraTargets.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -194,6 +195,64 @@ private:
       set(field, "true");
   }
 
+  /// The YaRN fields of a.rope with scaling \p factor, from \p op's rope_*
+  /// attributes (AttentionOp and SparseAttentionOp spell them alike).
+  template <typename AttentionLikeOp> void setYarn(AttentionLikeOp op, double factor) {
+    set("a.rope.scaling", "\"yarn\"");
+    setDouble("a.rope.factor", factor);
+    setInt("a.rope.originalMaxPositions", op.getRopeOriginalMaxPositions());
+    setDouble("a.rope.betaFast", op.getRopeBetaFast().convertToDouble());
+    setDouble("a.rope.betaSlow", op.getRopeBetaSlow().convertToDouble());
+    setDouble("a.rope.mscale", op.getRopeMscale().convertToDouble());
+    setDouble("a.rope.mscaleAllDim", op.getRopeMscaleAllDim().convertToDouble());
+    set("a.rope.truncate", op.getRopeTruncate() ? "true" : "false");
+  }
+
+  /// (ModelDef role, tensor name) of each weight a section writes.
+  using Weights = std::vector<std::pair<std::string, std::string>>;
+
+  /// Appends each weight of \p op to \p weights under the ModelDef role
+  /// \p roleOf gives it. A weight without one is an error naming \p where
+  /// ("layer 3: attention") and the weight, with \p hint after it.
+  bool collectWeights(Operation *op, const std::string &where,
+                      llvm::function_ref<std::optional<std::string>(const std::string &)> roleOf,
+                      Weights &weights, std::string &error, const std::string &hint = "") {
+    for (const RoleName &w : weightsOf(op, symbols)) {
+      std::optional<std::string> role = roleOf(w.first);
+      if (!role) {
+        error = where + " weight " + w.second + " (role " + w.first + ") has no ModelDef role" + hint;
+        return false;
+      }
+      weights.push_back({*role, w.second});
+    }
+    return true;
+  }
+
+  /// A roleOf for collectWeights where ModelDef uses the IR's role names:
+  /// those in \p roles, as they are.
+  static auto sameRoleIf(const std::set<std::string> &roles) {
+    return [&roles](const std::string &role) -> std::optional<std::string> {
+      if (roles.count(role))
+        return role;
+      return std::nullopt;
+    };
+  }
+
+  /// Whether \p weights hold one with ModelDef role \p role.
+  static bool hasRole(const Weights &weights, const std::string &role) {
+    return std::any_of(weights.begin(), weights.end(),
+                       [&](const auto &weight) { return weight.first == role; });
+  }
+
+  /// Sets hfAttention, unless already set, to the module of the first of
+  /// \p weights below the layer prefix ("self_attn.").
+  void noteHfAttention(const Weights &weights) {
+    if (!hfAttention.empty() || weights.empty())
+      return;
+    std::string local = weights.front().second.substr(prefix.size());
+    hfAttention = local.substr(0, local.find('.') + 1);
+  }
+
   /// A tensor name, relative to the layer prefix where it is under it.
   std::string name(const std::string &checkpointName) const {
     if (!prefix.empty() && checkpointName.compare(0, prefix.size(), prefix) == 0)
@@ -237,19 +296,12 @@ private:
     setInt("a.linear.keyHeadDim", l.getKeyHeadDim());
     setInt("a.linear.valueHeadDim", l.getValueHeadDim());
     setInt("a.linear.convKernel", l.getConvKernel());
-    std::vector<std::pair<std::string, std::string>> weights;
-    for (const RoleName &w : weightsOf(l, symbols)) {
-      if (!roles.count(w.first)) {
-        error = "layer " + std::to_string(layer.index) + ": linear attention weight " + w.second + " (role " +
-                w.first + ") has no ModelDef role (Qwen3.5's split in_proj_qkv/z/b/a is not supported yet)";
-        return false;
-      }
-      weights.push_back({w.first, w.second});
-      if (hfAttention.empty()) {
-        std::string local = w.second.substr(prefix.size());
-        hfAttention = local.substr(0, local.find('.') + 1);
-      }
-    }
+    Weights weights;
+    if (!collectWeights(l, "layer " + std::to_string(layer.index) + ": linear attention",
+                        sameRoleIf(roles), weights, error,
+                        " (Qwen3.5's split in_proj_qkv/z/b/a is not supported yet)"))
+      return false;
+    noteHfAttention(weights);
     writeWeights("a.weights", weights);
     if (hfAttention != "self_attn." && !hfAttention.empty())
       set("d.hfAttention", quote(hfAttention));
@@ -268,14 +320,9 @@ private:
       return false;
     }
     static const std::set<std::string> roles = {"qkv_proj", "output_gate", "norm", "out_proj"};
-    std::vector<std::pair<std::string, std::string>> weights;
-    for (const RoleName &w : weightsOf(l, symbols)) {
-      if (!roles.count(w.first)) {
-        error = where + " weight " + w.second + " (role " + w.first + ") has no ModelDef role";
-        return false;
-      }
-      weights.push_back({w.first, w.second});
-    }
+    Weights weights;
+    if (!collectWeights(l, where, sameRoleIf(roles), weights, error))
+      return false;
     // The decay slopes scale with layer / (num_hidden_layers - 1).
     int64_t decoderLayers = 0;
     if (auto model = l->getParentOfType<ModelOp>())
@@ -351,20 +398,11 @@ private:
         "q_a_proj",     "q_a_layernorm", "q_b_proj",      "kv_a_proj_with_mqa", "kv_a_layernorm",
         "kv_b_proj",    "o_proj",        "o_proj.bias",   "indexer.wq_b",       "indexer.wk",
         "indexer.k_norm", "indexer.k_norm.bias", "indexer.weights_proj"};
-    std::vector<std::pair<std::string, std::string>> weights;
-    bool oBias = s.getOutBias();
-    for (const RoleName &w : weightsOf(s, symbols)) {
-      if (!roles.count(w.first)) {
-        error = where + " weight " + w.second + " (role " + w.first + ") has no ModelDef role";
-        return false;
-      }
-      oBias |= w.first == "o_proj.bias";
-      weights.push_back({w.first, w.second});
-      if (hfAttention.empty()) {
-        std::string local = w.second.substr(prefix.size());
-        hfAttention = local.substr(0, local.find('.') + 1);
-      }
-    }
+    Weights weights;
+    if (!collectWeights(s, where, sameRoleIf(roles), weights, error))
+      return false;
+    bool oBias = s.getOutBias() || hasRole(weights, "o_proj.bias");
+    noteHfAttention(weights);
     std::string rope = s.getRope().str();
     if (rope != "default" && rope != "yarn") {
       error = where + ": RoPE '" + rope + "' has no ModelDef form here (default or yarn)";
@@ -387,16 +425,8 @@ private:
     setInt("a.rope.rotaryDim", s.getQkRopeHeadDim());
     setDouble("a.rope.theta", s.getRopeTheta().convertToDouble());
     setTrue("a.rope.interleaved", s.getRopeInterleaved());
-    if (rope == "yarn") {
-      set("a.rope.scaling", "\"yarn\"");
-      setDouble("a.rope.factor", s.getRopeFactor().convertToDouble());
-      setInt("a.rope.originalMaxPositions", s.getRopeOriginalMaxPositions());
-      setDouble("a.rope.betaFast", s.getRopeBetaFast().convertToDouble());
-      setDouble("a.rope.betaSlow", s.getRopeBetaSlow().convertToDouble());
-      setDouble("a.rope.mscale", s.getRopeMscale().convertToDouble());
-      setDouble("a.rope.mscaleAllDim", s.getRopeMscaleAllDim().convertToDouble());
-      set("a.rope.truncate", s.getRopeTruncate() ? "true" : "false");
-    }
+    if (rope == "yarn")
+      setYarn(s, s.getRopeFactor().convertToDouble());
     setInt("a.indexer.heads", s.getIndexHeads());
     setInt("a.indexer.headDim", s.getIndexHeadDim());
     setInt("a.indexer.topK", s.getTopK());
@@ -444,22 +474,12 @@ private:
       set("a.qkNorm", quote(a.getQkNormKind().str()));
     setTrue("a.qkvBias", a.getQkvBias());
     setTrue("a.outputGate", a.getOutputGate());
-    std::vector<std::pair<std::string, std::string>> weights;
-    bool oBias = a.getOutBias();
-    for (const RoleName &w : weightsOf(a, symbols)) {
-      std::optional<std::string> role = attentionRole(w.first);
-      if (!role) {
-        error = "layer " + std::to_string(layer.index) + ": attention weight " +
-                w.second + " (role " + w.first + ") has no ModelDef role";
-        return false;
-      }
-      oBias |= *role == "o_proj.bias";
-      weights.push_back({*role, w.second});
-      if (hfAttention.empty()) {
-        std::string local = w.second.substr(prefix.size());
-        hfAttention = local.substr(0, local.find('.') + 1);
-      }
-    }
+    Weights weights;
+    if (!collectWeights(a, "layer " + std::to_string(layer.index) + ": attention", attentionRole,
+                        weights, error))
+      return false;
+    bool oBias = a.getOutBias() || hasRole(weights, "o_proj.bias");
+    noteHfAttention(weights);
     setTrue("a.outBias", oBias);
     setTrue("a.sinks", a.getSinks());
     std::string window = a.getWindow().str();
@@ -498,14 +518,7 @@ private:
       setDouble("a.rope.theta", theta);
       setTrue("a.rope.interleaved", a.getRopeInterleaved());
       if (rope == "yarn") {
-        set("a.rope.scaling", "\"yarn\"");
-        setDouble("a.rope.factor", factor);
-        setInt("a.rope.originalMaxPositions", a.getRopeOriginalMaxPositions());
-        setDouble("a.rope.betaFast", a.getRopeBetaFast().convertToDouble());
-        setDouble("a.rope.betaSlow", a.getRopeBetaSlow().convertToDouble());
-        setDouble("a.rope.mscale", a.getRopeMscale().convertToDouble());
-        setDouble("a.rope.mscaleAllDim", a.getRopeMscaleAllDim().convertToDouble());
-        set("a.rope.truncate", a.getRopeTruncate() ? "true" : "false");
+        setYarn(a, factor);
       } else if (rope == "llama3") {
         set("a.rope.scaling", "\"llama3\"");
         setDouble("a.rope.factor", factor);
@@ -554,18 +567,10 @@ private:
     if (ffnModule != "mlp.")
       set("d.hfFfn", quote(ffnModule));
     line("rt::FfnDef &f = d.ffn;");
-    std::vector<std::pair<std::string, std::string>> weights;
+    Weights weights;
     auto collect = [&](Operation *op) {
-      for (const RoleName &w : weightsOf(op, symbols)) {
-        std::optional<std::string> role = ffnRole(w.first);
-        if (!role) {
-          error = "layer " + std::to_string(layer.index) + ": FFN weight " +
-                  w.second + " (role " + w.first + ") has no ModelDef role";
-          return false;
-        }
-        weights.push_back({*role, w.second});
-      }
-      return true;
+      return collectWeights(op, "layer " + std::to_string(layer.index) + ": FFN", ffnRole,
+                            weights, error);
     };
     auto checkActivation = [&](StringRef act) {
       if (act == "silu")

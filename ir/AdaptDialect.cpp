@@ -62,6 +62,14 @@ LogicalResult expectWeightShape(Operation *op,
   return diag << "]";
 }
 
+LogicalResult expectWeightShapes(Operation *op, const llvm::StringMap<WeightOp> &weights,
+                                 ArrayRef<ExpectedWeightShape> expected) {
+  for (const ExpectedWeightShape &weight : expected)
+    if (failed(expectWeightShape(op, weights, weight.role, weight.shape)))
+      return failure();
+  return success();
+}
+
 int64_t componentHidden(Operation *op) {
   if (op->getNumOperands() == 0)
     return ShapedType::kDynamic;

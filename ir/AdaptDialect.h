@@ -30,6 +30,19 @@ mlir::LogicalResult expectWeightShape(mlir::Operation *op,
                                       llvm::StringRef role,
                                       llvm::ArrayRef<int64_t> expected);
 
+/// A weight role and the shape an op's attributes imply for it.
+struct ExpectedWeightShape {
+  llvm::StringRef role;
+  llvm::SmallVector<int64_t, 4> shape;
+};
+
+/// expectWeightShape for each of \p expected in turn, stopping at the first
+/// mismatch: a component op lists its weights' shapes as one table and reports
+/// one error at most.
+mlir::LogicalResult expectWeightShapes(mlir::Operation *op,
+                                       const llvm::StringMap<WeightOp> &weights,
+                                       llvm::ArrayRef<ExpectedWeightShape> expected);
+
 /// Hidden size of a component: the last dimension of its first input.
 int64_t componentHidden(mlir::Operation *op);
 

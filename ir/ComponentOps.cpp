@@ -68,24 +68,20 @@ LogicalResult AttentionOp::verifySymbolUses(SymbolTableCollection &symbols) {
   int64_t heads = getNumHeads(), hd = getHeadDim(), vd = getVHeadDim();
   if (getKind() == "mla") {
     int64_t nope = hd - getQkRopeHeadDim();
-    return success(
-        succeeded(expectWeightShape(*this, *w, "kv_b_proj",
-                                    {heads * (nope + vd), getKvLoraRank()})) &&
-        succeeded(expectWeightShape(
-            *this, *w, "kv_a_proj_with_mqa",
-            {getKvLoraRank() + getQkRopeHeadDim(), h})) &&
-        succeeded(expectWeightShape(*this, *w, "q_b_proj",
-                                    {heads * hd, getQLoraRank()})) &&
-        succeeded(expectWeightShape(*this, *w, "o_proj", {h, heads * vd})));
+    return expectWeightShapes(*this, *w,
+        {{"kv_b_proj", {heads * (nope + vd), getKvLoraRank()}},
+         {"kv_a_proj_with_mqa", {getKvLoraRank() + getQkRopeHeadDim(), h}},
+         {"q_b_proj", {heads * hd, getQLoraRank()}},
+         {"o_proj", {h, heads * vd}}});
   }
   int64_t qOut = heads * hd * (getOutputGate() ? 2 : 1);
   int64_t kvOut = getNumKvHeads() * hd;
-  return success(
-      succeeded(expectWeightShape(*this, *w, "q_proj", {qOut, h})) &&
-      succeeded(expectWeightShape(*this, *w, "k_proj", {kvOut, h})) &&
-      succeeded(expectWeightShape(*this, *w, "v_proj", {kvOut, h})) &&
-      succeeded(expectWeightShape(*this, *w, "o_proj", {h, heads * vd})) &&
-      succeeded(expectWeightShape(*this, *w, "sinks", {heads})));
+  return expectWeightShapes(*this, *w,
+      {{"q_proj", {qOut, h}},
+       {"k_proj", {kvOut, h}},
+       {"v_proj", {kvOut, h}},
+       {"o_proj", {h, heads * vd}},
+       {"sinks", {heads}}});
 }
 
 LogicalResult SparseAttentionOp::verify() {
@@ -104,16 +100,11 @@ SparseAttentionOp::verifySymbolUses(SymbolTableCollection &symbols) {
   int64_t qIn = getQLoraRank() > 0 ? getQLoraRank() : h;
   if (getReusesIndexer()) // No indexer of its own: the previous full layer's top-k.
     return expectWeightShape(*this, *w, "kv_b_proj", {heads * (nope + getVHeadDim()), getKvLoraRank()});
-  return success(
-      succeeded(expectWeightShape(*this, *w, "kv_b_proj",
-                                  {heads * (nope + getVHeadDim()),
-                                   getKvLoraRank()})) &&
-      succeeded(expectWeightShape(*this, *w, "indexer.wq_b",
-                                  {getIndexHeads() * getIndexHeadDim(), qIn})) &&
-      succeeded(expectWeightShape(*this, *w, "indexer.wk",
-                                  {getIndexHeadDim(), h})) &&
-      succeeded(expectWeightShape(*this, *w, "indexer.weights_proj",
-                                  {getIndexHeads(), h})));
+  return expectWeightShapes(*this, *w,
+      {{"kv_b_proj", {heads * (nope + getVHeadDim()), getKvLoraRank()}},
+       {"indexer.wq_b", {getIndexHeads() * getIndexHeadDim(), qIn}},
+       {"indexer.wk", {getIndexHeadDim(), h}},
+       {"indexer.weights_proj", {getIndexHeads(), h}}});
 }
 
 LogicalResult LinearAttentionOp::verify() {
@@ -136,21 +127,19 @@ LinearAttentionOp::verifySymbolUses(SymbolTableCollection &symbols) {
   int64_t keyDim = getKeyHeads() * getKeyHeadDim();
   int64_t valueDim = getValueHeads() * getValueHeadDim();
   if (getKind() == "lightning")
-    return success(
-        succeeded(expectWeightShape(*this, *w, "qkv_proj", {3 * valueDim, h})) &&
-        succeeded(expectWeightShape(*this, *w, "output_gate", {valueDim, h})) &&
-        succeeded(expectWeightShape(*this, *w, "norm", {valueDim})) &&
-        succeeded(expectWeightShape(*this, *w, "out_proj", {h, valueDim})));
+    return expectWeightShapes(*this, *w,
+        {{"qkv_proj", {3 * valueDim, h}},
+         {"output_gate", {valueDim, h}},
+         {"norm", {valueDim}},
+         {"out_proj", {h, valueDim}}});
   if (getKind() == "gated_delta_rule")
-    return success(
-        succeeded(expectWeightShape(*this, *w, "in_proj_qkvz",
-                                    {2 * keyDim + 2 * valueDim, h})) &&
-        succeeded(expectWeightShape(*this, *w, "in_proj_qkv",
-                                    {2 * keyDim + valueDim, h})) &&
-        succeeded(expectWeightShape(*this, *w, "out_proj", {h, valueDim})));
-  return success(
-      succeeded(expectWeightShape(*this, *w, "q_proj", {keyDim, h})) &&
-      succeeded(expectWeightShape(*this, *w, "o_proj", {h, valueDim})));
+    return expectWeightShapes(*this, *w,
+        {{"in_proj_qkvz", {2 * keyDim + 2 * valueDim, h}},
+         {"in_proj_qkv", {2 * keyDim + valueDim, h}},
+         {"out_proj", {h, valueDim}}});
+  return expectWeightShapes(*this, *w,
+      {{"q_proj", {keyDim, h}},
+       {"o_proj", {h, valueDim}}});
 }
 
 LogicalResult MoEOp::verify() {
@@ -196,9 +185,9 @@ LogicalResult MoEOp::verifySymbolUses(SymbolTableCollection &symbols) {
                            << " experts but num_experts is "
                            << getNumExperts();
   }
-  return success(
-      succeeded(expectWeightShape(*this, *w, "gate", {getNumExperts(), h})) &&
-      succeeded(expectWeightShape(*this, *w, "router", {getNumExperts(), h})));
+  return expectWeightShapes(*this, *w,
+      {{"gate", {getNumExperts(), h}},
+       {"router", {getNumExperts(), h}}});
 }
 
 LogicalResult MLPOp::verify() { return success(); }
@@ -208,11 +197,9 @@ LogicalResult MLPOp::verifySymbolUses(SymbolTableCollection &symbols) {
   if (failed(w))
     return failure();
   int64_t h = componentHidden(*this);
-  return success(
-      succeeded(expectWeightShape(*this, *w, "gate_proj",
-                                  {getIntermediate(), h})) &&
-      succeeded(expectWeightShape(*this, *w, "down_proj",
-                                  {h, getIntermediate()})));
+  return expectWeightShapes(*this, *w,
+      {{"gate_proj", {getIntermediate(), h}},
+       {"down_proj", {h, getIntermediate()}}});
 }
 
 LogicalResult MTPOp::verifySymbolUses(SymbolTableCollection &symbols) {

@@ -5,6 +5,7 @@
 #include "parser/OnnxModel.h"
 
 #include "mlir/IR/Builders.h"
+#include "llvm/ADT/StringSwitch.h"
 
 #include <map>
 
@@ -12,20 +13,17 @@ using namespace mlir;
 
 namespace adapt {
 namespace {
+/// The MLIR element type of an initializer's dtype (safetensors spelling):
+/// floats as they are, 64- and 32-bit integers by width, anything else i8.
 Type elementTypeFor(OpBuilder &b, const std::string &dtype) {
-  if (dtype == "F32")
-    return b.getF32Type();
-  if (dtype == "F16")
-    return b.getF16Type();
-  if (dtype == "BF16")
-    return b.getBF16Type();
-  if (dtype == "F64")
-    return b.getF64Type();
-  if (dtype == "I64" || dtype == "U64")
-    return b.getI64Type();
-  if (dtype == "I32" || dtype == "U32")
-    return b.getI32Type();
-  return b.getI8Type();
+  return llvm::StringSwitch<Type>(dtype)
+      .Case("F32", b.getF32Type())
+      .Case("F16", b.getF16Type())
+      .Case("BF16", b.getBF16Type())
+      .Case("F64", b.getF64Type())
+      .Cases("I64", "U64", b.getI64Type())
+      .Cases("I32", "U32", b.getI32Type())
+      .Default(b.getI8Type());
 }
 } // namespace
 

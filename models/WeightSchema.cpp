@@ -1,6 +1,7 @@
 //===- WeightSchema.cpp - the tensors a config implies --------------------===//
 
 #include "models/WeightSchema.h"
+#include "parser/ConfigReader.h"
 
 #include <algorithm>
 
@@ -261,43 +262,26 @@ void declareLayer(const ModelSpec &spec, const LayerSpec &layer,
     norms.add("post_attention_layernorm", "post_attention_layernorm.weight",
               {spec.hidden});
   }
+  // Qwen3-Next keeps its Gated DeltaNet tensors under linear_attn.; every
+  // other mixer sits under self_attn.
+  const std::string mixerPrefix =
+      layerPrefix + (m.kind == MixerKind::GatedDeltaNet ? "linear_attn." : "self_attn.");
+  ComponentBuilder mixer(out, mixerKindName(m.kind), componentLayer, mixerPrefix);
   switch (m.kind) {
-  case MixerKind::Attention: {
-    ComponentBuilder b(out, "attention", componentLayer, layerPrefix + "self_attn.");
-    declareAttention(spec, m, b);
+  case MixerKind::Attention: declareAttention(spec, m, mixer); break;
+  case MixerKind::MLA: declareMla(spec, m, mixer); break;
+  case MixerKind::GatedDeltaNet:
+    declareGatedDeltaNet(spec, m, mixer, probe && probe(mixerPrefix + "in_proj_qkv.weight"));
     break;
+  case MixerKind::KimiDelta: declareKimiDelta(spec, m, mixer); break;
+  case MixerKind::Lightning: declareLightning(spec, m, mixer); break;
   }
-  case MixerKind::MLA: {
-    ComponentBuilder b(out, "mla", componentLayer, layerPrefix + "self_attn.");
-    declareMla(spec, m, b);
-    break;
-  }
-  case MixerKind::GatedDeltaNet: {
-    std::string prefix = layerPrefix + "linear_attn.";
-    bool split = probe && probe(prefix + "in_proj_qkv.weight");
-    ComponentBuilder b(out, "gated_delta_net", componentLayer, prefix);
-    declareGatedDeltaNet(spec, m, b, split);
-    break;
-  }
-  case MixerKind::KimiDelta: {
-    ComponentBuilder b(out, "kimi_delta", componentLayer, layerPrefix + "self_attn.");
-    declareKimiDelta(spec, m, b);
-    break;
-  }
-  case MixerKind::Lightning: {
-    ComponentBuilder b(out, "lightning", componentLayer, layerPrefix + "self_attn.");
-    declareLightning(spec, m, b);
-    break;
-  }
-  }
-  std::string module = ffnModule(spec, layer.ffn.isMoe);
-  if (layer.ffn.isMoe) {
-    ComponentBuilder b(out, "moe", componentLayer, layerPrefix + module);
-    declareMoe(spec, layer.ffn, b);
-  } else {
-    ComponentBuilder b(out, "mlp", componentLayer, layerPrefix + module);
-    declareGatedMlp(spec, b, "", layer.ffn.intermediate);
-  }
+  ComponentBuilder ffn(out, layer.ffn.isMoe ? "moe" : "mlp", componentLayer,
+                       layerPrefix + ffnModule(spec, layer.ffn.isMoe));
+  if (layer.ffn.isMoe)
+    declareMoe(spec, layer.ffn, ffn);
+  else
+    declareGatedMlp(spec, ffn, "", layer.ffn.intermediate);
 }
 
 /// Multi-token-prediction modules: DeepSeek style (extra numbered layers

@@ -53,6 +53,13 @@ public:
   getIntList(std::initializer_list<const char *> names, int64_t count = 0);
   std::optional<std::vector<std::string>>
   getStringList(std::initializer_list<const char *> names);
+  /// The getters' "set the field when the key is there" form: \p into keeps
+  /// its default when none of \p names is present.
+  using Names = std::initializer_list<const char *>;
+  void readInt(Names names, int64_t &into) { assignIf(getInt(names), into); }
+  void readDouble(Names names, double &into) { assignIf(getDouble(names), into); }
+  void readBool(Names names, bool &into) { assignIf(getBool(names), into); }
+  void readString(Names names, std::string &into) { assignIf(getString(names), into); }
   /// A nested object (records the key as read).
   std::optional<ConfigObject> getObject(const char *name);
   /// Marks keys as understood without reading them.
@@ -71,6 +78,11 @@ public:
   const std::string &keyPath() const { return path; }
 
 private:
+  /// Sets \p into to \p value when there is one.
+  template <typename T> static void assignIf(const std::optional<T> &value, T &into) {
+    if (value)
+      into = *value;
+  }
   const nlohmann::json *find(std::initializer_list<const char *> names,
                              std::string &foundName);
 

@@ -27,16 +27,11 @@ namespace adapt {
 
 const char *mixerKindName(MixerKind kind) {
   switch (kind) {
-  case MixerKind::Attention:
-    return "attention";
-  case MixerKind::MLA:
-    return "mla";
-  case MixerKind::GatedDeltaNet:
-    return "gated_delta_net";
-  case MixerKind::KimiDelta:
-    return "kimi_delta";
-  case MixerKind::Lightning:
-    return "lightning";
+  case MixerKind::Attention: return "attention";
+  case MixerKind::MLA: return "mla";
+  case MixerKind::GatedDeltaNet: return "gated_delta_net";
+  case MixerKind::KimiDelta: return "kimi_delta";
+  case MixerKind::Lightning: return "lightning";
   }
   return "unknown";
 }
@@ -103,26 +98,19 @@ json parseJsonOrFail(std::string_view text, const std::string &file) {
 /// Reads rope_scaling / rope_parameters and the top-level rope keys.
 RopeSpec readRope(ConfigObject &cfg, int64_t headDim) {
   RopeSpec rope;
-  if (auto theta = cfg.getDouble({"rope_theta"}))
-    rope.theta = *theta;
-  if (auto partial = cfg.getDouble({"partial_rotary_factor"}))
-    rope.partialFactor = *partial;
+  cfg.readDouble({"rope_theta"}, rope.theta);
+  cfg.readDouble({"partial_rotary_factor"}, rope.partialFactor);
   if (auto rotaryDim = cfg.getInt({"rotary_dim"}); rotaryDim && headDim > 0)
     rope.partialFactor = double(*rotaryDim) / double(headDim);
   for (const char *key : {"rope_scaling", "rope_parameters"}) {
     std::optional<ConfigObject> scaling = cfg.getObject(key);
     if (!scaling)
       continue;
-    if (auto type = scaling->getString({"rope_type", "type"}))
-      rope.type = *type;
-    if (auto theta = scaling->getDouble({"rope_theta"}))
-      rope.theta = *theta;
-    if (auto factor = scaling->getDouble({"factor"}))
-      rope.factor = *factor;
-    if (auto partial = scaling->getDouble({"partial_rotary_factor"}))
-      rope.partialFactor = *partial;
-    if (auto original = scaling->getInt({"original_max_position_embeddings"}))
-      rope.originalMaxPositions = *original;
+    scaling->readString({"rope_type", "type"}, rope.type);
+    scaling->readDouble({"rope_theta"}, rope.theta);
+    scaling->readDouble({"factor"}, rope.factor);
+    scaling->readDouble({"partial_rotary_factor"}, rope.partialFactor);
+    scaling->readInt({"original_max_position_embeddings"}, rope.originalMaxPositions);
     if (auto alpha = scaling->getDouble({"alpha"})) {
       // Hunyuan: "dynamic" with alpha is NTK-alpha scaling.
       rope.type = "ntk_alpha";
@@ -133,24 +121,16 @@ RopeSpec readRope(ConfigObject &cfg, int64_t headDim) {
       if (auto section = scaling->getIntList({"mrope_section"}))
         rope.mropeSection = *section;
     }
-    if (auto v = scaling->getDouble({"beta_fast"}))
-      rope.betaFast = *v;
-    if (auto v = scaling->getDouble({"beta_slow"}))
-      rope.betaSlow = *v;
-    if (auto v = scaling->getDouble({"mscale"}))
-      rope.mscale = *v;
-    if (auto v = scaling->getDouble({"mscale_all_dim"}))
-      rope.mscaleAllDim = *v;
-    if (auto v = scaling->getBool({"truncate"}))
-      rope.truncate = *v;
-    if (auto v = scaling->getDouble({"low_freq_factor"}))
-      rope.lowFreqFactor = *v;
-    if (auto v = scaling->getDouble({"high_freq_factor"}))
-      rope.highFreqFactor = *v;
+    scaling->readDouble({"beta_fast"}, rope.betaFast);
+    scaling->readDouble({"beta_slow"}, rope.betaSlow);
+    scaling->readDouble({"mscale"}, rope.mscale);
+    scaling->readDouble({"mscale_all_dim"}, rope.mscaleAllDim);
+    scaling->readBool({"truncate"}, rope.truncate);
+    scaling->readDouble({"low_freq_factor"}, rope.lowFreqFactor);
+    scaling->readDouble({"high_freq_factor"}, rope.highFreqFactor);
     scaling->markRead({"mrope_section", "mrope_interleaved"});
   }
-  if (auto interleave = cfg.getBool({"rope_interleave"}))
-    rope.interleaved = *interleave;
+  cfg.readBool({"rope_interleave"}, rope.interleaved);
   if (auto useRope = cfg.getBool({"use_rotary_pos_emb"}); useRope && !*useRope)
     rope.type = "none";
   return rope;
@@ -310,10 +290,8 @@ MixerSpec readAttention(ConfigObject &cfg, int64_t hidden) {
                                                 : true;
   else
     m.temperatureTuning = true;
-  if (auto floorScale = cfg.getDouble({"floor_scale"}))
-    m.floorScale = *floorScale;
-  if (auto attnScale = cfg.getDouble({"attn_scale"}))
-    m.attnScale = *attnScale;
+  cfg.readDouble({"floor_scale"}, m.floorScale);
+  cfg.readDouble({"attn_scale"}, m.attnScale);
   if (auto topK = cfg.getInt({"index_topk"})) {
     m.indexTopK = *topK;
     m.indexHeads = cfg.requireInt({"index_n_heads"});
@@ -365,8 +343,7 @@ FfnSpec readMoe(ConfigObject &cfg, int64_t numExperts) {
   f.numExperts = numExperts;
   std::string act = cfg.getString({"hidden_act"}).value_or("silu");
   f.activation = act;
-  if (auto scoring = cfg.getString({"scoring_func", "moe_router_activation_func"}))
-    f.scoring = *scoring;
+  cfg.readString({"scoring_func", "moe_router_activation_func"}, f.scoring);
   // Any other scoring is kept: no registry variant matches it, so the
   // report calls the MoE missing and names the value.
 
@@ -401,8 +378,7 @@ FfnSpec readMoe(ConfigObject &cfg, int64_t numExperts) {
                                    "moe_router_scaling_factor",
                                    "moe_router_topk_scaling_factor"})
                         .value_or(1.0);
-  if (auto limit = cfg.getDouble({"swiglu_limit"}))
-    f.swigluLimit = *limit;
+  cfg.readDouble({"swiglu_limit"}, f.swigluLimit);
   cfg.markRead({"router_type", "shared_moe_mode"});
   return f;
 }
@@ -529,8 +505,7 @@ void readDecoder(ConfigObject &cfg, ModelSpec &spec) {
       cfg.getInt({"max_position_embeddings", "model_max_length"}).value_or(0);
   spec.normEps = cfg.getDouble({"rms_norm_eps", "layer_norm_eps"}).value_or(1e-6);
   cfg.markRead({"norm_type", "hidden_act", "org_vocab_size"});
-  if (auto tie = cfg.getBool({"tie_word_embeddings"}))
-    spec.tieEmbeddings = *tie;
+  cfg.readBool({"tie_word_embeddings"}, spec.tieEmbeddings);
 
   MixerSpec attention = readAttention(cfg, spec.hidden);
   std::vector<std::string> pattern = readLayerPattern(cfg, numLayers);
@@ -873,10 +848,8 @@ Result<ModelSpec> parseModelConfig(std::string_view text,
     ConfigObject &text = nested ? *nested : top;
     if (nested) {
       spec.weightPrefix = "model.language_model.";
-      if (auto dtype = text.getString({"torch_dtype", "dtype"}))
-        spec.dtype = *dtype;
-      if (auto tie = top.getBool({"tie_word_embeddings"}))
-        spec.tieEmbeddings = *tie;
+      text.readString({"torch_dtype", "dtype"}, spec.dtype);
+      top.readBool({"tie_word_embeddings"}, spec.tieEmbeddings);
     }
     readDecoder(text, spec);
     if (nested)

@@ -15,7 +15,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <unordered_set>
@@ -282,9 +281,7 @@ public:
   /// Malformed JSON: reported with the byte offset, line and column.
   bool parse_error(std::size_t position, const std::string &,
                    const nlohmann::detail::exception &ex) {
-    return fail("JSON", "expected valid JSON but byte " +
-                            std::to_string(position) +
-                            " is wrong: " + jsonErrorText(ex));
+    return fail("JSON", invalidJsonText(position, ex));
   }
 
 private:
@@ -454,17 +451,10 @@ Result<Manifest> parseManifest(std::string_view json,
 
 Result<Manifest> readManifest(const std::string &path) {
   try {
-    std::error_code ec;
-    std::filesystem::file_status status = std::filesystem::status(path, ec);
-    if (ec || !std::filesystem::exists(status))
-      return InputError{path, "", "expected an index file but it does not "
-                                  "exist or cannot be accessed"};
-    if (!std::filesystem::is_regular_file(status))
-      return InputError{path, "", "expected a regular file"};
-    uint64_t size = std::filesystem::file_size(path, ec);
-    if (ec)
-      return InputError{path, "", "expected a readable file size: " +
-                                      ec.message()};
+    Result<uint64_t> fileSize = regularFileSize(path, "an index file");
+    if (!fileSize)
+      return fileSize.error();
+    uint64_t size = *fileSize;
     if (size > kMaxManifestBytes)
       return InputError{path, "", "expected at most " +
                                       std::to_string(kMaxManifestBytes) +

@@ -73,6 +73,13 @@ inline std::string jsonErrorText(const std::exception &ex) {
   return printable(withoutQuotedInput(what), 300, /*asciiOnly=*/true);
 }
 
+/// What a streaming (SAX) JSON reader reports for malformed input: the byte
+/// \p position where parsing stopped and nlohmann's reason \p ex.
+inline std::string invalidJsonText(std::size_t position, const std::exception &ex) {
+  return "expected valid JSON but byte " + std::to_string(position) +
+         " is wrong: " + jsonErrorText(ex);
+}
+
 } // namespace adapt
 
 #endif // ADAPT_PARSER_MESSAGETEXT_H

@@ -6,6 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "parser/OnnxModel.h"
+#include "parser/Safetensors.h"
 
 #ifndef ONNX_ML
 #error "build with -DONNX_ML=1 -DONNX_NAMESPACE=onnx (ONNX::onnx_proto's flags)"
@@ -21,6 +22,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <vector>
 #include <optional>
 #include <unordered_set>
 
@@ -41,19 +43,26 @@ struct DataTypeInfo {
 /// Looks up TensorProto.DataType `code`; nullptr for UNDEFINED (0) and codes
 /// this reader does not know (ONNX 1.19 defines 1..26).
 const DataTypeInfo *dataTypeInfo(int64_t code) {
-  static const DataTypeInfo table[] = {
-      {"", 0},           {"F32", 32},          {"U8", 8},
-      {"I8", 8},         {"U16", 16},          {"I16", 16},
-      {"I32", 32},       {"I64", 64},          {"STRING", 0},
-      {"BOOL", 8},       {"F16", 16},          {"F64", 64},
-      {"U32", 32},       {"U64", 64},          {"C64", 64},
-      {"C128", 128},     {"BF16", 16},         {"F8_E4M3", 8},
-      {"F8_E4M3FNUZ", 8}, {"F8_E5M2", 8},      {"F8_E5M2FNUZ", 8},
-      {"U4", 4},         {"I4", 4},            {"F4", 4},
-      {"F8_E8M0", 8},    {"U2", 2},            {"I2", 2}};
-  if (code <= 0 || code >= int64_t(std::size(table)))
+  // Indexed by the code. The widths are safetensors' (safetensorsDtypeBits),
+  // but for the few types it has no name for.
+  static const std::vector<DataTypeInfo> table = [] {
+    static const char *const names[] = {
+        /* 0 */ "", "F32", "U8", "I8", "U16", "I16", "I32", "I64", "STRING", "BOOL",
+        /* 10 */ "F16", "F64", "U32", "U64", "C64", "C128", "BF16", "F8_E4M3", "F8_E4M3FNUZ",
+        "F8_E5M2",
+        /* 20 */ "F8_E5M2FNUZ", "U4", "I4", "F4", "F8_E8M0", "U2", "I2"};
+    const std::map<std::string, unsigned> onnxOnlyBits = {
+        {"", 0}, {"STRING", 0}, {"C128", 128}, {"U4", 4}, {"I4", 4}, {"U2", 2}, {"I2", 2}};
+    std::vector<DataTypeInfo> out;
+    for (const char *name : names) {
+      int64_t bits = safetensorsDtypeBits(name);
+      out.push_back({name, bits >= 0 ? unsigned(bits) : onnxOnlyBits.at(name)});
+    }
+    return out;
+  }();
+  if (code <= 0 || code >= int64_t(table.size()))
     return nullptr;
-  return &table[code];
+  return &table[size_t(code)];
 }
 
 /// The error for a data_type code dataTypeInfo does not know.
@@ -361,21 +370,24 @@ Result<OnnxGraph> parseUnguarded(std::string_view bytes,
       return convert.error(field, "expected unique initializer names");
     graph.initializers.push_back(std::move(info));
   }
-  for (int i = 0; i < g.input_size(); ++i) {
-    OnnxTensorInfo info;
-    if (Check bad = convert.valueInfo(
-            g.input(i), tensorField("input", i, g.input(i).name()), info))
-      return *bad;
-    if (!names.count(info.name))
-      graph.inputs.push_back(std::move(info));
-  }
-  for (int i = 0; i < g.output_size(); ++i) {
-    OnnxTensorInfo info;
-    if (Check bad = convert.valueInfo(
-            g.output(i), tensorField("output", i, g.output(i).name()), info))
-      return *bad;
-    graph.outputs.push_back(std::move(info));
-  }
+  // Reads graph.input or graph.output (WHAT) into INTO; with
+  // SKIP_INITIALIZERS, inputs naming an initializer (weights, not graph
+  // inputs) are left out.
+  auto readValues = [&](const auto &values, const char *what,
+                        std::vector<OnnxTensorInfo> &into, bool skipInitializers) -> Check {
+    for (int i = 0; i < values.size(); ++i) {
+      OnnxTensorInfo info;
+      if (Check bad = convert.valueInfo(values[i], tensorField(what, i, values[i].name()), info))
+        return bad;
+      if (!skipInitializers || !names.count(info.name))
+        into.push_back(std::move(info));
+    }
+    return std::nullopt;
+  };
+  if (Check bad = readValues(g.input(), "input", graph.inputs, /*skipInitializers=*/true))
+    return *bad;
+  if (Check bad = readValues(g.output(), "output", graph.outputs, /*skipInitializers=*/false))
+    return *bad;
   graph.nodes.reserve(size_t(g.node_size()));
   for (int i = 0; i < g.node_size(); ++i) {
     const onnx::NodeProto &n = g.node(i);

@@ -268,9 +268,7 @@ public:
   /// Malformed JSON: reported with the byte offset, line and column.
   bool parse_error(std::size_t position, const std::string &,
                    const nlohmann::detail::exception &ex) {
-    return fail("header JSON", "expected valid JSON but byte " +
-                                   std::to_string(position) +
-                                   " is wrong: " + jsonErrorText(ex));
+    return fail("header JSON", invalidJsonText(position, ex));
   }
 
 private:
@@ -516,26 +514,32 @@ Result<ShardHeader> parseSafetensorsBytes(std::string_view whole,
                                 fileForErrors);
 }
 
+Result<uint64_t> regularFileSize(const std::string &path, const std::string &what) {
+  std::error_code ec;
+  std::filesystem::file_status status = std::filesystem::status(path, ec);
+  if (ec || !std::filesystem::exists(status))
+    return InputError{path, "", "expected " + what +
+                                    " but it does not exist or cannot be accessed"};
+  if (!std::filesystem::is_regular_file(status))
+    return InputError{path, "", "expected a regular file"};
+  uint64_t size = std::filesystem::file_size(path, ec);
+  if (ec)
+    return InputError{path, "", "expected a readable file size: " + ec.message()};
+  return size;
+}
+
 Result<ShardHeader> readSafetensorsHeader(const std::string &path) {
   try {
-    std::error_code ec;
-    std::filesystem::file_status status = std::filesystem::status(path, ec);
-    if (ec || !std::filesystem::exists(status))
-      return InputError{path, "", "expected a safetensors file but it does "
-                                  "not exist or cannot be accessed"};
-    if (!std::filesystem::is_regular_file(status))
-      return InputError{path, "", "expected a regular file"};
-    uint64_t fileSize = std::filesystem::file_size(path, ec);
-    if (ec)
-      return InputError{path, "", "expected a readable file size: " +
-                                      ec.message()};
+    Result<uint64_t> fileSize = regularFileSize(path, "a safetensors file");
+    if (!fileSize)
+      return fileSize.error();
     std::ifstream in(path, std::ios::binary);
     if (!in)
       return InputError{path, "", "expected a readable file"};
     char first8[8] = {};
     in.read(first8, 8);
     std::string_view prefix(first8, static_cast<size_t>(in.gcount()));
-    Result<uint64_t> n = headerLength(prefix, fileSize, path);
+    Result<uint64_t> n = headerLength(prefix, *fileSize, path);
     if (!n)
       return n.error();
     std::string header(static_cast<size_t>(*n), '\0');
@@ -545,7 +549,7 @@ Result<ShardHeader> readSafetensorsHeader(const std::string &path) {
                         "expected " + std::to_string(*n) +
                             " header bytes but the file ended after " +
                             std::to_string(in.gcount())};
-    return parseSafetensorsHeader(header, fileSize, path);
+    return parseSafetensorsHeader(header, *fileSize, path);
   } catch (const std::exception &ex) {
     return InputError{path, "", std::string("expected a readable file: ") +
                                     printable(ex.what())};

@@ -56,6 +56,12 @@ int64_t safetensorsDtypeBits(std::string_view dtype);
 /// handed to parseSafetensorsHeader. Tensor bytes are never read.
 Result<ShardHeader> readSafetensorsHeader(const std::string &path);
 
+/// The size of the regular file at \p path, which should hold \p what ("an
+/// index file"). A missing file, a folder or device, or an unreadable size is
+/// an InputError naming \p path. The checks every reader of a checkpoint file
+/// (shard headers, the index) makes before opening it.
+Result<uint64_t> regularFileSize(const std::string &path, const std::string &what);
+
 /// Validates the header JSON of a shard whose whole file is \p fileSize bytes:
 /// a JSON object whose optional `__metadata__` maps strings to strings and
 /// whose other keys each hold a known `dtype`, a non-negative integer `shape`

@@ -4,6 +4,7 @@
 #include "passes/Passes.h"
 
 #include "mlir/IR/BuiltinOps.h"
+#include "llvm/ADT/TypeSwitch.h"
 
 namespace adapt {
 #define GEN_PASS_DEF_COUNTPARAMETERSPASS
@@ -17,23 +18,16 @@ namespace {
 
 /// Where a component's parameters are booked.
 std::string bucketOf(Operation *op) {
-  if (isa<EmbeddingOp>(op))
-    return "embedding";
-  if (isa<LMHeadOp>(op))
-    return "lm_head";
-  if (isa<MTPOp>(op))
-    return "mtp";
-  if (auto encoder = dyn_cast<EncoderOp>(op))
-    return encoder.getModality().str() + "_encoder";
-  if (isa<AttentionOp, SparseAttentionOp, LinearAttentionOp>(op))
-    return "attention";
-  if (isa<MoEOp>(op))
-    return "moe";
-  if (isa<MLPOp>(op))
-    return "mlp";
-  if (isa<RMSNormOp>(op))
-    return "norm";
-  return "other";
+  return llvm::TypeSwitch<Operation *, std::string>(op)
+      .Case<EmbeddingOp>([](auto) { return "embedding"; })
+      .Case<LMHeadOp>([](auto) { return "lm_head"; })
+      .Case<MTPOp>([](auto) { return "mtp"; })
+      .Case<EncoderOp>([](EncoderOp encoder) { return encoder.getModality().str() + "_encoder"; })
+      .Case<AttentionOp, SparseAttentionOp, LinearAttentionOp>([](auto) { return "attention"; })
+      .Case<MoEOp>([](auto) { return "moe"; })
+      .Case<MLPOp>([](auto) { return "mlp"; })
+      .Case<RMSNormOp>([](auto) { return "norm"; })
+      .Default([](Operation *) { return "other"; });
 }
 
 /// Adds N to SUM unless that overflows int64; then sets OVERFLOWED. Sizes

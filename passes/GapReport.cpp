@@ -14,14 +14,10 @@ namespace adapt {
 
 const char *gapStatusName(GapStatus status) {
   switch (status) {
-  case GapStatus::Missing:
-    return "missing";
-  case GapStatus::Partial:
-    return "partial";
-  case GapStatus::Supported:
-    return "supported";
-  case GapStatus::Excluded:
-    return "excluded";
+  case GapStatus::Missing: return "missing";
+  case GapStatus::Partial: return "partial";
+  case GapStatus::Supported: return "supported";
+  case GapStatus::Excluded: return "excluded";
   }
   return "missing";
 }

@@ -33,23 +33,18 @@
 namespace adapt {
 namespace report_detail {
 
-/// Appends code point `cp` to `out` as UTF-8.
+/// Appends code point `cp` to `out` as UTF-8: a lead byte holding the high
+/// bits, then one continuation byte per further 6 bits.
 static void appendUtf8(std::string &out, uint32_t cp) {
   if (cp < 0x80) {
     out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
+    return;
   }
+  int continuations = cp < 0x800 ? 1 : cp < 0x10000 ? 2 : 3;
+  static const uint32_t leadMarks[] = {0, 0xC0, 0xE0, 0xF0};
+  out += static_cast<char>(leadMarks[continuations] | (cp >> (6 * continuations)));
+  for (int shift = 6 * (continuations - 1); shift >= 0; shift -= 6)
+    out += static_cast<char>(0x80 | ((cp >> shift) & 0x3F));
 }
 
 /// Returns `text` as valid UTF-8 without control characters other than tab
@@ -283,6 +278,14 @@ std::string markdownCode(const std::string &text, bool inTable = true) {
   return pad ? "` " + body + " `" : "`" + body + "`";
 }
 
+/// One Markdown table row of \p cells, each already escaped: "| a | b |\n".
+std::string markdownRow(std::initializer_list<std::string> cells) {
+  std::string row = "|";
+  for (const std::string &cell : cells)
+    row += " " + cell + " |";
+  return row + "\n";
+}
+
 } // namespace
 
 std::string formatLayerRanges(const std::vector<int64_t> &layers) {
@@ -329,111 +332,75 @@ std::string formatParameterCount(int64_t count) {
 }
 
 std::string renderGapsJson(const GapReport &report) {
-  Json root = Json::object();
-  root["schema_version"] = report.schemaVersion;
-  root["source"] = report.source;
-  Json model = Json::object();
-  model["model_type"] = report.modelType;
-  model["architecture"] = report.architecture;
-  model["family"] = report.family;
-  root["model"] = model;
-  root["summary"] = report.summary;
-  root["has_gaps"] = report.hasGaps();
+  // The objects list their keys in the schema's order (docs/gaps-schema.md).
   std::vector<int64_t> counts = statusCounts(report);
   Json statusJson = Json::object();
   for (GapStatus status :
        {GapStatus::Missing, GapStatus::Partial, GapStatus::Supported, GapStatus::Excluded})
     statusJson[gapStatusName(status)] = counts[static_cast<size_t>(status)];
-  root["status_counts"] = statusJson;
 
   const ParameterCounts &p = report.parameters;
-  Json params = Json::object();
-  params["total"] = p.total;
-  params["active"] = p.active;
-  params["decoder"] = p.decoder;
-  params["embedding"] = p.embedding;
-  params["lm_head"] = p.lmHead;
-  params["mtp"] = p.mtp;
-  params["encoders"] = p.encoders;
-  params["active_with_mtp"] = p.activeWithMtp;
-  params["active_without_embedding"] = p.activeWithoutEmbedding;
-  params["active_non_embedding"] = p.activeNonEmbedding;
-  params["decoder_non_embedding"] = p.decoderNonEmbedding;
   Json byComponent = Json::object();
   for (const auto &[kind, count] : p.byComponent)
     byComponent[kind] = count;
-  params["by_component"] = byComponent;
-  root["parameters"] = params;
+  Json params = {{"total", p.total}, {"active", p.active}, {"decoder", p.decoder},
+                 {"embedding", p.embedding}, {"lm_head", p.lmHead}, {"mtp", p.mtp},
+                 {"encoders", p.encoders}, {"active_with_mtp", p.activeWithMtp},
+                 {"active_without_embedding", p.activeWithoutEmbedding},
+                 {"active_non_embedding", p.activeNonEmbedding},
+                 {"decoder_non_embedding", p.decoderNonEmbedding}, {"by_component", byComponent}};
 
   Json components = Json::array();
   for (const ComponentGap &c : report.components) {
-    Json item = Json::object();
-    item["id"] = c.id;
-    item["op"] = c.op;
-    item["variant"] = c.variant;
     Json features = Json::object();
     for (const auto &[key, value] : c.features)
       features[key] = value;
-    item["features"] = features;
-    item["status"] = gapStatusName(c.status);
-    item["reasons"] = c.reasons;
-    item["layers"] = c.layers;
-    item["parameters"] = c.parameters;
-    item["active_parameters"] = c.activeParameters;
-    Json blocks = Json::object();
-    blocks["forward"] = c.blocks.forward;
-    blocks["backward"] = c.blocks.backward;
-    blocks["lora"] = c.blocks.lora;
-    blocks["parallel_layouts"] = c.blocks.parallelLayouts;
-    item["blocks"] = blocks;
-    item["registry_entry"] = c.registryEntry;
-    item["next_step"] = c.nextStep;
-    components.push_back(item);
+    const BlockedCapabilities &blocked = c.blocks;
+    Json blocks = {{"forward", blocked.forward}, {"backward", blocked.backward},
+                   {"lora", blocked.lora}, {"parallel_layouts", blocked.parallelLayouts}};
+    components.push_back(Json{{"id", c.id}, {"op", c.op}, {"variant", c.variant},
+                              {"features", features}, {"status", gapStatusName(c.status)},
+                              {"reasons", c.reasons}, {"layers", c.layers},
+                              {"parameters", c.parameters},
+                              {"active_parameters", c.activeParameters}, {"blocks", blocks},
+                              {"registry_entry", c.registryEntry}, {"next_step", c.nextStep}});
   }
-  root["components"] = components;
 
   Json unknown = Json::array();
   for (const auto &[path, value] : report.unknownConfigKeys) {
-    Json item = Json::object();
-    item["path"] = path;
-    item["value"] = value;
     const std::string hint = structuralHint(path);
-    item["possibly_significant"] = !hint.empty();
-    item["why"] = hint;
-    unknown.push_back(item);
+    unknown.push_back(Json{{"path", path}, {"value", value},
+                           {"possibly_significant", !hint.empty()}, {"why", hint}});
   }
-  root["unknown_config_keys"] = unknown;
 
   const ManifestCheck &m = report.manifest;
-  Json manifest = Json::object();
-  manifest["checked"] = m.checked;
-  manifest["file"] = m.file;
-  manifest["tensors"] = m.tensors;
-  manifest["expected_tensors"] = m.expectedTensors;
-  manifest["shards"] = m.shards;
-  manifest["headers_read"] = m.headersRead;
   Json issues = Json::array();
-  for (const ManifestIssue &issue : m.issues) {
-    Json item = Json::object();
-    item["kind"] = issue.kind;
-    item["tensor"] = issue.tensor;
-    item["expected"] = issue.expected;
-    item["found"] = issue.found;
-    issues.push_back(item);
-  }
-  manifest["issues"] = issues;
-  root["manifest"] = manifest;
-  root["notes"] = report.notes;
+  for (const ManifestIssue &issue : m.issues)
+    issues.push_back(Json{{"kind", issue.kind}, {"tensor", issue.tensor},
+                          {"expected", issue.expected}, {"found", issue.found}});
+  Json manifest = {{"checked", m.checked}, {"file", m.file}, {"tensors", m.tensors},
+                   {"expected_tensors", m.expectedTensors}, {"shards", m.shards},
+                   {"headers_read", m.headersRead}, {"issues", issues}};
+
   Json assumptions = Json::array();
-  for (const ReportedAssumption &a : report.assumptions) {
-    Json item = Json::object();
-    item["feature"] = a.feature;
-    item["basis"] = a.basis;
-    item["confirm_by"] = a.confirmBy;
-    item["status"] = a.status;
-    assumptions.push_back(item);
-  }
-  root["assumptions"] = assumptions;
+  for (const ReportedAssumption &a : report.assumptions)
+    assumptions.push_back(Json{{"feature", a.feature}, {"basis", a.basis},
+                               {"confirm_by", a.confirmBy}, {"status", a.status}});
+
+  Json root = {{"schema_version", report.schemaVersion},
+               {"source", report.source},
+               {"model", {{"model_type", report.modelType},
+                          {"architecture", report.architecture},
+                          {"family", report.family}}},
+               {"summary", report.summary},
+               {"has_gaps", report.hasGaps()},
+               {"status_counts", statusJson},
+               {"parameters", params},
+               {"components", components},
+               {"unknown_config_keys", unknown},
+               {"manifest", manifest},
+               {"notes", report.notes},
+               {"assumptions", assumptions}};
   std::string out;
   appendJson(root, 0, out);
   return out + "\n";
@@ -466,13 +433,11 @@ std::string renderGapsMarkdown(const GapReport &report) {
       {"MTP", p.mtp},
       {"Encoders", p.encoders}};
   for (const auto &[name, count] : rows)
-    md += std::string("| ") + name + " | " + formatParameterCount(count) +
-          " | " + groupThousands(count) + " |\n";
+    md += markdownRow({name, formatParameterCount(count), groupThousands(count)});
   if (!p.byComponent.empty()) {
     md += "\n| Component kind | Parameters | Exact |\n|---|---:|---:|\n";
     for (const auto &[kind, count] : p.byComponent)
-      md += "| " + markdownCode(kind) + " | " + formatParameterCount(count) +
-            " | " + groupThousands(count) + " |\n";
+      md += markdownRow({markdownCode(kind), formatParameterCount(count), groupThousands(count)});
   }
 
   md += "\n## Components\n\n";
@@ -500,11 +465,9 @@ std::string renderGapsMarkdown(const GapReport &report) {
       std::string params = formatParameterCount(c->parameters);
       if (c->activeParameters != c->parameters)
         params += " (" + formatParameterCount(c->activeParameters) + " active)";
-      md += "| " + status + " | " + markdownCode(c->id) + " | " +
-            markdownCode(c->op) + " | " + markdownEscape(c->variant) +
-            " | " + (layers.empty() ? "-" : layers) + " | " + params + " | " +
-            (blocked.empty() ? "-" : blocked) + " | " +
-            (why.empty() ? "-" : why) + " |\n";
+      md += markdownRow({status, markdownCode(c->id), markdownCode(c->op),
+                         markdownEscape(c->variant), layers.empty() ? "-" : layers, params,
+                         blocked.empty() ? "-" : blocked, why.empty() ? "-" : why});
     }
   }
 
@@ -518,8 +481,8 @@ std::string renderGapsMarkdown(const GapReport &report) {
     md += "| Key | Value | Possibly significant |\n|---|---|---|\n";
     for (const auto &[path, value] : report.unknownConfigKeys) {
       const std::string hint = structuralHint(path);
-      md += "| " + markdownCode(path) + " | " + markdownCode(value) + " | " +
-            (hint.empty() ? std::string("-") : "**yes**: " + markdownEscape(hint)) + " |\n";
+      md += markdownRow({markdownCode(path), markdownCode(value),
+                         hint.empty() ? std::string("-") : "**yes**: " + markdownEscape(hint)});
     }
   }
 
@@ -542,10 +505,8 @@ std::string renderGapsMarkdown(const GapReport &report) {
       size_t shown = std::min(m.issues.size(), kMarkdownIssueRows);
       for (size_t i = 0; i < shown; ++i) {
         const ManifestIssue &issue = m.issues[i];
-        md += "| " + markdownEscape(issue.kind) + " | " +
-              markdownCode(issue.tensor) + " | " +
-              markdownCode(issue.expected) + " | " +
-              markdownCode(issue.found) + " |\n";
+        md += markdownRow({markdownEscape(issue.kind), markdownCode(issue.tensor),
+                           markdownCode(issue.expected), markdownCode(issue.found)});
       }
       if (m.issues.size() > shown)
         md += "\n... and " + std::to_string(m.issues.size() - shown) +
@@ -567,8 +528,8 @@ std::string renderGapsMarkdown(const GapReport &report) {
           "*confirmed* means the manifest lists the tensor that shows it.\n\n"
           "| Feature | Status | Would be confirmed by | Why assumed |\n|---|---|---|---|\n";
     for (const ReportedAssumption &a : report.assumptions)
-      md += "| " + markdownEscape(a.feature) + " | " + markdownEscape(a.status) + " | " +
-            markdownCode(a.confirmBy) + " | " + markdownEscape(a.basis) + " |\n";
+      md += markdownRow({markdownEscape(a.feature), markdownEscape(a.status),
+                         markdownCode(a.confirmBy), markdownEscape(a.basis)});
   }
 
   if (!report.notes.empty()) {

@@ -14,6 +14,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "tools/BuildCommand.h"
+#include "tools/CommandLine.h"
 #include "parser/AtomicFile.h"
 #include "tools/ModelAnalysis.h"
 
@@ -71,24 +72,22 @@ bool parseNumber(const std::string &text, double &out) {
 bool parseBuildArgs(int argc, char **argv, BuildOptions &o, std::string &error) {
   for (int i = 2; i < argc; ++i) {
     std::string arg = argv[i];
-    auto value = [&](std::string &into) {
-      if (i + 1 >= argc) {
-        error = arg + " expects a value";
-        return false;
-      }
-      into = argv[++i];
-      return true;
-    };
+    auto value = [&](std::string &into) { return takeFlagValue(argc, argv, i, into, error); };
     std::string text;
-    if (arg == "--out" || arg == "-o") {
-      if (!value(o.out))
+    std::string *into = findFlag<std::string>(arg, {{"--out", &o.out},
+                                                    {"-o", &o.out},
+                                                    {"--runtime-dir", &o.runtimeDir},
+                                                    {"--registry", &o.registry},
+                                                    {"--plan", &o.planPath}});
+    bool *isSet = findFlag<bool>(arg, {{"--rslora", &o.rslora},
+                                       {"--lora-router", &o.router},
+                                       {"--no-compile", &o.noCompile},
+                                       {"--allow-gaps", &o.allowGaps}});
+    if (into) {
+      if (!value(*into))
         return false;
-    } else if (arg == "--runtime-dir") {
-      if (!value(o.runtimeDir))
-        return false;
-    } else if (arg == "--registry") {
-      if (!value(o.registry))
-        return false;
+    } else if (isSet) {
+      *isSet = true;
     } else if (arg == "--lora-targets") {
       if (!value(text))
         return false;
@@ -126,36 +125,15 @@ bool parseBuildArgs(int argc, char **argv, BuildOptions &o, std::string &error) 
         error = "--lora-dropout expects a number in [0, 1), found \"" + text + "\"";
         return false;
       }
-    } else if (arg == "--rslora") {
-      o.rslora = true;
-    } else if (arg == "--lora-router") {
-      o.router = true;
-    } else if (arg == "--no-compile") {
-      o.noCompile = true;
-    } else if (arg == "--plan") {
-      if (!value(o.planPath))
-        return false;
-    } else if (arg == "--allow-gaps") {
-      o.allowGaps = true;
-    } else if (!arg.empty() && arg[0] == '-') {
-      error = "unknown option " + arg;
-      return false;
-    } else if (o.path.empty()) {
-      o.path = arg;
-    } else {
-      error = "unexpected argument " + arg;
+    } else if (!takePositional(arg, o.path, error)) {
       return false;
     }
   }
-  if (o.path.empty()) {
+  if (o.path.empty())
     error = "build expects a PATH";
-    return false;
-  }
-  if (o.out.empty()) {
+  else if (o.out.empty())
     error = "build expects --out DIR";
-    return false;
-  }
-  return true;
+  return error.empty();
 }
 
 /// Diagnostics as the CLI's one-line messages.

@@ -17,6 +17,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "tools/GenerateCommand.h"
+#include "tools/CommandLine.h"
 
 #include "agent/Agent.h"
 #include "ir/AdaptDialect.h"
@@ -29,9 +30,11 @@
 #include "mlir/IR/MLIRContext.h"
 #include "llvm/Support/raw_ostream.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <iostream>
+#include <iterator>
 
 namespace adapt {
 
@@ -121,6 +124,16 @@ int runGenerateCommand(int argc, char **argv) {
     into = v;
     return std::string();
   };
+  /// An integer flag of type int: the range it accepts and the option it sets.
+  struct IntegerFlag {
+    const char *name;
+    int64_t min, max;
+    int *into;
+  };
+  const IntegerFlag integerFlags[] = {{"--max-attempts", 1, 100, &o.llm.maxAttempts},
+                                      {"--timeout", 1, 3600, &o.llm.requestTimeoutS},
+                                      {"--retries", 0, 20, &o.llm.retries},
+                                      {"--test-timeout", 1, 3600, &o.llm.testTimeoutS}};
   for (int i = 2; i < argc; ++i) {
     std::string arg = argv[i];
     bool takesValue = arg == "--out" || arg == "-o" || arg == "--registry" ||
@@ -133,54 +146,35 @@ int runGenerateCommand(int argc, char **argv) {
     std::string v = takesValue ? argv[++i] : "";
     int64_t n = 0;
     std::string err;
-    if (arg == "--out" || arg == "-o")
-      o.out = v;
-    else if (arg == "--registry")
-      o.registry = v;
-    else if (arg == "--endpoint")
-      o.llm.baseUrl = v;
-    else if (arg == "--model")
-      o.llm.model = v;
-    else if (arg == "--api-key")
-      o.llm.apiKey = v;
-    else if (arg == "--only")
-      o.only = v;
-    else if (arg == "--target") {
+    const IntegerFlag *integer = std::find_if(
+        std::begin(integerFlags), std::end(integerFlags),
+        [&](const IntegerFlag &flag) { return arg == flag.name; });
+    if (std::string *into = findFlag<std::string>(
+            arg, {{"--out", &o.out}, {"-o", &o.out}, {"--registry", &o.registry},
+                  {"--endpoint", &o.llm.baseUrl}, {"--model", &o.llm.model},
+                  {"--api-key", &o.llm.apiKey}, {"--only", &o.only}})) {
+      *into = v;
+    } else if (integer != std::end(integerFlags)) {
+      if (!(err = number(arg, v, integer->min, integer->max, n)).empty())
+        return usageError(err);
+      *integer->into = int(n);
+    } else if (arg == "--target") {
       if (v != "libtorch" && v != "cuda")
         return usageError("--target expects libtorch or cuda, found \"" + v + "\"");
       o.llm.target = v;
-    } else if (arg == "--max-attempts") {
-      if (!(err = number(arg, v, 1, 100, n)).empty())
-        return usageError(err);
-      o.llm.maxAttempts = int(n);
     } else if (arg == "--max-tokens") {
       if (!(err = number(arg, v, 1, 100000000, n)).empty())
         return usageError(err);
       o.llm.maxTokens = n;
-    } else if (arg == "--timeout") {
-      if (!(err = number(arg, v, 1, 3600, n)).empty())
-        return usageError(err);
-      o.llm.requestTimeoutS = int(n);
-    } else if (arg == "--retries") {
-      if (!(err = number(arg, v, 0, 20, n)).empty())
-        return usageError(err);
-      o.llm.retries = int(n);
     } else if (arg == "--flag-speedup") {
       char *end = nullptr;
       double x = std::strtod(v.c_str(), &end);
       if (v.empty() || *end || !(x > 0) || !std::isfinite(x))
         return usageError("--flag-speedup expects a positive number, found \"" + v + "\"");
       o.llm.flagSpeedup = x;
-    } else if (arg == "--test-timeout") {
-      if (!(err = number(arg, v, 1, 3600, n)).empty())
-        return usageError(err);
-      o.llm.testTimeoutS = int(n);
-    } else if (!arg.empty() && arg[0] == '-')
-      return usageError("unknown option " + arg);
-    else if (o.path.empty())
-      o.path = arg;
-    else
-      return usageError("unexpected argument " + arg);
+    } else if (!takePositional(arg, o.path, err)) {
+      return usageError(err);
+    }
   }
   if (o.path.empty())
     return usageError("generate expects a PATH");

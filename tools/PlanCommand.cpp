@@ -12,6 +12,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "tools/PlanCommand.h"
+#include "tools/CommandLine.h"
 
 #include "ir/AdaptDialect.h"
 #include "parser/InputError.h"
@@ -110,12 +111,7 @@ int runPlanCommand(int argc, char **argv) {
       std::cout << "usage:\n" << kPlanUsage;
       return kExitOk;
     }
-    auto value = [&](std::string &into) {
-      if (i + 1 >= argc)
-        return false;
-      into = argv[++i];
-      return true;
-    };
+    auto value = [&](std::string &into) { return takeFlagValue(argc, argv, i, into); };
     std::string text;
     if (arg.rfind("--", 0) == 0 && arg != "--out" && arg != "--registry" && !value(text))
       return usageError(arg + " expects a value");

@@ -17,6 +17,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "tools/ReviewCommand.h"
+#include "tools/CommandLine.h"
 
 #include "agent/Agent.h"
 #include "agent/ReviewKey.h"
@@ -314,34 +315,18 @@ int runReviewCommand(int argc, char **argv) {
   std::string dir, approve, reject, reason, by, exportPath, registryPath, only;
   bool approveNonCritical = false;
   for (int i = 2; i < argc; ++i) {
-    std::string arg = argv[i];
-    bool takesValue = arg == "--approve" || arg == "--reject" || arg == "--reason" ||
-                      arg == "--by" || arg == "--export" || arg == "--registry" || arg == "--only";
-    if (takesValue && i + 1 >= argc)
-      return usageError(arg + " expects a value");
-    std::string v = takesValue ? argv[++i] : "";
-    if (arg == "--approve")
-      approve = v;
-    else if (arg == "--reject")
-      reject = v;
-    else if (arg == "--reason")
-      reason = v;
-    else if (arg == "--by")
-      by = v;
-    else if (arg == "--export")
-      exportPath = v;
-    else if (arg == "--registry")
-      registryPath = v;
-    else if (arg == "--only")
-      only = v;
-    else if (arg == "--approve-noncritical")
+    std::string arg = argv[i], error;
+    if (std::string *into = findFlag<std::string>(
+            arg, {{"--approve", &approve}, {"--reject", &reject}, {"--reason", &reason},
+                  {"--by", &by}, {"--export", &exportPath}, {"--registry", &registryPath},
+                  {"--only", &only}})) {
+      if (!takeFlagValue(argc, argv, i, *into))
+        return usageError(arg + " expects a value");
+    } else if (arg == "--approve-noncritical") {
       approveNonCritical = true;
-    else if (!arg.empty() && arg[0] == '-')
-      return usageError("unknown option " + arg);
-    else if (dir.empty())
-      dir = arg;
-    else
-      return usageError("unexpected argument " + arg);
+    } else if (!takePositional(arg, dir, error)) {
+      return usageError(error);
+    }
   }
   if (dir.empty())
     return usageError("review expects a DIR (the --out of `adapt generate`)");

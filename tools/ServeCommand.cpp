@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "tools/ServeCommand.h"
+#include "tools/CommandLine.h"
 #include "tools/mcp/McpServer.h"
 
 #include <algorithm>
@@ -61,12 +62,7 @@ int runServeCommand(int argc, char **argv) {
     options.bearerToken = token;
   for (int i = 2; i < argc; ++i) {
     std::string arg = argv[i];
-    auto value = [&](std::string &into) {
-      if (i + 1 >= argc)
-        return false;
-      into = argv[++i];
-      return true;
-    };
+    auto value = [&](std::string &into) { return takeFlagValue(argc, argv, i, into); };
     std::string text;
     long long number = 0;
     if (arg == "--port") {

@@ -17,6 +17,7 @@
 
 #include "parser/InputError.h"
 #include "tools/BuildCommand.h"
+#include "tools/CommandLine.h"
 #include "tools/ParallelStage.h"
 
 #include "llvm/Support/FileSystem.h"
@@ -163,33 +164,18 @@ int runValidateCommand(int argc, char **argv) {
   ValidateOptions o;
   for (int i = 2; i < argc; ++i) {
     std::string arg = argv[i];
-    auto value = [&](std::string &into) {
-      if (i + 1 >= argc)
-        return false;
-      into = argv[++i];
-      return true;
-    };
-    bool ok = true;
-    if (arg == "--stage")
-      ok = value(o.stage);
-    else if (arg == "--out")
-      ok = value(o.out);
-    else if (arg == "--fixture")
-      ok = value(o.fixture);
-    else if (arg == "--runtime-dir")
-      ok = value(o.runtimeDir);
-    else if (arg == "--layouts")
-      ok = value(o.layouts);
-    else if (arg == "--steps")
-      ok = value(o.steps);
-    else if (!arg.empty() && arg[0] == '-')
-      return usage("unknown option " + arg);
-    else if (o.path.empty())
-      o.path = arg;
-    else
-      return usage("unexpected argument " + arg);
-    if (!ok)
-      return usage(arg + " expects a value");
+    std::string error;
+    if (std::string *into = findFlag<std::string>(arg, {{"--stage", &o.stage},
+                                                        {"--out", &o.out},
+                                                        {"--fixture", &o.fixture},
+                                                        {"--runtime-dir", &o.runtimeDir},
+                                                        {"--layouts", &o.layouts},
+                                                        {"--steps", &o.steps}})) {
+      if (!takeFlagValue(argc, argv, i, *into))
+        return usage(arg + " expects a value");
+    } else if (!takePositional(arg, o.path, error)) {
+      return usage(error);
+    }
   }
   if (o.path.empty() || o.out.empty() || o.stage.empty())
     return usage("validate expects PATH, --stage and --out DIR");

@@ -19,6 +19,7 @@
 #include "passes/Passes.h"
 #include "passes/ReportWriter.h"
 #include "tools/BuildCommand.h"
+#include "tools/CommandLine.h"
 #include "tools/DataCommand.h"
 
 #include "llvm/ADT/StringRef.h"
@@ -104,46 +105,23 @@ bool parseArgs(int argc, char **argv, Options &opts, std::string &error) {
   opts.command = argv[1];
   for (int i = 2; i < argc; ++i) {
     std::string arg = argv[i];
-    auto value = [&](std::string &into) {
-      if (i + 1 >= argc) {
-        error = arg + " expects a value";
+    if (std::string *into = findFlag<std::string>(arg, {{"--out", &opts.out},
+                                                        {"-o", &opts.out},
+                                                        {"--emit", &opts.emit},
+                                                        {"--registry", &opts.registry}})) {
+      if (!takeFlagValue(argc, argv, i, *into, error))
         return false;
-      }
-      into = argv[++i];
-      return true;
-    };
-    if (arg == "--out" || arg == "-o") {
-      if (!value(opts.out))
-        return false;
-    } else if (arg == "--emit") {
-      if (!value(opts.emit))
-        return false;
-    } else if (arg == "--registry") {
-      if (!value(opts.registry))
-        return false;
-    } else if (!arg.empty() && arg[0] == '-') {
-      error = "unknown option " + arg;
-      return false;
-    } else if (opts.path.empty()) {
-      opts.path = arg;
-    } else {
-      error = "unexpected argument " + arg;
+    } else if (!takePositional(arg, opts.path, error)) {
       return false;
     }
   }
-  if (opts.path.empty()) {
+  if (opts.path.empty())
     error = "expected a PATH";
-    return false;
-  }
-  if (opts.command == "gaps" && opts.out.empty()) {
+  else if (opts.command == "gaps" && opts.out.empty())
     error = "gaps expects --out DIR";
-    return false;
-  }
-  if (opts.emit != "summary" && opts.emit != "mlir" && opts.emit != "analysed") {
+  else if (opts.emit != "summary" && opts.emit != "mlir" && opts.emit != "analysed")
     error = "--emit expects summary, mlir or analysed";
-    return false;
-  }
-  return true;
+  return error.empty();
 }
 
 /// `adapt tiny FAMILY --out DIR [--seed N] [--layers N] [--quant Q]`.
@@ -187,12 +165,8 @@ int runTiny(int argc, char **argv) {
       options.quant = argv[++i];
       if (options.quant != "fp8" && options.quant != "mxfp4")
         error = "--quant expects fp8 or mxfp4, found \"" + options.quant + "\"";
-    } else if (!arg.empty() && arg[0] == '-') {
-      error = "unknown option " + arg;
-    } else if (options.family.empty()) {
-      options.family = arg;
     } else {
-      error = "unexpected argument " + arg;
+      takePositional(arg, options.family, error);
     }
   }
   if (error.empty() && options.family.empty())

@@ -90,26 +90,22 @@ std::vector<CheckCase> attentionCases(const Params &model, uint64_t seed) {
                                         {7, 8, 4, 4, 10, false}};
   if (sliding && modelWindow <= 256)
     shapes.push_back({modelWindow + 5, 2, 1, 8, modelWindow, false}); // The model's window.
-  std::vector<CheckCase> cases;
-  for (const AttentionShape &s : shapes) {
-    torch::manual_seed(seed + s.tokens * 53 + s.heads * 7 + s.headDim);
-    CheckCase c;
-    c.shown = s.shownInPrompt;
-    int64_t window = sliding ? s.window : 0;
-    c.shape = shapeText({{"T", s.tokens}, {"Hq", s.heads}, {"Hkv", s.kvHeads}, {"D", s.headDim}});
-    if (sliding)
-      c.shape += " window=" + std::to_string(window);
-    c.params = model;
-    c.params["window"] = double(window);
-    c.params["use_sinks"] = sinks ? 1.0 : 0.0;
-    c.params["scale"] = 1.0 / std::sqrt(double(s.headDim));
-    c.inputs = {{"q", torch::randn({s.tokens, s.heads, s.headDim}, torch::kFloat64), true},
-                {"k", torch::randn({s.tokens, s.kvHeads, s.headDim}, torch::kFloat64), true},
-                {"v", torch::randn({s.tokens, s.kvHeads, s.headDim}, torch::kFloat64), true},
-                {"sinks", torch::randn({s.heads}, torch::kFloat64), sinks}};
-    cases.push_back(std::move(c));
-  }
-  return cases;
+  return casesOf(
+      shapes, [&](const AttentionShape &s) { return seed + s.tokens * 53 + s.heads * 7 + s.headDim; },
+      [&](const AttentionShape &s, CheckCase &c) {
+        int64_t window = sliding ? s.window : 0;
+        c.shape = shapeText({{"T", s.tokens}, {"Hq", s.heads}, {"Hkv", s.kvHeads}, {"D", s.headDim}});
+        if (sliding)
+          c.shape += " window=" + std::to_string(window);
+        c.params = model;
+        c.params["window"] = double(window);
+        c.params["use_sinks"] = sinks ? 1.0 : 0.0;
+        c.params["scale"] = 1.0 / std::sqrt(double(s.headDim));
+        c.inputs = {{"q", torch::randn({s.tokens, s.heads, s.headDim}, torch::kFloat64), true},
+                    {"k", torch::randn({s.tokens, s.kvHeads, s.headDim}, torch::kFloat64), true},
+                    {"v", torch::randn({s.tokens, s.kvHeads, s.headDim}, torch::kFloat64), true},
+                    {"sinks", torch::randn({s.heads}, torch::kFloat64), sinks}};
+      });
 }
 
 } // namespace

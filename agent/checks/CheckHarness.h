@@ -64,6 +64,30 @@ struct TaskSpec {
       [](const Params &) { return std::string(); };
 };
 
+/// One case per shape of \p shapes, each with torch seeded by
+/// \p seedOf(shape) first (so a case's inputs depend on the seed and its shape
+/// alone) and shown in the prompt as the shape says; \p fill sets the rest
+/// (shape text, params, inputs). Every task's case list is built this way.
+template <typename Shapes, typename SeedFn, typename FillFn>
+std::vector<CheckCase> casesOf(const Shapes &shapes, SeedFn seedOf, FillFn fill) {
+  std::vector<CheckCase> cases;
+  for (const auto &shape : shapes) {
+    torch::manual_seed(seedOf(shape));
+    CheckCase c;
+    c.shown = shape.shownInPrompt;
+    fill(shape, c);
+    cases.push_back(std::move(c));
+  }
+  return cases;
+}
+
+/// \p model's params with \p defaults added for those the model does not set.
+inline Params withDefaults(Params model, const Params &defaults) {
+  for (const auto &[key, value] : defaults)
+    model.emplace(key, value);
+  return model;
+}
+
 /// The first of \p keys that \p p lacks, as an error text ("" when none).
 inline std::string requireParams(const Params &p, std::initializer_list<const char *> keys,
                                  const std::string &why) {

@@ -44,20 +44,16 @@ std::vector<CheckCase> gluCases(const Params &model, uint64_t seed) {
   static const Shape shapes[] = {{5, 16, true}, {7, 33, false}, {1, 1, false},
                                  {13, 64, false}, {3, 257, false}};
   double limit = param(model, "limit", 7.0);
-  std::vector<CheckCase> cases;
-  for (const Shape &s : shapes) {
-    torch::manual_seed(seed + s.tokens * 17 + s.width);
-    CheckCase c;
-    c.shown = s.shownInPrompt;
-    c.shape = shapeText({{"T", s.tokens}, {"I", s.width}});
-    c.params = model;
-    c.params.emplace("clamped", 0.0);
-    double spread = param(model, "clamped", 0) != 0 ? 0.8 * limit : 3.0;
-    c.inputs = {{"gate", torch::randn({s.tokens, s.width}, torch::kFloat64) * spread, true},
-                {"up", torch::randn({s.tokens, s.width}, torch::kFloat64) * spread, true}};
-    cases.push_back(std::move(c));
-  }
-  return cases;
+  return casesOf(
+      shapes, [&](const Shape &s) { return seed + s.tokens * 17 + s.width; },
+      [&](const Shape &s, CheckCase &c) {
+        c.shape = shapeText({{"T", s.tokens}, {"I", s.width}});
+        c.params = model;
+        c.params.emplace("clamped", 0.0);
+        double spread = param(model, "clamped", 0) != 0 ? 0.8 * limit : 3.0;
+        c.inputs = {{"gate", torch::randn({s.tokens, s.width}, torch::kFloat64) * spread, true},
+                    {"up", torch::randn({s.tokens, s.width}, torch::kFloat64) * spread, true}};
+      });
 }
 
 } // namespace

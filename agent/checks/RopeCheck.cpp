@@ -184,34 +184,29 @@ std::vector<CheckCase> ropeCases(const Params &model, uint64_t seed) {
               {1, 5, 8, 8, 0, 0, 0, false},   {13, 1, 34, 34, 0, 0, 0, false},
               {4, 4, 20, 8, 0, 0, 0, false},  {3, 2, 128, 128, 0, 0, 0, false}};
   }
-  std::vector<CheckCase> cases;
-  for (const RopeShape &s : shapes) {
-    torch::manual_seed(seed + s.tokens * 37 + s.headDim);
-    CheckCase c;
-    c.shown = s.shownInPrompt;
-    c.shape = shapeText({{"T", s.tokens}, {"H", s.heads}, {"D", s.headDim},
-                         {"rotary_dim", s.rotaryDim}});
-    if (mrope)
-      c.shape += " mrope_section=[" + std::to_string(s.sectionT) + "," +
-                 std::to_string(s.sectionH) + "," + std::to_string(s.sectionW) + "]";
-    c.params = model;
-    for (const auto &[key, value] :
-         Params{{"theta", 10000.0}, {"scaling", 0}, {"interleaved", 0}, {"mrope", 0}})
-      c.params.emplace(key, value); // Defaults where the model says nothing.
-    c.params["rotary_dim"] = double(s.rotaryDim);
-    if (mrope) {
-      c.params["mrope_section_t"] = double(s.sectionT);
-      c.params["mrope_section_h"] = double(s.sectionH);
-      c.params["mrope_section_w"] = double(s.sectionW);
-    }
-    // Positions stay small (< 24) so fp32 angles are exact to ~1e-6: the
-    // tolerance then measures the candidate, not fp32 rounding of angles.
-    torch::Tensor positions = torch::randint(0, 24, {mrope ? 3 : 1, s.tokens}, torch::kLong);
-    torch::Tensor x = torch::rand({s.tokens, s.heads, s.headDim}, torch::kFloat64) * 2 - 1;
-    c.inputs = {{"x", x, true}, {"positions", positions, false}};
-    cases.push_back(std::move(c));
-  }
-  return cases;
+  return casesOf(
+      shapes, [&](const RopeShape &s) { return seed + s.tokens * 37 + s.headDim; },
+      [&](const RopeShape &s, CheckCase &c) {
+        c.shape = shapeText({{"T", s.tokens}, {"H", s.heads}, {"D", s.headDim},
+                             {"rotary_dim", s.rotaryDim}});
+        if (mrope)
+          c.shape += " mrope_section=[" + std::to_string(s.sectionT) + "," +
+                     std::to_string(s.sectionH) + "," + std::to_string(s.sectionW) + "]";
+        // Defaults where the model says nothing.
+        c.params =
+            withDefaults(model, {{"theta", 10000.0}, {"scaling", 0}, {"interleaved", 0}, {"mrope", 0}});
+        c.params["rotary_dim"] = double(s.rotaryDim);
+        if (mrope) {
+          c.params["mrope_section_t"] = double(s.sectionT);
+          c.params["mrope_section_h"] = double(s.sectionH);
+          c.params["mrope_section_w"] = double(s.sectionW);
+        }
+        // Positions stay small (< 24) so fp32 angles are exact to ~1e-6: the
+        // tolerance then measures the candidate, not fp32 rounding of angles.
+        torch::Tensor positions = torch::randint(0, 24, {mrope ? 3 : 1, s.tokens}, torch::kLong);
+        torch::Tensor x = torch::rand({s.tokens, s.heads, s.headDim}, torch::kFloat64) * 2 - 1;
+        c.inputs = {{"x", x, true}, {"positions", positions, false}};
+      });
 }
 
 } // namespace

@@ -97,30 +97,25 @@ std::vector<CheckCase> routingCases(const Params &model, uint64_t seed) {
   static const RoutingShape shapes[] = {{5, 8, 2, 4, 2, true},   {7, 16, 4, 4, 2, false},
                                         {3, 12, 3, 3, 1, false}, {11, 6, 2, 1, 1, false},
                                         {2, 32, 8, 8, 4, false}};
-  std::vector<CheckCase> cases;
-  for (const RoutingShape &s : shapes) {
-    torch::manual_seed(seed + s.tokens * 131 + s.experts);
-    CheckCase c;
-    c.shown = s.shownInPrompt;
-    c.shape = shapeText({{"T", s.tokens}, {"E", s.experts}, {"top_k", s.topK},
-                         {"n_group", s.groups}, {"topk_group", s.topkGroups}});
-    c.params = model;
-    for (const auto &[key, value] : Params{{"scoring", 0}, {"use_bias", 1},
-                                           {"norm_topk_prob", 1}, {"routed_scaling_factor", 1.0}})
-      c.params.emplace(key, value); // Defaults where the model says nothing.
-    c.params["top_k"] = double(s.topK);
-    c.params["n_group"] = double(s.groups);
-    c.params["topk_group"] = double(s.topkGroups);
-    // Distinct logits (a permutation plus small noise): no near-ties in top-k.
-    torch::Tensor logits = torch::empty({s.tokens, s.experts}, torch::kFloat64);
-    for (int64_t t = 0; t < s.tokens; ++t)
-      logits[t] = (torch::randperm(s.experts, torch::kFloat64) +
-                   0.3 * torch::rand({s.experts}, torch::kFloat64)) * (3.0 / s.experts);
-    c.inputs = {{"logits", logits, true},
-                {"bias", 0.05 * torch::randn({s.experts}, torch::kFloat64), false}};
-    cases.push_back(std::move(c));
-  }
-  return cases;
+  return casesOf(
+      shapes, [&](const RoutingShape &s) { return seed + s.tokens * 131 + s.experts; },
+      [&](const RoutingShape &s, CheckCase &c) {
+        c.shape = shapeText({{"T", s.tokens}, {"E", s.experts}, {"top_k", s.topK},
+                             {"n_group", s.groups}, {"topk_group", s.topkGroups}});
+        // Defaults where the model says nothing.
+        c.params =
+            withDefaults(model, {{"scoring", 0}, {"use_bias", 1}, {"norm_topk_prob", 1}, {"routed_scaling_factor", 1.0}});
+        c.params["top_k"] = double(s.topK);
+        c.params["n_group"] = double(s.groups);
+        c.params["topk_group"] = double(s.topkGroups);
+        // Distinct logits (a permutation plus small noise): no near-ties in top-k.
+        torch::Tensor logits = torch::empty({s.tokens, s.experts}, torch::kFloat64);
+        for (int64_t t = 0; t < s.tokens; ++t)
+          logits[t] = (torch::randperm(s.experts, torch::kFloat64) +
+                       0.3 * torch::rand({s.experts}, torch::kFloat64)) * (3.0 / s.experts);
+        c.inputs = {{"logits", logits, true},
+                    {"bias", 0.05 * torch::randn({s.experts}, torch::kFloat64), false}};
+      });
 }
 
 } // namespace

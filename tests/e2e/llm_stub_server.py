@@ -84,15 +84,18 @@ torch::Tensor adapt_candidate(const std::vector<torch::Tensor> &inputs,
 }
 """
 
-HANG = HEADER + r"""
-torch::Tensor adapt_candidate(const std::vector<torch::Tensor> &inputs,
-                              const std::map<std::string, double> &params) {
-  volatile bool forever = true;
+# The end of a candidate that never returns (the sandbox must time it out).
+SPIN_FOREVER = r"""  volatile bool forever = true;
   while (forever) {
   }
   return inputs[0];
 }
 """
+
+HANG = HEADER + r"""
+torch::Tensor adapt_candidate(const std::vector<torch::Tensor> &inputs,
+                              const std::map<std::string, double> &params) {
+""" + SPIN_FOREVER
 
 # --- the other op-stage tasks (rope, attention_core, glu_activation) ---
 
@@ -323,12 +326,7 @@ torch::Tensor adapt_candidate(const std::vector<torch::Tensor> &inputs,
     std::fputs("pwned", f);
     std::fclose(f);
   }
-  volatile bool forever = true;
-  while (forever) {
-  }
-  return inputs[0];
-}
-"""
+""" + SPIN_FOREVER
 # Writes a passing verdict wherever one might be read, then exits 0 before
 # producing any output: the judge must not believe it.
 FORGE = HEADER + r"""

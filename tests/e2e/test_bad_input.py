@@ -140,19 +140,20 @@ class BadInput(unittest.TestCase):
         self.edit_config(lambda c: c.update(padding="x" * (20 << 20)))
         self.expect_bad("config.json", "MiB")
 
+    def replace_file(self, name, make):
+        """Removes the model's file NAME and lets make(path) put something else in its place."""
+        path = os.path.join(self.model, name)
+        os.remove(path)
+        make(path)
+
     def test_special_file_as_config(self):
-        path = os.path.join(self.model, "config.json")
-        os.remove(path)
-        os.symlink("/dev/zero", path)
+        self.replace_file("config.json", lambda path: os.symlink("/dev/zero", path))
         self.expect_bad("config.json", "regular file")
-        os.remove(path)
-        os.mkfifo(path)
+        self.replace_file("config.json", os.mkfifo)
         self.expect_bad("config.json", "regular file")
 
     def test_special_file_as_index(self):
-        path = os.path.join(self.model, "model.safetensors.index.json")
-        os.remove(path)
-        os.symlink("/dev/zero", path)
+        self.replace_file("model.safetensors.index.json", lambda path: os.symlink("/dev/zero", path))
         self.expect_bad("model.safetensors.index.json", "regular file")
 
     def test_shard_header_disagrees_with_the_index(self):

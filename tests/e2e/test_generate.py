@@ -32,6 +32,7 @@ import time
 import unittest
 
 import llm_stub_server
+from testutil import ScratchTestCase, read_json, read_text
 
 ADAPT = None
 CHECKER = None
@@ -58,19 +59,37 @@ def model(name):
     return path
 
 
+def candidate_file(out, cid, name):
+    """The path of \\p name in candidate \\p cid's folder under \\p out."""
+    return os.path.join(out, "candidates", cid, name)
+
+
 def candidate(out, cid):
-    with open(os.path.join(out, "candidates", cid, "candidate.json")) as f:
-        return json.load(f)
+    return read_json(candidate_file(out, cid, "candidate.json"))
 
 
-class Reuse(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.work = tempfile.mkdtemp(prefix="adapt-generate-")
+def registry_entry(out, cid):
+    """The registry entry candidate \\p cid proposes."""
+    return read_json(candidate_file(out, cid, "registry-entry.json"))
 
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.work, ignore_errors=True)
+
+def reuse_candidate(test, out, cid, rule):
+    """Candidate \\p cid under \\p out, which reuse rule \\p rule must have made, and the
+    registry entry it proposes."""
+    c = candidate(out, cid)
+    test.assertEqual(c["rule"], rule)
+    return c, registry_entry(out, c["id"])
+
+
+def generate_for(test, name, out, *extra):
+    """Runs `adapt generate` on the shared model \\p name into \\p out; it must succeed."""
+    proc = run(ADAPT, "generate", model(name), "--out", out, *extra)
+    test.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+    return proc
+
+
+class Reuse(ScratchTestCase):
+    WORK_PREFIX = "adapt-generate-"
 
     def test_kimi_delta_from_gated_delta_rule(self):
         with open(REGISTRY) as f:
@@ -82,15 +101,12 @@ class Reuse(unittest.TestCase):
         with open(planned, "w") as f:
             json.dump(registry, f)
         out = os.path.join(self.work, "kimi-linear")
-        proc = run(ADAPT, "generate", model("Kimi-Linear-48B-A3B"), "--out", out,
-                   "--registry", planned)
-        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        proc = generate_for(self, "Kimi-Linear-48B-A3B", out, "--registry", planned)
         self.assertIn("rule composition", proc.stdout)
         c = candidate(out, "linear_attention.kimi_delta")
         self.assertEqual((c["kind"], c["rule"], c["status"], c["critical"]),
                          ("reuse", "composition", "proposed", True))
-        with open(os.path.join(out, "candidates", c["id"], "registry-entry.json")) as f:
-            entry = json.load(f)
+        entry = registry_entry(out, c["id"])
         self.assertEqual(entry["status"], "implemented")
         self.assertTrue(entry["forward"] and entry["backward"])
         self.assertEqual(entry["composed_of"][0], "linear_attention.gated_delta_rule")
@@ -105,29 +121,18 @@ class Reuse(unittest.TestCase):
 
     def test_renamed_weight_and_parameter_remap(self):
         out = os.path.join(self.work, "hunyuan")
-        proc = run(ADAPT, "generate", model("Hunyuan-A13B"), "--out", out)
-        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
-        moe = candidate(out, "moe.softmax.shared")
-        self.assertEqual(moe["rule"], "renamed_weight")
-        with open(os.path.join(out, "candidates", moe["id"], "registry-entry.json")) as f:
-            entry = json.load(f)
+        generate_for(self, "Hunyuan-A13B", out)
+        _, entry = reuse_candidate(self, out, "moe.softmax.shared", "renamed_weight")
         self.assertEqual(entry["weight_aliases"], {"shared_mlp.gate_proj": "shared_experts.gate_proj"})
-        attn = candidate(out, "attention.gqa.qk_norm.ntk_alpha")
-        self.assertEqual(attn["rule"], "parameter_remap")
-        with open(os.path.join(out, "candidates", attn["id"], "registry-entry.json")) as f:
-            entry = json.load(f)
+        attn, entry = reuse_candidate(self, out, "attention.gqa.qk_norm.ntk_alpha", "parameter_remap")
         self.assertIn("ntk_alpha", entry["match"]["rope"])
-        with open(os.path.join(out, "candidates", attn["id"], "adapter.txt")) as f:
-            self.assertIn("head_dim / (head_dim - 2)", f.read())
+        self.assertIn("head_dim / (head_dim - 2)", read_text(candidate_file(out, attn["id"], "adapter.txt")))
 
     def test_split_projection_layout(self):
         out = os.path.join(self.work, "qwen35")
-        proc = run(ADAPT, "generate", model("Qwen3.5-25B-REAP-A3B"), "--out", out)
-        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
-        c = candidate(out, "linear_attention.gated_delta_rule.split_projections")
-        self.assertEqual(c["rule"], "split_projection_layout")
-        with open(os.path.join(out, "candidates", c["id"], "registry-entry.json")) as f:
-            entry = json.load(f)
+        generate_for(self, "Qwen3.5-25B-REAP-A3B", out)
+        _, entry = reuse_candidate(self, out, "linear_attention.gated_delta_rule.split_projections",
+                                   "split_projection_layout")
         self.assertEqual(entry["split_layouts"], {"in_proj_qkvz": ["in_proj_qkv", "in_proj_z"]})
 
     def test_no_endpoint_says_what_needs_an_llm(self):
@@ -234,6 +239,13 @@ class LlmLoop(unittest.TestCase):
                    self.url, "--model", scenario, *extra)
         return proc, out, candidate(out, MOE)
 
+    def generate_failing(self, scenario, *extra):
+        """generate() for a scenario whose candidate must fail: exit 3, status "failed"."""
+        proc, out, c = self.generate(scenario, *extra)
+        self.assertEqual(proc.returncode, 3)
+        self.assertEqual(c["status"], "failed")
+        return out, c
+
     def test_correct_candidate(self):
         proc, out, c = self.generate("correct", "--max-attempts", "2")
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
@@ -263,13 +275,10 @@ class LlmLoop(unittest.TestCase):
             self.assertEqual(json.load(f)["generated_candidates"][0]["candidate"], MOE)
 
     def test_non_compiling_candidate_gets_errors_back(self):
-        proc, out, c = self.generate("noncompiling", "--max-attempts", "2")
-        self.assertEqual(proc.returncode, 3)
-        self.assertEqual(c["status"], "failed")
+        out, c = self.generate_failing("noncompiling", "--max-attempts", "2")
         self.assertIn("did not compile", c["reason"])
         self.assertIn("attempt budget of 2", c["reason"])
-        with open(os.path.join(out, "candidates", MOE, "llm", "request-2.json")) as f:
-            messages = json.load(f)["messages"]
+        messages = read_json(candidate_file(out, MOE, "llm/request-2.json"))["messages"]
         self.assertEqual(messages[-1]["role"], "tool")
         self.assertIn("undeclared_scale", messages[-1]["content"])
 
@@ -280,9 +289,7 @@ class LlmLoop(unittest.TestCase):
         self.assertEqual(c["tokens"]["total"], 1300 * 2 + 1)
 
     def test_numerically_wrong_candidate(self):
-        proc, out, c = self.generate("wrong", "--max-attempts", "1")
-        self.assertEqual(proc.returncode, 3)
-        self.assertEqual(c["status"], "failed")
+        _, c = self.generate_failing("wrong", "--max-attempts", "1")
         self.assertIn("validation failed", c["reason"])
         self.assertIn("forward differs", c["reason"])
 

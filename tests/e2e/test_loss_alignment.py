@@ -22,14 +22,12 @@ usage: test_loss_alignment.py ADAPT_BINARY   (ADAPT_PYTHON: the venv's python)
 """
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import unittest
 
-from testutil import (FAMILIES, FIXTURES, ROOT, read_bytes, read_json, read_lines, read_text,  # noqa: F401
-                      run, write_json, write_text)
+from testutil import (FAMILIES, FIXTURES, ROOT, ScratchTestCase, read_bytes, read_json, read_lines,  # noqa: F401
+                      read_text, run, write_json, write_text)
 
 ADAPT = None
 PYTHON = os.environ.get("ADAPT_PYTHON", "")
@@ -43,14 +41,8 @@ SELECTED = FAMILIES if os.environ.get("ADAPT_TEST_TIER") == "full" else DEFAULT
 
 
 @unittest.skipUnless(PYTHON, "needs the reference (ADAPT_PYTHON)")
-class LossAlignment(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.work = tempfile.mkdtemp(prefix="adapt-align-")
-
-    @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.work, ignore_errors=True)
+class LossAlignment(ScratchTestCase):
+    WORK_PREFIX = "adapt-align-"
 
     def test_loss_alignment_and_peft_round_trip_in_fp32(self):
         """50 steps, ours against transformers + PEFT on the same batches and

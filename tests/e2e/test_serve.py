@@ -99,6 +99,13 @@ def request(conn_port, method, params=None, headers=None, ident=1):
     return post(conn_port, body, headers)
 
 
+def serve_models(cls, root):
+    """Starts cls.server, writing under ROOT and reading the shared models, and cls.session
+    talking to it."""
+    cls.server = Server("--root", root, "--read-root", MODELS)
+    cls.session = Session(cls.server.port)
+
+
 class Session:
     """A stateful (2025-11-25) client session."""
 
@@ -188,8 +195,7 @@ class Tools(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.mkdtemp()
-        cls.server = Server("--root", cls.tmp, "--read-root", MODELS)
-        cls.session = Session(cls.server.port)
+        serve_models(cls, cls.tmp)
 
     @classmethod
     def tearDownClass(cls):
@@ -743,8 +749,7 @@ class Confinement(unittest.TestCase):
             f.write("TOPSECRET-" + "x" * 20 + " not json")
         cls.root = tempfile.mkdtemp()
         os.symlink(cls.outside, os.path.join(cls.root, "escape"))
-        cls.server = Server("--root", cls.root, "--read-root", MODELS)
-        cls.session = Session(cls.server.port)
+        serve_models(cls, cls.root)
 
     @classmethod
     def tearDownClass(cls):

@@ -2,7 +2,10 @@
 inside `with` blocks (no ResourceWarning), JSON lines parsed in one place."""
 import json
 import os
+import shutil
 import subprocess
+import tempfile
+import unittest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FIXTURES = os.path.join(ROOT, "validation", "fixtures")
@@ -46,3 +49,17 @@ def read_lines(path):
     """The lines of \\p path (a metrics.jsonl being appended to reads whole lines only)."""
     with open(path) as f:
         return f.readlines()
+
+
+class ScratchTestCase(unittest.TestCase):
+    """A test class with a scratch folder, cls.work, made before its first test and removed
+    after its last; WORK_PREFIX names it, so a folder left by a crash says whose it is."""
+    WORK_PREFIX = "adapt-"
+
+    @classmethod
+    def setUpClass(cls):
+        cls.work = tempfile.mkdtemp(prefix=cls.WORK_PREFIX)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.work, ignore_errors=True)

@@ -2,6 +2,7 @@
 
 #include "models/WeightSchema.h"
 #include "parser/ConfigReader.h"
+#include "tests/unit/SharedModels.h"
 
 #include <gtest/gtest.h>
 
@@ -11,16 +12,10 @@
 using namespace adapt;
 
 namespace {
-std::string modelsDir() {
-  if (const char *env = std::getenv("ADAPT_SHARED_MODELS"))
-    return env;
-  return std::string(ADAPT_SOURCE_DIR) + "/../shared/models";
-}
-
 /// Reads a shared model's config; a failure aborts the test process with
 /// the reader's message rather than letting a test index an empty spec.
 ModelSpec read(const std::string &model) {
-  Result<ModelSpec> spec = readModelConfig(modelsDir() + "/" + model + "/config.json");
+  Result<ModelSpec> spec = readModelConfig(sharedModelsDir() + "/" + model + "/config.json");
   if (!spec.ok()) {
     std::fprintf(stderr, "cannot read %s: %s\n", model.c_str(),
                  spec.error().message().c_str());

@@ -11,6 +11,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "parser/Manifest.h"
+#include "tests/unit/SharedModels.h"
 
 #include <gtest/gtest.h>
 
@@ -19,24 +20,13 @@
 #include <filesystem>
 #include <iostream>
 
-#ifndef ADAPT_SOURCE_DIR
-#error "compile with -DADAPT_SOURCE_DIR='\"/path/to/repo\"'"
-#endif
-
 using namespace adapt;
 
 namespace {
 
-/// Directory holding the shared model folders.
-std::string modelsDir() {
-  if (const char *env = std::getenv("ADAPT_SHARED_MODELS"))
-    return env;
-  return std::string(ADAPT_SOURCE_DIR) + "/../shared/models";
-}
-
 /// Path of \p model's index; skips the test when it is not there.
 #define INDEX_OR_SKIP(var, model)                                              \
-  std::string var = modelsDir() + "/" model "/model.safetensors.index.json";   \
+  std::string var = sharedModelsDir() + "/" model "/model.safetensors.index.json";   \
   if (!std::filesystem::exists(var))                                           \
   GTEST_SKIP() << var << " not found; set ADAPT_SHARED_MODELS"
 
@@ -56,17 +46,30 @@ bool has(const std::string &haystack, const std::string &needle) {
   return haystack.find(needle) != std::string::npos;
 }
 
+/// The counts every real-index test checks.
+struct IndexCounts {
+  size_t tensors, shards;
+  int shardNumberBase;
+  int64_t declaredShardCount;
+  uint64_t totalSize;
+};
+
+/// Expects manifest \p m to have the counts \p expected.
+void expectCounts(const Manifest &m, const IndexCounts &expected) {
+  EXPECT_EQ(m.tensors.size(), expected.tensors);
+  EXPECT_EQ(m.shards.size(), expected.shards);
+  EXPECT_EQ(m.shardNumberBase, expected.shardNumberBase);
+  EXPECT_EQ(m.declaredShardCount, expected.declaredShardCount);
+  EXPECT_EQ(m.totalSize, expected.totalSize);
+}
+
 TEST(ManifestReal, MiniMaxM1WeightMapFirstZeroBased) {
   INDEX_OR_SKIP(path, "MiniMax-M1");
   Result<Manifest> r = readManifest(path);
   ASSERT_TRUE(r.ok()) << r.error().message();
   EXPECT_EQ(r->file, path);
-  EXPECT_EQ(r->tensors.size(), 8243u);
-  EXPECT_EQ(r->shards.size(), 413u);
-  EXPECT_EQ(r->shardNumberBase, 0);
-  EXPECT_EQ(r->declaredShardCount, 413);
+  expectCounts(*r, {8243, 413, 0, 413, 912210767872});
   EXPECT_TRUE(r->hasTotalSize);
-  EXPECT_EQ(r->totalSize, 912210767872u);
   EXPECT_TRUE(r->metadata.empty());
   EXPECT_EQ(r->tensors.front().first, "model.embed_tokens.weight");
   EXPECT_EQ(r->tensors.front().second, "model-00000-of-00413.safetensors");
@@ -80,11 +83,7 @@ TEST(ManifestReal, Qwen35ExtraMetadata) {
   INDEX_OR_SKIP(path, "Qwen3.5-25B-REAP-A3B");
   Result<Manifest> r = readManifest(path);
   ASSERT_TRUE(r.ok()) << r.error().message();
-  EXPECT_EQ(r->tensors.size(), 22213u);
-  EXPECT_EQ(r->shards.size(), 10u);
-  EXPECT_EQ(r->shardNumberBase, 1);
-  EXPECT_EQ(r->declaredShardCount, 10);
-  EXPECT_EQ(r->totalSize, 50182743296u);
+  expectCounts(*r, {22213, 10, 1, 10, 50182743296});
   using Field = std::pair<std::string, std::string>;
   EXPECT_EQ(r->metadata, (std::vector<Field>{
                              {"total_parameters", "25091371648"},
@@ -97,11 +96,7 @@ TEST(ManifestReal, WizardLMOneBased) {
   INDEX_OR_SKIP(path, "WizardLM-2-8x22B");
   Result<Manifest> r = readManifest(path);
   ASSERT_TRUE(r.ok()) << r.error().message();
-  EXPECT_EQ(r->tensors.size(), 1739u);
-  EXPECT_EQ(r->shards.size(), 59u);
-  EXPECT_EQ(r->shardNumberBase, 1);
-  EXPECT_EQ(r->declaredShardCount, 59);
-  EXPECT_EQ(r->totalSize, 281241268224u);
+  expectCounts(*r, {1739, 59, 1, 59, 281241268224});
   EXPECT_EQ(r->tensors.front().second, "model-00059-of-00059.safetensors");
 }
 
@@ -109,12 +104,8 @@ TEST(ManifestReal, GptOss20bOneLineZeroBased) {
   INDEX_OR_SKIP(path, "gpt-oss-20b");
   Result<Manifest> r = readManifest(path);
   ASSERT_TRUE(r.ok()) << r.error().message();
-  EXPECT_EQ(r->tensors.size(), 459u);
   // Numbered 00000..00002 "of 00002": three files, the count is the last.
-  EXPECT_EQ(r->shards.size(), 3u);
-  EXPECT_EQ(r->shardNumberBase, 0);
-  EXPECT_EQ(r->declaredShardCount, 2);
-  EXPECT_EQ(r->totalSize, 13761264768u);
+  expectCounts(*r, {459, 3, 0, 2, 13761264768});
   EXPECT_EQ(r->tensors.front().first, "model.layers.0.input_layernorm.weight");
 }
 

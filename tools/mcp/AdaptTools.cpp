@@ -17,6 +17,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <fstream>
+#include <functional>
 #include <poll.h>
 #include <spawn.h>
 #include <sstream>
@@ -130,6 +131,45 @@ json objectSchema(json properties, json required) {
               {"additionalProperties", false}};
 }
 
+/// How long a tool may run: a long one is run as a task when the client can.
+enum class Duration { Short, Long };
+
+/// A tool's identity: its NAME, TITLE and DESCRIPTION, and whether it may run
+/// long; the schemas and handler are the caller's to fill in.
+ToolDef describedTool(const char *name, const char *title, const char *description,
+                      Duration duration = Duration::Short) {
+  ToolDef tool;
+  tool.name = name;
+  tool.title = title;
+  tool.description = description;
+  if (duration == Duration::Long)
+    tool.taskSupport = "optional";
+  return tool;
+}
+
+/// The `path` property of the tools that read a model.
+json modelPathProperty() {
+  return stringProperty("model folder, config.json or .onnx file");
+}
+
+/// The `registry` property of the tools that match against the registry.
+json registryProperty() { return stringProperty("operator registry (ops.json)"); }
+
+/// The input schema of a tool that reads the model at `path` and writes into
+/// the folder `out` (\p outDescription): those two, required, and \p more.
+json modelToFolderSchema(const char *outDescription, json more) {
+  more["path"] = modelPathProperty();
+  more["out"] = stringProperty(outDescription);
+  return objectSchema(std::move(more), {"path", "out"});
+}
+
+/// `adapt COMMAND PATH --out OUT`, from the tool's `path` and `out`: how
+/// every tool that writes into a folder starts its command line.
+std::vector<std::string> writingCommand(const char *command, const json &arguments) {
+  return {command, arguments["path"].get<std::string>(), "--out",
+          arguments["out"].get<std::string>()};
+}
+
 /// The output schema shared by the command-running tools.
 json commandOutputSchema(json extra = json::object()) {
   json properties = {{"exitCode", {{"type", "integer"}}},
@@ -186,15 +226,70 @@ json runCommand(const std::string &exe, const std::vector<std::string> &args,
   return result;
 }
 
+/// Which `adapt` flag an optional tool argument becomes, and how its value is
+/// written on the command line.
+struct ForwardedArgument {
+  enum Form {
+    Text,   ///< a string argument, passed as it is
+    Number, ///< a JSON number, passed in its JSON spelling
+    Switch  ///< a boolean: the flag alone when true, nothing when false
+  };
+  const char *key;  ///< the tool argument's name
+  const char *flag; ///< the `adapt` flag it becomes
+  Form form = Text;
+};
+
+/// Appends to ARGS the flag of every FORWARDED argument present in ARGUMENTS,
+/// so each tool lists its optional arguments once instead of one `if` each.
+void forwardArguments(const json &arguments,
+                      std::initializer_list<ForwardedArgument> forwarded,
+                      std::vector<std::string> &args) {
+  for (const ForwardedArgument &argument : forwarded) {
+    if (!arguments.contains(argument.key))
+      continue;
+    const json &value = arguments[argument.key];
+    switch (argument.form) {
+    case ForwardedArgument::Text:
+      args.insert(args.end(), {argument.flag, value.get<std::string>()});
+      break;
+    case ForwardedArgument::Number:
+      args.insert(args.end(), {argument.flag, value.dump()});
+      break;
+    case ForwardedArgument::Switch:
+      if (value.get<bool>())
+        args.push_back(argument.flag);
+      break;
+    }
+  }
+}
+
+/// For commands whose "check failed" exit code is a result, not a tool
+/// failure: sets FIELD of RESULT's structured content to whether the command
+/// exited 0, lets ADD_MORE put more into it, and (on success) shows the whole
+/// structure as the text content, so clients without structured content see
+/// it too.
+json withOutcome(json result, const char *field,
+                 const std::function<void(json &structured)> &addMore = nullptr) {
+  if (!result.contains("structuredContent"))
+    return result;
+  json &structured = result["structuredContent"];
+  structured[field] = structured["exitCode"] == 0;
+  if (addMore)
+    addMore(structured);
+  if (!result.value("isError", false))
+    result["content"][0]["text"] =
+        structured.dump(2, ' ', false, json::error_handler_t::replace);
+  return result;
+}
+
 ToolDef inspectTool(const std::string &exe) {
-  ToolDef tool;
-  tool.name = "inspect";
-  tool.title = "Inspect a model";
-  tool.description = "Reads a model folder (config.json + weight manifest) or an .onnx "
-                     "file and prints its summary, its adapt-dialect MLIR, or the MLIR "
-                     "after analysis (`adapt inspect`).";
+  ToolDef tool = describedTool(
+      "inspect", "Inspect a model",
+      "Reads a model folder (config.json + weight manifest) or an .onnx "
+      "file and prints its summary, its adapt-dialect MLIR, or the MLIR "
+      "after analysis (`adapt inspect`).");
   tool.inputSchema = objectSchema(
-      {{"path", stringProperty("model folder, config.json or .onnx file")},
+      {{"path", modelPathProperty()},
        {"emit", {{"type", "string"}, {"enum", {"summary", "mlir", "analysed"}}}},
        {"registry", stringProperty("operator registry (ops.json) to match against")}},
       {"path"});
@@ -202,63 +297,48 @@ ToolDef inspectTool(const std::string &exe) {
   tool.handler = [exe](const json &arguments, CallContext &context) {
     std::vector<std::string> args = {"inspect", arguments["path"],
                                      "--emit", arguments.value("emit", "summary")};
-    if (arguments.contains("registry"))
-      args.insert(args.end(), {"--registry", arguments["registry"]});
+    forwardArguments(arguments, {{"registry", "--registry"}}, args);
     return runCommand(exe, args, context, "inspect", {0});
   };
   return tool;
 }
 
 ToolDef gapsTool(const std::string &exe) {
-  ToolDef tool;
-  tool.name = "gaps";
-  tool.taskSupport = "optional"; // may run long: a task when the client can
-  tool.title = "Gap report";
-  tool.description = "Lists the model's components the operator library lacks "
-                     "(`adapt gaps`); writes gaps.json and gaps.md to `out`. "
-                     "`complete` is true when nothing is missing.";
-  tool.inputSchema = objectSchema(
-      {{"path", stringProperty("model folder, config.json or .onnx file")},
-       {"out", stringProperty("folder for gaps.json and gaps.md")},
-       {"registry", stringProperty("operator registry (ops.json)")}},
-      {"path", "out"});
+  ToolDef tool = describedTool("gaps", "Gap report",
+                               "Lists the model's components the operator library lacks "
+                               "(`adapt gaps`); writes gaps.json and gaps.md to `out`. "
+                               "`complete` is true when nothing is missing.",
+                               Duration::Long);
+  tool.inputSchema =
+      modelToFolderSchema("folder for gaps.json and gaps.md", {{"registry", registryProperty()}});
   tool.outputSchema = commandOutputSchema(
       {{"complete", {{"type", "boolean"}}}, {"report", {{"type", "object"}}}});
   tool.handler = [exe](const json &arguments, CallContext &context) {
     std::string out = arguments["out"];
-    std::vector<std::string> args = {"gaps", arguments["path"], "--out", out};
-    if (arguments.contains("registry"))
-      args.insert(args.end(), {"--registry", arguments["registry"]});
-    json result = runCommand(exe, args, context, "gaps", {0, 3});
-    if (result.contains("structuredContent")) {
-      json &structured = result["structuredContent"];
-      structured["complete"] = structured["exitCode"] == 0;
-      bool ok = false;
-      std::string report = readFile(out + "/gaps.json", ok);
-      if (ok)
-        structured["report"] = json::parse(report, nullptr, false);
-      if (structured["report"].is_discarded())
-        structured.erase("report");
-      if (!result.value("isError", false))
-        result["content"][0]["text"] = structured.dump(2, ' ', false, json::error_handler_t::replace);
-    }
-    return result;
+    std::vector<std::string> args = writingCommand("gaps", arguments);
+    forwardArguments(arguments, {{"registry", "--registry"}}, args);
+    return withOutcome(runCommand(exe, args, context, "gaps", {0, 3}), "complete",
+                       [&](json &structured) {
+                         bool ok = false;
+                         std::string report = readFile(out + "/gaps.json", ok);
+                         if (ok)
+                           structured["report"] = json::parse(report, nullptr, false);
+                         if (structured["report"].is_discarded())
+                           structured.erase("report");
+                       });
   };
   return tool;
 }
 
 ToolDef buildTool(const std::string &exe) {
-  ToolDef tool;
-  tool.name = "build";
-  tool.taskSupport = "optional"; // may run long: a task when the client can
-  tool.title = "Build a LoRA trainer";
-  tool.description = "Generates (and unless noCompile, compiles) the C++ LoRA training "
-                     "program for a model into `out` (`adapt build`). Long: reports "
-                     "progress while the compiler runs.";
-  tool.inputSchema = objectSchema(
-      {{"path", stringProperty("model folder, config.json or .onnx file")},
-       {"out", stringProperty("output folder of the trainer project")},
-       {"loraTargets", {{"type", "array"}, {"items", {{"type", "string"}}}}},
+  ToolDef tool = describedTool("build", "Build a LoRA trainer",
+                               "Generates (and unless noCompile, compiles) the C++ LoRA "
+                               "training program for a model into `out` (`adapt build`). "
+                               "Long: reports progress while the compiler runs.",
+                               Duration::Long);
+  tool.inputSchema = modelToFolderSchema(
+      "output folder of the trainer project",
+      {{"loraTargets", {{"type", "array"}, {"items", {{"type", "string"}}}}},
        {"loraRank", {{"type", "integer"}, {"minimum", 1}}},
        {"loraAlpha", {{"type", "number"}}},
        {"loraDropout", {{"type", "number"}, {"minimum", 0}, {"maximum", 1}}},
@@ -267,47 +347,40 @@ ToolDef buildTool(const std::string &exe) {
        {"noCompile", {{"type", "boolean"}}},
        {"allowGaps", {{"type", "boolean"}}},
        {"runtimeDir", stringProperty("runtime source folder")},
-       {"registry", stringProperty("operator registry (ops.json)")}},
-      {"path", "out"});
+       {"registry", registryProperty()}});
   tool.outputSchema = commandOutputSchema({{"out", {{"type", "string"}}}});
   tool.handler = [exe](const json &arguments, CallContext &context) {
     std::string out = arguments["out"];
-    std::vector<std::string> args = {"build", arguments["path"], "--out", out};
+    std::vector<std::string> args = writingCommand("build", arguments);
     if (arguments.contains("loraTargets")) {
       std::string joined;
       for (const json &target : arguments["loraTargets"])
         joined += (joined.empty() ? "" : ",") + target.get<std::string>();
       args.insert(args.end(), {"--lora-targets", joined});
     }
-    if (arguments.contains("loraRank"))
-      args.insert(args.end(), {"--lora-rank", arguments["loraRank"].dump()});
-    if (arguments.contains("loraAlpha"))
-      args.insert(args.end(), {"--lora-alpha", arguments["loraAlpha"].dump()});
-    if (arguments.contains("loraDropout"))
-      args.insert(args.end(), {"--lora-dropout", arguments["loraDropout"].dump()});
-    for (auto [key, flag] : {std::pair{"rslora", "--rslora"},
-                             {"loraRouter", "--lora-router"},
-                             {"noCompile", "--no-compile"},
-                             {"allowGaps", "--allow-gaps"}})
-      if (arguments.value(key, false))
-        args.push_back(flag);
-    if (arguments.contains("runtimeDir"))
-      args.insert(args.end(), {"--runtime-dir", arguments["runtimeDir"]});
-    if (arguments.contains("registry"))
-      args.insert(args.end(), {"--registry", arguments["registry"]});
+    using Form = ForwardedArgument::Form;
+    forwardArguments(arguments,
+                     {{"loraRank", "--lora-rank", Form::Number},
+                      {"loraAlpha", "--lora-alpha", Form::Number},
+                      {"loraDropout", "--lora-dropout", Form::Number},
+                      {"rslora", "--rslora", Form::Switch},
+                      {"loraRouter", "--lora-router", Form::Switch},
+                      {"noCompile", "--no-compile", Form::Switch},
+                      {"allowGaps", "--allow-gaps", Form::Switch},
+                      {"runtimeDir", "--runtime-dir"},
+                      {"registry", "--registry"}},
+                     args);
     return runCommand(exe, args, context, "build", {0}, json{{"out", out}});
   };
   return tool;
 }
 
 ToolDef validateTool(const std::string &exe) {
-  ToolDef tool;
-  tool.name = "validate";
-  tool.taskSupport = "optional"; // may run long: a task when the client can
-  tool.title = "Validate against the reference";
-  tool.description = "Runs a stage of the validation ladder (`adapt validate`). "
-                     "`passed` is false when a check failed (exit 4): a result, "
-                     "not a tool failure; the record in `out` names the divergence.";
+  ToolDef tool = describedTool("validate", "Validate against the reference",
+                               "Runs a stage of the validation ladder (`adapt validate`). "
+                               "`passed` is false when a check failed (exit 4): a result, "
+                               "not a tool failure; the record in `out` names the divergence.",
+                               Duration::Long);
   tool.inputSchema = objectSchema(
       {{"path", stringProperty("model folder")},
        {"stage", {{"type", "string"}, {"enum", {"op", "model", "parallel", "full"}}}},
@@ -319,18 +392,9 @@ ToolDef validateTool(const std::string &exe) {
   tool.handler = [exe](const json &arguments, CallContext &context) {
     std::vector<std::string> args = {"validate", arguments["path"], "--stage",
                                      arguments["stage"], "--out", arguments["out"]};
-    if (arguments.contains("fixture"))
-      args.insert(args.end(), {"--fixture", arguments["fixture"]});
-    if (arguments.contains("runtimeDir"))
-      args.insert(args.end(), {"--runtime-dir", arguments["runtimeDir"]});
-    json result = runCommand(exe, args, context, "validate", {0, 4});
-    if (result.contains("structuredContent")) {
-      result["structuredContent"]["passed"] =
-          result["structuredContent"]["exitCode"] == 0;
-      if (!result.value("isError", false))
-        result["content"][0]["text"] = result["structuredContent"].dump(2, ' ', false, json::error_handler_t::replace);
-    }
-    return result;
+    forwardArguments(arguments,
+                     {{"fixture", "--fixture"}, {"runtimeDir", "--runtime-dir"}}, args);
+    return withOutcome(runCommand(exe, args, context, "validate", {0, 4}), "passed");
   };
   return tool;
 }
@@ -341,12 +405,10 @@ std::string candidatesDir(const json &arguments) {
 }
 
 ToolDef listCandidatesTool() {
-  ToolDef tool;
-  tool.name = "list_candidates";
-  tool.title = "List review candidates";
-  tool.description = "Lists the generated operator candidates awaiting review under "
-                     "DIR/candidates/<id>/candidate.json. Approving one stays with a "
-                     "human on the command line (`adapt review`).";
+  ToolDef tool = describedTool("list_candidates", "List review candidates",
+                               "Lists the generated operator candidates awaiting review under "
+                               "DIR/candidates/<id>/candidate.json. Approving one stays with a "
+                               "human on the command line (`adapt review`).");
   tool.inputSchema = objectSchema({{"dir", stringProperty("output folder of adapt generate")}},
                                   {"dir"});
   tool.outputSchema = {
@@ -385,11 +447,9 @@ ToolDef listCandidatesTool() {
 }
 
 ToolDef showCandidateTool() {
-  ToolDef tool;
-  tool.name = "show_candidate";
-  tool.title = "Show a review candidate";
-  tool.description = "Returns one candidate's record (DIR/candidates/<id>/candidate.json) "
-                     "and the names of its files.";
+  ToolDef tool = describedTool("show_candidate", "Show a review candidate",
+                               "Returns one candidate's record "
+                               "(DIR/candidates/<id>/candidate.json) and the names of its files.");
   tool.inputSchema = objectSchema({{"dir", stringProperty("output folder of adapt generate")},
                                    {"id", stringProperty("candidate id")}},
                                   {"dir", "id"});
@@ -434,18 +494,16 @@ ToolDef showCandidateTool() {
 /// (the schema has no such property and refuses unknown ones). Built without tools/GenerateCommand.cpp, the tool
 /// answers isError "not available".
 ToolDef generateTool(const std::string &exe) {
-  ToolDef tool;
-  tool.name = "generate";
-  tool.taskSupport = "optional"; // may run long: a task when the client can
-  tool.title = "Generate operator candidates";
-  tool.description = "Proposes a candidate implementation for every gap of a model "
-                     "(reuse rules, then an LLM) into out/candidates for human review "
-                     "(`adapt generate`). `complete` is false when some gap has no "
-                     "candidate (exit 3). Approval stays with a human: `adapt review`.";
+  ToolDef tool = describedTool("generate", "Generate operator candidates",
+                               "Proposes a candidate implementation for every gap of a model "
+                               "(reuse rules, then an LLM) into out/candidates for human review "
+                               "(`adapt generate`). `complete` is false when some gap has no "
+                               "candidate (exit 3). Approval stays with a human: `adapt review`.",
+                               Duration::Long);
   tool.inputSchema = objectSchema(
       {{"path", stringProperty("model folder or a gaps.json")},
        {"out", stringProperty("output folder; candidates land in out/candidates")},
-       {"registry", stringProperty("operator registry (ops.json)")},
+       {"registry", registryProperty()},
        {"maxAttempts", {{"type", "integer"}, {"minimum", 1}}},
        {"target", {{"type", "string"}, {"enum", {"libtorch", "cuda"}}}},
        {"flagSpeedup",
@@ -460,28 +518,22 @@ ToolDef generateTool(const std::string &exe) {
   tool.handler = [exe](const json &arguments, CallContext &context) -> json {
 #ifdef ADAPT_WITH_GENERATE
     std::string out = arguments["out"];
-    std::vector<std::string> args = {"generate", arguments["path"], "--out", out};
-    for (auto [key, flag] : {std::pair{"registry", "--registry"},
-                             {"target", "--target"},
-                             {"only", "--only"}})
-      if (arguments.contains(key))
-        args.insert(args.end(), {flag, arguments[key].get<std::string>()});
-    if (arguments.contains("maxAttempts"))
-      args.insert(args.end(), {"--max-attempts", arguments["maxAttempts"].dump()});
-    if (arguments.contains("flagSpeedup"))
-      args.insert(args.end(), {"--flag-speedup", arguments["flagSpeedup"].dump()});
+    std::vector<std::string> args = writingCommand("generate", arguments);
+    using Form = ForwardedArgument::Form;
+    forwardArguments(arguments,
+                     {{"registry", "--registry"},
+                      {"target", "--target"},
+                      {"only", "--only"},
+                      {"maxAttempts", "--max-attempts", Form::Number},
+                      {"flagSpeedup", "--flag-speedup", Form::Number}},
+                     args);
     json result = runCommand(exe, args, context, "generate", {0, 3}, json{{"out", out}});
-    if (result.contains("structuredContent")) {
-      json &structured = result["structuredContent"];
-      structured["complete"] = structured["exitCode"] == 0;
+    return withOutcome(std::move(result), "complete", [&](json &structured) {
       bool ok = false;
       json summary = json::parse(readFile(out + "/generate.json", ok), nullptr, false);
       if (ok && summary.is_object())
         structured["summary"] = summary;
-      if (!result.value("isError", false))
-        result["content"][0]["text"] = structured.dump(2, ' ', false, json::error_handler_t::replace);
-    }
-    return result;
+    });
 #else
     (void)exe;
     (void)arguments;

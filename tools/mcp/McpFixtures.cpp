@@ -6,6 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "tools/mcp/McpFixtureSupport.h"
 #include "tools/mcp/McpRegistry.h"
 
 #include <chrono>
@@ -20,19 +21,15 @@ constexpr const char *kPng =
 constexpr const char *kWav =
     "UklGRiYAAABXQVZFZm10IBAAAAABAAEAQB8AAAB9AAACABAAZGF0YQIAAAA=";
 
-json text(const std::string &value) {
-  return json{{"type", "text"}, {"text", value}};
-}
 
 json content(json items) { return json{{"content", std::move(items)}}; }
 
-ToolDef simpleTool(const std::string &name, const std::string &description,
-                   std::function<json(const json &, CallContext &)> handler) {
-  ToolDef tool;
-  tool.name = name;
-  tool.description = description;
-  tool.handler = std::move(handler);
-  return tool;
+
+/// An object schema whose one, required property \p name is a string.
+json oneStringSchema(const char *name, const char *description) {
+  return {{"type", "object"},
+          {"properties", {{name, {{"type", "string"}, {"description", description}}}}},
+          {"required", {name}}};
 }
 
 void sleepMs(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms)); }
@@ -140,27 +137,15 @@ void addTools(Registry &registry) {
               {text(std::string("Sampling not supported or error: ") + error.what())}));
         }
       });
-  sampling.inputSchema = {
-      {"type", "object"},
-      {"properties", {{"prompt", {{"type", "string"},
-                                  {"description", "The prompt to send to the LLM"}}}}},
-      {"required", {"prompt"}}};
+  sampling.inputSchema = oneStringSchema("prompt", "The prompt to send to the LLM");
   tools.push_back(sampling);
   ToolDef elicitation = simpleTool(
       "test_elicitation", "Tests server-initiated elicitation (user input request)",
       [](const json &arguments, CallContext &context) {
-        json schema = {{"type", "object"},
-                       {"properties", {{"response", {{"type", "string"},
-                                                     {"description", "User's response"}}}}},
-                       {"required", {"response"}}};
-        return elicit(context, arguments.value("message", ""), schema,
-                      "User response: ");
+        return elicit(context, arguments.value("message", ""),
+                      oneStringSchema("response", "User's response"), "User response: ");
       });
-  elicitation.inputSchema = {
-      {"type", "object"},
-      {"properties", {{"message", {{"type", "string"},
-                                   {"description", "The message to show the user"}}}}},
-      {"required", {"message"}}};
+  elicitation.inputSchema = oneStringSchema("message", "The message to show the user");
   tools.push_back(elicitation);
   tools.push_back(simpleTool(
       "test_elicitation_sep1034_defaults", "Tests elicitation with default values per SEP-1034",
@@ -225,44 +210,36 @@ void addTools(Registry &registry) {
 }
 
 void addResources(Registry &registry) {
+  // A resource whose one content item has FIELD ("text" or "blob") = VALUE.
   auto fixed = [](const char *uri, const char *name, const char *title,
-                  const char *description, const char *mime, json contents) {
+                  const char *description, const char *mime, const char *field,
+                  const std::string &value) {
     ResourceDef resource;
     resource.uri = uri;
     resource.name = name;
     resource.title = title;
     resource.description = description;
     resource.mimeType = mime;
+    json contents = json::array({{{"uri", uri}, {"mimeType", mime}, {field, value}}});
     resource.read = [contents](const std::string &,
                                const std::map<std::string, std::string> &) {
       return contents;
     };
     return resource;
   };
-  registry.resources.push_back(fixed(
-      "test://static-text", "static-text", "Static Text Resource",
-      "A static text resource for testing", "text/plain",
-      json::array({{{"uri", "test://static-text"},
-                    {"mimeType", "text/plain"},
-                    {"text", "This is the content of the static text resource."}}})));
-  registry.resources.push_back(fixed(
-      "test://static-binary", "static-binary", "Static Binary Resource",
-      "A static binary resource (image) for testing", "image/png",
-      json::array({{{"uri", "test://static-binary"},
-                    {"mimeType", "image/png"},
-                    {"blob", kPng}}})));
-  registry.resources.push_back(fixed(
-      "test://watched-resource", "watched-resource", "Watched Resource",
-      "A resource that can be subscribed to", "text/plain",
-      json::array({{{"uri", "test://watched-resource"},
-                    {"mimeType", "text/plain"},
-                    {"text", "Watched resource content"}}})));
-  ResourceDef templated;
-  templated.uri = "test://template/{id}/data";
-  templated.name = "template";
-  templated.title = "Resource Template";
-  templated.description = "A resource template with parameter substitution";
-  templated.mimeType = "application/json";
+  registry.resources.push_back(fixed("test://static-text", "static-text", "Static Text Resource",
+                                     "A static text resource for testing", "text/plain", "text",
+                                     "This is the content of the static text resource."));
+  registry.resources.push_back(fixed("test://static-binary", "static-binary",
+                                     "Static Binary Resource",
+                                     "A static binary resource (image) for testing", "image/png",
+                                     "blob", kPng));
+  registry.resources.push_back(fixed("test://watched-resource", "watched-resource",
+                                     "Watched Resource", "A resource that can be subscribed to",
+                                     "text/plain", "text", "Watched resource content"));
+  ResourceDef templated =
+      fixed("test://template/{id}/data", "template", "Resource Template",
+            "A resource template with parameter substitution", "application/json", "text", "");
   templated.isTemplate = true;
   templated.read = [](const std::string &uri,
                       const std::map<std::string, std::string> &variables) {
@@ -280,21 +257,28 @@ json userMessage(json item) {
   return json{{"role", "user"}, {"content", std::move(item)}};
 }
 
+/// A prompt's identity; its arguments and render are the caller's to fill in.
+PromptDef describedPrompt(const char *name, const char *title, const char *description) {
+  PromptDef prompt;
+  prompt.name = name;
+  prompt.title = title;
+  prompt.description = description;
+  return prompt;
+}
+
 void addPrompts(Registry &registry) {
-  PromptDef simple;
-  simple.name = "test_simple_prompt";
-  simple.title = "Simple Test Prompt";
-  simple.description = "A simple prompt without arguments";
+  PromptDef simple = describedPrompt("test_simple_prompt",
+                                     "Simple Test Prompt",
+                                     "A simple prompt without arguments");
   simple.render = [](const json &, CallContext &) {
     return json{{"messages",
                  json::array({userMessage(text("This is a simple prompt for testing."))})}};
   };
   registry.prompts.push_back(simple);
 
-  PromptDef withArguments;
-  withArguments.name = "test_prompt_with_arguments";
-  withArguments.title = "Prompt With Arguments";
-  withArguments.description = "A prompt with required arguments";
+  PromptDef withArguments = describedPrompt("test_prompt_with_arguments",
+                                            "Prompt With Arguments",
+                                            "A prompt with required arguments");
   withArguments.arguments = json::array(
       {{{"name", "arg1"}, {"description", "First test argument"}, {"required", true}},
        {{"name", "arg2"}, {"description", "Second test argument"}, {"required", true}}});
@@ -306,10 +290,9 @@ void addPrompts(Registry &registry) {
   };
   registry.prompts.push_back(withArguments);
 
-  PromptDef embedded;
-  embedded.name = "test_prompt_with_embedded_resource";
-  embedded.title = "Prompt With Embedded Resource";
-  embedded.description = "A prompt that includes an embedded resource";
+  PromptDef embedded = describedPrompt("test_prompt_with_embedded_resource",
+                                       "Prompt With Embedded Resource",
+                                       "A prompt that includes an embedded resource");
   embedded.arguments = json::array({{{"name", "resourceUri"},
                                      {"description", "URI of the resource to embed"},
                                      {"required", true}}});
@@ -324,10 +307,9 @@ void addPrompts(Registry &registry) {
   };
   registry.prompts.push_back(embedded);
 
-  PromptDef image;
-  image.name = "test_prompt_with_image";
-  image.title = "Prompt With Image";
-  image.description = "A prompt that includes image content";
+  PromptDef image = describedPrompt("test_prompt_with_image",
+                                    "Prompt With Image",
+                                    "A prompt that includes image content");
   image.render = [](const json &, CallContext &) {
     return json{{"messages",
                  json::array({userMessage({{"type", "image"},
@@ -341,11 +323,9 @@ void addPrompts(Registry &registry) {
 } // namespace
 
 void addConformanceFixtures(Registry &registry) {
-  addTools(registry);
-  addResources(registry);
-  addPrompts(registry);
-  addMultiRoundFixtures(registry);
-  addTaskFixtures(registry);
+  for (void (*add)(Registry &) : {addTools, addResources, addPrompts, addMultiRoundFixtures,
+                                  addTaskFixtures})
+    add(registry);
   registry.completions = true;
 }
 

@@ -7,6 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "tools/mcp/McpFixtureSupport.h"
 #include "tools/mcp/McpRegistry.h"
 
 #include <chrono>
@@ -17,18 +18,12 @@
 namespace adapt::mcp {
 namespace {
 
-json text(const std::string &value) {
-  return json{{"type", "text"}, {"text", value}};
-}
 
 /// A string value as is, anything else as JSON text.
 std::string asText(const json &value) {
   return value.is_string() ? value.get<std::string>() : value.dump();
 }
 
-json content(const std::string &value) {
-  return json{{"content", json::array({text(value)})}};
-}
 
 /// Per-process secret that keys the requestState checksum.
 uint64_t stateSecret() {
@@ -83,6 +78,13 @@ json elicitation(const std::string &message, const std::string &property,
               {"params", {{"message", message}, {"requestedSchema", schema}}}};
 }
 
+/// The input_required result asking the client to confirm (a boolean form),
+/// with \p state as the signed requestState of the next round.
+json askConfirmation(const std::string &state) {
+  return inputRequired({{"confirm", elicitation("Please confirm", "ok", "boolean")}},
+                       signState(state));
+}
+
 json sampling(const std::string &prompt, int maxTokens) {
   return json{{"method", "sampling/createMessage"},
               {"params", {{"messages", json::array({{{"role", "user"},
@@ -108,35 +110,27 @@ std::string samplingText(const json &answer) {
   return "";
 }
 
-ToolDef tool(const std::string &name, const std::string &description,
-             std::function<json(const json &, CallContext &)> handler) {
-  ToolDef def;
-  def.name = name;
-  def.description = description;
-  def.handler = std::move(handler);
-  return def;
-}
 
 void addInputTools(Registry &registry) {
   auto &tools = registry.tools;
-  tools.push_back(tool(
+  tools.push_back(simpleTool(
       "test_input_required_result_elicitation", "Asks the user's name through input_required",
       [](const json &, CallContext &context) {
         json answer = acceptedContent(inputResponse(context.requestParams(), "user_name"));
         if (answer.is_object() && answer.contains("name"))
-          return content("Hello, " + asText(answer["name"]) + "!");
+          return textResult("Hello, " + asText(answer["name"]) + "!");
         return inputRequired({{"user_name", elicitation("What is your name?", "name")}});
       }));
-  tools.push_back(tool(
+  tools.push_back(simpleTool(
       "test_input_required_result_sampling", "Asks the client's model through input_required",
       [](const json &, CallContext &context) {
         json answer = inputResponse(context.requestParams(), "capital_question");
         if (answer.is_object())
-          return content("Sampling response: " + samplingText(answer));
+          return textResult("Sampling response: " + samplingText(answer));
         return inputRequired(
             {{"capital_question", sampling("What is the capital of France?", 100)}});
       }));
-  tools.push_back(tool(
+  tools.push_back(simpleTool(
       "test_input_required_result_list_roots", "Asks the client's roots through input_required",
       [](const json &, CallContext &context) {
         json answer = inputResponse(context.requestParams(), "client_roots");
@@ -145,22 +139,21 @@ void addInputTools(Registry &registry) {
           for (const json &root : answer["roots"])
             if (root.is_object())
               list += (list.empty() ? "" : ", ") + root.value("uri", "");
-          return content("Client roots: " + list);
+          return textResult("Client roots: " + list);
         }
         return inputRequired({{"client_roots", listRoots()}});
       }));
-  tools.push_back(tool(
+  tools.push_back(simpleTool(
       "test_input_required_result_request_state", "Round-trips a requestState",
       [](const json &, CallContext &context) {
         const json &params = context.requestParams();
         std::string state = verifiedState(params);
         json answer = inputResponse(params, "confirm");
         if (answer.is_object() && state == "confirm-round-1")
-          return content("state-ok: confirmation received");
-        return inputRequired({{"confirm", elicitation("Please confirm", "ok", "boolean")}},
-                             signState("confirm-round-1"));
+          return textResult("state-ok: confirmation received");
+        return askConfirmation("confirm-round-1");
       }));
-  tools.push_back(tool(
+  tools.push_back(simpleTool(
       "test_input_required_result_multiple_inputs", "Asks three inputs at once",
       [](const json &, CallContext &context) {
         const json &params = context.requestParams();
@@ -170,20 +163,20 @@ void addInputTools(Registry &registry) {
         json roots = inputResponse(params, "client_roots");
         if (state == "multiple-round-1" && name.is_object() && greeting.is_object() &&
             roots.is_object())
-          return content("All inputs received: name, greeting and roots");
+          return textResult("All inputs received: name, greeting and roots");
         return inputRequired({{"user_name", elicitation("What is your name?", "name")},
                               {"greeting", sampling("Generate a greeting", 50)},
                               {"client_roots", listRoots()}},
                              signState("multiple-round-1"));
       }));
-  tools.push_back(tool(
+  tools.push_back(simpleTool(
       "test_input_required_result_multi_round", "Asks two questions in two rounds",
       [](const json &, CallContext &context) {
         const json &params = context.requestParams();
         std::string state = verifiedState(params);
         json step2 = acceptedContent(inputResponse(params, "step2"));
         if (state == "multi-round-2" && step2.is_object())
-          return content("Multi-round complete: color " + asText(step2.value("color", json(""))));
+          return textResult("Multi-round complete: color " + asText(step2.value("color", json(""))));
         json step1 = acceptedContent(inputResponse(params, "step1"));
         if (state == "multi-round-1" && step1.is_object())
           return inputRequired(
@@ -192,18 +185,17 @@ void addInputTools(Registry &registry) {
         return inputRequired({{"step1", elicitation("Step 1: What is your name?", "name")}},
                              signState("multi-round-1"));
       }));
-  tools.push_back(tool(
+  tools.push_back(simpleTool(
       "test_input_required_result_tampered_state", "Rejects a modified requestState",
       [](const json &, CallContext &context) {
         const json &params = context.requestParams();
         std::string state = verifiedState(params); // throws when tampered
         if (state == "tamper-round-1" &&
             inputResponse(params, "confirm").is_object())
-          return content("state verified");
-        return inputRequired({{"confirm", elicitation("Please confirm", "ok", "boolean")}},
-                             signState("tamper-round-1"));
+          return textResult("state verified");
+        return askConfirmation("tamper-round-1");
       }));
-  tools.push_back(tool(
+  tools.push_back(simpleTool(
       "test_input_required_result_capabilities", "Asks only what the client can answer",
       [](const json &, CallContext &context) {
         const json &params = context.requestParams();
@@ -217,34 +209,34 @@ void addInputTools(Registry &registry) {
         if (has("roots") && !inputResponse(params, "client_roots").is_object())
           requests["client_roots"] = listRoots();
         if (requests.empty())
-          return content("capabilities respected");
+          return textResult("capabilities respected");
         return inputRequired(requests);
       }));
 }
 
 void addDiagnosticTools(Registry &registry) {
   auto &tools = registry.tools;
-  ToolDef missing = tool("test_missing_capability",
+  ToolDef missing = simpleTool("test_missing_capability",
                          "Needs the sampling capability (rejected with -32021 without it)",
                          [](const json &, CallContext &) {
-                           return content("sampling capability declared");
+                           return textResult("sampling capability declared");
                          });
   missing.requiredCapabilities = {{"sampling", json::object()}};
   tools.push_back(missing);
-  tools.push_back(tool(
+  tools.push_back(simpleTool(
       "test_streaming_elicitation", "Asks for input: input_required when stateless",
       [](const json &, CallContext &context) {
         json question = elicitation("Please confirm", "confirmed", "boolean");
         if (context.stateless()) {
           json answer = inputResponse(context.requestParams(), "confirm");
           if (answer.is_object())
-            return content("confirmation received");
+            return textResult("confirmation received");
           return inputRequired({{"confirm", question}});
         }
         json answer = context.requestClient("elicitation/create", question["params"]);
-        return content("action=" + answer.value("action", ""));
+        return textResult("action=" + answer.value("action", ""));
       }));
-  tools.push_back(tool(
+  tools.push_back(simpleTool(
       "adapt_test_wait_for_cancel", "Reports progress every 50 ms for up to 20 s, "
       "or until the client cancels: the cancellation test's long tool",
       [](const json &, CallContext &context) {
@@ -252,19 +244,19 @@ void addDiagnosticTools(Registry &registry) {
           context.progress(step, 400.0, "");
           std::this_thread::sleep_for(std::chrono::milliseconds(50));
         }
-        return content(context.cancelled() ? "cancelled" : "finished");
+        return textResult(context.cancelled() ? "cancelled" : "finished");
       }));
-  tools.push_back(tool("test_logging_tool", "Logs three messages at info",
+  tools.push_back(simpleTool("test_logging_tool", "Logs three messages at info",
                        [](const json &, CallContext &context) {
                          context.log("info", "logging tool started");
                          context.log("info", "logging tool working");
                          context.log("info", "logging tool finished");
-                         return content("logging tool done");
+                         return textResult("logging tool done");
                        }));
-  ToolDef schema2020 = tool(
+  ToolDef schema2020 = simpleTool(
       "json_schema_2020_12_tool", "Tool with JSON Schema 2020-12 features",
       [](const json &arguments, CallContext &) {
-        return content("JSON Schema 2020-12 tool called with: " + arguments.dump());
+        return textResult("JSON Schema 2020-12 tool called with: " + arguments.dump());
       });
   // $schema, $defs with an $anchor, composition and conditional keywords:
   // the vocabulary a listing must pass through untouched (SEP-1613/2106).

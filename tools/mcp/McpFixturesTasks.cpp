@@ -8,6 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "tools/mcp/McpFixtureSupport.h"
 #include "tools/mcp/McpRegistry.h"
 
 #include <chrono>
@@ -16,19 +17,12 @@
 namespace adapt::mcp {
 namespace {
 
-json textResult(const std::string &value) {
-  return json{
-      {"content", json::array({{{"type", "text"}, {"text", value}}})}};
-}
 
 ToolDef taskTool(const std::string &name, const std::string &description,
                  const std::string &taskSupport,
                  std::function<json(const json &, CallContext &)> handler) {
-  ToolDef tool;
-  tool.name = name;
-  tool.description = description;
+  ToolDef tool = simpleTool(name, description, std::move(handler));
   tool.taskSupport = taskSupport;
-  tool.handler = std::move(handler);
   return tool;
 }
 

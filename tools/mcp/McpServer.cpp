@@ -472,6 +472,25 @@ void sendJson(httplib::Response &response, int status, const json &body) {
   response.set_content(serialise(body), "application/json");
 }
 
+/// Sets \p key of the listing \p entry to \p value unless the value is
+/// empty: optional fields (title, description, ...) are left out, not sent empty.
+template <typename T>
+void putUnlessEmpty(json &entry, const char *key, const T &value) {
+  if (!value.empty())
+    entry[key] = value;
+}
+
+/// False, after answering 404 with JSON-RPC error -32001 for request
+/// \p requestId, when \p session is null (an unknown or expired
+/// Mcp-Session-Id): every handler that needs a session stops there.
+bool sessionFound(const std::shared_ptr<Session> &session, httplib::Response &response,
+                  const json &requestId = nullptr) {
+  if (session)
+    return true;
+  sendJson(response, 404, rpcError(requestId, -32001, "Session not found"));
+  return false;
+}
+
 json McpServer::capabilities(bool stateless) const {
   // Stateless requests have no session to subscribe on: no subscribe there.
   json caps = {{"tools", json::object()}, {"logging", json::object()}};
@@ -493,10 +512,8 @@ json McpServer::toolList() const {
   json tools = json::array();
   for (const ToolDef &tool : registry.tools) {
     json entry = {{"name", tool.name}, {"inputSchema", tool.inputSchema}};
-    if (!tool.title.empty())
-      entry["title"] = tool.title;
-    if (!tool.description.empty())
-      entry["description"] = tool.description;
+    putUnlessEmpty(entry, "title", tool.title);
+    putUnlessEmpty(entry, "description", tool.description);
     if (!tool.outputSchema.is_null())
       entry["outputSchema"] = tool.outputSchema;
     if (tool.taskSupport != "forbidden")
@@ -634,12 +651,9 @@ json McpServer::dispatch(const std::string &method, const json &params,
         continue;
       json entry = {{templates ? "uriTemplate" : "uri", resource.uri},
                     {"name", resource.name}};
-      if (!resource.title.empty())
-        entry["title"] = resource.title;
-      if (!resource.description.empty())
-        entry["description"] = resource.description;
-      if (!resource.mimeType.empty())
-        entry["mimeType"] = resource.mimeType;
+      putUnlessEmpty(entry, "title", resource.title);
+      putUnlessEmpty(entry, "description", resource.description);
+      putUnlessEmpty(entry, "mimeType", resource.mimeType);
       list.push_back(entry);
     }
     return json{{templates ? "resourceTemplates" : "resources", list}};
@@ -656,12 +670,9 @@ json McpServer::dispatch(const std::string &method, const json &params,
     json list = json::array();
     for (const PromptDef &prompt : registry.prompts) {
       json entry = {{"name", prompt.name}};
-      if (!prompt.title.empty())
-        entry["title"] = prompt.title;
-      if (!prompt.description.empty())
-        entry["description"] = prompt.description;
-      if (!prompt.arguments.empty())
-        entry["arguments"] = prompt.arguments;
+      putUnlessEmpty(entry, "title", prompt.title);
+      putUnlessEmpty(entry, "description", prompt.description);
+      putUnlessEmpty(entry, "arguments", prompt.arguments);
       list.push_back(entry);
     }
     return json{{"prompts", list}};
@@ -731,10 +742,8 @@ void McpServer::handleGet(const httplib::Request &request,
     return;
   }
   std::shared_ptr<Session> session = findSession(id);
-  if (!session) {
-    sendJson(response, 404, rpcError(nullptr, -32001, "Session not found"));
+  if (!sessionFound(session, response))
     return;
-  }
   if (request.get_header_value("Accept").find("text/event-stream") ==
       std::string::npos) {
     sendJson(response, 406,
@@ -921,10 +930,8 @@ void McpServer::handleDelete(const httplib::Request &request,
       sessions.erase(it);
     }
   }
-  if (!session) {
-    sendJson(response, 404, rpcError(nullptr, -32001, "Session not found"));
+  if (!sessionFound(session, response))
     return;
-  }
   {
     std::lock_guard<std::mutex> lock(session->mutex);
     for (auto &flag : session->inFlight)
@@ -1135,8 +1142,7 @@ void McpServer::handlePost(const httplib::Request &request,
     json result = {{"protocolVersion", session->protocolVersion},
                    {"capabilities", capabilities(false)},
                    {"serverInfo", serverInfo()}};
-    if (!registry.instructions.empty())
-      result["instructions"] = registry.instructions;
+    putUnlessEmpty(result, "instructions", registry.instructions);
     response.set_header("Mcp-Session-Id", session->id);
     sendJson(response, 200, rpcResult(id, result));
     return;
@@ -1149,10 +1155,8 @@ void McpServer::handlePost(const httplib::Request &request,
     return;
   }
   std::shared_ptr<Session> session = findSession(sessionId);
-  if (!session) {
-    sendJson(response, 404, rpcError(id, -32001, "Session not found"));
+  if (!sessionFound(session, response, id))
     return;
-  }
   if (!versionHeader.empty()) {
     bool known = false;
     for (const char *version : kStatefulVersions)
