@@ -26,7 +26,8 @@ build fuzz-config "$src/tests/fuzz/FuzzConfig.cpp" "$src/parser/ConfigReader.cpp
 build fuzz-manifest "$src/tests/fuzz/FuzzManifest.cpp" "$src/parser/Manifest.cpp" "$src/parser/Safetensors.cpp"
 build fuzz-safetensors "$src/tests/fuzz/FuzzSafetensors.cpp" "$src/parser/Safetensors.cpp" "$src/parser/Manifest.cpp"
 LIBS="-lonnx_proto -lprotobuf" build fuzz-onnx "$src/tests/fuzz/FuzzOnnx.cpp" \
-  "$src/parser/OnnxModel.cpp" "$src/parser/OnnxComponents.cpp" -DONNX_NAMESPACE=onnx -DONNX_ML=1
+  "$src/parser/OnnxModel.cpp" "$src/parser/OnnxComponents.cpp" "$src/parser/Safetensors.cpp" "$src/parser/Manifest.cpp" \
+  -DONNX_NAMESPACE=onnx -DONNX_ML=1
 # FuzzJsonRpc.cpp includes McpServer.cpp itself (its class is file-local).
 mcp=$src/tools/mcp
 LIBS="-lcpp-httplib -pthread" DEPS="$mcp/McpServer.cpp $(echo "$mcp"/*.h)" build fuzz-jsonrpc \
