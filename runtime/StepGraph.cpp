@@ -33,7 +33,7 @@ struct StepGraph::State {
 #endif
   std::vector<torch::Tensor> params;
   std::vector<torch::Tensor> grads;            ///< Per param: the graph's gradient (or undefined).
-  std::vector<torch::Tensor> steps;            ///< Per param: the device step count (or undefined).
+  std::vector<torch::Tensor> steps;            ///< Per param: the device step count.
   std::vector<torch::optim::AdamWParamState *> states; ///< Per param (host step counts).
   torch::Tensor ids, labels, lr;
   torch::Tensor report; ///< [loss, gradient norm] in float64, written by the graph.
