@@ -456,13 +456,13 @@ private:
               "and MLA attention only)";
       return false;
     }
-    if (a.getOutputGate() && a.getKind() == "mla") {
+    if (a.getOutputGate() && a.getKind() == AttentionKind::Mla) {
       error = "layer " + std::to_string(layer.index) +
               " has a gated MLA output (output_gate), which the "
               "runtime's ModelDef cannot express";
       return false;
     }
-    bool mla = a.getKind() == "mla";
+    bool mla = a.getKind() == AttentionKind::Mla;
     line("rt::AttentionDef &a = d.attention;");
     if (mla)
       set("a.kind", "rt::AttentionKind::Mla");
@@ -544,7 +544,7 @@ private:
     writeWeights("a.weights", weights);
     if (hfAttention != "self_attn." && !hfAttention.empty())
       set("d.hfAttention", quote(hfAttention));
-    std::string kind = mla ? "MLA" : a.getKind() == "mha" ? "MHA" : "GQA";
+    std::string kind = mla ? "MLA" : a.getKind() == AttentionKind::Mha ? "MHA" : "GQA";
     summaryText = kind + " " + std::to_string(a.getNumHeads()) + " heads";
     if (!mla && a.getNumKvHeads() != a.getNumHeads())
       summaryText += " (" + std::to_string(a.getNumKvHeads()) + " KV)";

@@ -3,6 +3,7 @@
 #define ADAPT_OPS_TD
 
 include "ir/AdaptDialect.td"
+include "ir/AdaptAttrs.td"
 
 //===----------------------------------------------------------------------===//
 // Structure
@@ -107,7 +108,7 @@ def Adapt_RMSNormOp : Adapt_ComponentOp<"rms_norm",
 }
 
 def Adapt_AttentionOp : Adapt_ComponentOp<"attention", (ins
-    StrAttr:$kind,
+    Adapt_AttentionKindAttr:$kind,
     PositiveI64Attr:$num_heads, PositiveI64Attr:$num_kv_heads,
     PositiveI64Attr:$head_dim, PositiveI64Attr:$v_head_dim,
     DefaultValuedAttr<NonNegativeI64Attr, "0">:$q_lora_rank,

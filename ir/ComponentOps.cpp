@@ -43,12 +43,9 @@ LogicalResult RMSNormOp::verifySymbolUses(SymbolTableCollection &symbols) {
 }
 
 LogicalResult AttentionOp::verify() {
-  StringRef kind = getKind();
-  if (kind != "mha" && kind != "gqa" && kind != "mla")
-    return emitOpError("kind must be mha, gqa or mla, got '") << kind << "'";
   if (getNumHeads() % getNumKvHeads() != 0)
     return emitOpError("num_heads must be a multiple of num_kv_heads");
-  if (kind == "mla" && getKvLoraRank() == 0)
+  if (getKind() == AttentionKind::Mla && getKvLoraRank() == 0)
     return emitOpError("mla needs kv_lora_rank > 0");
   if (getWindow() != "none" && getWindow() != "sliding" &&
       getWindow() != "chunked")
@@ -66,7 +63,7 @@ LogicalResult AttentionOp::verifySymbolUses(SymbolTableCollection &symbols) {
     return failure();
   int64_t h = componentHidden(*this);
   int64_t heads = getNumHeads(), hd = getHeadDim(), vd = getVHeadDim();
-  if (getKind() == "mla") {
+  if (getKind() == AttentionKind::Mla) {
     int64_t nope = hd - getQkRopeHeadDim();
     return expectWeightShapes(*this, *w,
         {{"kv_b_proj", {heads * (nope + vd), getKvLoraRank()}},

@@ -114,7 +114,9 @@ private:
     auto flag = [](bool b) { return b; };
     if (c.kind == "attention" || (c.kind == "mla" && m.indexTopK == 0)) {
       bool mla = c.kind == "mla";
-      std::string kind = mla ? "mla" : m.numKvHeads == m.numHeads ? "mha" : "gqa";
+      AttentionKind kind = mla                         ? AttentionKind::Mla
+                           : m.numKvHeads == m.numHeads ? AttentionKind::Mha
+                                                        : AttentionKind::Gqa;
       const RopeSpec &r = m.rope;
       auto f64 = [](double v) { return llvm::APFloat(v); };
       return builder.create<AttentionOp>(

@@ -26,7 +26,7 @@ const char *yesNo(bool value) { return value ? "yes" : "no"; }
 Features featuresOf(Operation *op) {
   Features f;
   if (auto a = dyn_cast<AttentionOp>(op)) {
-    f["kind"] = a.getKind().str();
+    f["kind"] = stringifyAttentionKind(a.getKind()).str();
     f["rope"] = a.getRope().str();
     f["window"] = a.getWindow().str();
     f["sinks"] = yesNo(a.getSinks());

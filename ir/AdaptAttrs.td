@@ -1,0 +1,47 @@
+//===- AdaptAttrs.td - adapt dialect attributes ------------*- tablegen -*-===//
+//
+// Closed sets of component choices as enumerations, so that ODS verifies
+// them and C++ compares enumerators instead of strings. Only sets the config
+// reader can never extend belong here: a config value adapt has not seen
+// (a new `scoring_func`, `hidden_act` or `rope_type`) must still import and
+// reach the gap report by name, so those attributes stay strings.
+//
+//===----------------------------------------------------------------------===//
+#ifndef ADAPT_ATTRS_TD
+#define ADAPT_ATTRS_TD
+
+include "ir/AdaptDialect.td"
+include "mlir/IR/EnumAttr.td"
+
+/// An I32 enumeration whose attribute class is declared by Adapt_EnumAttr.
+class Adapt_I32Enum<string name, string summary, list<I32EnumAttrCase> cases>
+    : I32EnumAttr<name, summary, cases> {
+  let cppNamespace = "::adapt";
+  let genSpecializedAttr = 0;
+}
+
+/// The attribute of \p enumInfo, printed `#adapt.<mnemonic><value>`.
+class Adapt_EnumAttr<EnumAttrInfo enumInfo, string mnemonic>
+    : EnumAttr<Adapt_Dialect, enumInfo, mnemonic> {
+  let assemblyFormat = "`<` $value `>`";
+}
+
+//===----------------------------------------------------------------------===//
+// Attention
+//===----------------------------------------------------------------------===//
+
+def Adapt_AttentionKind : Adapt_I32Enum<"AttentionKind",
+    "softmax attention's head layout", [
+      I32EnumAttrCase<"Mha", 0, "mha">,
+      I32EnumAttrCase<"Gqa", 1, "gqa">,
+      I32EnumAttrCase<"Mla", 2, "mla">]> {
+  let description = [{
+    `mha`: as many key/value heads as query heads; `gqa`: fewer key/value
+    heads, each shared by a group of query heads; `mla`: DeepSeek's
+    multi-head latent attention (low-rank compressed keys and values).
+  }];
+}
+def Adapt_AttentionKindAttr
+    : Adapt_EnumAttr<Adapt_AttentionKind, "attention_kind">;
+
+#endif // ADAPT_ATTRS_TD
