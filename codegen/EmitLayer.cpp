@@ -482,10 +482,10 @@ private:
     noteHfAttention(weights);
     setTrue("a.outBias", oBias);
     setTrue("a.sinks", a.getSinks());
-    std::string window = a.getWindow().str();
-    if (window == "sliding")
+    WindowKind window = a.getWindow();
+    if (window == WindowKind::Sliding)
       setInt("a.slidingWindow", a.getWindowSize());
-    else if (window == "chunked")
+    else if (window == WindowKind::Chunked)
       setInt("a.chunkSize", a.getWindowSize());
     double scale = a.getSoftmaxScale().convertToDouble();
     if (scale != 0)
@@ -548,15 +548,15 @@ private:
     summaryText = kind + " " + std::to_string(a.getNumHeads()) + " heads";
     if (!mla && a.getNumKvHeads() != a.getNumHeads())
       summaryText += " (" + std::to_string(a.getNumKvHeads()) + " KV)";
-    if (window != "none")
-      summaryText += ", " + window + " " + std::to_string(a.getWindowSize());
+    if (window != WindowKind::None)
+      summaryText += ", " + stringifyWindowKind(window).str() + " " + std::to_string(a.getWindowSize());
     if (rope == "none")
       summaryText += ", no RoPE";
-    shapeName = window == "sliding" ? "sliding"
-                : window == "chunked" ? "chunked"
-                : rope == "none"      ? "nope"
-                : a.getOutputGate()   ? "gated"
-                                      : "";
+    shapeName = window == WindowKind::Sliding   ? "sliding"
+                : window == WindowKind::Chunked ? "chunked"
+                : rope == "none"                ? "nope"
+                : a.getOutputGate()             ? "gated"
+                                                : "";
     if (a.getOutputGate())
       summaryText += ", gated output";
     return true;

@@ -44,4 +44,17 @@ def Adapt_AttentionKind : Adapt_I32Enum<"AttentionKind",
 def Adapt_AttentionKindAttr
     : Adapt_EnumAttr<Adapt_AttentionKind, "attention_kind">;
 
+def Adapt_WindowKind : Adapt_I32Enum<"WindowKind",
+    "which keys a query attends to", [
+      I32EnumAttrCase<"None", 0, "none">,
+      I32EnumAttrCase<"Sliding", 1, "sliding">,
+      I32EnumAttrCase<"Chunked", 2, "chunked">]> {
+  let description = [{
+    `none`: every earlier key; `sliding`: the last `window_size` keys;
+    `chunked`: the keys of the query's own `window_size`-token chunk
+    (Llama-4).
+  }];
+}
+def Adapt_WindowKindAttr : Adapt_EnumAttr<Adapt_WindowKind, "window">;
+
 #endif // ADAPT_ATTRS_TD

@@ -115,7 +115,7 @@ def Adapt_AttentionOp : Adapt_ComponentOp<"attention", (ins
     DefaultValuedAttr<NonNegativeI64Attr, "0">:$kv_lora_rank,
     DefaultValuedAttr<NonNegativeI64Attr, "0">:$qk_rope_head_dim,
     StrAttr:$rope, DefaultValuedAttr<F64Attr, "1.0">:$rope_partial,
-    DefaultValuedAttr<StrAttr, "\"none\"">:$window,
+    DefaultValuedAttr<Adapt_WindowKindAttr, "::adapt::WindowKind::None">:$window,
     DefaultValuedAttr<NonNegativeI64Attr, "0">:$window_size,
     UnitAttr:$sinks, UnitAttr:$output_gate, UnitAttr:$qk_norm,
     UnitAttr:$qkv_bias,

@@ -6,6 +6,7 @@
 #include "parser/ConfigReader.h"
 
 #include "mlir/IR/Builders.h"
+#include "llvm/Support/ErrorHandling.h"
 
 #include <algorithm>
 
@@ -13,6 +14,16 @@ using namespace mlir;
 
 namespace adapt {
 namespace {
+
+/// The enumerator of a ModelSpec field that the config reader fills from its
+/// own fixed spellings (never from config text, so every value is known).
+template <typename EnumT>
+EnumT knownSpelling(std::optional<EnumT> value, llvm::StringRef field) {
+  if (!value)
+    llvm::report_fatal_error(llvm::Twine("ModelSpec::") + field +
+                             " holds a value the adapt dialect does not enumerate");
+  return *value;
+}
 
 /// Builds the model body; one instance per import.
 class ModelImporter {
@@ -123,7 +134,7 @@ private:
           loc, x.getType(), ValueRange{x}, c.layer, allRefs(c), kind,
           m.numHeads, m.numKvHeads, m.headDim, m.vHeadDim, m.qLoraRank,
           m.kvLoraRank, m.qkRopeDim, r.type, f64(r.partialFactor),
-          m.window, m.windowSize, flag(m.sinks), flag(m.outputGate),
+          knownSpelling(symbolizeWindowKind(m.window), "window"), m.windowSize, flag(m.sinks), flag(m.outputGate),
           flag(m.qkNorm), flag(m.qkvBias), f64(r.theta), flag(r.interleaved),
           f64(r.factor), r.originalMaxPositions, f64(r.betaFast),
           f64(r.betaSlow), f64(r.mscale), f64(r.mscaleAllDim), r.truncate,

@@ -28,7 +28,7 @@ Features featuresOf(Operation *op) {
   if (auto a = dyn_cast<AttentionOp>(op)) {
     f["kind"] = stringifyAttentionKind(a.getKind()).str();
     f["rope"] = a.getRope().str();
-    f["window"] = a.getWindow().str();
+    f["window"] = stringifyWindowKind(a.getWindow()).str();
     f["sinks"] = yesNo(a.getSinks());
     f["output_gate"] = yesNo(a.getOutputGate());
     f["qk_norm"] = yesNo(a.getQkNorm());
