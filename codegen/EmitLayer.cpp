@@ -471,7 +471,7 @@ private:
     setInt("a.headDim", a.getHeadDim());
     setInt("a.vHeadDim", a.getVHeadDim());
     if (a.getQkNorm())
-      set("a.qkNorm", quote(a.getQkNormKind().str()));
+      set("a.qkNorm", quote(stringifyQkNormKind(a.getQkNormKind()).str()));
     setTrue("a.qkvBias", a.getQkvBias());
     setTrue("a.outputGate", a.getOutputGate());
     Weights weights;

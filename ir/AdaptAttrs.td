@@ -57,4 +57,16 @@ def Adapt_WindowKind : Adapt_I32Enum<"WindowKind",
 }
 def Adapt_WindowKindAttr : Adapt_EnumAttr<Adapt_WindowKind, "window">;
 
+def Adapt_QkNormKind : Adapt_I32Enum<"QkNormKind",
+    "how q and k are normalised before the dot product", [
+      I32EnumAttrCase<"Head", 0, "head">,
+      I32EnumAttrCase<"Full", 1, "full">,
+      I32EnumAttrCase<"L2", 2, "l2">]> {
+  let description = [{
+    `head`: RMSNorm over each head (Qwen3, GLM, Hunyuan); `full`: RMSNorm
+    over all heads' width (MiniMax-M2); `l2`: a weightless L2 norm (Llama-4).
+  }];
+}
+def Adapt_QkNormKindAttr : Adapt_EnumAttr<Adapt_QkNormKind, "qk_norm_kind">;
+
 #endif // ADAPT_ATTRS_TD

@@ -131,7 +131,7 @@ def Adapt_AttentionOp : Adapt_ComponentOp<"attention", (ins
     DefaultValuedAttr<BoolAttr, "true">:$rope_truncate,
     DefaultValuedAttr<F64Attr, "1.0">:$rope_low_freq_factor,
     DefaultValuedAttr<F64Attr, "4.0">:$rope_high_freq_factor,
-    DefaultValuedAttr<StrAttr, "\"head\"">:$qk_norm_kind,
+    DefaultValuedAttr<Adapt_QkNormKindAttr, "::adapt::QkNormKind::Head">:$qk_norm_kind,
     UnitAttr:$out_bias,
     DefaultValuedAttr<F64Attr, "0.0">:$softmax_scale,
     UnitAttr:$temperature_tuning,

@@ -47,10 +47,6 @@ LogicalResult AttentionOp::verify() {
     return emitOpError("num_heads must be a multiple of num_kv_heads");
   if (getKind() == AttentionKind::Mla && getKvLoraRank() == 0)
     return emitOpError("mla needs kv_lora_rank > 0");
-  StringRef norm = getQkNormKind();
-  if (norm != "head" && norm != "full" && norm != "l2")
-    return emitOpError("qk_norm_kind must be head, full or l2, got '")
-           << norm << "'";
   return success();
 }
 

@@ -138,7 +138,8 @@ private:
           flag(m.qkNorm), flag(m.qkvBias), f64(r.theta), flag(r.interleaved),
           f64(r.factor), r.originalMaxPositions, f64(r.betaFast),
           f64(r.betaSlow), f64(r.mscale), f64(r.mscaleAllDim), r.truncate,
-          f64(r.lowFreqFactor), f64(r.highFreqFactor), m.qkNormKind,
+          f64(r.lowFreqFactor), f64(r.highFreqFactor),
+          knownSpelling(symbolizeQkNormKind(m.qkNormKind), "qkNormKind"),
           flag(m.outBias), f64(m.softmaxScale), flag(m.temperatureTuning),
           f64(m.floorScale), f64(m.attnScale),
           r.mropeSection.empty()

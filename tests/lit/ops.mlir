@@ -6,6 +6,7 @@
 // CHECK: %[[E:.*]] = adapt.embedding %{{.*}} {weights = [@embed]}
 // CHECK: %[[A:.*]] = adapt.attention %[[E]]
 // CHECK-SAME: kind = #adapt.attention_kind<gqa>
+// CHECK-SAME: qk_norm, qk_norm_kind = #adapt.qk_norm_kind<full>
 // CHECK-SAME: window = #adapt.window<sliding>
 // CHECK: adapt.add %[[E]], %[[A]]
 // CHECK: adapt.moe
@@ -20,7 +21,7 @@ adapt.model @tiny attributes {model_type = "t", family = "qwen3_moe", hidden = 1
   adapt.weight @router : tensor<4x16xbf16> {role = "gate", linear}
   adapt.weight @"l0.experts.{e}.w1" : tensor<4x8x16xbf16> {role = "experts.w1", linear, per_expert, routed}
   %x = adapt.embedding %tokens {weights = [@embed]} : (tensor<?xi64>) -> tensor<?x16xbf16>
-  %a = adapt.attention %x {kind = #adapt.attention_kind<gqa>, num_heads = 4 : i64, num_kv_heads = 2 : i64, head_dim = 8 : i64, v_head_dim = 8 : i64, rope = "default", window = #adapt.window<sliding>, window_size = 4 : i64, layer = 0 : i64, weights = [@q, @k, @v, @o]} : (tensor<?x16xbf16>) -> tensor<?x16xbf16>
+  %a = adapt.attention %x {kind = #adapt.attention_kind<gqa>, num_heads = 4 : i64, num_kv_heads = 2 : i64, head_dim = 8 : i64, v_head_dim = 8 : i64, rope = "default", window = #adapt.window<sliding>, window_size = 4 : i64, qk_norm, qk_norm_kind = #adapt.qk_norm_kind<full>, layer = 0 : i64, weights = [@q, @k, @v, @o]} : (tensor<?x16xbf16>) -> tensor<?x16xbf16>
   %h = adapt.add %x, %a : tensor<?x16xbf16>
   %m = adapt.moe %h {num_experts = 4 : i64, top_k = 2 : i64, expert_intermediate = 8 : i64, scoring = "softmax", activation = "silu", layer = 0 : i64, weights = [@router, @"l0.experts.{e}.w1"]} : (tensor<?x16xbf16>) -> tensor<?x16xbf16>
   adapt.output %m : tensor<?x16xbf16>
