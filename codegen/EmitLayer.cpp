@@ -270,9 +270,10 @@ private:
 
   /// Linear attention: Qwen3-Next's Gated DeltaNet.
   bool writeLinearAttention(LinearAttentionOp l, std::string &error) {
-    const bool kimi = l.getKind() == "kimi_delta";
-    if (!kimi && l.getKind() != "gated_delta_rule") {
-      error = "layer " + std::to_string(layer.index) + " uses linear attention (" + l.getKind().str() +
+    const bool kimi = l.getKind() == LinearAttentionKind::KimiDelta;
+    if (!kimi && l.getKind() != LinearAttentionKind::GatedDeltaRule) {
+      error = "layer " + std::to_string(layer.index) + " uses linear attention (" +
+              stringifyLinearAttentionKind(l.getKind()).str() +
               "), which the runtime's ModelDef cannot express yet";
       return false;
     }
@@ -442,7 +443,7 @@ private:
 
   bool writeAttention(std::string &error) {
     if (auto l = llvm::dyn_cast_or_null<LinearAttentionOp>(layer.mixer))
-      return l.getKind() == "lightning" ? writeLightning(l, error) : writeLinearAttention(l, error);
+      return l.getKind() == LinearAttentionKind::Lightning ? writeLightning(l, error) : writeLinearAttention(l, error);
     if (auto s = llvm::dyn_cast_or_null<SparseAttentionOp>(layer.mixer))
       return writeSparseAttention(s, error);
     auto a = llvm::dyn_cast_or_null<AttentionOp>(layer.mixer);
@@ -450,7 +451,7 @@ private:
       std::string what = layer.mixer ? layer.mixer->getName().getStringRef().str()
                                      : std::string("no token mixer");
       if (auto l = llvm::dyn_cast_or_null<LinearAttentionOp>(layer.mixer))
-        what += " (" + l.getKind().str() + ")";
+        what += " (" + stringifyLinearAttentionKind(l.getKind()).str() + ")";
       error = "layer " + std::to_string(layer.index) + " uses " + what +
               ", which the runtime's ModelDef cannot express (it has GQA/MHA "
               "and MLA attention only)";

@@ -69,4 +69,18 @@ def Adapt_QkNormKind : Adapt_I32Enum<"QkNormKind",
 }
 def Adapt_QkNormKindAttr : Adapt_EnumAttr<Adapt_QkNormKind, "qk_norm_kind">;
 
+def Adapt_LinearAttentionKind : Adapt_I32Enum<"LinearAttentionKind",
+    "linear attention's state update", [
+      I32EnumAttrCase<"GatedDeltaRule", 0, "gated_delta_rule">,
+      I32EnumAttrCase<"KimiDelta", 1, "kimi_delta">,
+      I32EnumAttrCase<"Lightning", 2, "lightning">]> {
+  let description = [{
+    `gated_delta_rule`: Gated DeltaNet (Qwen3-Next, Qwen3.5); `kimi_delta`:
+    the same with per-channel decay (Kimi-Linear); `lightning`: decayed
+    linear attention in blocks (MiniMax-M1).
+  }];
+}
+def Adapt_LinearAttentionKindAttr
+    : Adapt_EnumAttr<Adapt_LinearAttentionKind, "linear_attention_kind">;
+
 #endif // ADAPT_ATTRS_TD

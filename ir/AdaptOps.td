@@ -199,7 +199,7 @@ def Adapt_SparseAttentionOp : Adapt_ComponentOp<"sparse_attention", (ins
 }
 
 def Adapt_LinearAttentionOp : Adapt_ComponentOp<"linear_attention", (ins
-    StrAttr:$kind,
+    Adapt_LinearAttentionKindAttr:$kind,
     PositiveI64Attr:$key_heads, PositiveI64Attr:$value_heads,
     PositiveI64Attr:$key_head_dim, PositiveI64Attr:$value_head_dim,
     DefaultValuedAttr<NonNegativeI64Attr, "0">:$conv_kernel,

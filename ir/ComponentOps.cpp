@@ -98,11 +98,6 @@ SparseAttentionOp::verifySymbolUses(SymbolTableCollection &symbols) {
 }
 
 LogicalResult LinearAttentionOp::verify() {
-  StringRef kind = getKind();
-  if (kind != "gated_delta_rule" && kind != "kimi_delta" && kind != "lightning")
-    return emitOpError("kind must be gated_delta_rule, kimi_delta or "
-                       "lightning, got '")
-           << kind << "'";
   if (getValueHeads() % getKeyHeads() != 0)
     return emitOpError("value_heads must be a multiple of key_heads");
   return success();
@@ -116,13 +111,13 @@ LinearAttentionOp::verifySymbolUses(SymbolTableCollection &symbols) {
   int64_t h = componentHidden(*this);
   int64_t keyDim = getKeyHeads() * getKeyHeadDim();
   int64_t valueDim = getValueHeads() * getValueHeadDim();
-  if (getKind() == "lightning")
+  if (getKind() == LinearAttentionKind::Lightning)
     return expectWeightShapes(*this, *w,
         {{"qkv_proj", {3 * valueDim, h}},
          {"output_gate", {valueDim, h}},
          {"norm", {valueDim}},
          {"out_proj", {h, valueDim}}});
-  if (getKind() == "gated_delta_rule")
+  if (getKind() == LinearAttentionKind::GatedDeltaRule)
     return expectWeightShapes(*this, *w,
         {{"in_proj_qkvz", {2 * keyDim + 2 * valueDim, h}},
          {"in_proj_qkv", {2 * keyDim + valueDim, h}},

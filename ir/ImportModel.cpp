@@ -148,9 +148,9 @@ private:
     }
     if (c.kind == "mla")
       return sparseAttention(x, c, m);
-    std::string kind = m.kind == MixerKind::GatedDeltaNet ? "gated_delta_rule"
-                       : m.kind == MixerKind::KimiDelta   ? "kimi_delta"
-                                                          : "lightning";
+    LinearAttentionKind kind = m.kind == MixerKind::GatedDeltaNet ? LinearAttentionKind::GatedDeltaRule
+                               : m.kind == MixerKind::KimiDelta   ? LinearAttentionKind::KimiDelta
+                                                                  : LinearAttentionKind::Lightning;
     int64_t keyHeads = m.linearKeyHeads ? m.linearKeyHeads : m.numHeads;
     int64_t valueHeads = m.linearValueHeads ? m.linearValueHeads : m.numHeads;
     int64_t keyDim = m.linearKeyDim ? m.linearKeyDim : m.headDim;

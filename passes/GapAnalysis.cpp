@@ -37,7 +37,7 @@ Features featuresOf(Operation *op) {
     f["indexer"] = s.getReusesIndexer() ? "shared" : "lightning";
     f["rope"] = s.getRope().str();
   } else if (auto l = dyn_cast<LinearAttentionOp>(op)) {
-    f["kind"] = l.getKind().str();
+    f["kind"] = stringifyLinearAttentionKind(l.getKind()).str();
     f["split_projections"] = yesNo(l.getSplitProjections());
   } else if (auto m = dyn_cast<MoEOp>(op)) {
     f["scoring"] = m.getScoring().str();
