@@ -599,21 +599,22 @@ private:
     }
     if (!checkActivation(m.getActivation()))
       return false;
-    std::string scoring = m.getScoring().str(), routing = m.getRouting().str();
+    std::string scoring = m.getScoring().str();
+    Routing routing = m.getRouting();
     if (scoring != "softmax" && scoring != "sigmoid") {
       error = "layer " + std::to_string(layer.index) + ": router scoring '" + scoring +
               "' has no ModelDef form (softmax or sigmoid)";
       return false;
     }
     std::string router;
-    if (routing == "score_topk")
+    if (routing == Routing::ScoreTopK)
       router = scoring == "softmax" ? "SoftmaxTopK" : "SigmoidTopK";
-    else if (routing == "topk_score" && scoring == "softmax")
+    else if (routing == Routing::TopKScore && scoring == "softmax")
       router = "TopKSoftmax";
-    else if (routing == "topk_score_input" && scoring == "sigmoid")
+    else if (routing == Routing::TopKScoreInput && scoring == "sigmoid")
       router = "TopKSigmoidInput";
     else {
-      error = "layer " + std::to_string(layer.index) + ": router '" + routing +
+      error = "layer " + std::to_string(layer.index) + ": router '" + stringifyRouting(routing).str() +
               "' with " + scoring + " scoring has no ModelDef form";
       return false;
     }

@@ -83,4 +83,22 @@ def Adapt_LinearAttentionKind : Adapt_I32Enum<"LinearAttentionKind",
 def Adapt_LinearAttentionKindAttr
     : Adapt_EnumAttr<Adapt_LinearAttentionKind, "linear_attention_kind">;
 
+//===----------------------------------------------------------------------===//
+// Mixture of experts
+//===----------------------------------------------------------------------===//
+
+def Adapt_Routing : Adapt_I32Enum<"Routing",
+    "the order of a router's scoring and top-k selection", [
+      I32EnumAttrCase<"ScoreTopK", 0, "score_topk">,
+      I32EnumAttrCase<"TopKScore", 1, "topk_score">,
+      I32EnumAttrCase<"TopKScoreInput", 2, "topk_score_input">]> {
+  let description = [{
+    `score_topk`: score every expert, then keep the top k (Qwen, Mixtral,
+    DeepSeek); `topk_score`: the top k of the logits, then score those k
+    (gpt-oss); `topk_score_input`: as `topk_score`, the score scaling the
+    expert's input instead of its output (Llama-4).
+  }];
+}
+def Adapt_RoutingAttr : Adapt_EnumAttr<Adapt_Routing, "routing">;
+
 #endif // ADAPT_ATTRS_TD

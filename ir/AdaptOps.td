@@ -232,7 +232,7 @@ def Adapt_MoEOp : Adapt_ComponentOp<"moe", (ins
     DefaultValuedAttr<F64Attr, "1.0">:$routed_scaling,
     DefaultValuedAttr<F64Attr, "0.0">:$swiglu_limit,
     StrAttr:$activation,
-    DefaultValuedAttr<StrAttr, "\"score_topk\"">:$routing,
+    DefaultValuedAttr<Adapt_RoutingAttr, "::adapt::Routing::ScoreTopK">:$routing,
     DefaultValuedAttr<F64Attr, "1.702">:$swiglu_alpha,
     UnitAttr:$expert_bias,
     DefaultValuedAttr<StrAttr, "\"\"">:$fused_layout)> {

@@ -137,12 +137,6 @@ LogicalResult MoEOp::verify() {
     return emitOpError("topk_groups exceeds num_groups");
   // scoring is open: a value no library variant knows is a gap (the gap
   // analysis reports it missing), not an inconsistent model.
-  StringRef routing = getRouting();
-  if (routing != "score_topk" && routing != "topk_score" &&
-      routing != "topk_score_input")
-    return emitOpError("routing must be score_topk, topk_score or "
-                       "topk_score_input, got '")
-           << routing << "'";
   StringRef layout = getFusedLayout();
   if (!layout.empty() && layout != "interleaved_in_out" &&
       layout != "concat_in_out" && layout != "concat_out_in" &&

@@ -200,7 +200,8 @@ private:
         f.scoring, f.numGroups, f.topKGroups, flag(f.biasCorrection),
         flag(f.normTopK), flag(f.routerBias), flag(f.sharedGate),
         llvm::APFloat(f.routedScaling),
-        llvm::APFloat(f.swigluLimit), f.activation, f.routing,
+        llvm::APFloat(f.swigluLimit), f.activation,
+        knownSpelling(symbolizeRouting(f.routing), "routing"),
         llvm::APFloat(f.swigluAlpha), flag(f.expertBias), f.fusedLayout);
   }
 
