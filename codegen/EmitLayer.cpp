@@ -639,8 +639,8 @@ private:
       setDouble("f.swigluLimit", limit);
     }
     setTrue("f.expertBias", m.getExpertBias());
-    if (!m.getFusedLayout().empty())
-      set("f.fusedLayout", quote(m.getFusedLayout().str()));
+    if (m.getFusedLayout() != FusedLayout::None)
+      set("f.fusedLayout", quote(stringifyFusedLayout(m.getFusedLayout()).str()));
     if (!collect(m))
       return false;
     bool hasShared = false;

@@ -101,4 +101,22 @@ def Adapt_Routing : Adapt_I32Enum<"Routing",
 }
 def Adapt_RoutingAttr : Adapt_EnumAttr<Adapt_Routing, "routing">;
 
+def Adapt_FusedLayout : Adapt_I32Enum<"FusedLayout",
+    "how a fused expert gate_up tensor is stored", [
+      I32EnumAttrCase<"None", 0, "none">,
+      I32EnumAttrCase<"InterleavedInOut", 1, "interleaved_in_out">,
+      I32EnumAttrCase<"ConcatInOut", 2, "concat_in_out">,
+      I32EnumAttrCase<"ConcatOutIn", 3, "concat_out_in">,
+      I32EnumAttrCase<"ConcatInOutConverted", 4, "concat_in_out_converted">]> {
+  let description = [{
+    `none`: no fused tensor (per-expert gate and up tensors);
+    `interleaved_in_out`: [E, H, 2I], gate and up columns alternating
+    (gpt-oss); `concat_in_out`: [E, H, 2I], gate then up (Llama-4);
+    `concat_out_in`: [E, 2I, H], gate then up; `concat_in_out_converted`:
+    [E, H, 2I] on disk, [E, 2I, H] in transformers after its load-time
+    transpose (Qwen3-VL-MoE).
+  }];
+}
+def Adapt_FusedLayoutAttr : Adapt_EnumAttr<Adapt_FusedLayout, "fused_layout">;
+
 #endif // ADAPT_ATTRS_TD

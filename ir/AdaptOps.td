@@ -235,7 +235,7 @@ def Adapt_MoEOp : Adapt_ComponentOp<"moe", (ins
     DefaultValuedAttr<Adapt_RoutingAttr, "::adapt::Routing::ScoreTopK">:$routing,
     DefaultValuedAttr<F64Attr, "1.702">:$swiglu_alpha,
     UnitAttr:$expert_bias,
-    DefaultValuedAttr<StrAttr, "\"\"">:$fused_layout)> {
+    DefaultValuedAttr<Adapt_FusedLayoutAttr, "::adapt::FusedLayout::None">:$fused_layout)> {
   let summary = "Mixture of experts: router, routed experts, shared experts";
   let description = [{
     y = sum_{e in topk(score(W_r x))} w_e * E_e(x) + S(x), with `scoring`
@@ -247,8 +247,8 @@ def Adapt_MoEOp : Adapt_ComponentOp<"moe", (ins
     (top-k of the logits, then score the k: gpt-oss) or `topk_score_input`
     (the same, the score scaling the expert's input: Llama-4).
     `swiglu_limit` > 0 clamps SwiGLU (gpt-oss, slope `swiglu_alpha`).
-    `fused_layout` says how a fused gate_up tensor is stored: empty for
-    per-expert tensors, `interleaved_in_out` or `concat_in_out`.
+    `fused_layout` says how a fused gate_up tensor is stored: `none` for
+    per-expert tensors, else one of the FusedLayout enumerators.
   }];
   let hasVerifier = 1;
 }

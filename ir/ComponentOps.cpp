@@ -137,14 +137,6 @@ LogicalResult MoEOp::verify() {
     return emitOpError("topk_groups exceeds num_groups");
   // scoring is open: a value no library variant knows is a gap (the gap
   // analysis reports it missing), not an inconsistent model.
-  StringRef layout = getFusedLayout();
-  if (!layout.empty() && layout != "interleaved_in_out" &&
-      layout != "concat_in_out" && layout != "concat_out_in" &&
-      layout != "concat_in_out_converted")
-    return emitOpError("fused_layout must be empty, interleaved_in_out, "
-                       "concat_in_out, concat_in_out_converted or "
-                       "concat_out_in, got '")
-           << layout << "'";
   return success();
 }
 

@@ -202,7 +202,9 @@ private:
         llvm::APFloat(f.routedScaling),
         llvm::APFloat(f.swigluLimit), f.activation,
         knownSpelling(symbolizeRouting(f.routing), "routing"),
-        llvm::APFloat(f.swigluAlpha), flag(f.expertBias), f.fusedLayout);
+        llvm::APFloat(f.swigluAlpha), flag(f.expertBias),
+        f.fusedLayout.empty() ? FusedLayout::None
+                              : knownSpelling(symbolizeFusedLayout(f.fusedLayout), "fusedLayout"));
   }
 
   /// The residual add after a sublayer: x + update, or MiniMax's

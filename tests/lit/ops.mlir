@@ -9,7 +9,8 @@
 // CHECK-SAME: qk_norm, qk_norm_kind = #adapt.qk_norm_kind<full>
 // CHECK-SAME: window = #adapt.window<sliding>
 // CHECK: adapt.add %[[E]], %[[A]]
-// CHECK: adapt.moe {{.*}}routing = #adapt.routing<topk_score>
+// CHECK: adapt.moe {{.*}}fused_layout = #adapt.fused_layout<interleaved_in_out>
+// CHECK-SAME: routing = #adapt.routing<topk_score>
 // CHECK: adapt.linear_attention {{.*}}kind = #adapt.linear_attention_kind<kimi_delta>
 // CHECK: adapt.output
 adapt.model @tiny attributes {model_type = "t", family = "qwen3_moe", hidden = 16 : i64, vocab = 32 : i64} {
@@ -24,7 +25,7 @@ adapt.model @tiny attributes {model_type = "t", family = "qwen3_moe", hidden = 1
   %x = adapt.embedding %tokens {weights = [@embed]} : (tensor<?xi64>) -> tensor<?x16xbf16>
   %a = adapt.attention %x {kind = #adapt.attention_kind<gqa>, num_heads = 4 : i64, num_kv_heads = 2 : i64, head_dim = 8 : i64, v_head_dim = 8 : i64, rope = "default", window = #adapt.window<sliding>, window_size = 4 : i64, qk_norm, qk_norm_kind = #adapt.qk_norm_kind<full>, layer = 0 : i64, weights = [@q, @k, @v, @o]} : (tensor<?x16xbf16>) -> tensor<?x16xbf16>
   %h = adapt.add %x, %a : tensor<?x16xbf16>
-  %m = adapt.moe %h {num_experts = 4 : i64, top_k = 2 : i64, expert_intermediate = 8 : i64, scoring = "softmax", routing = #adapt.routing<topk_score>, activation = "silu", layer = 0 : i64, weights = [@router, @"l0.experts.{e}.w1"]} : (tensor<?x16xbf16>) -> tensor<?x16xbf16>
+  %m = adapt.moe %h {num_experts = 4 : i64, top_k = 2 : i64, expert_intermediate = 8 : i64, scoring = "softmax", routing = #adapt.routing<topk_score>, fused_layout = #adapt.fused_layout<interleaved_in_out>, activation = "silu", layer = 0 : i64, weights = [@router, @"l0.experts.{e}.w1"]} : (tensor<?x16xbf16>) -> tensor<?x16xbf16>
   %l = adapt.linear_attention %m {kind = #adapt.linear_attention_kind<kimi_delta>, key_heads = 2 : i64, value_heads = 2 : i64, key_head_dim = 8 : i64, value_head_dim = 8 : i64, layer = 0 : i64, weights = []} : (tensor<?x16xbf16>) -> tensor<?x16xbf16>
   adapt.output %l : tensor<?x16xbf16>
 }
