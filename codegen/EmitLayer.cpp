@@ -195,17 +195,17 @@ private:
       set(field, "true");
   }
 
-  /// The YaRN fields of a.rope with scaling \p factor, from \p op's rope_*
-  /// attributes (AttentionOp and SparseAttentionOp spell them alike).
-  template <typename AttentionLikeOp> void setYarn(AttentionLikeOp op, double factor) {
+  /// The YaRN fields of a.rope with scaling \p factor, from \p rope (the
+  /// #adapt.rope that AttentionOp and SparseAttentionOp share).
+  void setYarn(RopeAttr rope, double factor) {
     set("a.rope.scaling", "\"yarn\"");
     setDouble("a.rope.factor", factor);
-    setInt("a.rope.originalMaxPositions", op.getRopeOriginalMaxPositions());
-    setDouble("a.rope.betaFast", op.getRopeBetaFast().convertToDouble());
-    setDouble("a.rope.betaSlow", op.getRopeBetaSlow().convertToDouble());
-    setDouble("a.rope.mscale", op.getRopeMscale().convertToDouble());
-    setDouble("a.rope.mscaleAllDim", op.getRopeMscaleAllDim().convertToDouble());
-    set("a.rope.truncate", op.getRopeTruncate() ? "true" : "false");
+    setInt("a.rope.originalMaxPositions", rope.getOriginalMaxPositions());
+    setDouble("a.rope.betaFast", rope.getBetaFast().convertToDouble());
+    setDouble("a.rope.betaSlow", rope.getBetaSlow().convertToDouble());
+    setDouble("a.rope.mscale", rope.getMscale().convertToDouble());
+    setDouble("a.rope.mscaleAllDim", rope.getMscaleAllDim().convertToDouble());
+    set("a.rope.truncate", rope.getTruncate() ? "true" : "false");
   }
 
   /// (ModelDef role, tensor name) of each weight a section writes.
@@ -404,7 +404,8 @@ private:
       return false;
     bool oBias = s.getOutBias() || hasRole(weights, "o_proj.bias");
     noteHfAttention(weights);
-    std::string rope = s.getRope().str();
+    RopeAttr ropeAttr = s.getRope();
+    std::string rope = ropeAttr.getScaling().str();
     if (rope != "default" && rope != "yarn") {
       error = where + ": RoPE '" + rope + "' has no ModelDef form here (default or yarn)";
       return false;
@@ -424,10 +425,10 @@ private:
     if (scale != 0)
       setDouble("a.softmaxScale", scale);
     setInt("a.rope.rotaryDim", s.getQkRopeHeadDim());
-    setDouble("a.rope.theta", s.getRopeTheta().convertToDouble());
-    setTrue("a.rope.interleaved", s.getRopeInterleaved());
+    setDouble("a.rope.theta", ropeAttr.getTheta().convertToDouble());
+    setTrue("a.rope.interleaved", ropeAttr.getInterleaved());
     if (rope == "yarn")
-      setYarn(s, s.getRopeFactor().convertToDouble());
+      setYarn(ropeAttr, ropeAttr.getFactor().convertToDouble());
     setInt("a.indexer.heads", s.getIndexHeads());
     setInt("a.indexer.headDim", s.getIndexHeadDim());
     setInt("a.indexer.topK", s.getTopK());
@@ -502,30 +503,31 @@ private:
       setInt("a.qkNopeDim", a.getHeadDim() - a.getQkRopeHeadDim());
       setInt("a.qkRopeDim", a.getQkRopeHeadDim());
     }
-    std::string rope = a.getRope().str();
+    RopeAttr ropeAttr = a.getRope();
+    std::string rope = ropeAttr.getScaling().str();
     if (rope == "none") {
       set("a.rope.enabled", "false");
     } else {
       int64_t rotaryDim =
           mla ? a.getQkRopeHeadDim()
               : std::llround(a.getHeadDim() * a.getRopePartial().convertToDouble());
-      double theta = a.getRopeTheta().convertToDouble();
-      double factor = a.getRopeFactor().convertToDouble();
+      double theta = ropeAttr.getTheta().convertToDouble();
+      double factor = ropeAttr.getFactor().convertToDouble();
       if (rope == "ntk_alpha" && rotaryDim > 2) {
         // NTK-alpha (Hunyuan): a larger base, theta * alpha^(d / (d - 2)).
         theta *= std::pow(factor, double(rotaryDim) / double(rotaryDim - 2));
       }
       setInt("a.rope.rotaryDim", rotaryDim);
       setDouble("a.rope.theta", theta);
-      setTrue("a.rope.interleaved", a.getRopeInterleaved());
+      setTrue("a.rope.interleaved", ropeAttr.getInterleaved());
       if (rope == "yarn") {
-        setYarn(a, factor);
+        setYarn(ropeAttr, factor);
       } else if (rope == "llama3") {
         set("a.rope.scaling", "\"llama3\"");
         setDouble("a.rope.factor", factor);
-        setInt("a.rope.originalMaxPositions", a.getRopeOriginalMaxPositions());
-        setDouble("a.rope.lowFreqFactor", a.getRopeLowFreqFactor().convertToDouble());
-        setDouble("a.rope.highFreqFactor", a.getRopeHighFreqFactor().convertToDouble());
+        setInt("a.rope.originalMaxPositions", ropeAttr.getOriginalMaxPositions());
+        setDouble("a.rope.lowFreqFactor", ropeAttr.getLowFreqFactor().convertToDouble());
+        setDouble("a.rope.highFreqFactor", ropeAttr.getHighFreqFactor().convertToDouble());
       } else if (rope == "mrope") {
         // Interleaved M-RoPE: image tokens rotate by (t, h, w) positions;
         // text-only batches give all three the same, which is plain RoPE.

@@ -84,6 +84,69 @@ def Adapt_LinearAttentionKindAttr
     : Adapt_EnumAttr<Adapt_LinearAttentionKind, "linear_attention_kind">;
 
 //===----------------------------------------------------------------------===//
+// Rotary position embedding
+//===----------------------------------------------------------------------===//
+
+/// A float parameter with a default, written as a float literal.
+class Adapt_F64Parameter<string default, string desc>
+    : AttrOrTypeParameter<"::llvm::APFloat", desc> {
+  let comparator = "$_lhs.bitwiseIsEqual($_rhs)";
+  let defaultValue = "::llvm::APFloat(" # default # ")";
+  let parser = [{[&]() -> ::mlir::FailureOr<::llvm::APFloat> {
+    double value;
+    if ($_parser.parseFloat(value))
+      return ::mlir::failure();
+    return ::llvm::APFloat(value);
+  }()}];
+  let printer = "$_printer.printFloat($_self)";
+}
+
+/// A bool parameter with a default, written `true` or `false`.
+class Adapt_BoolParameter<string default, string desc>
+    : AttrOrTypeParameter<"bool", desc> {
+  let defaultValue = default;
+  let parser = [{[&]() -> ::mlir::FailureOr<bool> {
+    if (::mlir::succeeded($_parser.parseOptionalKeyword("true")))
+      return true;
+    if (::mlir::succeeded($_parser.parseOptionalKeyword("false")))
+      return false;
+    return $_parser.emitError($_parser.getCurrentLocation(),
+                              "expected true or false");
+  }()}];
+  let printer = [{$_printer << ($_self ? "true" : "false")}];
+}
+
+def Adapt_RopeAttr : AttrDef<Adapt_Dialect, "Rope"> {
+  let mnemonic = "rope";
+  let summary = "Rotary position embedding: its base and scaling";
+  let description = [{
+    One attribute for the config's rope_theta / rope_scaling, shared by
+    adapt.attention and adapt.sparse_attention. `scaling` is the config's
+    rope_type as the reader resolved it (`default`, `yarn`, `llama3`,
+    `mrope`, `ntk_alpha`, `none` for NoPE); it stays a string because an
+    unseen rope_type must still import and be named in the gap report.
+    `yarn` reads factor, original_max_positions, beta_fast/slow, mscale,
+    mscale_all_dim and truncate; `llama3` reads factor,
+    original_max_positions and low/high_freq_factor. Parameters equal to
+    their defaults are not printed.
+  }];
+  let parameters = (ins
+    StringRefParameter<"the scaling: default, yarn, llama3, ...">:$scaling,
+    Adapt_F64Parameter<"10000.0", "the base">:$theta,
+    Adapt_BoolParameter<"false", "rotate adjacent pairs, not halves">:$interleaved,
+    Adapt_F64Parameter<"1.0", "context extension factor">:$factor,
+    DefaultValuedParameter<"int64_t", "0", "pre-extension context length">:$original_max_positions,
+    Adapt_F64Parameter<"32.0", "YaRN">:$beta_fast,
+    Adapt_F64Parameter<"1.0", "YaRN">:$beta_slow,
+    Adapt_F64Parameter<"1.0", "YaRN">:$mscale,
+    Adapt_F64Parameter<"0.0", "YaRN">:$mscale_all_dim,
+    Adapt_BoolParameter<"true", "YaRN: truncate the correction range">:$truncate,
+    Adapt_F64Parameter<"1.0", "Llama-3">:$low_freq_factor,
+    Adapt_F64Parameter<"4.0", "Llama-3">:$high_freq_factor);
+  let assemblyFormat = "`<` struct(params) `>`";
+}
+
+//===----------------------------------------------------------------------===//
 // Mixture of experts
 //===----------------------------------------------------------------------===//
 

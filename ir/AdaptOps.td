@@ -114,30 +114,18 @@ def Adapt_AttentionOp : Adapt_ComponentOp<"attention", (ins
     DefaultValuedAttr<NonNegativeI64Attr, "0">:$q_lora_rank,
     DefaultValuedAttr<NonNegativeI64Attr, "0">:$kv_lora_rank,
     DefaultValuedAttr<NonNegativeI64Attr, "0">:$qk_rope_head_dim,
-    StrAttr:$rope, DefaultValuedAttr<F64Attr, "1.0">:$rope_partial,
+    Adapt_RopeAttr:$rope, DefaultValuedAttr<F64Attr, "1.0">:$rope_partial,
     DefaultValuedAttr<Adapt_WindowKindAttr, "::adapt::WindowKind::None">:$window,
     DefaultValuedAttr<NonNegativeI64Attr, "0">:$window_size,
     UnitAttr:$sinks, UnitAttr:$output_gate, UnitAttr:$qk_norm,
     UnitAttr:$qkv_bias,
-    // Rotary embedding parameters (config's rope_theta / rope_scaling).
-    DefaultValuedAttr<F64Attr, "10000.0">:$rope_theta,
-    UnitAttr:$rope_interleaved,
-    DefaultValuedAttr<F64Attr, "1.0">:$rope_factor,
-    DefaultValuedAttr<NonNegativeI64Attr, "0">:$rope_original_max_positions,
-    DefaultValuedAttr<F64Attr, "32.0">:$rope_beta_fast,
-    DefaultValuedAttr<F64Attr, "1.0">:$rope_beta_slow,
-    DefaultValuedAttr<F64Attr, "1.0">:$rope_mscale,
-    DefaultValuedAttr<F64Attr, "0.0">:$rope_mscale_all_dim,
-    DefaultValuedAttr<BoolAttr, "true">:$rope_truncate,
-    DefaultValuedAttr<F64Attr, "1.0">:$rope_low_freq_factor,
-    DefaultValuedAttr<F64Attr, "4.0">:$rope_high_freq_factor,
     DefaultValuedAttr<Adapt_QkNormKindAttr, "::adapt::QkNormKind::Head">:$qk_norm_kind,
     UnitAttr:$out_bias,
     DefaultValuedAttr<F64Attr, "0.0">:$softmax_scale,
     UnitAttr:$temperature_tuning,
     DefaultValuedAttr<F64Attr, "8192.0">:$floor_scale,
     DefaultValuedAttr<F64Attr, "0.1">:$attn_scale,
-    // M-RoPE (rope = mrope): frequencies per position axis (t, h, w).
+    // M-RoPE (rope's scaling mrope): frequencies per position axis (t, h, w).
     OptionalAttr<DenseI64ArrayAttr>:$mrope_section)> {
   let summary = "Softmax attention: MHA, GQA or MLA";
   let description = [{
@@ -147,10 +135,8 @@ def Adapt_AttentionOp : Adapt_ComponentOp<"attention", (ins
     [num_heads * (head_dim - qk_rope_head_dim + v_head_dim), kv_lora_rank].
 
     RoPE rotates the first head_dim * rope_partial dims (MLA:
-    qk_rope_head_dim) with base `rope_theta`, adjacent pairs when
-    `rope_interleaved`, else halves; `rope` names the scaling (`yarn`:
-    factor, original_max_positions, beta_fast/slow, mscale, mscale_all_dim,
-    truncate; `llama3`: factor, low/high_freq_factor; `none`: NoPE).
+    qk_rope_head_dim) as `rope` (#adapt.rope) says: its base, pairs or
+    halves, and its scaling (`none`: NoPE).
     `qk_norm_kind`: `head` (RMSNorm per head), `full` (over all heads'
     width) or `l2` (weightless). `softmax_scale` 0 means 1/sqrt(head_dim).
     `temperature_tuning` scales q by
@@ -164,19 +150,10 @@ def Adapt_SparseAttentionOp : Adapt_ComponentOp<"sparse_attention", (ins
     PositiveI64Attr:$v_head_dim,
     DefaultValuedAttr<NonNegativeI64Attr, "0">:$q_lora_rank,
     PositiveI64Attr:$kv_lora_rank, PositiveI64Attr:$qk_rope_head_dim,
-    StrAttr:$rope,
+    // MLA's rotary embedding, as adapt.attention spells it.
+    Adapt_RopeAttr:$rope,
     PositiveI64Attr:$index_heads, PositiveI64Attr:$index_head_dim,
     PositiveI64Attr:$top_k,
-    // MLA's rotary embedding, as adapt.attention spells it.
-    DefaultValuedAttr<F64Attr, "10000.0">:$rope_theta,
-    UnitAttr:$rope_interleaved,
-    DefaultValuedAttr<F64Attr, "1.0">:$rope_factor,
-    DefaultValuedAttr<NonNegativeI64Attr, "0">:$rope_original_max_positions,
-    DefaultValuedAttr<F64Attr, "32.0">:$rope_beta_fast,
-    DefaultValuedAttr<F64Attr, "1.0">:$rope_beta_slow,
-    DefaultValuedAttr<F64Attr, "1.0">:$rope_mscale,
-    DefaultValuedAttr<F64Attr, "0.0">:$rope_mscale_all_dim,
-    DefaultValuedAttr<BoolAttr, "true">:$rope_truncate,
     DefaultValuedAttr<F64Attr, "0.0">:$softmax_scale,
     UnitAttr:$out_bias,
     // The indexer rotates adjacent pairs (GLM-5) instead of halves (DeepSeek-V3.2).

@@ -133,12 +133,9 @@ private:
       return builder.create<AttentionOp>(
           loc, x.getType(), ValueRange{x}, c.layer, allRefs(c), kind,
           m.numHeads, m.numKvHeads, m.headDim, m.vHeadDim, m.qLoraRank,
-          m.kvLoraRank, m.qkRopeDim, r.type, f64(r.partialFactor),
+          m.kvLoraRank, m.qkRopeDim, rope(r), f64(r.partialFactor),
           knownSpelling(symbolizeWindowKind(m.window), "window"), m.windowSize, flag(m.sinks), flag(m.outputGate),
-          flag(m.qkNorm), flag(m.qkvBias), f64(r.theta), flag(r.interleaved),
-          f64(r.factor), r.originalMaxPositions, f64(r.betaFast),
-          f64(r.betaSlow), f64(r.mscale), f64(r.mscaleAllDim), r.truncate,
-          f64(r.lowFreqFactor), f64(r.highFreqFactor),
+          flag(m.qkNorm), flag(m.qkvBias),
           knownSpelling(symbolizeQkNormKind(m.qkNormKind), "qkNormKind"),
           flag(m.outBias), f64(m.softmaxScale), flag(m.temperatureTuning),
           f64(m.floorScale), f64(m.attnScale),
@@ -175,17 +172,22 @@ private:
     return v;
   }
 
+  /// The #adapt.rope of \p r, shared by both attention ops.
+  RopeAttr rope(const RopeSpec &r) {
+    auto f64 = [](double v) { return llvm::APFloat(v); };
+    return RopeAttr::get(&context, r.type, f64(r.theta), r.interleaved, f64(r.factor),
+                         r.originalMaxPositions, f64(r.betaFast), f64(r.betaSlow), f64(r.mscale),
+                         f64(r.mscaleAllDim), r.truncate, f64(r.lowFreqFactor),
+                         f64(r.highFreqFactor));
+  }
+
   /// DeepSeek sparse attention: MLA's shape and RoPE plus the indexer's.
   Value sparseAttention(Value x, const ComponentDecl &c, const MixerSpec &m) {
-    const RopeSpec &r = m.rope;
-    auto f64 = [](double v) { return llvm::APFloat(v); };
     return builder.create<SparseAttentionOp>(
         loc, x.getType(), ValueRange{x}, c.layer, allRefs(c), m.numHeads,
         m.headDim, m.vHeadDim, m.qLoraRank, m.kvLoraRank, m.qkRopeDim,
-        r.type, m.indexHeads, m.indexHeadDim, m.indexTopK, f64(r.theta),
-        r.interleaved, f64(r.factor), r.originalMaxPositions, f64(r.betaFast),
-        f64(r.betaSlow), f64(r.mscale), f64(r.mscaleAllDim), r.truncate,
-        f64(m.softmaxScale), m.outBias, m.indexRopeInterleaved, m.reusesIndexer);
+        rope(m.rope), m.indexHeads, m.indexHeadDim, m.indexTopK,
+        llvm::APFloat(m.softmaxScale), m.outBias, m.indexRopeInterleaved, m.reusesIndexer);
   }
 
   Value ffn(Value x, const ComponentDecl &c) {

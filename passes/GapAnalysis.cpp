@@ -27,7 +27,7 @@ Features featuresOf(Operation *op) {
   Features f;
   if (auto a = dyn_cast<AttentionOp>(op)) {
     f["kind"] = stringifyAttentionKind(a.getKind()).str();
-    f["rope"] = a.getRope().str();
+    f["rope"] = a.getRope().getScaling().str();
     f["window"] = stringifyWindowKind(a.getWindow()).str();
     f["sinks"] = yesNo(a.getSinks());
     f["output_gate"] = yesNo(a.getOutputGate());
@@ -35,7 +35,7 @@ Features featuresOf(Operation *op) {
     f["qkv_bias"] = yesNo(a.getQkvBias());
   } else if (auto s = dyn_cast<SparseAttentionOp>(op)) {
     f["indexer"] = s.getReusesIndexer() ? "shared" : "lightning";
-    f["rope"] = s.getRope().str();
+    f["rope"] = s.getRope().getScaling().str();
   } else if (auto l = dyn_cast<LinearAttentionOp>(op)) {
     f["kind"] = stringifyLinearAttentionKind(l.getKind()).str();
     f["split_projections"] = yesNo(l.getSplitProjections());
