@@ -110,31 +110,33 @@ ParamList routingParams(const Json &f, const std::string &ir) {
   return p;
 }
 
-/// Rope params; \p missing names what the IR line lacks for this kind.
+/// Rope params, from the op's #adapt.rope parameters (those equal to their
+/// defaults are not printed); \p missing names what the IR line lacks for
+/// this kind.
 ParamList ropeParams(const Json &f, const std::string &ir, std::string &missing) {
   std::string kind = f.value("rope", "default");
-  ParamList p = {{"theta", irNumber(ir, "rope_theta").value_or(10000.0)},
-                 {"interleaved", irFlag(ir, "rope_interleaved") ? 1.0 : 0.0},
+  ParamList p = {{"theta", irNumber(ir, "theta").value_or(10000.0)},
+                 {"interleaved", irBool(ir, "interleaved").value_or(false) ? 1.0 : 0.0},
                  {"scaling", kind == "yarn" ? 1.0 : kind == "llama3" ? 2.0 : 0.0},
                  {"mrope", kind == "mrope" ? 1.0 : 0.0}};
   if (kind == "yarn" || kind == "llama3") {
-    auto original = irNumber(ir, "rope_original_max_positions");
-    auto factor = irNumber(ir, "rope_factor");
+    auto original = irNumber(ir, "original_max_positions");
+    auto factor = irNumber(ir, "factor");
     if (!original || !factor)
-      missing = "rope_factor and rope_original_max_positions";
+      missing = "the rope's factor and original_max_positions";
     p.push_back({"factor", factor.value_or(1.0)});
     p.push_back({"original_max_position_embeddings", original.value_or(0)});
   }
   if (kind == "yarn") {
-    p.push_back({"beta_fast", irNumber(ir, "rope_beta_fast").value_or(32.0)});
-    p.push_back({"beta_slow", irNumber(ir, "rope_beta_slow").value_or(1.0)});
-    p.push_back({"mscale", irNumber(ir, "rope_mscale").value_or(1.0)});
-    p.push_back({"mscale_all_dim", irNumber(ir, "rope_mscale_all_dim").value_or(0.0)});
-    p.push_back({"truncate", irBool(ir, "rope_truncate").value_or(true) ? 1.0 : 0.0});
+    p.push_back({"beta_fast", irNumber(ir, "beta_fast").value_or(32.0)});
+    p.push_back({"beta_slow", irNumber(ir, "beta_slow").value_or(1.0)});
+    p.push_back({"mscale", irNumber(ir, "mscale").value_or(1.0)});
+    p.push_back({"mscale_all_dim", irNumber(ir, "mscale_all_dim").value_or(0.0)});
+    p.push_back({"truncate", irBool(ir, "truncate").value_or(true) ? 1.0 : 0.0});
   }
   if (kind == "llama3") {
-    p.push_back({"low_freq_factor", irNumber(ir, "rope_low_freq_factor").value_or(1.0)});
-    p.push_back({"high_freq_factor", irNumber(ir, "rope_high_freq_factor").value_or(4.0)});
+    p.push_back({"low_freq_factor", irNumber(ir, "low_freq_factor").value_or(1.0)});
+    p.push_back({"high_freq_factor", irNumber(ir, "high_freq_factor").value_or(4.0)});
   }
   if (kind == "mrope") {
     std::vector<int64_t> s = irArray(ir, "mrope_section");

@@ -195,17 +195,17 @@ private:
       set(field, "true");
   }
 
-  /// The YaRN fields of a.rope with scaling \p factor, from \p op's rope_*
-  /// attributes (AttentionOp and SparseAttentionOp spell them alike).
-  template <typename AttentionLikeOp> void setYarn(AttentionLikeOp op, double factor) {
+  /// The YaRN fields of a.rope with scaling \p factor, from \p rope (the
+  /// #adapt.rope that AttentionOp and SparseAttentionOp share).
+  void setYarn(RopeAttr rope, double factor) {
     set("a.rope.scaling", "\"yarn\"");
     setDouble("a.rope.factor", factor);
-    setInt("a.rope.originalMaxPositions", op.getRopeOriginalMaxPositions());
-    setDouble("a.rope.betaFast", op.getRopeBetaFast().convertToDouble());
-    setDouble("a.rope.betaSlow", op.getRopeBetaSlow().convertToDouble());
-    setDouble("a.rope.mscale", op.getRopeMscale().convertToDouble());
-    setDouble("a.rope.mscaleAllDim", op.getRopeMscaleAllDim().convertToDouble());
-    set("a.rope.truncate", op.getRopeTruncate() ? "true" : "false");
+    setInt("a.rope.originalMaxPositions", rope.getOriginalMaxPositions());
+    setDouble("a.rope.betaFast", rope.getBetaFast().convertToDouble());
+    setDouble("a.rope.betaSlow", rope.getBetaSlow().convertToDouble());
+    setDouble("a.rope.mscale", rope.getMscale().convertToDouble());
+    setDouble("a.rope.mscaleAllDim", rope.getMscaleAllDim().convertToDouble());
+    set("a.rope.truncate", rope.getTruncate() ? "true" : "false");
   }
 
   /// (ModelDef role, tensor name) of each weight a section writes.
@@ -270,9 +270,10 @@ private:
 
   /// Linear attention: Qwen3-Next's Gated DeltaNet.
   bool writeLinearAttention(LinearAttentionOp l, std::string &error) {
-    const bool kimi = l.getKind() == "kimi_delta";
-    if (!kimi && l.getKind() != "gated_delta_rule") {
-      error = "layer " + std::to_string(layer.index) + " uses linear attention (" + l.getKind().str() +
+    const bool kimi = l.getKind() == LinearAttentionKind::KimiDelta;
+    if (!kimi && l.getKind() != LinearAttentionKind::GatedDeltaRule) {
+      error = "layer " + std::to_string(layer.index) + " uses linear attention (" +
+              stringifyLinearAttentionKind(l.getKind()).str() +
               "), which the runtime's ModelDef cannot express yet";
       return false;
     }
@@ -403,7 +404,8 @@ private:
       return false;
     bool oBias = s.getOutBias() || hasRole(weights, "o_proj.bias");
     noteHfAttention(weights);
-    std::string rope = s.getRope().str();
+    RopeAttr ropeAttr = s.getRope();
+    std::string rope = ropeAttr.getScaling().str();
     if (rope != "default" && rope != "yarn") {
       error = where + ": RoPE '" + rope + "' has no ModelDef form here (default or yarn)";
       return false;
@@ -423,10 +425,10 @@ private:
     if (scale != 0)
       setDouble("a.softmaxScale", scale);
     setInt("a.rope.rotaryDim", s.getQkRopeHeadDim());
-    setDouble("a.rope.theta", s.getRopeTheta().convertToDouble());
-    setTrue("a.rope.interleaved", s.getRopeInterleaved());
+    setDouble("a.rope.theta", ropeAttr.getTheta().convertToDouble());
+    setTrue("a.rope.interleaved", ropeAttr.getInterleaved());
     if (rope == "yarn")
-      setYarn(s, s.getRopeFactor().convertToDouble());
+      setYarn(ropeAttr, ropeAttr.getFactor().convertToDouble());
     setInt("a.indexer.heads", s.getIndexHeads());
     setInt("a.indexer.headDim", s.getIndexHeadDim());
     setInt("a.indexer.topK", s.getTopK());
@@ -442,7 +444,7 @@ private:
 
   bool writeAttention(std::string &error) {
     if (auto l = llvm::dyn_cast_or_null<LinearAttentionOp>(layer.mixer))
-      return l.getKind() == "lightning" ? writeLightning(l, error) : writeLinearAttention(l, error);
+      return l.getKind() == LinearAttentionKind::Lightning ? writeLightning(l, error) : writeLinearAttention(l, error);
     if (auto s = llvm::dyn_cast_or_null<SparseAttentionOp>(layer.mixer))
       return writeSparseAttention(s, error);
     auto a = llvm::dyn_cast_or_null<AttentionOp>(layer.mixer);
@@ -450,19 +452,19 @@ private:
       std::string what = layer.mixer ? layer.mixer->getName().getStringRef().str()
                                      : std::string("no token mixer");
       if (auto l = llvm::dyn_cast_or_null<LinearAttentionOp>(layer.mixer))
-        what += " (" + l.getKind().str() + ")";
+        what += " (" + stringifyLinearAttentionKind(l.getKind()).str() + ")";
       error = "layer " + std::to_string(layer.index) + " uses " + what +
               ", which the runtime's ModelDef cannot express (it has GQA/MHA "
               "and MLA attention only)";
       return false;
     }
-    if (a.getOutputGate() && a.getKind() == "mla") {
+    if (a.getOutputGate() && a.getKind() == AttentionKind::Mla) {
       error = "layer " + std::to_string(layer.index) +
               " has a gated MLA output (output_gate), which the "
               "runtime's ModelDef cannot express";
       return false;
     }
-    bool mla = a.getKind() == "mla";
+    bool mla = a.getKind() == AttentionKind::Mla;
     line("rt::AttentionDef &a = d.attention;");
     if (mla)
       set("a.kind", "rt::AttentionKind::Mla");
@@ -471,7 +473,7 @@ private:
     setInt("a.headDim", a.getHeadDim());
     setInt("a.vHeadDim", a.getVHeadDim());
     if (a.getQkNorm())
-      set("a.qkNorm", quote(a.getQkNormKind().str()));
+      set("a.qkNorm", quote(stringifyQkNormKind(a.getQkNormKind()).str()));
     setTrue("a.qkvBias", a.getQkvBias());
     setTrue("a.outputGate", a.getOutputGate());
     Weights weights;
@@ -482,10 +484,10 @@ private:
     noteHfAttention(weights);
     setTrue("a.outBias", oBias);
     setTrue("a.sinks", a.getSinks());
-    std::string window = a.getWindow().str();
-    if (window == "sliding")
+    WindowKind window = a.getWindow();
+    if (window == WindowKind::Sliding)
       setInt("a.slidingWindow", a.getWindowSize());
-    else if (window == "chunked")
+    else if (window == WindowKind::Chunked)
       setInt("a.chunkSize", a.getWindowSize());
     double scale = a.getSoftmaxScale().convertToDouble();
     if (scale != 0)
@@ -501,30 +503,31 @@ private:
       setInt("a.qkNopeDim", a.getHeadDim() - a.getQkRopeHeadDim());
       setInt("a.qkRopeDim", a.getQkRopeHeadDim());
     }
-    std::string rope = a.getRope().str();
+    RopeAttr ropeAttr = a.getRope();
+    std::string rope = ropeAttr.getScaling().str();
     if (rope == "none") {
       set("a.rope.enabled", "false");
     } else {
       int64_t rotaryDim =
           mla ? a.getQkRopeHeadDim()
               : std::llround(a.getHeadDim() * a.getRopePartial().convertToDouble());
-      double theta = a.getRopeTheta().convertToDouble();
-      double factor = a.getRopeFactor().convertToDouble();
+      double theta = ropeAttr.getTheta().convertToDouble();
+      double factor = ropeAttr.getFactor().convertToDouble();
       if (rope == "ntk_alpha" && rotaryDim > 2) {
         // NTK-alpha (Hunyuan): a larger base, theta * alpha^(d / (d - 2)).
         theta *= std::pow(factor, double(rotaryDim) / double(rotaryDim - 2));
       }
       setInt("a.rope.rotaryDim", rotaryDim);
       setDouble("a.rope.theta", theta);
-      setTrue("a.rope.interleaved", a.getRopeInterleaved());
+      setTrue("a.rope.interleaved", ropeAttr.getInterleaved());
       if (rope == "yarn") {
-        setYarn(a, factor);
+        setYarn(ropeAttr, factor);
       } else if (rope == "llama3") {
         set("a.rope.scaling", "\"llama3\"");
         setDouble("a.rope.factor", factor);
-        setInt("a.rope.originalMaxPositions", a.getRopeOriginalMaxPositions());
-        setDouble("a.rope.lowFreqFactor", a.getRopeLowFreqFactor().convertToDouble());
-        setDouble("a.rope.highFreqFactor", a.getRopeHighFreqFactor().convertToDouble());
+        setInt("a.rope.originalMaxPositions", ropeAttr.getOriginalMaxPositions());
+        setDouble("a.rope.lowFreqFactor", ropeAttr.getLowFreqFactor().convertToDouble());
+        setDouble("a.rope.highFreqFactor", ropeAttr.getHighFreqFactor().convertToDouble());
       } else if (rope == "mrope") {
         // Interleaved M-RoPE: image tokens rotate by (t, h, w) positions;
         // text-only batches give all three the same, which is plain RoPE.
@@ -544,19 +547,19 @@ private:
     writeWeights("a.weights", weights);
     if (hfAttention != "self_attn." && !hfAttention.empty())
       set("d.hfAttention", quote(hfAttention));
-    std::string kind = mla ? "MLA" : a.getKind() == "mha" ? "MHA" : "GQA";
+    std::string kind = mla ? "MLA" : a.getKind() == AttentionKind::Mha ? "MHA" : "GQA";
     summaryText = kind + " " + std::to_string(a.getNumHeads()) + " heads";
     if (!mla && a.getNumKvHeads() != a.getNumHeads())
       summaryText += " (" + std::to_string(a.getNumKvHeads()) + " KV)";
-    if (window != "none")
-      summaryText += ", " + window + " " + std::to_string(a.getWindowSize());
+    if (window != WindowKind::None)
+      summaryText += ", " + stringifyWindowKind(window).str() + " " + std::to_string(a.getWindowSize());
     if (rope == "none")
       summaryText += ", no RoPE";
-    shapeName = window == "sliding" ? "sliding"
-                : window == "chunked" ? "chunked"
-                : rope == "none"      ? "nope"
-                : a.getOutputGate()   ? "gated"
-                                      : "";
+    shapeName = window == WindowKind::Sliding   ? "sliding"
+                : window == WindowKind::Chunked ? "chunked"
+                : rope == "none"                ? "nope"
+                : a.getOutputGate()             ? "gated"
+                                                : "";
     if (a.getOutputGate())
       summaryText += ", gated output";
     return true;
@@ -598,21 +601,22 @@ private:
     }
     if (!checkActivation(m.getActivation()))
       return false;
-    std::string scoring = m.getScoring().str(), routing = m.getRouting().str();
+    std::string scoring = m.getScoring().str();
+    Routing routing = m.getRouting();
     if (scoring != "softmax" && scoring != "sigmoid") {
       error = "layer " + std::to_string(layer.index) + ": router scoring '" + scoring +
               "' has no ModelDef form (softmax or sigmoid)";
       return false;
     }
     std::string router;
-    if (routing == "score_topk")
+    if (routing == Routing::ScoreTopK)
       router = scoring == "softmax" ? "SoftmaxTopK" : "SigmoidTopK";
-    else if (routing == "topk_score" && scoring == "softmax")
+    else if (routing == Routing::TopKScore && scoring == "softmax")
       router = "TopKSoftmax";
-    else if (routing == "topk_score_input" && scoring == "sigmoid")
+    else if (routing == Routing::TopKScoreInput && scoring == "sigmoid")
       router = "TopKSigmoidInput";
     else {
-      error = "layer " + std::to_string(layer.index) + ": router '" + routing +
+      error = "layer " + std::to_string(layer.index) + ": router '" + stringifyRouting(routing).str() +
               "' with " + scoring + " scoring has no ModelDef form";
       return false;
     }
@@ -637,8 +641,8 @@ private:
       setDouble("f.swigluLimit", limit);
     }
     setTrue("f.expertBias", m.getExpertBias());
-    if (!m.getFusedLayout().empty())
-      set("f.fusedLayout", quote(m.getFusedLayout().str()));
+    if (m.getFusedLayout() != FusedLayout::None)
+      set("f.fusedLayout", quote(stringifyFusedLayout(m.getFusedLayout()).str()));
     if (!collect(m))
       return false;
     bool hasShared = false;

@@ -3,13 +3,19 @@
 #include "ir/AdaptDialect.h"
 
 #include "mlir/IR/Builders.h"
+#include "mlir/IR/DialectImplementation.h"
 #include "mlir/IR/OpImplementation.h"
+#include "llvm/ADT/TypeSwitch.h"
 
 using namespace mlir;
 
 namespace adapt {
 
 void AdaptDialect::initialize() {
+  addAttributes<
+#define GET_ATTRDEF_LIST
+#include "ir/AdaptAttrs.cpp.inc"
+      >();
   addOperations<
 #define GET_OP_LIST
 #include "ir/AdaptOps.cpp.inc"
@@ -104,5 +110,8 @@ LogicalResult WeightOp::verify() {
 } // namespace adapt
 
 #include "ir/AdaptDialect.cpp.inc"
+#include "ir/AdaptEnums.cpp.inc"
+#define GET_ATTRDEF_CLASSES
+#include "ir/AdaptAttrs.cpp.inc"
 #define GET_OP_CLASSES
 #include "ir/AdaptOps.cpp.inc"

@@ -11,6 +11,10 @@
 #include "mlir/Interfaces/SideEffectInterfaces.h"
 
 #include "ir/AdaptDialect.h.inc"
+#include "ir/AdaptEnums.h.inc"
+
+#define GET_ATTRDEF_CLASSES
+#include "ir/AdaptAttrs.h.inc"
 
 #define GET_OP_CLASSES
 #include "ir/AdaptOps.h.inc"

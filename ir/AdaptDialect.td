@@ -28,6 +28,7 @@ def Adapt_Dialect : Dialect {
     LM head. Passes attach parameter counts, manifest facts and support status
     as attributes so a reviewer can diff the IR before and after each pass.
   }];
+  let useDefaultAttributePrinterParser = 1;
 }
 
 class Adapt_Op<string mnemonic, list<Trait> traits = []>

@@ -3,6 +3,7 @@
 #define ADAPT_OPS_TD
 
 include "ir/AdaptDialect.td"
+include "ir/AdaptAttrs.td"
 
 //===----------------------------------------------------------------------===//
 // Structure
@@ -107,36 +108,24 @@ def Adapt_RMSNormOp : Adapt_ComponentOp<"rms_norm",
 }
 
 def Adapt_AttentionOp : Adapt_ComponentOp<"attention", (ins
-    StrAttr:$kind,
+    Adapt_AttentionKindAttr:$kind,
     PositiveI64Attr:$num_heads, PositiveI64Attr:$num_kv_heads,
     PositiveI64Attr:$head_dim, PositiveI64Attr:$v_head_dim,
     DefaultValuedAttr<NonNegativeI64Attr, "0">:$q_lora_rank,
     DefaultValuedAttr<NonNegativeI64Attr, "0">:$kv_lora_rank,
     DefaultValuedAttr<NonNegativeI64Attr, "0">:$qk_rope_head_dim,
-    StrAttr:$rope, DefaultValuedAttr<F64Attr, "1.0">:$rope_partial,
-    DefaultValuedAttr<StrAttr, "\"none\"">:$window,
+    Adapt_RopeAttr:$rope, DefaultValuedAttr<F64Attr, "1.0">:$rope_partial,
+    DefaultValuedAttr<Adapt_WindowKindAttr, "::adapt::WindowKind::None">:$window,
     DefaultValuedAttr<NonNegativeI64Attr, "0">:$window_size,
     UnitAttr:$sinks, UnitAttr:$output_gate, UnitAttr:$qk_norm,
     UnitAttr:$qkv_bias,
-    // Rotary embedding parameters (config's rope_theta / rope_scaling).
-    DefaultValuedAttr<F64Attr, "10000.0">:$rope_theta,
-    UnitAttr:$rope_interleaved,
-    DefaultValuedAttr<F64Attr, "1.0">:$rope_factor,
-    DefaultValuedAttr<NonNegativeI64Attr, "0">:$rope_original_max_positions,
-    DefaultValuedAttr<F64Attr, "32.0">:$rope_beta_fast,
-    DefaultValuedAttr<F64Attr, "1.0">:$rope_beta_slow,
-    DefaultValuedAttr<F64Attr, "1.0">:$rope_mscale,
-    DefaultValuedAttr<F64Attr, "0.0">:$rope_mscale_all_dim,
-    DefaultValuedAttr<BoolAttr, "true">:$rope_truncate,
-    DefaultValuedAttr<F64Attr, "1.0">:$rope_low_freq_factor,
-    DefaultValuedAttr<F64Attr, "4.0">:$rope_high_freq_factor,
-    DefaultValuedAttr<StrAttr, "\"head\"">:$qk_norm_kind,
+    DefaultValuedAttr<Adapt_QkNormKindAttr, "::adapt::QkNormKind::Head">:$qk_norm_kind,
     UnitAttr:$out_bias,
     DefaultValuedAttr<F64Attr, "0.0">:$softmax_scale,
     UnitAttr:$temperature_tuning,
     DefaultValuedAttr<F64Attr, "8192.0">:$floor_scale,
     DefaultValuedAttr<F64Attr, "0.1">:$attn_scale,
-    // M-RoPE (rope = mrope): frequencies per position axis (t, h, w).
+    // M-RoPE (rope's scaling mrope): frequencies per position axis (t, h, w).
     OptionalAttr<DenseI64ArrayAttr>:$mrope_section)> {
   let summary = "Softmax attention: MHA, GQA or MLA";
   let description = [{
@@ -146,10 +135,8 @@ def Adapt_AttentionOp : Adapt_ComponentOp<"attention", (ins
     [num_heads * (head_dim - qk_rope_head_dim + v_head_dim), kv_lora_rank].
 
     RoPE rotates the first head_dim * rope_partial dims (MLA:
-    qk_rope_head_dim) with base `rope_theta`, adjacent pairs when
-    `rope_interleaved`, else halves; `rope` names the scaling (`yarn`:
-    factor, original_max_positions, beta_fast/slow, mscale, mscale_all_dim,
-    truncate; `llama3`: factor, low/high_freq_factor; `none`: NoPE).
+    qk_rope_head_dim) as `rope` (#adapt.rope) says: its base, pairs or
+    halves, and its scaling (`none`: NoPE).
     `qk_norm_kind`: `head` (RMSNorm per head), `full` (over all heads'
     width) or `l2` (weightless). `softmax_scale` 0 means 1/sqrt(head_dim).
     `temperature_tuning` scales q by
@@ -163,19 +150,10 @@ def Adapt_SparseAttentionOp : Adapt_ComponentOp<"sparse_attention", (ins
     PositiveI64Attr:$v_head_dim,
     DefaultValuedAttr<NonNegativeI64Attr, "0">:$q_lora_rank,
     PositiveI64Attr:$kv_lora_rank, PositiveI64Attr:$qk_rope_head_dim,
-    StrAttr:$rope,
+    // MLA's rotary embedding, as adapt.attention spells it.
+    Adapt_RopeAttr:$rope,
     PositiveI64Attr:$index_heads, PositiveI64Attr:$index_head_dim,
     PositiveI64Attr:$top_k,
-    // MLA's rotary embedding, as adapt.attention spells it.
-    DefaultValuedAttr<F64Attr, "10000.0">:$rope_theta,
-    UnitAttr:$rope_interleaved,
-    DefaultValuedAttr<F64Attr, "1.0">:$rope_factor,
-    DefaultValuedAttr<NonNegativeI64Attr, "0">:$rope_original_max_positions,
-    DefaultValuedAttr<F64Attr, "32.0">:$rope_beta_fast,
-    DefaultValuedAttr<F64Attr, "1.0">:$rope_beta_slow,
-    DefaultValuedAttr<F64Attr, "1.0">:$rope_mscale,
-    DefaultValuedAttr<F64Attr, "0.0">:$rope_mscale_all_dim,
-    DefaultValuedAttr<BoolAttr, "true">:$rope_truncate,
     DefaultValuedAttr<F64Attr, "0.0">:$softmax_scale,
     UnitAttr:$out_bias,
     // The indexer rotates adjacent pairs (GLM-5) instead of halves (DeepSeek-V3.2).
@@ -198,7 +176,7 @@ def Adapt_SparseAttentionOp : Adapt_ComponentOp<"sparse_attention", (ins
 }
 
 def Adapt_LinearAttentionOp : Adapt_ComponentOp<"linear_attention", (ins
-    StrAttr:$kind,
+    Adapt_LinearAttentionKindAttr:$kind,
     PositiveI64Attr:$key_heads, PositiveI64Attr:$value_heads,
     PositiveI64Attr:$key_head_dim, PositiveI64Attr:$value_head_dim,
     DefaultValuedAttr<NonNegativeI64Attr, "0">:$conv_kernel,
@@ -231,10 +209,10 @@ def Adapt_MoEOp : Adapt_ComponentOp<"moe", (ins
     DefaultValuedAttr<F64Attr, "1.0">:$routed_scaling,
     DefaultValuedAttr<F64Attr, "0.0">:$swiglu_limit,
     StrAttr:$activation,
-    DefaultValuedAttr<StrAttr, "\"score_topk\"">:$routing,
+    DefaultValuedAttr<Adapt_RoutingAttr, "::adapt::Routing::ScoreTopK">:$routing,
     DefaultValuedAttr<F64Attr, "1.702">:$swiglu_alpha,
     UnitAttr:$expert_bias,
-    DefaultValuedAttr<StrAttr, "\"\"">:$fused_layout)> {
+    DefaultValuedAttr<Adapt_FusedLayoutAttr, "::adapt::FusedLayout::None">:$fused_layout)> {
   let summary = "Mixture of experts: router, routed experts, shared experts";
   let description = [{
     y = sum_{e in topk(score(W_r x))} w_e * E_e(x) + S(x), with `scoring`
@@ -246,8 +224,8 @@ def Adapt_MoEOp : Adapt_ComponentOp<"moe", (ins
     (top-k of the logits, then score the k: gpt-oss) or `topk_score_input`
     (the same, the score scaling the expert's input: Llama-4).
     `swiglu_limit` > 0 clamps SwiGLU (gpt-oss, slope `swiglu_alpha`).
-    `fused_layout` says how a fused gate_up tensor is stored: empty for
-    per-expert tensors, `interleaved_in_out` or `concat_in_out`.
+    `fused_layout` says how a fused gate_up tensor is stored: `none` for
+    per-expert tensors, else one of the FusedLayout enumerators.
   }];
   let hasVerifier = 1;
 }

@@ -6,6 +6,7 @@
 #include "parser/ConfigReader.h"
 
 #include "mlir/IR/Builders.h"
+#include "llvm/Support/ErrorHandling.h"
 
 #include <algorithm>
 
@@ -13,6 +14,16 @@ using namespace mlir;
 
 namespace adapt {
 namespace {
+
+/// The enumerator of a ModelSpec field that the config reader fills from its
+/// own fixed spellings (never from config text, so every value is known).
+template <typename EnumT>
+EnumT knownSpelling(std::optional<EnumT> value, llvm::StringRef field) {
+  if (!value)
+    llvm::report_fatal_error(llvm::Twine("ModelSpec::") + field +
+                             " holds a value the adapt dialect does not enumerate");
+  return *value;
+}
 
 /// Builds the model body; one instance per import.
 class ModelImporter {
@@ -114,18 +125,18 @@ private:
     auto flag = [](bool b) { return b; };
     if (c.kind == "attention" || (c.kind == "mla" && m.indexTopK == 0)) {
       bool mla = c.kind == "mla";
-      std::string kind = mla ? "mla" : m.numKvHeads == m.numHeads ? "mha" : "gqa";
+      AttentionKind kind = mla                         ? AttentionKind::Mla
+                           : m.numKvHeads == m.numHeads ? AttentionKind::Mha
+                                                        : AttentionKind::Gqa;
       const RopeSpec &r = m.rope;
       auto f64 = [](double v) { return llvm::APFloat(v); };
       return builder.create<AttentionOp>(
           loc, x.getType(), ValueRange{x}, c.layer, allRefs(c), kind,
           m.numHeads, m.numKvHeads, m.headDim, m.vHeadDim, m.qLoraRank,
-          m.kvLoraRank, m.qkRopeDim, r.type, f64(r.partialFactor),
-          m.window, m.windowSize, flag(m.sinks), flag(m.outputGate),
-          flag(m.qkNorm), flag(m.qkvBias), f64(r.theta), flag(r.interleaved),
-          f64(r.factor), r.originalMaxPositions, f64(r.betaFast),
-          f64(r.betaSlow), f64(r.mscale), f64(r.mscaleAllDim), r.truncate,
-          f64(r.lowFreqFactor), f64(r.highFreqFactor), m.qkNormKind,
+          m.kvLoraRank, m.qkRopeDim, rope(r), f64(r.partialFactor),
+          knownSpelling(symbolizeWindowKind(m.window), "window"), m.windowSize, flag(m.sinks), flag(m.outputGate),
+          flag(m.qkNorm), flag(m.qkvBias),
+          knownSpelling(symbolizeQkNormKind(m.qkNormKind), "qkNormKind"),
           flag(m.outBias), f64(m.softmaxScale), flag(m.temperatureTuning),
           f64(m.floorScale), f64(m.attnScale),
           r.mropeSection.empty()
@@ -134,9 +145,9 @@ private:
     }
     if (c.kind == "mla")
       return sparseAttention(x, c, m);
-    std::string kind = m.kind == MixerKind::GatedDeltaNet ? "gated_delta_rule"
-                       : m.kind == MixerKind::KimiDelta   ? "kimi_delta"
-                                                          : "lightning";
+    LinearAttentionKind kind = m.kind == MixerKind::GatedDeltaNet ? LinearAttentionKind::GatedDeltaRule
+                               : m.kind == MixerKind::KimiDelta   ? LinearAttentionKind::KimiDelta
+                                                                  : LinearAttentionKind::Lightning;
     int64_t keyHeads = m.linearKeyHeads ? m.linearKeyHeads : m.numHeads;
     int64_t valueHeads = m.linearValueHeads ? m.linearValueHeads : m.numHeads;
     int64_t keyDim = m.linearKeyDim ? m.linearKeyDim : m.headDim;
@@ -161,17 +172,22 @@ private:
     return v;
   }
 
+  /// The #adapt.rope of \p r, shared by both attention ops.
+  RopeAttr rope(const RopeSpec &r) {
+    auto f64 = [](double v) { return llvm::APFloat(v); };
+    return RopeAttr::get(&context, r.type, f64(r.theta), r.interleaved, f64(r.factor),
+                         r.originalMaxPositions, f64(r.betaFast), f64(r.betaSlow), f64(r.mscale),
+                         f64(r.mscaleAllDim), r.truncate, f64(r.lowFreqFactor),
+                         f64(r.highFreqFactor));
+  }
+
   /// DeepSeek sparse attention: MLA's shape and RoPE plus the indexer's.
   Value sparseAttention(Value x, const ComponentDecl &c, const MixerSpec &m) {
-    const RopeSpec &r = m.rope;
-    auto f64 = [](double v) { return llvm::APFloat(v); };
     return builder.create<SparseAttentionOp>(
         loc, x.getType(), ValueRange{x}, c.layer, allRefs(c), m.numHeads,
         m.headDim, m.vHeadDim, m.qLoraRank, m.kvLoraRank, m.qkRopeDim,
-        r.type, m.indexHeads, m.indexHeadDim, m.indexTopK, f64(r.theta),
-        r.interleaved, f64(r.factor), r.originalMaxPositions, f64(r.betaFast),
-        f64(r.betaSlow), f64(r.mscale), f64(r.mscaleAllDim), r.truncate,
-        f64(m.softmaxScale), m.outBias, m.indexRopeInterleaved, m.reusesIndexer);
+        rope(m.rope), m.indexHeads, m.indexHeadDim, m.indexTopK,
+        llvm::APFloat(m.softmaxScale), m.outBias, m.indexRopeInterleaved, m.reusesIndexer);
   }
 
   Value ffn(Value x, const ComponentDecl &c) {
@@ -186,8 +202,11 @@ private:
         f.scoring, f.numGroups, f.topKGroups, flag(f.biasCorrection),
         flag(f.normTopK), flag(f.routerBias), flag(f.sharedGate),
         llvm::APFloat(f.routedScaling),
-        llvm::APFloat(f.swigluLimit), f.activation, f.routing,
-        llvm::APFloat(f.swigluAlpha), flag(f.expertBias), f.fusedLayout);
+        llvm::APFloat(f.swigluLimit), f.activation,
+        knownSpelling(symbolizeRouting(f.routing), "routing"),
+        llvm::APFloat(f.swigluAlpha), flag(f.expertBias),
+        f.fusedLayout.empty() ? FusedLayout::None
+                              : knownSpelling(symbolizeFusedLayout(f.fusedLayout), "fusedLayout"));
   }
 
   /// The residual add after a sublayer: x + update, or MiniMax's

@@ -42,7 +42,7 @@ struct ApplyPlanPass : impl::ApplyPlanPassBase<ApplyPlanPass> {
     WalkResult walk = model.walk([&](Operation *op) -> WalkResult {
       if (auto attention = dyn_cast<AttentionOp>(op)) {
         ++mixers;
-        if (tp > 1 && attention.getKind() == "mla")
+        if (tp > 1 && attention.getKind() == AttentionKind::Mla)
           return attention.emitError() << "TP " << int64_t(tp) << ": the runtime splits softmax GQA/MHA heads only";
         if (tp > 1 && (attention.getNumHeads() % tp || attention.getNumKvHeads() % tp))
           return attention.emitError() << "TP " << int64_t(tp) << " must divide the " << attention.getNumHeads()

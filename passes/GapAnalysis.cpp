@@ -26,18 +26,18 @@ const char *yesNo(bool value) { return value ? "yes" : "no"; }
 Features featuresOf(Operation *op) {
   Features f;
   if (auto a = dyn_cast<AttentionOp>(op)) {
-    f["kind"] = a.getKind().str();
-    f["rope"] = a.getRope().str();
-    f["window"] = a.getWindow().str();
+    f["kind"] = stringifyAttentionKind(a.getKind()).str();
+    f["rope"] = a.getRope().getScaling().str();
+    f["window"] = stringifyWindowKind(a.getWindow()).str();
     f["sinks"] = yesNo(a.getSinks());
     f["output_gate"] = yesNo(a.getOutputGate());
     f["qk_norm"] = yesNo(a.getQkNorm());
     f["qkv_bias"] = yesNo(a.getQkvBias());
   } else if (auto s = dyn_cast<SparseAttentionOp>(op)) {
     f["indexer"] = s.getReusesIndexer() ? "shared" : "lightning";
-    f["rope"] = s.getRope().str();
+    f["rope"] = s.getRope().getScaling().str();
   } else if (auto l = dyn_cast<LinearAttentionOp>(op)) {
-    f["kind"] = l.getKind().str();
+    f["kind"] = stringifyLinearAttentionKind(l.getKind()).str();
     f["split_projections"] = yesNo(l.getSplitProjections());
   } else if (auto m = dyn_cast<MoEOp>(op)) {
     f["scoring"] = m.getScoring().str();

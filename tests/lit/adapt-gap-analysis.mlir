@@ -7,7 +7,7 @@
 adapt.model @m attributes {model_type = "t", family = "f", hidden = 16 : i64, vocab = 32 : i64} {
 ^bb0(%t: tensor<?xi64>):
   %x = adapt.embedding %t {weights = []} : (tensor<?xi64>) -> tensor<?x16xbf16>
-  %a = adapt.attention %x {kind = "gqa", num_heads = 4 : i64, num_kv_heads = 2 : i64, head_dim = 4 : i64, v_head_dim = 4 : i64, rope = "ntk_alpha", weights = []} : (tensor<?x16xbf16>) -> tensor<?x16xbf16>
+  %a = adapt.attention %x {kind = #adapt.attention_kind<gqa>, num_heads = 4 : i64, num_kv_heads = 2 : i64, head_dim = 4 : i64, v_head_dim = 4 : i64, rope = #adapt.rope<scaling = "ntk_alpha">, weights = []} : (tensor<?x16xbf16>) -> tensor<?x16xbf16>
   %m = adapt.moe %a {num_experts = 4 : i64, top_k = 2 : i64, expert_intermediate = 8 : i64, scoring = "sigmoid", swiglu_limit = 7.0, activation = "silu", weights = []} : (tensor<?x16xbf16>) -> tensor<?x16xbf16>
   adapt.output %m : tensor<?x16xbf16>
 }
