@@ -20,6 +20,10 @@ struct DispatchTokens : torch::autograd::Function<DispatchTokens> {
                                const torch::Tensor &tokenOfRow, const torch::Tensor &rowOfPair) {
     ctx->save_for_backward({rowOfPair});
     ctx->saved_data["tokens"] = tokens.size(0);
+#ifdef ADAPT_WITH_CUDA_KERNELS
+    if (tokens.is_cuda())
+      return cuda::gatherRows(tokens, tokenOfRow);
+#endif
     return tokens.index_select(0, tokenOfRow);
   }
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext *ctx,
@@ -58,7 +62,7 @@ struct GatherOwnedRows : torch::autograd::Function<GatherOwnedRows> {
 
 #ifdef ADAPT_WITH_CUDA_KERNELS
 /// combineExpertRows on the GPU: gather and weighted sum in one kernel, and
-/// one pass each for the rows' and the weights' gradients.
+/// one pass for the rows' and the weights' gradients together.
 struct CombineRowsKernel : torch::autograd::Function<CombineRowsKernel> {
   static torch::Tensor forward(torch::autograd::AutogradContext *ctx, const torch::Tensor &rows,
                                const torch::Tensor &weights, const torch::Tensor &rowOfPair, int64_t k) {
@@ -71,11 +75,8 @@ struct CombineRowsKernel : torch::autograd::Function<CombineRowsKernel> {
     auto saved = ctx->get_saved_variables();
     const torch::Tensor &rows = saved[0], &weights = saved[1], &rowOfPair = saved[2];
     const int64_t k = ctx->saved_data["k"].toInt();
-    torch::Tensor g = grads[0].contiguous();
-    torch::Tensor gradRows = cuda::combineRowsGradRows(g, rowOfPair, weights, k, rows.size(0));
-    torch::Tensor gradWeights = ctx->needs_input_grad(1)
-                                    ? cuda::combineRowsGradWeights(g, rows, rowOfPair, k, weights.scalar_type())
-                                    : torch::Tensor();
+    auto [gradRows, gradWeights] =
+        cuda::combineRowsBackward(grads[0], rows, rowOfPair, weights, k, ctx->needs_input_grad(1));
     return {gradRows, gradWeights, torch::Tensor(), torch::Tensor()};
   }
 };

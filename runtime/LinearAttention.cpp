@@ -1,6 +1,7 @@
 //===- LinearAttention.cpp - linear attention's stateless kernels ---------===//
 
 #include "runtime/LinearAttention.h"
+#include "runtime/Ops.h"
 #include "runtime/Recompute.h"
 
 #include <cmath>
@@ -48,6 +49,8 @@ torch::Tensor sigmoidGatedRmsNorm(const torch::Tensor &x, const torch::Tensor &w
 }
 
 torch::Tensor zeroCentredRmsNorm(const torch::Tensor &x, const torch::Tensor &weight, double eps) {
+  if (torch::Tensor y = rmsNormByKernel(x, weight, eps, 1.0); y.defined())
+    return y;
   torch::Tensor h = x.to(torch::kFloat32);
   h = h * torch::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
   return (h * (1.0 + weight.to(torch::kFloat32))).to(x.scalar_type());

@@ -5,6 +5,7 @@
 #include "runtime/Errors.h"
 #include "runtime/GeneratedOps.h"
 #ifdef ADAPT_WITH_CUDA_KERNELS
+#include "runtime/cuda/RmsNormKernel.h"
 #include "runtime/cuda/RopeKernel.h"
 #include "runtime/cuda/SwiGluKernel.h"
 #endif
@@ -14,11 +15,60 @@
 
 namespace adapt::rt {
 
+namespace {
+
+#ifdef ADAPT_WITH_CUDA_KERNELS
+/// RMSNorm by one CUDA kernel each way (runtime/cuda/RmsNormKernel.h);
+/// saves the input and the rows' fp32 rstd. An autograd Function's tensor
+/// inputs must be defined, so "no weight" comes as an empty tensor.
+struct FusedRmsNorm : torch::autograd::Function<FusedRmsNorm> {
+  static torch::Tensor forward(torch::autograd::AutogradContext *ctx, const torch::Tensor &x,
+                               const torch::Tensor &weightOrEmpty, double eps, double offset) {
+    const torch::Tensor weight = weightOrEmpty.numel() > 0 ? weightOrEmpty : torch::Tensor();
+    auto [y, rstd] = cuda::rmsNormForward(x, weight, eps, offset);
+    ctx->save_for_backward({x, weightOrEmpty, rstd});
+    ctx->saved_data["offset"] = offset;
+    return y;
+  }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext *ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor &x = saved[0], &rstd = saved[2];
+    const torch::Tensor weight = saved[1].defined() && saved[1].numel() > 0 ? saved[1] : torch::Tensor();
+    torch::Tensor gradX = cuda::rmsNormBackward(x, weight, rstd, grads[0], ctx->saved_data["offset"].toDouble());
+    torch::Tensor gradWeight;
+    if (ctx->needs_input_grad(1)) { // trained norm weights (not LoRA's case): sum over rows of g * x * rstd
+      const int64_t width = x.size(-1);
+      gradWeight = (grads[0].reshape({-1, width}).to(torch::kFloat32) * x.reshape({-1, width}).to(torch::kFloat32) *
+                    rstd.unsqueeze(1))
+                       .sum(0)
+                       .to(weight.scalar_type());
+    }
+    return {gradX, gradWeight, torch::Tensor(), torch::Tensor()};
+  }
+};
+#endif
+
+} // namespace
+
+torch::Tensor rmsNormByKernel(const torch::Tensor &x, const torch::Tensor &weight, double eps, double offset) {
+#ifdef ADAPT_WITH_CUDA_KERNELS
+  if (cuda::rmsNormKernelFits(x, weight))
+    return FusedRmsNorm::apply(x, weight.defined() ? weight : torch::empty({0}, x.options()), eps, offset);
+#endif
+  return torch::Tensor();
+}
+
 torch::Tensor rmsNorm(const torch::Tensor &x, const torch::Tensor &weight, double eps) {
-  // On the GPU, LibTorch's fused kernel (fp32 inside, one rounding at the
-  // end) in place of five elementwise passes and two casts.
-  if (x.is_cuda() && (!weight.defined() || weight.scalar_type() == x.scalar_type()))
+  // On the GPU, one kernel each way (fp32 inside, one rounding at the end) in
+  // place of five elementwise passes and two casts; LibTorch's fused kernel
+  // where ours does not fit. A weight of another dtype keeps the reference's
+  // two roundings (and its promotion), below.
+  if (x.is_cuda() && (!weight.defined() || weight.scalar_type() == x.scalar_type())) {
+    if (torch::Tensor y = rmsNormByKernel(x, weight, eps, 0.0); y.defined())
+      return y;
     return at::rms_norm(x, {x.size(-1)}, weight.defined() ? std::optional<torch::Tensor>(weight) : std::nullopt, eps);
+  }
   torch::Tensor h = x.to(torch::kFloat32);
   h = h * torch::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
   if (!weight.defined())

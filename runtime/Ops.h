@@ -21,6 +21,12 @@ namespace adapt::rt {
 /// (weightless, Llama-4's QK norm).
 torch::Tensor rmsNorm(const torch::Tensor &x, const torch::Tensor &weight, double eps);
 
+/// RMSNorm scaled by (weight + \p offset) with fp32 inside and one rounding,
+/// by the runtime's CUDA kernels when they take \p x (a CUDA tensor whose
+/// last dim fits 16-byte packs; runtime/cuda/RmsNormKernel.h), else an
+/// undefined tensor: the caller then runs its composition.
+torch::Tensor rmsNormByKernel(const torch::Tensor &x, const torch::Tensor &weight, double eps, double offset);
+
 /// Rotary tables for positions 0..T-1: cos and sin [T, rotaryDim] in fp32,
 /// already multiplied by YaRN's attention factor.
 struct RopeTables {

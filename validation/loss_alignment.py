@@ -25,7 +25,7 @@ Writes OUT/loss-alignment.json (+ .md): steps, both loss curves, the worst
 relative difference and where, the round-trip cosines, pass/fail.
 
 usage: loss_alignment.py MODEL_DIR TRAIN_BINARY OUT [--steps 50] [--device cpu|cuda]
-       [--dtype fp32|bf16] [--lr 1e-3] [--batch 2] [--seq-len 16]
+       [--dtype fp32|bf16] [--lr 1e-3] [--batch 2] [--seq-len 16] [--train-arg=FLAG ...]
 (TRAIN_BINARY: `adapt build MODEL_DIR --lora-targets <attention>,experts --lora-rank 4
  --lora-alpha 8`; the targets must be those of make_fixture.py's lora_targets.)
 """
@@ -116,6 +116,8 @@ def main():
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--seq-len", type=int, default=16)
     ap.add_argument("--rank", type=int, default=4)
+    ap.add_argument("--train-arg", action="append", default=[],
+                    help="one more flag for our trainer's training runs, e.g. --train-arg=--no-cuda-graphs")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
@@ -156,7 +158,7 @@ def main():
            "--device", args.device, "--dtype", args.dtype, "--init-adapter", initial,
            "--lora-rank", str(args.rank), "--lora-alpha", str(2 * args.rank),
            "--dump-batches", os.path.join(args.out, "batches.safetensors"),
-           "--export", os.path.join(args.out, "ours-adapter")]
+           "--export", os.path.join(args.out, "ours-adapter")] + args.train_arg
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"our trainer failed ({proc.returncode}): {proc.stderr[-2000:]}")

@@ -3,12 +3,16 @@
 // Forward: one block per token reads its k rows and writes the weighted sum
 // (the composition materialises the gathered [T*k, H] rows and runs a
 // batched GEMM of k-long dot products, a shape cuBLAS handles badly).
-// Backward: one pass over the expert rows, each written once (the pair that
-// owns it, or zero), and one warp per pair for the weight's dot product.
+// Backward: one block per token writes its k rows' gradients and reduces the
+// k weights' dot products in the same pass (rows no pair owns are zeroed
+// apart). Tokens to rows (the dispatch) is a gather of whole rows. Where the
+// hidden width allows, every access moves 16 bytes (Packed.cuh); the
+// element-at-a-time kernels remain for other widths.
 //
 //===----------------------------------------------------------------------===//
 
 #include "runtime/cuda/ExpertCombineKernel.h"
+#include "runtime/cuda/Packed.cuh"
 
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -42,6 +46,122 @@ __global__ void combineKernel(const T *__restrict__ rows, const int64_t *__restr
       acc += w[j] * static_cast<float>(rows[src[j] * hidden + h]);
     y[t * hidden + h] = static_cast<T>(acc);
   }
+}
+
+/// The forward over 16-byte packs of the hidden width.
+template <typename T>
+__global__ void combinePackedKernel(const T *__restrict__ rows, const int64_t *__restrict__ rowOfPair,
+                                    const float *__restrict__ weights, T *__restrict__ y, int64_t hidden, int k) {
+  using P = Pack<T>;
+  __shared__ int64_t src[kMaxK];
+  __shared__ float w[kMaxK];
+  const int64_t t = blockIdx.x;
+  if (threadIdx.x < k) {
+    src[threadIdx.x] = rowOfPair[t * k + threadIdx.x];
+    w[threadIdx.x] = weights ? weights[t * k + threadIdx.x] : 1.0f;
+  }
+  __syncthreads();
+  for (int64_t h = threadIdx.x * int64_t(P::kSize); h < hidden; h += int64_t(blockDim.x) * P::kSize) {
+    P acc;
+#pragma unroll
+    for (int i = 0; i < P::kSize; ++i)
+      acc.v[i] = 0.0f;
+    for (int j = 0; j < k; ++j) {
+      const P x = P::load(rows + src[j] * hidden + h);
+#pragma unroll
+      for (int i = 0; i < P::kSize; ++i)
+        acc.v[i] += w[j] * x.v[i];
+    }
+    acc.store(y + t * hidden + h);
+  }
+}
+
+/// The whole backward in one pass over 16-byte packs: one block per token
+/// reads its gradient once, writes each of its k rows' gradients (w_j g) and
+/// reduces the k dot products g . x_j for the weights' gradient (when
+/// \p gradW is not null). Rows no pair owns are zeroed by zeroUnownedRows.
+/// The loops over the k slots run to the compile-time bound KMax >= k, so
+/// the k running dot products stay in registers.
+template <typename T, int KMax>
+__global__ void combineBackwardPackedKernel(const T *__restrict__ gradY, const T *__restrict__ rows,
+                                            const int64_t *__restrict__ rowOfPair, const float *__restrict__ weights,
+                                            T *__restrict__ gradRows, float *__restrict__ gradW, int64_t hidden,
+                                            int k) {
+  using P = Pack<T>;
+  __shared__ int64_t src[kMaxK];
+  __shared__ float w[kMaxK];
+  __shared__ float partial[kThreads / 32][kMaxK];
+  const int64_t t = blockIdx.x;
+  if (threadIdx.x < k) {
+    src[threadIdx.x] = rowOfPair[t * k + threadIdx.x];
+    w[threadIdx.x] = weights ? weights[t * k + threadIdx.x] : 1.0f;
+  }
+  __syncthreads();
+  float dot[KMax];
+#pragma unroll
+  for (int j = 0; j < KMax; ++j)
+    dot[j] = 0.0f;
+  for (int64_t h = threadIdx.x * int64_t(P::kSize); h < hidden; h += int64_t(blockDim.x) * P::kSize) {
+    const P g = P::load(gradY + t * hidden + h);
+#pragma unroll
+    for (int j = 0; j < KMax; ++j) {
+      if (j >= k)
+        break;
+      P out;
+#pragma unroll
+      for (int i = 0; i < P::kSize; ++i)
+        out.v[i] = w[j] * g.v[i];
+      out.store(gradRows + src[j] * hidden + h);
+      if (gradW) {
+        const P x = P::load(rows + src[j] * hidden + h);
+#pragma unroll
+        for (int i = 0; i < P::kSize; ++i)
+          dot[j] += g.v[i] * x.v[i];
+      }
+    }
+  }
+  if (!gradW)
+    return;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll
+  for (int j = 0; j < KMax; ++j) {
+    if (j >= k)
+      break;
+    float v = dot[j];
+    for (int offset = 16; offset > 0; offset /= 2)
+      v += __shfl_down_sync(0xffffffffu, v, offset);
+    if (lane == 0)
+      partial[warp][j] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x < k) {
+    float sum = 0.0f;
+    for (int i = 0; i < int(blockDim.x / 32); ++i)
+      sum += partial[i][threadIdx.x];
+    gradW[t * k + threadIdx.x] = sum;
+  }
+}
+
+/// out[r] = tokens[tokenOfRow[r]] over 16-byte packs, one block per row.
+template <typename T>
+__global__ void gatherRowsPackedKernel(const T *__restrict__ tokens, const int64_t *__restrict__ tokenOfRow,
+                                       T *__restrict__ out, int64_t hidden) {
+  using P = Pack<T>;
+  const int64_t r = blockIdx.x, src = tokenOfRow[r];
+  for (int64_t h = threadIdx.x * int64_t(P::kSize); h < hidden; h += int64_t(blockDim.x) * P::kSize)
+    *reinterpret_cast<uint4 *>(out + r * hidden + h) = *reinterpret_cast<const uint4 *>(tokens + src * hidden + h);
+}
+
+/// Zeroes the gradient rows that no (token, expert) pair owns: the padding
+/// rows between experts' groups.
+template <typename T>
+__global__ void zeroUnownedRowsKernel(const int64_t *__restrict__ pairOfRow, T *__restrict__ gradRows,
+                                      int64_t hidden) {
+  const int64_t r = blockIdx.x;
+  if (pairOfRow[r] >= 0)
+    return;
+  for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x)
+    gradRows[r * hidden + h] = static_cast<T>(0.0f);
 }
 
 template <typename T>
@@ -87,9 +207,15 @@ at::Tensor combineRows(const at::Tensor &rows, const at::Tensor &rowOfPair, cons
     return y;
   const at::Tensor w = weightsAsFloat(weights), in = rows.contiguous(), pairs = rowOfPair.contiguous();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, rows.scalar_type(), "combineRows", [&] {
-    combineKernel<scalar_t><<<tokens, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
-        in.data_ptr<scalar_t>(), pairs.data_ptr<int64_t>(), w.defined() ? w.data_ptr<float>() : nullptr,
-        y.data_ptr<scalar_t>(), hidden, static_cast<int>(k));
+    const scalar_t *x = in.data_ptr<scalar_t>();
+    scalar_t *out = y.data_ptr<scalar_t>();
+    const float *wp = w.defined() ? w.data_ptr<float>() : nullptr;
+    if (packable<scalar_t>(hidden, {x, out}))
+      combinePackedKernel<scalar_t><<<tokens, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+          x, pairs.data_ptr<int64_t>(), wp, out, hidden, static_cast<int>(k));
+    else
+      combineKernel<scalar_t><<<tokens, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+          x, pairs.data_ptr<int64_t>(), wp, out, hidden, static_cast<int>(k));
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return y;
@@ -131,6 +257,70 @@ at::Tensor combineRowsGradWeights(const at::Tensor &gradY, const at::Tensor &row
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return gradW.to(dtype);
+}
+
+std::pair<at::Tensor, at::Tensor> combineRowsBackward(const at::Tensor &gradY, const at::Tensor &rows,
+                                                      const at::Tensor &rowOfPair, const at::Tensor &weights,
+                                                      int64_t k, bool needWeights) {
+  TORCH_CHECK(k > 0 && k <= kMaxK, "combineRowsBackward: k must be in [1, ", kMaxK, "]");
+  const c10::cuda::CUDAGuard guard(gradY.device());
+  const int64_t hidden = gradY.size(1), pairs = rowOfPair.size(0), tokens = pairs / k;
+  const at::Tensor g = gradY.contiguous(), in = rows.contiguous(), owner = rowOfPair.contiguous();
+  at::Tensor gradRows = at::empty({in.size(0), hidden}, g.options());
+  const bool packed = AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, g.scalar_type(), "combinePackable", [&] {
+    return packable<scalar_t>(hidden, {g.data_ptr(), in.data_ptr(), gradRows.data_ptr()});
+  });
+  if (!packed || gradRows.numel() == 0 || tokens == 0) {
+    at::Tensor gradW = needWeights ? combineRowsGradWeights(g, in, owner, k, weights.scalar_type()) : at::Tensor();
+    return {combineRowsGradRows(g, owner, weights, k, in.size(0)), gradW};
+  }
+  if (in.size(0) > pairs) { // padding rows: zero the ones no pair writes
+    const at::Tensor pairOfRow =
+        at::full({in.size(0)}, -1, owner.options()).index_copy_(0, owner, at::arange(pairs, owner.options()));
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, g.scalar_type(), "combineZeroRows", [&] {
+      zeroUnownedRowsKernel<scalar_t><<<in.size(0), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+          pairOfRow.data_ptr<int64_t>(), gradRows.data_ptr<scalar_t>(), hidden);
+    });
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  const at::Tensor w = weightsAsFloat(weights);
+  at::Tensor gradW = needWeights ? at::empty({tokens, k}, g.options().dtype(at::kFloat)) : at::Tensor();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, g.scalar_type(), "combineRowsBackward", [&] {
+    auto launch = [&](auto kernel) {
+      kernel<<<tokens, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+          g.data_ptr<scalar_t>(), in.data_ptr<scalar_t>(), owner.data_ptr<int64_t>(),
+          w.defined() ? w.data_ptr<float>() : nullptr, gradRows.data_ptr<scalar_t>(),
+          needWeights ? gradW.data_ptr<float>() : nullptr, hidden, static_cast<int>(k));
+    };
+    if (k <= 8)
+      launch(combineBackwardPackedKernel<scalar_t, 8>);
+    else if (k <= 16)
+      launch(combineBackwardPackedKernel<scalar_t, 16>);
+    else
+      launch(combineBackwardPackedKernel<scalar_t, kMaxK>);
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {gradRows, needWeights ? gradW.to(weights.scalar_type()) : at::Tensor()};
+}
+
+at::Tensor gatherRows(const at::Tensor &tokens, const at::Tensor &tokenOfRow) {
+  const c10::cuda::CUDAGuard guard(tokens.device());
+  const at::Tensor in = tokens.contiguous(), index = tokenOfRow.contiguous();
+  const int64_t hidden = in.size(1), rows = index.size(0);
+  at::Tensor out = at::empty({rows, hidden}, in.options());
+  const bool packed = AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, in.scalar_type(), "gatherPackable", [&] {
+    return packable<scalar_t>(hidden, {in.data_ptr(), out.data_ptr()});
+  });
+  if (!packed)
+    return in.index_select(0, index);
+  if (out.numel() == 0)
+    return out;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, in.scalar_type(), "gatherRows", [&] {
+    gatherRowsPackedKernel<scalar_t><<<rows, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+        in.data_ptr<scalar_t>(), index.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), hidden);
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
 }
 
 } // namespace adapt::rt::cuda

@@ -11,6 +11,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <utility>
+
 namespace adapt::rt::cuda {
 
 /// y[t] = sum_j w[t, j] * rows[rowOfPair[t*k + j]] for \p rows [R, H]
@@ -27,6 +29,17 @@ at::Tensor combineRowsGradRows(const at::Tensor &gradY, const at::Tensor &rowOfP
 /// rows[rowOfPair[p]]> in fp32: [T, k] in the weights' dtype \p dtype.
 at::Tensor combineRowsGradWeights(const at::Tensor &gradY, const at::Tensor &rows, const at::Tensor &rowOfPair,
                                   int64_t k, at::ScalarType dtype);
+
+/// tokens[tokenOfRow[r]] for every row r: the dispatch of tokens to expert
+/// rows ([R, H] in tokens' dtype); index_select where 16-byte packs do not fit.
+at::Tensor gatherRows(const at::Tensor &tokens, const at::Tensor &tokenOfRow);
+
+/// The gradients of combineRows in one pass over \p gradY: the rows'
+/// gradients (w_j g for each pair's row, zeros on unowned rows) and, when
+/// \p needWeights, the weights' gradients (g . x_j), as \p weights' dtype.
+std::pair<at::Tensor, at::Tensor> combineRowsBackward(const at::Tensor &gradY, const at::Tensor &rows,
+                                                      const at::Tensor &rowOfPair, const at::Tensor &weights,
+                                                      int64_t k, bool needWeights);
 
 } // namespace adapt::rt::cuda
 

@@ -5,11 +5,13 @@
 //   forward  y0 = x0 c0 - x1 s0,  y1 = x1 c1 + x0 s1
 //   adjoint  y0 = x0 c0 + x1 s1,  y1 = x1 c1 - x0 s0
 // (the adjoint is the forward's transpose, exact for any tables). Threads
-// past the pairs copy the unrotated dims.
+// past the pairs copy the unrotated dims. Where rows and halves are whole
+// 16-byte packs (Packed.cuh), a thread moves a pack of each at a time.
 //
 //===----------------------------------------------------------------------===//
 
 #include "runtime/cuda/RopeKernel.h"
+#include "runtime/cuda/Packed.cuh"
 
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -64,6 +66,62 @@ __global__ void rotaryKernel(const T *__restrict__ x, T *__restrict__ y, const f
   }
 }
 
+/// The same rotation over 16-byte packs, where every row start is 16-byte
+/// aligned and the rotated half (or, interleaved, the rotated dims) and the
+/// unrotated tail are whole packs: a thread takes one pack of each half of
+/// the split layout (8 pairs in bf16), or one pack of adjacent pairs
+/// interleaved, or one pack of the tail to copy.
+template <typename T>
+__global__ void rotaryPackedKernel(const T *__restrict__ x, T *__restrict__ y, const float *__restrict__ cos,
+                                   const float *__restrict__ sin, int64_t tableStride, RowStrides in,
+                                   RowStrides out, int heads, int seqLen, int dim, int rot, int64_t rows,
+                                   bool interleaved, bool adjoint) {
+  using P = Pack<T>;
+  constexpr int N = P::kSize;
+  const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
+  if (row >= rows)
+    return;
+  const int t = static_cast<int>(row % seqLen);
+  const int64_t bh = row / seqLen, h = bh % heads, b = bh / heads;
+  const T *xr = x + b * in.b + h * in.h + t * in.t;
+  T *yr = y + b * out.b + h * out.h + t * out.t;
+  const float *c = cos + t * tableStride, *s = sin + t * tableStride;
+  const int half = rot / 2, rotUnits = interleaved ? rot / N : half / N, units = rotUnits + (dim - rot) / N;
+  for (int u = threadIdx.x; u < units; u += blockDim.x) {
+    if (u >= rotUnits) { // a pack of unrotated dims
+      const int d = rot + (u - rotUnits) * N;
+      *reinterpret_cast<uint4 *>(yr + d) = *reinterpret_cast<const uint4 *>(xr + d);
+      continue;
+    }
+    if (interleaved) { // pairs (2j, 2j+1) inside one pack
+      const int d = u * N;
+      const P v = P::load(xr + d);
+      P r;
+#pragma unroll
+      for (int i = 0; i < N; i += 2) {
+        const int i0 = d + i, i1 = i0 + 1;
+        const float x0 = v.v[i], x1 = v.v[i + 1];
+        r.v[i] = adjoint ? x0 * c[i0] + x1 * s[i1] : x0 * c[i0] - x1 * s[i0];
+        r.v[i + 1] = adjoint ? x1 * c[i1] - x0 * s[i0] : x1 * c[i1] + x0 * s[i1];
+      }
+      r.store(yr + d);
+      continue;
+    }
+    const int d0 = u * N, d1 = d0 + half; // pairs (j, j + half), one pack of each half
+    const P v0 = P::load(xr + d0), v1 = P::load(xr + d1);
+    P r0, r1;
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const int i0 = d0 + i, i1 = d1 + i;
+      const float x0 = v0.v[i], x1 = v1.v[i];
+      r0.v[i] = adjoint ? x0 * c[i0] + x1 * s[i1] : x0 * c[i0] - x1 * s[i0];
+      r1.v[i] = adjoint ? x1 * c[i1] - x0 * s[i0] : x1 * c[i1] + x0 * s[i1];
+    }
+    r0.store(yr + d0);
+    r1.store(yr + d1);
+  }
+}
+
 } // namespace
 
 at::Tensor rotary(const at::Tensor &x, const at::Tensor &cos, const at::Tensor &sin, bool interleaved,
@@ -82,11 +140,26 @@ at::Tensor rotary(const at::Tensor &x, const at::Tensor &cos, const at::Tensor &
   const int64_t rows = x.size(0) * heads * seqLen, perRow = rot / 2 + dim - rot;
   const RowStrides in{x.stride(0), x.stride(1), x.stride(2)}, out{y.stride(0), y.stride(1), y.stride(2)};
   TORCH_CHECK(y.stride(3) == 1, "rotary: the output lost the unit last stride");
-  // A warp-multiple of threads per row (up to 128), the rest of 256 over rows.
-  const int perRowThreads = static_cast<int>(std::min<int64_t>(128, (perRow + 31) / 32 * 32));
-  const dim3 threads(perRowThreads, kThreads / perRowThreads);
-  const int64_t blocks = (rows + threads.y - 1) / threads.y;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rotary", [&] {
+    constexpr int64_t N = Pack<scalar_t>::kSize;
+    const bool packed = (interleaved ? rot % N == 0 : (rot / 2) % N == 0) && (dim - rot) % N == 0 &&
+                        in.b % N == 0 && in.h % N == 0 && in.t % N == 0 && out.b % N == 0 && out.h % N == 0 &&
+                        out.t % N == 0 && packable<scalar_t>(N, {x.data_ptr(), y.data_ptr()});
+    if (packed) { // a row's packs on threadIdx.x, the rest of 256 threads over rows
+      const int64_t units = (interleaved ? rot / N : rot / 2 / N) + (dim - rot) / N;
+      const int perRowThreads = static_cast<int>(std::min<int64_t>(kThreads, std::max<int64_t>(units, 1)));
+      const dim3 threads(perRowThreads, kThreads / perRowThreads);
+      const int64_t blocks = (rows + threads.y - 1) / threads.y;
+      rotaryPackedKernel<scalar_t><<<static_cast<unsigned>(blocks), threads, 0, at::cuda::getCurrentCUDAStream()>>>(
+          x.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), cos.data_ptr<float>(), sin.data_ptr<float>(),
+          cos.stride(0), in, out, static_cast<int>(heads), static_cast<int>(seqLen), static_cast<int>(dim),
+          static_cast<int>(rot), rows, interleaved, adjoint);
+      return;
+    }
+    // A warp-multiple of threads per row (up to 128), the rest of 256 over rows.
+    const int perRowThreads = static_cast<int>(std::min<int64_t>(128, (perRow + 31) / 32 * 32));
+    const dim3 threads(perRowThreads, kThreads / perRowThreads);
+    const int64_t blocks = (rows + threads.y - 1) / threads.y;
     rotaryKernel<scalar_t><<<static_cast<unsigned>(blocks), threads, 0, at::cuda::getCurrentCUDAStream()>>>(
         x.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), cos.data_ptr<float>(), sin.data_ptr<float>(), cos.stride(0),
         in, out, static_cast<int>(heads), static_cast<int>(seqLen), static_cast<int>(dim), static_cast<int>(rot),

@@ -1,6 +1,7 @@
 //===- SwiGluKernel.cu - SwiGLU on a fused gate/up projection -------------===//
 //
-// One elementwise pass each way. The composition (narrow, silu, mul) writes
+// One elementwise pass each way, over 16-byte packs where the width allows
+// (Packed.cuh). The composition (narrow, silu, mul) writes
 // silu(gate) as an intermediate, keeps gate, up and silu(gate) for backward,
 // and its backward writes each half's gradient into a zero-filled [rows, 2W]
 // tensor before adding them; here forward reads gateUp once and backward
@@ -9,6 +10,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/cuda/SwiGluKernel.h"
+#include "runtime/cuda/Packed.cuh"
 
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -38,6 +40,23 @@ __global__ void swiGluForwardKernel(const T *__restrict__ gateUp, T *__restrict_
   }
 }
 
+/// The forward over 16-byte packs: one thread per pack of the output.
+template <typename T>
+__global__ void swiGluForwardPackedKernel(const T *__restrict__ gateUp, T *__restrict__ out, int64_t rows,
+                                          int64_t width) {
+  using P = Pack<T>;
+  const int64_t packsPerRow = width / P::kSize, n = rows * packsPerRow;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = i / packsPerRow, col = (i - row * packsPerRow) * P::kSize;
+    const P g = P::load(gateUp + row * 2 * width + col), u = P::load(gateUp + row * 2 * width + width + col);
+    P y;
+#pragma unroll
+    for (int j = 0; j < P::kSize; ++j)
+      y.v[j] = g.v[j] * sigmoidOf(g.v[j]) * u.v[j];
+    y.store(out + row * width + col);
+  }
+}
+
 template <typename T>
 __global__ void swiGluBackwardKernel(const T *__restrict__ gateUp, const T *__restrict__ gradOut,
                                      T *__restrict__ gradGateUp, int64_t rows, int64_t width) {
@@ -50,6 +69,28 @@ __global__ void swiGluBackwardKernel(const T *__restrict__ gateUp, const T *__re
     const float s = sigmoidOf(g);
     gradGateUp[gi] = static_cast<T>(go * u * s * (1.0f + g * (1.0f - s)));
     gradGateUp[ui] = static_cast<T>(go * g * s);
+  }
+}
+
+/// The backward over 16-byte packs.
+template <typename T>
+__global__ void swiGluBackwardPackedKernel(const T *__restrict__ gateUp, const T *__restrict__ gradOut,
+                                           T *__restrict__ gradGateUp, int64_t rows, int64_t width) {
+  using P = Pack<T>;
+  const int64_t packsPerRow = width / P::kSize, n = rows * packsPerRow;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t row = i / packsPerRow, col = (i - row * packsPerRow) * P::kSize;
+    const int64_t gi = row * 2 * width + col, ui = gi + width;
+    const P g = P::load(gateUp + gi), u = P::load(gateUp + ui), go = P::load(gradOut + row * width + col);
+    P dg, du;
+#pragma unroll
+    for (int j = 0; j < P::kSize; ++j) {
+      const float s = sigmoidOf(g.v[j]);
+      dg.v[j] = go.v[j] * u.v[j] * s * (1.0f + g.v[j] * (1.0f - s));
+      du.v[j] = go.v[j] * g.v[j] * s;
+    }
+    dg.store(gradGateUp + gi);
+    du.store(gradGateUp + ui);
   }
 }
 
@@ -68,8 +109,15 @@ at::Tensor swiGluForward(const at::Tensor &gateUp) {
   if (out.numel() == 0)
     return out;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gateUp.scalar_type(), "swiGluForward", [&] {
-    swiGluForwardKernel<scalar_t><<<blocksFor(out.numel()), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
-        gateUp.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), rows, width);
+    const scalar_t *in = gateUp.data_ptr<scalar_t>();
+    scalar_t *y = out.data_ptr<scalar_t>();
+    if (packable<scalar_t>(width, {in, y}))
+      swiGluForwardPackedKernel<scalar_t>
+          <<<blocksFor(out.numel() / Pack<scalar_t>::kSize), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+              in, y, rows, width);
+    else
+      swiGluForwardKernel<scalar_t><<<blocksFor(out.numel()), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+          in, y, rows, width);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
@@ -82,8 +130,15 @@ at::Tensor swiGluBackward(const at::Tensor &gateUp, const at::Tensor &gradOut) {
   if (grad.numel() == 0)
     return grad;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gateUp.scalar_type(), "swiGluBackward", [&] {
-    swiGluBackwardKernel<scalar_t><<<blocksFor(gradOut.numel()), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
-        gateUp.data_ptr<scalar_t>(), gradOut.data_ptr<scalar_t>(), grad.data_ptr<scalar_t>(), rows, width);
+    const scalar_t *in = gateUp.data_ptr<scalar_t>(), *go = gradOut.data_ptr<scalar_t>();
+    scalar_t *gi = grad.data_ptr<scalar_t>();
+    if (packable<scalar_t>(width, {in, go, gi}))
+      swiGluBackwardPackedKernel<scalar_t>
+          <<<blocksFor(gradOut.numel() / Pack<scalar_t>::kSize), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+              in, go, gi, rows, width);
+    else
+      swiGluBackwardKernel<scalar_t><<<blocksFor(gradOut.numel()), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+          in, go, gi, rows, width);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return grad;

@@ -551,7 +551,8 @@ std::vector<Check> registry() {
   using Shapes = std::vector<std::array<int64_t, 3>>;
 
   for (bool weight : {true, false})
-    for (auto [B, T, D] : Shapes{{2, 7, 10}, {1, 13, 17}, {2, 7, 24}})
+    // 24 and 520 fit the CUDA kernel's 16-byte packs (one and three per lane).
+    for (auto [B, T, D] : Shapes{{2, 7, 10}, {1, 13, 17}, {2, 7, 24}, {2, 5, 520}})
       add(weight ? "rms_norm.weight" : "rms_norm.weightless", S({{"B", B}, {"T", T}, {"D", D}}),
           [=](const Ctx &c) { return rmsNormTrial(c, B, T, D, weight); });
 
@@ -574,7 +575,8 @@ std::vector<Check> registry() {
   rope("rope.interleaved", def(true, "", 10000), full);
   rope("rope.partial.half", def(false, "", 10000), partial);
   rope("rope.partial.interleaved", def(true, "", 10000), partial);
-  rope("rope.half.strided", def(false, "", 10000), {{13, 24, 24}, {7, 17, 10}}, true);
+  // D 32 / rot 32 strided: the CUDA kernel's 16-byte packs over [B, T, H, D] strides.
+  rope("rope.half.strided", def(false, "", 10000), {{13, 24, 24}, {7, 17, 10}, {7, 32, 32}}, true);
   rope("rope.interleaved.strided", def(true, "", 10000), {{13, 24, 16}}, true);
   // YaRN: factor 4 over 16 original positions; theta 100 puts the ramp inside
   // these small rotary dims. Forms: plain (attention factor from factor alone),
@@ -668,7 +670,8 @@ std::vector<Check> registry() {
 
   for (bool clamped : {false, true})
     for (bool interleaved : {false, true})
-      for (auto [N, I] : std::vector<std::array<int64_t, 2>>{{7, 10}, {13, 17}})
+      // 24 and 136 fit the CUDA kernel's 16-byte packs.
+      for (auto [N, I] : std::vector<std::array<int64_t, 2>>{{7, 10}, {13, 17}, {9, 24}, {5, 136}})
         add(std::string(clamped ? "clamped_swiglu" : "swiglu") + (interleaved ? ".interleaved" : ".concat"),
             S({{"N", N}, {"I", I}}), [=](const Ctx &c) { return gatedTrial(c, N, I, interleaved, clamped); });
   addLinearAttentionChecks(all);

@@ -176,7 +176,7 @@ void addLinearAttentionChecks(std::vector<Check> &all) {
   for (auto [T, C, K] : std::vector<std::array<int64_t, 3>>{{13, 10, 4}, {3, 7, 4}, {17, 5, 2}})
     addCheck(all, "causal_conv1d.silu", shapeText({{"B", 2}, {"T", T}, {"C", C}, {"K", K}}),
              [=](const Ctx &c) { return convTrial(c, T, C, K); });
-  for (auto [N, D] : std::vector<std::array<int64_t, 2>>{{13, 16}, {7, 33}}) {
+  for (auto [N, D] : std::vector<std::array<int64_t, 2>>{{13, 16}, {7, 33}, {5, 264}}) {
     std::string shape = shapeText({{"N", N}, {"D", D}});
     addCheck(all, "norm.gated_rms", shape, [=](const Ctx &c) { return gatedNormTrial(c, N, D); });
     addCheck(all, "norm.gated_rms_sigmoid", shape, [=](const Ctx &c) { return sigmoidGatedNormTrial(c, N, D); });
