@@ -110,6 +110,11 @@ torch::Tensor ExpertLinear::forward(const torch::Tensor &x, const ExpertGroups &
   return bias.defined() ? y + bias.index_select(0, groups.expertOfRow) : y;
 }
 
+std::string AttentionLayer::indexerPath() const {
+  const size_t dot = indexQ.hfPath.rfind('.');
+  return def.kind != AttentionKind::SparseMla || dot == std::string::npos ? "" : indexQ.hfPath.substr(0, dot);
+}
+
 double AttentionLayer::softmaxScale() const {
   if (def.softmaxScale > 0.0)
     return def.softmaxScale;

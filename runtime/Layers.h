@@ -78,6 +78,10 @@ struct AttentionLayer {
   /// fp32): it only selects keys, so it gets no gradient (SparseAttention.h).
   LoraLinear indexQ, indexK, indexWeights;
   torch::Tensor indexKNorm, indexKNormBias; ///< The indexer's k_norm (LayerNorm).
+  /// The indexer's choice replaced for this step by a given one ([B, T, k']
+  /// int64 key positions, k' = min(top_k, T)): transformers' choice in loss
+  /// alignment, as Model::forceRouting forces the experts. Undefined: its own.
+  torch::Tensor forcedSelection;
   /// Zero-centred q/k norms (Qwen3-Next, ModelDef::normWeightOffset): scale 1 + weight.
   bool zeroCentredNorms = false;
   /// Context parallelism: this rank's part of the sequence; its queries
@@ -89,6 +93,9 @@ struct AttentionLayer {
   Collectives *tensorGroup = nullptr;
 
   torch::Tensor forward(const torch::Tensor &x, const RopeTables &rope, bool training) const;
+  /// The indexer's module path in the HF model
+  /// ("model.layers.1.self_attn.indexer"); "" for a layer without one.
+  std::string indexerPath() const;
   /// Softmax scale, including YaRN's mscale^2 for MLA.
   double softmaxScale() const;
   /// The q/k RMSNorm with \p weight (undefined: weightless), zero-centred when asked.

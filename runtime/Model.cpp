@@ -1134,6 +1134,25 @@ void Model::captureActivations(std::vector<std::pair<std::string, torch::Tensor>
 }
 
 void Model::forceRouting(std::map<std::string, torch::Tensor> experts) {
+  // The sparse-attention indexers' selections first: by the indexer's path.
+  for (Layer &l : impl->layers) {
+    if (experts.empty())
+      l.attention.forcedSelection = torch::Tensor();
+    auto given = experts.find(l.attention.indexerPath());
+    if (l.attention.indexerPath().empty() || given == experts.end())
+      continue;
+    const torch::Tensor &keys = given->second;
+    if (keys.dim() != 3 || (keys.numel() > 0 && (keys.min().item<int64_t>() < 0 ||
+                                                 keys.max().item<int64_t>() >= keys.size(1))))
+      throw badInput("", "--force-routing", "expected key positions [B, T, k] in [0, T) for " + given->first);
+    torch::Tensor &held = l.attention.forcedSelection;
+    if (held.defined() && held.sizes() == keys.sizes() && held.device() == keys.device() &&
+        held.scalar_type() == keys.scalar_type())
+      held.copy_(keys); // in place: a captured step (StepGraph) reads it
+    else
+      held = keys.clone();
+    experts.erase(given);
+  }
   std::map<std::string, int64_t> expertCounts;
   for (const Layer &l : impl->layers)
     if (l.ffn.isMoe())

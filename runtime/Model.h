@@ -143,7 +143,10 @@ public:
   /// \p experts[block path] ([B*T, k] int64, e.g. what the reference chose;
   /// block path = the router module's parent, "model.layers.3.mlp") with the
   /// weights its own scores give them. A MoE layer without an entry is a
-  /// BadInput (exit 2). Empty: the routers choose again.
+  /// BadInput (exit 2). A sparse-attention layer's indexer takes the keys
+  /// \p experts[indexer path] ([B, T, min(top_k, T)] int64 key positions,
+  /// "model.layers.1.self_attn.indexer") where given, else chooses its own.
+  /// Empty: the routers and indexers choose again.
   void forceRouting(std::map<std::string, torch::Tensor> experts);
   /// Tokens, summed over layers, that the last forward's routers would have
   /// sent to other experts than the forced ones (0 without forcing).

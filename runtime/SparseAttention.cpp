@@ -291,6 +291,19 @@ SparseSelection indexerSelection(const AttentionLayer &a, const torch::Tensor &x
                        tileBudget, a.context.offset(seqLen));
 }
 
+/// A selection given from outside (AttentionLayer::forcedSelection): the
+/// same keys, visible where the position is at most the query's, as
+/// transformers masks its own choice with the causal mask.
+SparseSelection givenSelection(const torch::Tensor &indices, int64_t batch, int64_t seqLen, int64_t topK) {
+  const std::vector<int64_t> expected = {batch, seqLen, std::min(topK, seqLen)};
+  if (indices.sizes() != torch::IntArrayRef(expected))
+    throw badInput("", "--force-routing",
+                   "expected the indexer's selection as [" + std::to_string(expected[0]) + ", " +
+                       std::to_string(expected[1]) + ", " + std::to_string(expected[2]) + "] key positions");
+  torch::Tensor query = torch::arange(seqLen, indices.options()).view({1, seqLen, 1});
+  return {indices, indices <= query};
+}
+
 } // namespace
 
 torch::Tensor sparseMlaForward(const AttentionLayer &a, const torch::Tensor &x, const RopeTables &rope,
@@ -316,7 +329,9 @@ torch::Tensor sparseMlaForward(const AttentionLayer &a, const torch::Tensor &x, 
   // Context parallelism: every earlier part's latents and rotary keys too.
   latent = gatherEarlier(latent, 2, a.context);
   kRot = gatherEarlier(kRot, 2, a.context);
-  SparseSelection selection = indexerSelection(a, x, qResid, rope, training);
+  SparseSelection selection = a.forcedSelection.defined()
+                                  ? givenSelection(a.forcedSelection, batch, seqLen, d.indexer.topK)
+                                  : indexerSelection(a, x, qResid, rope, training);
 
   // kv_b_proj absorbed: keys are the shared latents, queries W_UK^T q_nope,
   // and the output W_UV times the attended latent. LoRA on kv_b_proj joins

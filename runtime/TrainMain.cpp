@@ -108,8 +108,10 @@ Training (defaults in brackets):
                          FILE (safetensors, "<step>.<MoE block path>" -> [B*T, k]
                          int64, e.g. the reference's choice) with the weights the
                          router's own scores give them; metrics add routing_flips
-                         (tokens the router would have sent elsewhere). For loss
-                         curves compared across near-tied router scores
+                         (tokens the router would have sent elsewhere). Entries
+                         "<step>.<indexer path>" -> [B, T, k] int64 key positions
+                         replace a sparse-attention indexer's top-k the same way.
+                         For loss curves compared across near-tied scores
   --logits-out FILE      at the end, write the first batch's input_ids and
                          logits (fp32) as safetensors, to compare with the
                          reference (transformers + PEFT on the exported adapter)

@@ -256,8 +256,9 @@ void Trainer::forceRoutingOf(int64_t index) {
       experts[t.name.substr(prefix.size())] = forcedRouting->view(t.name).to(opts.device, torch::kLong);
   if (opts.distributed) { // This data rank's sequences: rows [first*T, (first+count)*T).
     auto [first, count] = batchSlice(*opts.distributed, opts.batch);
-    for (auto &[block, chosen] : experts)
-      chosen = chosen.narrow(0, first * opts.seqLen, count * opts.seqLen);
+    for (auto &[block, chosen] : experts) // experts [tokens, k]; an indexer's keys [B, T, k]
+      chosen = chosen.dim() == 3 ? chosen.narrow(0, first, count)
+                                 : chosen.narrow(0, first * opts.seqLen, count * opts.seqLen);
   }
   if (experts.empty())
     throw badInput(opts.forceRoutingPath, prefix + "*",

@@ -35,7 +35,7 @@ PYTHON = os.environ.get("ADAPT_PYTHON", "")
 # windows and top-k-then-softmax; top-1 sigmoid input scaling + chunked
 # attention; lightning attention + scaled residuals; gated delta rule with
 # zero-centred norms (the family whose near-ties made this test flaky).
-DEFAULT = ["qwen3_moe", "deepseek_v3", "gpt_oss", "llama4", "minimax", "qwen3_next"]
+DEFAULT = ["qwen3_moe", "deepseek_v3", "deepseek_v32", "gpt_oss", "llama4", "minimax", "qwen3_next"]
 SELECTED = FAMILIES if os.environ.get("ADAPT_TEST_TIER") == "full" else DEFAULT
 
 
@@ -79,6 +79,66 @@ class LossAlignment(ScratchTestCase):
                       f"{record['tolerance']:.1e}, reference fp32 rounding {noise:.2e}); unforced "
                       f"{unforced['worst_relative_difference']:.2e}, {unforced['steps_with_flips']} steps with "
                       f"routing flips", file=sys.stderr, flush=True)
+
+    def test_forced_indexer_selection_is_used_and_checked(self):
+        """--force-routing replaces a sparse-attention indexer's top-k with the
+        given keys (the loss changes when every query gets the first k keys
+        instead of its own best k), and a key past the sequence is refused
+        with exit 2 naming the option, before any step."""
+        model = os.path.join(self.work, "model-dsa")
+        self.assertEqual(run(ADAPT, "tiny", "deepseek_v32", "--out", model).returncode, 0)
+        project = os.path.join(self.work, "dsa")
+        proc = run(ADAPT, "build", model, "--out", project, "--lora-targets", "q_b_proj,o_proj,experts",
+                   "--lora-rank", 4, "--lora-alpha", 8)
+        self.assertEqual(proc.returncode, 0, proc.stdout[-2000:] + proc.stderr[-2000:])
+        config = read_json(os.path.join(model, "config.json"))
+        batch, seq = 2, 16
+        keep = min(config["index_topk"], seq)
+        self.assertLess(keep, seq, "the tiny model's top-k must leave keys out for this test")
+        data = os.path.join(self.work, "dsa-data.jsonl")
+        write_text(data, "".join(json.dumps({"input_ids": [(7 * i + 3 * j) % 97 + 1 for j in range(seq)]}) + "\n"
+                                 for i in range(batch)))
+        # The same experts in every run; the indexer's keys given or not.
+        script = """
+import sys, torch
+from safetensors.torch import save_file
+experts, k, layers, first, batch, seq, keep, mode, out = sys.argv[1:]
+experts, k, layers, first, batch, seq, keep = map(int, (experts, k, layers, first, batch, seq, keep))
+g = torch.Generator().manual_seed(0)
+t = {}
+for i in range(layers):
+    if i >= first:
+        t[f"0.model.layers.{i}.mlp"] = torch.stack([torch.randperm(experts, generator=g)[:k] for _ in range(batch * seq)])
+    if mode != "own":
+        keys = torch.arange(keep).expand(batch, seq, keep).clone()
+        if mode == "past_end":
+            keys[0, seq - 1, 0] = seq
+        t[f"0.model.layers.{i}.self_attn.indexer"] = keys
+save_file(t, out)
+"""
+        losses = {}
+        for mode in ("own", "first_keys", "past_end"):
+            routing = os.path.join(self.work, f"dsa-{mode}.safetensors")
+            proc = run(PYTHON, "-c", script, config["n_routed_experts"], config["num_experts_per_tok"],
+                       config["num_hidden_layers"], config["first_k_dense_replace"], batch, seq, keep, mode, routing)
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            out = os.path.join(self.work, f"dsa-run-{mode}")
+            proc = run(os.path.join(project, "train"), "--model", model, "--data", data, "--out", out,
+                       "--steps", 1, "--batch", batch, "--seq-len", seq, "--device", "cpu", "--dtype", "fp32",
+                       "--log-every", 0, "--checkpoint-every", 0, "--force-routing", routing)
+            if mode == "past_end":
+                self.assertEqual(proc.returncode, 2, proc.stdout[-1000:] + proc.stderr[-1000:])
+                self.assertIn("--force-routing", proc.stderr)
+                self.assertIn("self_attn.indexer", proc.stderr)
+                continue
+            self.assertEqual(proc.returncode, 0, proc.stdout[-1000:] + proc.stderr[-1000:])
+            losses[mode] = read_json_lines(os.path.join(out, "metrics.jsonl"))[0]["loss"]
+        self.assertGreater(abs(losses["first_keys"] - losses["own"]) / abs(losses["own"]), 1e-5, losses)
+
+
+def read_json_lines(path):
+    """Each line of \p path as a JSON value."""
+    return [json.loads(line) for line in read_lines(path) if line.strip()]
 
 
 if __name__ == "__main__":
