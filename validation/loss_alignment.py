@@ -225,8 +225,14 @@ def main():
     pm.save_pretrained(peft_adapter)
     probe = batches["ids.0"]
     logits_file = os.path.join(args.out, "ours-with-peft-adapter.safetensors")
+    # Both probes run on the CPU in fp32, as the reference does: they check the
+    # adapter's meaning in the other stack, not the device's numerics (the loss
+    # curves above do that). On CUDA the sparse-attention indexer's top-k
+    # breaks ties among equal (relu-zero) scores otherwise than on the CPU, and
+    # other keys for the same adapter moved DeepSeek-V3.2's rank-16 logits to a
+    # cosine of 0.993.
     proc = subprocess.run([args.train, "--model", args.model, "--data", data, "--out", os.path.join(args.out, "probe"),
-                           "--batch", str(args.batch), "--seq-len", str(args.seq_len), "--device", args.device,
+                           "--batch", str(args.batch), "--seq-len", str(args.seq_len), "--device", "cpu",
                            "--dtype", "fp32", "--init-adapter", peft_adapter, "--logits-out", logits_file,
                            "--steps", "0", "--lora-rank", str(args.rank), "--lora-alpha", str(2 * args.rank)], capture_output=True, text=True)
     if proc.returncode != 0:
