@@ -6,6 +6,7 @@
 
 #include "runtime/Errors.h"
 #include "runtime/FileSystem.h"
+#include "runtime/Json.h"
 #include "runtime/Layers.h"
 #include "runtime/LightningLayer.h"
 #include "runtime/LinearAttention.h"
@@ -61,16 +62,6 @@ bool sameRope(const RopeDef &a, const RopeDef &b) {
          a.betaSlow == b.betaSlow && a.mscale == b.mscale && a.mscaleAllDim == b.mscaleAllDim &&
          a.truncate == b.truncate && a.lowFreqFactor == b.lowFreqFactor && a.highFreqFactor == b.highFreqFactor &&
          a.mropeSection == b.mropeSection;
-}
-
-std::string jsonString(const std::string &s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\')
-      out += '\\';
-    out += c;
-  }
-  return out + "\"";
 }
 
 std::string expertName(const std::string &pattern, int64_t e) {
