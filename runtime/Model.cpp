@@ -72,15 +72,6 @@ std::string expertName(const std::string &pattern, int64_t e) {
   return out;
 }
 
-std::string shapeText(torch::IntArrayRef shape) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < shape.size(); ++i)
-    os << (i ? ", " : "") << shape[i];
-  os << "]";
-  return os.str();
-}
-
 } // namespace
 
 class ModelImpl {
@@ -978,7 +969,7 @@ std::string Model::peftConfigJson(const std::string &baseModelPath) const {
   auto list = [](const std::set<std::string> &items) {
     std::string s = "[";
     for (const std::string &i : items)
-      s += (s.size() > 1 ? ", " : "") + jsonString(i);
+      s += (s.size() > 1 ? ", " : "") + jsonQuote(i);
     return s + "]";
   };
   const LoraDef &lora = impl->def.lora;
@@ -987,7 +978,7 @@ std::string Model::peftConfigJson(const std::string &baseModelPath) const {
   // PEFT refuses dropout on expert parameters; dropout only acts in training.
   double dropout = parameters.empty() ? lora.dropout : 0.0;
   os << "{\n"
-     << "  \"base_model_name_or_path\": " << jsonString(baseModelPath) << ",\n"
+     << "  \"base_model_name_or_path\": " << jsonQuote(baseModelPath) << ",\n"
      << "  \"bias\": \"none\",\n"
      << "  \"fan_in_fan_out\": false,\n"
      << "  \"inference_mode\": true,\n"

@@ -20,7 +20,6 @@
 #include <unordered_set>
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -62,13 +61,6 @@ const DtypeEntry *dtypeEntry(std::string_view name) {
   return nullptr;
 }
 
-std::string shapeText(c10::IntArrayRef shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i)
-    out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
-}
-
 bool mulOverflows(uint64_t a, uint64_t b, uint64_t &out) {
   return __builtin_mul_overflow(a, b, &out);
 }
@@ -99,17 +91,6 @@ std::string safetensorsDtypeName(torch::ScalarType type) {
 // SafetensorsFile
 //===----------------------------------------------------------------------===//
 
-/// One mmap of a whole file; unmapped when the last view dies.
-struct SafetensorsFile::Mapping {
-  void *addr = nullptr;
-  size_t length = 0;
-  ~Mapping() {
-    if (addr)
-      ::munmap(addr, length);
-  }
-  const uint8_t *bytes() const { return static_cast<const uint8_t *>(addr); }
-};
-
 SafetensorsFile::SafetensorsFile(const std::string &path) : filePath(path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0)
@@ -132,16 +113,13 @@ SafetensorsFile::SafetensorsFile(const std::string &path) : filePath(path) {
                     "length) but the file has " + std::to_string(fileSize) +
                         " (truncated?)");
   }
-  mapping = std::make_shared<Mapping>();
-  void *addr = ::mmap(nullptr, fileSize, PROT_READ, MAP_PRIVATE, fd, 0);
+  mapping = MappedFile::map(fd, fileSize);
   int mapErr = errno;
   ::close(fd);
-  if (addr == MAP_FAILED)
+  if (!mapping)
     throw LoadError(path, "mmap",
                     std::string("expected to map the file but: ") +
                         std::strerror(mapErr));
-  mapping->addr = addr;
-  mapping->length = fileSize;
 
   const uint8_t *bytes = mapping->bytes();
   uint64_t headerBytes = 0;
@@ -288,7 +266,7 @@ torch::Tensor SafetensorsFile::view(const std::string &name) const {
     std::memcpy(copy.data_ptr(), data, info->end - info->begin);
     return copy;
   }
-  std::shared_ptr<Mapping> keepAlive = mapping;
+  std::shared_ptr<const MappedFile> keepAlive = mapping;
   return torch::from_blob(const_cast<uint8_t *>(data), info->shape,
                           [keepAlive](void *) {}, options);
 }
