@@ -61,7 +61,7 @@ struct RuntimeError : std::runtime_error {
 
 /// A tensor shape as messages print it, "[2, 3]": any range of integers
 /// (c10::IntArrayRef, std::vector<int64_t>).
-template <typename Shape> std::string shapeText(const Shape &shape) {
+template <typename Shape> std::string formatShape(const Shape &shape) {
   std::string out = "[";
   for (auto dim : shape)
     out += (out.size() > 1 ? ", " : "") + std::to_string(dim);

@@ -194,7 +194,7 @@ public:
     torch::Tensor t = reader->load(name, dtype.value_or(options.dtype));
     if (!shape.empty() && t.sizes().vec() != shape)
       throw LoadError(modelDir, name,
-                      "expected shape " + shapeText(shape) + " from config.json, found " + shapeText(t.sizes()));
+                      "expected shape " + formatShape(shape) + " from config.json, found " + formatShape(t.sizes()));
     progress();
     return t.to(options.device);
   }
@@ -523,7 +523,7 @@ public:
     std::vector<int64_t> stored = reader->info(name).shape;
     if (stored != shape)
       throw LoadError(modelDir, name,
-                      "expected shape " + shapeText(shape) + " from config.json, found " + shapeText(stored));
+                      "expected shape " + formatShape(shape) + " from config.json, found " + formatShape(stored));
     torch::Tensor t = reader->loadRows(name, options.dtype, firstLocalExpert(experts), localExperts(experts));
     progress();
     return t.to(options.device);

@@ -208,11 +208,11 @@ SafetensorsFile::SafetensorsFile(const std::string &path) : filePath(path) {
         totalBits % 8 != 0)
       throw LoadError(path, key + ".shape",
                       "expected a whole number of bytes for " + info.dtype +
-                          " " + shapeText(info.shape));
+                          " " + formatShape(info.shape));
     if (info.end - info.begin != totalBits / 8)
       throw LoadError(path, key + ".data_offsets",
                       "expected " + std::to_string(totalBits / 8) +
-                          " bytes (" + info.dtype + " " + shapeText(info.shape) +
+                          " bytes (" + info.dtype + " " + formatShape(info.shape) +
                           ") but the offsets span " +
                           std::to_string(info.end - info.begin));
     if (info.end > dataSize)
@@ -285,7 +285,7 @@ torch::Tensor dequantizeFp8Blocks(const torch::Tensor &weight,
   if (weight.dim() < 2)
     throw LoadError(file, name,
                     "expected an FP8 block-scaled weight of at least 2 dims but "
-                    "found " + shapeText(weight.sizes()));
+                    "found " + formatShape(weight.sizes()));
   if (block[0] <= 0 || block[1] <= 0)
     throw LoadError(file, name, "expected a positive FP8 block size");
   int64_t rows = weight.size(-2), cols = weight.size(-1);
@@ -294,10 +294,10 @@ torch::Tensor dequantizeFp8Blocks(const torch::Tensor &weight,
   want[want.size() - 1] = (cols + block[1] - 1) / block[1];
   if (scaleInv.sizes() != c10::IntArrayRef(want))
     throw LoadError(file, scaleName,
-                    "expected shape " + shapeText(want) + " (ceil of " +
-                        shapeText(weight.sizes()) + " / [" +
+                    "expected shape " + formatShape(want) + " (ceil of " +
+                        formatShape(weight.sizes()) + " / [" +
                         std::to_string(block[0]) + ", " + std::to_string(block[1]) +
-                        "] blocks) but found " + shapeText(scaleInv.sizes()));
+                        "] blocks) but found " + formatShape(scaleInv.sizes()));
   if (!c10::isFloatingType(scaleInv.scalar_type()))
     throw LoadError(file, scaleName,
                     std::string("expected a floating-point scale but found ") +
@@ -384,13 +384,13 @@ torch::Tensor dequantizeMxfp4(const torch::Tensor &blocksIn,
   if (blocksIn.dim() < 3)
     throw LoadError(file, blocksName,
                     "expected [..., rows, groups, bytes] (at least 3 dims) but "
-                    "found " + shapeText(blocksIn.sizes()));
+                    "found " + formatShape(blocksIn.sizes()));
   auto prefix = blocksIn.sizes().slice(0, blocksIn.dim() - 1);
   if (scalesIn.sizes() != prefix)
     throw LoadError(file, scalesName,
-                    "expected shape " + shapeText(prefix) +
+                    "expected shape " + formatShape(prefix) +
                         " (the blocks' shape without the last dim) but found " +
-                        shapeText(scalesIn.sizes()));
+                        formatShape(scalesIn.sizes()));
   torch::Tensor blocks = blocksIn.contiguous(), scales = scalesIn.contiguous();
   const int64_t B = blocks.size(-1), G = blocks.size(-2), R = blocks.size(-3);
   int64_t P = 1;
@@ -536,7 +536,7 @@ TensorInfo CheckpointReader::info(const std::string &name) const {
   if (s.size() < 3)
     throw LoadError(blocks->file, blocks->name,
                     "expected [..., rows, groups, bytes] (at least 3 dims) but "
-                    "found " + shapeText(s));
+                    "found " + formatShape(s));
   out.shape.assign(s.begin(), s.end() - 3);
   out.shape.push_back(s[s.size() - 2] * 2 * s.back());
   out.shape.push_back(s[s.size() - 3]);

@@ -311,7 +311,7 @@ VisionOutput VisionTower::forward(const ImageInput &images, bool training) const
   if (images.pixels.dim() != 2 || images.pixels.size(1) != patchIn)
     throw badInput("images", "pixel_values",
                    "expected [patches, " + std::to_string(patchIn) + "] (C*T*P*P), found " +
-                       shapeText(images.pixels.sizes()));
+                       formatShape(images.pixels.sizes()));
   torch::Tensor x = patchEmbed.forward(images.pixels.to(device, patchEmbed.weight.scalar_type()), training);
   if (posEmbed.defined())
     x = x + interpolatePositionEmbeddings(posEmbed, images.gridThw, d.spatialMerge).to(x.scalar_type());
