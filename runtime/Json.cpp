@@ -222,7 +222,9 @@ public:
     return true;
   }
   bool parse_error(std::size_t byte, const std::string &, const nlohmann::detail::exception &error) override {
-    throw badInput(source, "JSON at byte " + std::to_string(byte), describe(error));
+    // nlohmann counts the bytes read, the offending one included; the
+    // message gives the 0-based offset of that byte.
+    throw badInput(source, "JSON at byte " + std::to_string(byte > 0 ? byte - 1 : 0), describe(error));
   }
 
 private:

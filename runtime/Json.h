@@ -112,8 +112,8 @@ constexpr int kMaxJsonDepth = 256;
 
 /// Parses exactly one JSON value from \p text (surrounding whitespace
 /// allowed). Bad text is a RuntimeError (exit code 2) naming \p source (a
-/// file name, or "file:line" for JSONL) and, for syntax errors, the byte
-/// offset ("f.json: JSON at byte 4: syntax error ...").
+/// file name, or "file:line" for JSONL) and, for syntax errors, the 0-based
+/// offset of the offending byte ("f.json: JSON at byte 3: syntax error ...").
 JsonValue parseJson(std::string_view text, const std::string &source = "<json>");
 
 /// Reads and parses the whole file \p path; a missing or unreadable file is

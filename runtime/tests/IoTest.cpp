@@ -98,25 +98,25 @@ TEST(Json, RoundTripsThroughDump) {
 TEST(Json, RejectsInvalidTextWithTheByteOffset) {
   struct Case {
     const char *text;
-    size_t offset; ///< nlohmann's: the count of bytes read when it stopped.
+    size_t offset; ///< Of the byte where parsing stopped (0-based).
     const char *what;
   };
   const Case cases[] = {
-      {"[1,]", 4, "unexpected ']'"},
-      {"{\"a\":1,}", 8, "expected string literal"},
-      {"01", 2, "expected end of input"},
-      {"1.", 3, "expected digit after '.'"},
-      {"-", 2, "expected digit after '-'"},
-      {"NaN", 1, "invalid literal"},
-      {"\"a\\x\"", 4, "after backslash"},
-      {"\"\\ud800\"", 8, "must be followed by U+DC00..U+DFFF"},
-      {"\"\\udc00\"", 7, "must follow U+D800..U+DBFF"},
-      {"\"a\nb\"", 3, "control character"},
-      {"\"\xff\"", 2, "ill-formed UTF-8"},
-      {"[1] x", 5, "expected end of input"},
-      {"", 1, "unexpected end of input"},
-      {"// c\n1", 1, "invalid literal"},
-      {"1e400", 5, "number overflow"},
+      {"[1,]", 3, "unexpected ']'"},
+      {"{\"a\":1,}", 7, "expected string literal"},
+      {"01", 1, "expected end of input"},
+      {"1.", 2, "expected digit after '.'"},
+      {"-", 1, "expected digit after '-'"},
+      {"NaN", 0, "invalid literal"},
+      {"\"a\\x\"", 3, "after backslash"},
+      {"\"\\ud800\"", 7, "must be followed by U+DC00..U+DFFF"},
+      {"\"\\udc00\"", 6, "must follow U+D800..U+DBFF"},
+      {"\"a\nb\"", 2, "control character"},
+      {"\"\xff\"", 1, "ill-formed UTF-8"},
+      {"[1] x", 4, "expected end of input"},
+      {"", 0, "unexpected end of input"},
+      {"// c\n1", 0, "invalid literal"},
+      {"1e400", 4, "number overflow"},
   };
   for (const Case &c : cases) {
     try {
