@@ -7,7 +7,8 @@
 #     plain process and of torchrun at the lent GPU count (GPUS, default the
 #     visible GPUs; EP = GPUS), so the collectives' cost is measured.
 #  3. with 2+ GPUs, PP2 (4 micro-batches), CP2, TP2 and DP2 on that model.
-# usage: bench/h200_parallel.sh OUTDIR
+# usage: bench/h200_parallel.sh OUTDIR   (trainer projects from
+#        bench/h200_prepare.sh in .h200/tiny-qwen3-moe and .h200/q30-L4)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: h200_parallel.sh OUTDIR}; mkdir -p "$OUT"
@@ -18,8 +19,8 @@ echo "== runtime (LibTorch + NCCL), $GPUS GPU(s)"
 cmake -S runtime -B $W/rt -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PREFIX" > $OUT/cmake-runtime.log 2>&1 || { tail -20 $OUT/cmake-runtime.log; exit 1; }
 grep "adapt runtime:" $OUT/cmake-runtime.log
 cmake --build $W/rt --target adapt_runtime > $OUT/build-runtime.log 2>&1 || { tail -30 $OUT/build-runtime.log; exit 1; }
-for p in tiny-qwen3-moe-trainer qwen3-30b-a3b-widths; do
-  cmake -S bench/h200/$p -B $W/$p -G Ninja -DAdaptRuntime_DIR=$W/rt > /dev/null 2>&1
+for p in tiny-qwen3-moe q30-L4; do
+  cmake -S .h200/$p -B $W/$p -G Ninja -DAdaptRuntime_DIR=$W/rt > /dev/null 2>&1
   cmake --build $W/$p > $OUT/build-$p.log 2>&1 || { echo "$p: build failed"; tail -20 $OUT/build-$p.log; exit 1; }
 done
 python3 - "$W/tiny.jsonl" "$W/big.jsonl" <<'PY'
@@ -37,8 +38,8 @@ PY
 TINY="--model models/tiny-qwen3-moe --data $W/tiny.jsonl --steps 6 --batch 4 --seq-len 32 --lr 1e-2 --log-every 0 --device cuda --dtype fp32"
 echo "== 1. tiny qwen3_moe fp32: plain vs torchrun (NCCL)"
 rm -rf $W/t-plain $W/t-nccl
-$W/tiny-qwen3-moe-trainer/train $TINY --out $W/t-plain --export $W/t-plain/adapter --dump-gradients $W/t-plain/g.safetensors 2>&1 | tail -1
-torchrun --nproc-per-node 1 --no-python $W/tiny-qwen3-moe-trainer/train $TINY --out $W/t-nccl \
+$W/tiny-qwen3-moe/train $TINY --out $W/t-plain --export $W/t-plain/adapter --dump-gradients $W/t-plain/g.safetensors 2>&1 | tail -1
+torchrun --nproc-per-node 1 --no-python $W/tiny-qwen3-moe/train $TINY --out $W/t-nccl \
   --export $W/t-nccl/adapter --dump-gradients $W/t-nccl/g.safetensors > $OUT/tiny-nccl.log 2>&1; echo "torchrun exit $?"
 grep -E "rank 0 of|error" $OUT/tiny-nccl.log | head -3
 python3 - $W/t-plain $W/t-nccl <<'PY' | tee $OUT/tiny-compare.txt
@@ -56,8 +57,8 @@ BIG="--data $W/big.jsonl --steps 12 --batch 4 --seq-len 2048 --lr 1e-4 --log-eve
 echo "== 2. Qwen3-30B-A3B widths, 4 layers, bf16"
 python3 bench/make_random_qwen3_moe.py bench/h200/qwen3-30b-a3b-config.json --layers 4 --out $W/model > /dev/null
 rm -rf $W/b-plain $W/b-dist
-$W/qwen3-30b-a3b-widths/train --model $W/model $BIG --out $W/b-plain > $OUT/big-plain.log 2>&1; echo "plain exit $?"
-torchrun --nproc-per-node $GPUS --no-python $W/qwen3-30b-a3b-widths/train --model $W/model $BIG --ep $GPUS \
+$W/q30-L4/train --model $W/model $BIG --out $W/b-plain > $OUT/big-plain.log 2>&1; echo "plain exit $?"
+torchrun --nproc-per-node $GPUS --no-python $W/q30-L4/train --model $W/model $BIG --ep $GPUS \
   --out $W/b-dist > $OUT/big-dist.log 2>&1; echo "torchrun ($GPUS GPUs, EP$GPUS) exit $?"
 python3 - $W/b-plain $W/b-dist $GPUS <<'PY' | tee $OUT/big-compare.txt
 import json, statistics, sys
@@ -77,7 +78,7 @@ if [ "$GPUS" -ge 2 ]; then
   for layout in "--pp 2 --micro-batches 4" "--cp 2" "--tp 2" "--dp 2"; do
     name=$(echo "$layout" | tr -d ' -')
     rm -rf $W/b-$name
-    torchrun --nproc-per-node 2 --no-python $W/qwen3-30b-a3b-widths/train --model $W/model $BIG $layout \
+    torchrun --nproc-per-node 2 --no-python $W/q30-L4/train --model $W/model $BIG $layout \
       --out $W/b-$name > $OUT/big-$name.log 2>&1; echo "torchrun 2 GPUs ($layout) exit $?"
     python3 - $W/b-plain $W/b-$name "$layout" <<'PY' | tee -a $OUT/big-compare.txt
 import json, statistics, sys

@@ -5,7 +5,7 @@
 # then a --profile breakdown of adapt's step. Per-layer cost and fixed cost
 # come from two depths: (t_deep - t_shallow) / (deep - shallow).
 # usage: bench/h200_speed.sh OUTDIR   (after bench/h200_check.sh built the
-#        runtime; projects from bench/h200_speed_prepare.sh in .h200/q30-L<N>)
+#        runtime; projects from bench/h200_prepare.sh in .h200/q30-L<N>)
 # env: DEPTHS ("1 12"), BATCH (2), SEQ (4096), STEPS (8), PEER (1: run it),
 #      PEER_DEPTHS (the depths the peer runs at; default all), PROFILE (1: profile
 #      each depth in PROFILE_DEPTHS, default all), MODELS (where random weights are written; /dev/shm for 48

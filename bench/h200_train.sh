@@ -6,8 +6,9 @@
 #
 # usage: bench/h200_train.sh OUTDIR [BATCH] [SEQ]   (4 layers: the generated
 # project was built for the 4-layer manifest)
-# The trainer project is bench/h200/qwen3-30b-a3b-widths (generated here by
-# `adapt build --no-compile` from the manifest make_random_qwen3_moe.py writes).
+# The trainer project is .h200/q30-L4, which bench/h200_prepare.sh generates
+# here (`adapt build --no-compile` from the manifest make_random_qwen3_moe.py
+# writes); carry .h200 to the device.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: h200_train.sh OUTDIR [BATCH] [SEQ]}
@@ -29,7 +30,7 @@ python3 bench/make_random_qwen3_moe.py bench/h200/qwen3-30b-a3b-config.json --la
 echo "== building the runtime and the generated trainer (LibTorch only)"
 cmake -S runtime -B $W/rt -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PREFIX" > $OUT/cmake-runtime.log
 cmake --build $W/rt --target adapt_runtime 2>&1 | tail -3
-cmake -S bench/h200/qwen3-30b-a3b-widths -B $W/train -G Ninja -DAdaptRuntime_DIR=$W/rt > $OUT/cmake-train.log
+cmake -S .h200/q30-L$LAYERS -B $W/train -G Ninja -DAdaptRuntime_DIR=$W/rt > $OUT/cmake-train.log
 cmake --build $W/train 2>&1 | tail -3
 python3 - "$W/data.jsonl" <<'PY'
 import json, random, sys

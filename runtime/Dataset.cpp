@@ -20,21 +20,10 @@
 #include <random>
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 namespace adapt::rt {
-
-/// The mmap of a binary token file.
-struct PackedDataset::Mapping {
-  void *addr = nullptr;
-  size_t length = 0;
-  ~Mapping() {
-    if (addr)
-      ::munmap(addr, length);
-  }
-};
 
 std::vector<int64_t> shuffledIndices(int64_t n, uint64_t seed) {
   std::vector<int64_t> order(static_cast<size_t>(n));
@@ -204,15 +193,12 @@ void PackedDataset::readBinary() {
   int fd = ::open(filePath.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0)
     throw readError(filePath, "open", errno);
-  void *addr = ::mmap(nullptr, fileBytes, PROT_READ, MAP_PRIVATE, fd, 0);
+  mapping = MappedFile::map(fd, fileBytes);
   int err = errno;
   ::close(fd);
-  if (addr == MAP_FAILED)
+  if (!mapping)
     throw readError(filePath, "mmap", err);
-  mapping = std::make_shared<Mapping>();
-  mapping->addr = addr;
-  mapping->length = fileBytes;
-  const uint8_t *bytes = static_cast<const uint8_t *>(addr);
+  const uint8_t *bytes = mapping->bytes();
   auto u32 = [&](size_t at) {
     return uint32_t(bytes[at]) | uint32_t(bytes[at + 1]) << 8 |
            uint32_t(bytes[at + 2]) << 16 | uint32_t(bytes[at + 3]) << 24;

@@ -14,6 +14,7 @@
 #define ADAPT_RUNTIME_DATASET_H
 
 #include "runtime/Errors.h"
+#include "runtime/FileSystem.h"
 
 #include <torch/types.h>
 
@@ -102,8 +103,6 @@ private:
     uint64_t streamStart; ///< First position in the packed stream.
     int64_t images = -1;  ///< Index into imageFiles; -1: a text document.
   };
-  struct Mapping;
-
   void readJsonl();
   void readBinary();
   /// Checks an image document's file: pixel_values [N, D], image_grid_thw [n, 3].
@@ -118,7 +117,7 @@ private:
   // JSONL: tokens in memory; labels only when some line gave them.
   std::vector<int32_t> memIds, memLabels;
   // Binary: the mapped file.
-  std::shared_ptr<Mapping> mapping;
+  std::shared_ptr<const MappedFile> mapping;
   const uint8_t *tokens = nullptr; ///< First token byte.
   int tokenWidth = 0;              ///< 0: memory (JSONL); 2 or 4: binary.
   std::vector<Document> docs;

@@ -59,6 +59,15 @@ struct RuntimeError : std::runtime_error {
   }
 };
 
+/// A tensor shape as messages print it, "[2, 3]": any range of integers
+/// (c10::IntArrayRef, std::vector<int64_t>).
+template <typename Shape> std::string formatShape(const Shape &shape) {
+  std::string out = "[";
+  for (auto dim : shape)
+    out += (out.size() > 1 ? ", " : "") + std::to_string(dim);
+  return out + "]";
+}
+
 /// A bad checkpoint (missing or truncated shard, unknown dtype, a tensor of
 /// the wrong shape): always exit code 2. Thrown by the loader and by Model.
 struct LoadError : RuntimeError {

@@ -9,6 +9,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -246,5 +247,14 @@ bool writeAll(int fd, const std::string &text) {
   }
   return true;
 }
+
+std::shared_ptr<const MappedFile> MappedFile::map(int fd, size_t length) {
+  void *addr = ::mmap(nullptr, length, PROT_READ, MAP_PRIVATE, fd, 0);
+  if (addr == MAP_FAILED)
+    return nullptr;
+  return std::shared_ptr<const MappedFile>(new MappedFile(addr, length));
+}
+
+MappedFile::~MappedFile() { ::munmap(addr, length); }
 
 } // namespace adapt::rt

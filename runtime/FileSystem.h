@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -70,6 +71,25 @@ private:
   std::string finalPath, tempPath;
   int fd = -1;
   bool committed = false;
+};
+
+/// A read-only mmap of a whole file (safetensors shards, token files),
+/// unmapped when its last owner lets go: tensors that view the bytes keep a
+/// shared_ptr to it.
+class MappedFile {
+public:
+  /// Maps \p length (> 0) bytes of the open file \p fd; nullptr with errno
+  /// set when mmap fails. \p fd may be closed afterwards.
+  static std::shared_ptr<const MappedFile> map(int fd, size_t length);
+  ~MappedFile();
+  MappedFile(const MappedFile &) = delete;
+  MappedFile &operator=(const MappedFile &) = delete;
+  const uint8_t *bytes() const { return static_cast<const uint8_t *>(addr); }
+
+private:
+  MappedFile(void *addr, size_t length) : addr(addr), length(length) {}
+  void *addr;
+  size_t length;
 };
 
 /// Whether \p s ends with \p suffix (file and tensor names; C++17 has no

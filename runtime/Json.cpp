@@ -1,18 +1,18 @@
-//===- Json.cpp - a small JSON value, strict parser and writer ------------===//
+//===- Json.cpp - JsonValue over nlohmann-json's parser and writer --------===//
 //
-// A recursive-descent parser over a string_view. Recursion is bounded by
-// kMaxJsonDepth, so hostile input cannot overflow the stack; numbers are
-// scanned against the RFC grammar before conversion, so "01", "1.", "-" and
-// "NaN" are errors rather than whatever strtod makes of them.
+// Parsing goes through nlohmann's SAX interface straight into JsonValue, so
+// the checks its DOM parser lacks (duplicate keys, depth) sit where the
+// values are built; writing converts to nlohmann's ordered_json and
+// dumps that. nlohmann's parser keeps no recursion on the stack, so hostile
+// nesting cannot overflow it; kMaxJsonDepth bounds what callers walk.
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/Json.h"
 
+#include <nlohmann/json.hpp>
+
 #include <cerrno>
-#include <charconv>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -47,61 +47,27 @@ const char *JsonValue::kindName(Kind kind) {
 }
 
 namespace {
-[[noreturn]] void wrongKind(const char *wanted, JsonValue::Kind have) {
+/// The \p T alternative of \p data; std::logic_error when it holds another
+/// (a caller that validates input checks the kind first).
+template <typename T, typename Variant>
+auto &alternative(Variant &data, const char *wanted) {
+  if (auto *value = std::get_if<T>(&data))
+    return *value;
   throw std::logic_error(std::string("JSON value is ") +
-                         JsonValue::kindName(have) + ", not " + wanted);
+                         JsonValue::kindName(static_cast<JsonValue::Kind>(data.index())) + ", not " + wanted);
 }
 } // namespace
 
-bool JsonValue::asBool() const {
-  if (!isBool())
-    wrongKind("boolean", kind());
-  return std::get<bool>(data);
-}
-
-int64_t JsonValue::asInt() const {
-  if (!isInt())
-    wrongKind("integer", kind());
-  return std::get<int64_t>(data);
-}
-
+bool JsonValue::asBool() const { return alternative<bool>(data, "boolean"); }
+int64_t JsonValue::asInt() const { return alternative<int64_t>(data, "integer"); }
 double JsonValue::asDouble() const {
-  if (isInt())
-    return static_cast<double>(std::get<int64_t>(data));
-  if (kind() != Kind::Double)
-    wrongKind("number", kind());
-  return std::get<double>(data);
+  return isInt() ? static_cast<double>(asInt()) : alternative<double>(data, "number");
 }
-
-const std::string &JsonValue::asString() const {
-  if (!isString())
-    wrongKind("string", kind());
-  return std::get<std::string>(data);
-}
-
-const JsonArray &JsonValue::asArray() const {
-  if (!isArray())
-    wrongKind("array", kind());
-  return std::get<JsonArray>(data);
-}
-
-JsonArray &JsonValue::asArray() {
-  if (!isArray())
-    wrongKind("array", kind());
-  return std::get<JsonArray>(data);
-}
-
-const JsonObject &JsonValue::asObject() const {
-  if (!isObject())
-    wrongKind("object", kind());
-  return std::get<JsonObject>(data);
-}
-
-JsonObject &JsonValue::asObject() {
-  if (!isObject())
-    wrongKind("object", kind());
-  return std::get<JsonObject>(data);
-}
+const std::string &JsonValue::asString() const { return alternative<std::string>(data, "string"); }
+const JsonArray &JsonValue::asArray() const { return alternative<JsonArray>(data, "array"); }
+JsonArray &JsonValue::asArray() { return alternative<JsonArray>(data, "array"); }
+const JsonObject &JsonValue::asObject() const { return alternative<JsonObject>(data, "object"); }
+JsonObject &JsonValue::asObject() { return alternative<JsonObject>(data, "object"); }
 
 const JsonValue *JsonValue::find(std::string_view key) const {
   if (!isObject())
@@ -143,99 +109,50 @@ void JsonValue::push(JsonValue value) { asArray().push_back(std::move(value)); }
 // Writer
 //===----------------------------------------------------------------------===//
 
-std::string jsonQuote(std::string_view text) {
-  static const char kHex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(text.size() + 2);
-  out += '"';
-  for (char ch : text) {
-    unsigned char c = static_cast<unsigned char>(ch);
-    switch (c) {
-    case '"': out += "\\\""; break;
-    case '\\': out += "\\\\"; break;
-    case '\n': out += "\\n"; break;
-    case '\r': out += "\\r"; break;
-    case '\t': out += "\\t"; break;
-    case '\b': out += "\\b"; break;
-    case '\f': out += "\\f"; break;
-    default:
-      if (c < 0x20 || c == 0x7f) {
-        out += "\\u00";
-        out += kHex[c >> 4];
-        out += kHex[c & 15];
-      } else {
-        out += ch;
-      }
-    }
+namespace {
+
+using Library = nlohmann::ordered_json;
+
+/// \p value as nlohmann's value, members in the same order.
+Library toLibrary(const JsonValue &value) {
+  switch (value.kind()) {
+  case JsonValue::Kind::Null: return nullptr;
+  case JsonValue::Kind::Bool: return value.asBool();
+  case JsonValue::Kind::Int: return value.asInt();
+  case JsonValue::Kind::Double: return value.asDouble();
+  case JsonValue::Kind::String: return value.asString();
+  case JsonValue::Kind::Array: {
+    Library out = Library::array();
+    for (const JsonValue &item : value.asArray())
+      out.push_back(toLibrary(item));
+    return out;
   }
-  out += '"';
-  return out;
+  case JsonValue::Kind::Object: {
+    Library out = Library::object();
+    // Appended without ordered_map's linear key search (a safetensors header
+    // has one member per tensor); JsonValue's keys are already distinct.
+    auto &members = out.get_ref<Library::object_t &>();
+    for (const auto &[key, item] : value.asObject())
+      members.emplace_back(key, toLibrary(item));
+    return out;
+  }
+  }
+  return nullptr;
 }
 
-std::string jsonNumber(double d) {
-  if (!std::isfinite(d))
-    return "null";
-  char buf[64];
-  auto res = std::to_chars(buf, buf + sizeof(buf), d);
-  std::string out(buf, res.ptr);
-  // "1e+20" and "5" are valid JSON; keep a marker that this is a double so
-  // that it reads back as Double, not Int.
-  if (out.find_first_of(".eE") == std::string::npos)
-    out += ".0";
-  return out;
+/// nlohmann's dump with \p indent (< 0: compact); invalid UTF-8 is replaced
+/// rather than thrown, since the strings are file names and user text.
+std::string dumpLibrary(const Library &value, int indent) {
+  return value.dump(indent, ' ', /*ensure_ascii=*/false, Library::error_handler_t::replace);
 }
 
-void JsonValue::dumpTo(std::string &out, int indent, int depth) const {
-  auto newline = [&](int level) {
-    if (indent < 0)
-      return;
-    out += '\n';
-    out.append(static_cast<size_t>(indent) * level, ' ');
-  };
-  switch (kind()) {
-  case Kind::Null: out += "null"; return;
-  case Kind::Bool: out += std::get<bool>(data) ? "true" : "false"; return;
-  case Kind::Int: out += std::to_string(std::get<int64_t>(data)); return;
-  case Kind::Double: out += jsonNumber(std::get<double>(data)); return;
-  case Kind::String: out += jsonQuote(std::get<std::string>(data)); return;
-  case Kind::Array: {
-    const JsonArray &items = std::get<JsonArray>(data);
-    out += '[';
-    for (size_t i = 0; i < items.size(); ++i) {
-      if (i)
-        out += ',';
-      newline(depth + 1);
-      items[i].dumpTo(out, indent, depth + 1);
-    }
-    if (!items.empty())
-      newline(depth);
-    out += ']';
-    return;
-  }
-  case Kind::Object: {
-    const JsonObject &members = std::get<JsonObject>(data);
-    out += '{';
-    for (size_t i = 0; i < members.size(); ++i) {
-      if (i)
-        out += ',';
-      newline(depth + 1);
-      out += jsonQuote(members[i].first);
-      out += indent < 0 ? ":" : ": ";
-      members[i].second.dumpTo(out, indent, depth + 1);
-    }
-    if (!members.empty())
-      newline(depth);
-    out += '}';
-    return;
-  }
-  }
-}
+} // namespace
 
-std::string JsonValue::dump(int indent) const {
-  std::string out;
-  dumpTo(out, indent, 0);
-  return out;
-}
+std::string jsonQuote(std::string_view text) { return dumpLibrary(Library(std::string(text)), -1); }
+
+std::string jsonNumber(double d) { return dumpLibrary(Library(d), -1); }
+
+std::string JsonValue::dump(int indent) const { return dumpLibrary(toLibrary(*this), indent); }
 
 //===----------------------------------------------------------------------===//
 // Parser
@@ -243,350 +160,112 @@ std::string JsonValue::dump(int indent) const {
 
 namespace {
 
-class Parser {
-public:
-  Parser(std::string_view text, const std::string &source)
-      : text(text), source(source) {}
+/// nlohmann's message without its "[json.exception.NAME] " tag and "parse
+/// error at line L, column C: " prefix (the caller names the byte), and
+/// without the echoed input ("; last read: '...'"), which may hold any bytes
+/// of a hostile file.
+std::string describe(const std::exception &error) {
+  std::string what = error.what();
+  if (what.rfind("[json.exception", 0) == 0)
+    what.erase(0, what.find("] ") + 2);
+  if (what.rfind("parse error", 0) == 0)
+    if (size_t colon = what.find(": "); colon != std::string::npos)
+      what.erase(0, colon + 2);
+  if (size_t lastRead = what.find("; last read: '"); lastRead != std::string::npos) {
+    size_t expected = what.find("; expected ", lastRead);
+    what.erase(lastRead, expected == std::string::npos ? std::string::npos : expected - lastRead);
+  }
+  constexpr size_t kMaxLength = 200; // an overflowing number is echoed whole
+  return what.size() > kMaxLength ? what.substr(0, kMaxLength) + "..." : what;
+}
 
-  JsonValue parseDocument() {
-    skipSpace();
-    JsonValue value = parseValue(0);
-    skipSpace();
-    if (pos != text.size())
-      fail("expected the end of the JSON text after the value but found " +
-           describeHere());
-    return value;
+/// Builds a JsonValue from nlohmann's SAX events, refusing what its DOM
+/// parser would let through: a key twice in one object (the last would win)
+/// and nesting past kMaxJsonDepth. Every handler returns true or throws a
+/// RuntimeError naming the source.
+class ValueBuilder final : public nlohmann::json_sax<nlohmann::json> {
+public:
+  explicit ValueBuilder(const std::string &source) : source(source) {}
+
+  JsonValue result;
+
+  bool null() override { return add(nullptr); }
+  bool boolean(bool b) override { return add(b); }
+  bool number_integer(number_integer_t i) override { return add(i); }
+  bool number_unsigned(number_unsigned_t u) override {
+    // Past int64 an integer is kept as a double, as the previous parser did.
+    return u <= static_cast<number_unsigned_t>(INT64_MAX) ? add(static_cast<int64_t>(u))
+                                                          : add(static_cast<double>(u));
+  }
+  bool number_float(number_float_t d, const string_t &) override { return add(d); } // finite: nlohmann refuses overflow
+  bool string(string_t &s) override { return add(std::move(s)); }
+  bool binary(binary_t &) override { return false; } // JSON text has no binary values
+  bool start_object(std::size_t) override {
+    keys.emplace_back();
+    return open(JsonValue::object());
+  }
+  bool key(string_t &k) override {
+    if (!keys.back().insert(k).second)
+      throw badInput(source, "JSON key " + jsonQuote(k),
+                     "expected each key once in an object but it appears twice");
+    pendingKey = std::move(k);
+    return true;
+  }
+  bool end_object() override {
+    keys.pop_back();
+    containers.pop_back();
+    return true;
+  }
+  bool start_array(std::size_t) override { return open(JsonValue::array()); }
+  bool end_array() override {
+    containers.pop_back();
+    return true;
+  }
+  bool parse_error(std::size_t byte, const std::string &, const nlohmann::detail::exception &error) override {
+    // nlohmann counts the bytes read, the offending one included; the
+    // message gives the 0-based offset of that byte.
+    throw badInput(source, "JSON at byte " + std::to_string(byte > 0 ? byte - 1 : 0), describe(error));
   }
 
 private:
-  std::string_view text;
+  /// Places \p value in the innermost open array or object (or as the
+  /// result) and returns where it now lives.
+  JsonValue *place(JsonValue value) {
+    if (containers.empty())
+      return &(result = std::move(value));
+    JsonValue &parent = *containers.back();
+    if (parent.isArray()) {
+      parent.push(std::move(value));
+      return &parent.asArray().back();
+    }
+    return &parent.asObject().emplace_back(std::move(pendingKey), std::move(value)).second;
+  }
+  bool add(JsonValue value) {
+    place(std::move(value));
+    return true;
+  }
+  /// Opens an array or object. Pointers into a parent stay valid: a parent
+  /// gains no members while a child of it is open.
+  bool open(JsonValue container) {
+    if (containers.size() >= static_cast<size_t>(kMaxJsonDepth))
+      throw badInput(source, "JSON nesting",
+                     "expected at most " + std::to_string(kMaxJsonDepth) + " nested arrays/objects");
+    containers.push_back(place(std::move(container)));
+    return true;
+  }
+
   const std::string &source;
-  size_t pos = 0;
-
-  [[noreturn]] void fail(const std::string &expected) const {
-    throw JsonParseError(source, pos, expected);
-  }
-  [[noreturn]] void failAt(size_t at, const std::string &expected) {
-    pos = at;
-    fail(expected);
-  }
-
-  /// The character at pos, printable, for messages.
-  std::string describeHere() const {
-    if (pos >= text.size())
-      return "the end of the input";
-    unsigned char c = static_cast<unsigned char>(text[pos]);
-    if (c >= 0x20 && c < 0x7f)
-      return std::string("'") + static_cast<char>(c) + "'";
-    char buf[16];
-    std::snprintf(buf, sizeof(buf), "byte 0x%02x", c);
-    return buf;
-  }
-
-  void skipSpace() {
-    while (pos < text.size() && (text[pos] == ' ' || text[pos] == '\t' ||
-                                 text[pos] == '\n' || text[pos] == '\r'))
-      ++pos;
-  }
-
-  void expectLiteral(std::string_view word) {
-    if (text.substr(pos, word.size()) != word)
-      fail("expected a JSON value (object, array, string, number, true, "
-           "false or null) but found " + describeHere());
-    pos += word.size();
-  }
-
-  JsonValue parseValue(int depth) {
-    if (pos >= text.size())
-      fail("expected a JSON value but found the end of the input");
-    char c = text[pos];
-    switch (c) {
-    case '{': return parseObject(depth);
-    case '[': return parseArray(depth);
-    case '"': return JsonValue(parseString());
-    case 't': expectLiteral("true"); return JsonValue(true);
-    case 'f': expectLiteral("false"); return JsonValue(false);
-    case 'n': expectLiteral("null"); return JsonValue(nullptr);
-    default:
-      if (c == '-' || (c >= '0' && c <= '9'))
-        return parseNumber();
-      fail("expected a JSON value (object, array, string, number, true, "
-           "false or null) but found " + describeHere());
-    }
-  }
-
-  void enter(int depth) {
-    if (depth >= kMaxJsonDepth)
-      fail("expected at most " + std::to_string(kMaxJsonDepth) +
-           " nested arrays/objects");
-  }
-
-  JsonValue parseObject(int depth) {
-    enter(depth);
-    ++pos; // '{'
-    JsonObject members;
-    // Duplicate keys: a linear scan for small objects, a hash set once an
-    // object is big (index files have ~100k keys).
-    std::unordered_set<std::string> bigKeys;
-    constexpr size_t kLinearKeys = 16;
-    skipSpace();
-    if (pos < text.size() && text[pos] == '}') {
-      ++pos;
-      return JsonValue(std::move(members));
-    }
-    for (;;) {
-      skipSpace();
-      if (pos >= text.size() || text[pos] != '"')
-        fail("expected a string key in the object but found " + describeHere());
-      size_t keyAt = pos;
-      std::string key = parseString();
-      bool duplicate = false;
-      if (members.size() < kLinearKeys) {
-        for (const auto &member : members)
-          duplicate = duplicate || member.first == key;
-      } else {
-        if (bigKeys.empty())
-          for (const auto &member : members)
-            bigKeys.insert(member.first);
-        duplicate = !bigKeys.insert(key).second;
-      }
-      if (duplicate)
-        failAt(keyAt, "expected unique keys but " + jsonQuote(key) +
-                          " appears twice in the object");
-      skipSpace();
-      if (pos >= text.size() || text[pos] != ':')
-        fail("expected ':' after the key " + jsonQuote(key) + " but found " +
-             describeHere());
-      ++pos;
-      skipSpace();
-      JsonValue value = parseValue(depth + 1);
-      members.emplace_back(std::move(key), std::move(value));
-      skipSpace();
-      if (pos < text.size() && text[pos] == ',') {
-        ++pos;
-        continue;
-      }
-      if (pos < text.size() && text[pos] == '}') {
-        ++pos;
-        return JsonValue(std::move(members));
-      }
-      fail("expected ',' or '}' in the object but found " + describeHere());
-    }
-  }
-
-  JsonValue parseArray(int depth) {
-    enter(depth);
-    ++pos; // '['
-    JsonArray items;
-    skipSpace();
-    if (pos < text.size() && text[pos] == ']') {
-      ++pos;
-      return JsonValue(std::move(items));
-    }
-    for (;;) {
-      skipSpace();
-      items.push_back(parseValue(depth + 1));
-      skipSpace();
-      if (pos < text.size() && text[pos] == ',') {
-        ++pos;
-        continue;
-      }
-      if (pos < text.size() && text[pos] == ']') {
-        ++pos;
-        return JsonValue(std::move(items));
-      }
-      fail("expected ',' or ']' in the array but found " + describeHere());
-    }
-  }
-
-  unsigned hex4() {
-    if (pos + 4 > text.size())
-      fail("expected 4 hex digits after \\u but found the end of the input");
-    unsigned v = 0;
-    for (int i = 0; i < 4; ++i) {
-      char c = text[pos];
-      v <<= 4;
-      if (c >= '0' && c <= '9')
-        v |= static_cast<unsigned>(c - '0');
-      else if (c >= 'a' && c <= 'f')
-        v |= static_cast<unsigned>(c - 'a' + 10);
-      else if (c >= 'A' && c <= 'F')
-        v |= static_cast<unsigned>(c - 'A' + 10);
-      else
-        fail("expected 4 hex digits after \\u but found " + describeHere());
-      ++pos;
-    }
-    return v;
-  }
-
-  static void appendUtf8(std::string &out, unsigned cp) {
-    if (cp < 0x80) {
-      out += static_cast<char>(cp);
-    } else if (cp < 0x800) {
-      out += static_cast<char>(0xc0 | (cp >> 6));
-      out += static_cast<char>(0x80 | (cp & 0x3f));
-    } else if (cp < 0x10000) {
-      out += static_cast<char>(0xe0 | (cp >> 12));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-      out += static_cast<char>(0x80 | (cp & 0x3f));
-    } else {
-      out += static_cast<char>(0xf0 | (cp >> 18));
-      out += static_cast<char>(0x80 | ((cp >> 12) & 0x3f));
-      out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
-      out += static_cast<char>(0x80 | (cp & 0x3f));
-    }
-  }
-
-  /// Length of the valid UTF-8 sequence starting at pos (0 when invalid):
-  /// no overlong forms, no surrogates, nothing above U+10FFFF.
-  size_t utf8Length() const {
-    auto at = [&](size_t i) -> unsigned {
-      return pos + i < text.size() ? static_cast<unsigned char>(text[pos + i]) : 0;
-    };
-    unsigned c = at(0);
-    auto cont = [&](size_t i) { return (at(i) & 0xc0) == 0x80; };
-    if (c >= 0xc2 && c <= 0xdf)
-      return cont(1) ? 2 : 0;
-    if (c >= 0xe0 && c <= 0xef) {
-      unsigned c1 = at(1);
-      if ((c == 0xe0 && c1 < 0xa0) || (c == 0xed && c1 > 0x9f))
-        return 0;
-      return cont(1) && cont(2) ? 3 : 0;
-    }
-    if (c >= 0xf0 && c <= 0xf4) {
-      unsigned c1 = at(1);
-      if ((c == 0xf0 && c1 < 0x90) || (c == 0xf4 && c1 > 0x8f))
-        return 0;
-      return cont(1) && cont(2) && cont(3) ? 4 : 0;
-    }
-    return 0;
-  }
-
-  std::string parseString() {
-    ++pos; // opening quote
-    std::string out;
-    for (;;) {
-      if (pos >= text.size())
-        fail("expected a closing '\"' but found the end of the input");
-      unsigned char c = static_cast<unsigned char>(text[pos]);
-      if (c == '"') {
-        ++pos;
-        return out;
-      }
-      if (c < 0x20)
-        fail("expected no raw control characters in a string (escape them) "
-             "but found " + describeHere());
-      if (c == '\\') {
-        size_t escapeAt = pos;
-        ++pos;
-        if (pos >= text.size())
-          fail("expected an escape character after '\\' but found the end of "
-               "the input");
-        char e = text[pos++];
-        switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
-        case 'u': {
-          unsigned cp = hex4();
-          if (cp >= 0xdc00 && cp <= 0xdfff)
-            failAt(escapeAt, "expected a high surrogate before a low "
-                             "surrogate \\u escape");
-          if (cp >= 0xd800 && cp <= 0xdbff) {
-            if (text.substr(pos, 2) != "\\u")
-              failAt(escapeAt, "expected a \\u low surrogate after the high "
-                               "surrogate escape");
-            pos += 2;
-            unsigned lo = hex4();
-            if (lo < 0xdc00 || lo > 0xdfff)
-              failAt(escapeAt, "expected a low surrogate (\\uDC00-\\uDFFF) "
-                               "after the high surrogate escape");
-            cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
-          }
-          appendUtf8(out, cp);
-          break;
-        }
-        default:
-          failAt(escapeAt, std::string("expected one of \\\" \\\\ \\/ \\b \\f "
-                                       "\\n \\r \\t \\uXXXX but found \\") + e);
-        }
-        continue;
-      }
-      if (c < 0x80) {
-        out += static_cast<char>(c);
-        ++pos;
-        continue;
-      }
-      size_t n = utf8Length();
-      if (n == 0)
-        fail("expected valid UTF-8 in the string but found " + describeHere());
-      out.append(text.data() + pos, n);
-      pos += n;
-    }
-  }
-
-  JsonValue parseNumber() {
-    size_t start = pos;
-    bool isInteger = true;
-    if (text[pos] == '-')
-      ++pos;
-    auto digit = [&] { return pos < text.size() && text[pos] >= '0' && text[pos] <= '9'; };
-    if (!digit())
-      fail("expected a digit in the number but found " + describeHere());
-    if (text[pos] == '0') {
-      ++pos;
-      if (digit())
-        fail("expected no leading zeros in the number");
-    } else {
-      while (digit())
-        ++pos;
-    }
-    if (pos < text.size() && text[pos] == '.') {
-      isInteger = false;
-      ++pos;
-      if (!digit())
-        fail("expected a digit after the decimal point but found " + describeHere());
-      while (digit())
-        ++pos;
-    }
-    if (pos < text.size() && (text[pos] == 'e' || text[pos] == 'E')) {
-      isInteger = false;
-      ++pos;
-      if (pos < text.size() && (text[pos] == '+' || text[pos] == '-'))
-        ++pos;
-      if (!digit())
-        fail("expected a digit in the exponent but found " + describeHere());
-      while (digit())
-        ++pos;
-    }
-    const char *first = text.data() + start;
-    const char *last = text.data() + pos;
-    if (isInteger) {
-      int64_t value = 0;
-      auto res = std::from_chars(first, last, value);
-      if (res.ec == std::errc() && res.ptr == last)
-        return JsonValue(value);
-      // Out of int64 range: keep it as a double, like other parsers do.
-    }
-    // strtod needs a terminated string; numbers are short.
-    std::string copy(first, last);
-    errno = 0;
-    double d = std::strtod(copy.c_str(), nullptr);
-    if (!std::isfinite(d))
-      failAt(start, "expected a number within the double range but found " + copy);
-    return JsonValue(d);
-  }
+  std::vector<JsonValue *> containers;                     ///< Innermost last.
+  std::vector<std::unordered_set<std::string>> keys;  ///< One per open object.
+  std::string pendingKey;                             ///< Of the next object member.
 };
 
 } // namespace
 
 JsonValue parseJson(std::string_view text, const std::string &source) {
-  return Parser(text, source).parseDocument();
+  ValueBuilder builder(source);
+  nlohmann::json::sax_parse(text.begin(), text.end(), &builder);
+  return std::move(builder.result);
 }
 
 JsonValue readJsonFile(const std::string &path) {

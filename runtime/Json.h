@@ -1,12 +1,15 @@
-//===- Json.h - a small JSON value, strict parser and writer ---*- C++ -*-===//
+//===- Json.h - the runtime's JSON value, read and written by nlohmann-json -*- C++ -*-===//
 //
 // The runtime reads safetensors headers, index files, JSONL datasets and its
-// own checkpoint state, and writes adapter_config.json and metrics lines. It
-// must build where only LibTorch exists, so this is its own JSON: a value
-// type keeping object keys in file order, a strict RFC 8259 parser (no
-// comments, no trailing commas, no NaN, valid UTF-8 and surrogate pairs, no
-// duplicate keys, bounded nesting) whose errors carry the byte offset, and a
-// writer that escapes every string it emits.
+// own checkpoint state, and writes adapter_config.json, metrics lines and
+// records. JsonValue is the value those call sites use: object keys in file
+// order, integers kept exact. Parsing and writing are nlohmann-json's
+// (third_party/nlohmann, vendored because the runtime must build where only
+// LibTorch exists); that header stays inside Json.cpp, so neither the other
+// runtime files nor generated trainers compile it. The parser is strict RFC
+// 8259 (no comments, no trailing commas, no NaN, valid UTF-8 and surrogate
+// pairs, numbers within the double range) and also refuses duplicate keys
+// and nesting past kMaxJsonDepth.
 //
 //===----------------------------------------------------------------------===//
 #ifndef ADAPT_RUNTIME_JSON_H
@@ -94,32 +97,23 @@ public:
   void push(JsonValue value);
 
   /// Compact JSON (indent < 0) or pretty-printed with \p indent spaces.
-  /// Non-finite doubles are written as null: JSON has no NaN/Infinity.
+  /// Non-finite doubles are written as null: JSON has no NaN/Infinity;
+  /// invalid UTF-8 in strings becomes U+FFFD.
   std::string dump(int indent = -1) const;
 
 private:
-  void dumpTo(std::string &out, int indent, int depth) const;
   std::variant<std::nullptr_t, bool, int64_t, double, std::string, JsonArray,
                JsonObject>
       data;
-};
-
-/// A JSON syntax error: a RuntimeError (exit code 2) that also keeps the byte
-/// offset at which parsing stopped.
-struct JsonParseError : RuntimeError {
-  JsonParseError(std::string file, size_t offset, std::string expected)
-      : RuntimeError(std::move(file), "JSON at byte " + std::to_string(offset),
-                     std::move(expected)),
-        offset(offset) {}
-  size_t offset; ///< Byte offset into the parsed text.
 };
 
 /// Deepest array/object nesting parseJson accepts.
 constexpr int kMaxJsonDepth = 256;
 
 /// Parses exactly one JSON value from \p text (surrounding whitespace
-/// allowed). Throws JsonParseError naming \p source (a file name, or
-/// "file:line" for JSONL) and the byte offset.
+/// allowed). Bad text is a RuntimeError (exit code 2) naming \p source (a
+/// file name, or "file:line" for JSONL) and, for syntax errors, the 0-based
+/// offset of the offending byte ("f.json: JSON at byte 3: syntax error ...").
 JsonValue parseJson(std::string_view text, const std::string &source = "<json>");
 
 /// Reads and parses the whole file \p path; a missing or unreadable file is
@@ -127,11 +121,12 @@ JsonValue parseJson(std::string_view text, const std::string &source = "<json>")
 JsonValue readJsonFile(const std::string &path);
 
 /// \p text as a quoted JSON string: ", \ and control characters escaped
-/// (\n, \t, ... or \u00XX); other bytes, UTF-8 included, are kept.
+/// (\n, \t, ... or \u00XX); UTF-8 is kept, invalid UTF-8 bytes become
+/// U+FFFD.
 std::string jsonQuote(std::string_view text);
 
-/// \p d as JSON: the shortest text that reads back as the same double
-/// ("null" when not finite).
+/// \p d as JSON: the shortest text that reads back as the same double,
+/// always with a "." or an exponent ("null" when not finite).
 std::string jsonNumber(double d);
 
 } // namespace adapt::rt

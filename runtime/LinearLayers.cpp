@@ -4,6 +4,8 @@
 
 #include "runtime/LinearAttention.h"
 
+#include <array>
+
 namespace adapt::rt {
 
 namespace {
@@ -44,6 +46,27 @@ torch::Tensor convolutionHalo(const torch::Tensor &mixed, const torch::Tensor &c
   return halo;
 }
 
+/// The short causal convolution over \p mixed (query, key and value channels
+/// side by side), the context-parallel halo included (\p haloToken as for
+/// convolutionHalo), split back into [B, T, heads, dim] per part.
+std::array<torch::Tensor, 3> convolvedQkv(const torch::Tensor &mixed, const torch::Tensor &conv, const ContextSplit &cp,
+                                          int64_t layerIndex, torch::Tensor &haloToken, int64_t keyHeads,
+                                          int64_t keyDim, int64_t valueHeads, int64_t valueDim) {
+  torch::Tensor convolved = causalConv1dSilu(mixed, conv, convolutionHalo(mixed, conv, cp, layerIndex, haloToken));
+  const int64_t batch = mixed.size(0), seqLen = mixed.size(1);
+  auto qkv = torch::split_with_sizes(convolved, {keyHeads * keyDim, keyHeads * keyDim, valueHeads * valueDim}, -1);
+  return {qkv[0].reshape({batch, seqLen, keyHeads, keyDim}), qkv[1].reshape({batch, seqLen, keyHeads, keyDim}),
+          qkv[2].reshape({batch, seqLen, valueHeads, valueDim})};
+}
+
+/// The delta rule's inputs from [B, T, heads, ...] tensors: heads before
+/// time, query and key L2-normalised in fp32 (as the reference kernel).
+DeltaRuleInputs deltaInputs(const torch::Tensor &query, const torch::Tensor &key, const torch::Tensor &value,
+                            const torch::Tensor &decay, const torch::Tensor &beta) {
+  return {l2Normalize(query.to(torch::kFloat32)).transpose(1, 2), l2Normalize(key.to(torch::kFloat32)).transpose(1, 2),
+          value.transpose(1, 2), decay.transpose(1, 2), beta.transpose(1, 2)};
+}
+
 /// Adds the exchange tokens (undefined ones skipped) to a layer's output.
 torch::Tensor withTokens(torch::Tensor out, const torch::Tensor &a, const torch::Tensor &b) {
   for (const torch::Tensor *t : {&a, &b})
@@ -74,11 +97,7 @@ torch::Tensor GatedDeltaNetLayer::forward(const torch::Tensor &x, bool training)
                                     parts[2].reshape({batch, seqLen, valueDim})},
                                    -1);
   torch::Tensor haloToken;
-  mixed = causalConv1dSilu(mixed, conv, convolutionHalo(mixed, conv, context, layerIndex, haloToken));
-  auto qkv = torch::split_with_sizes(mixed, {keyDim, keyDim, valueDim}, -1);
-  torch::Tensor query = qkv[0].reshape({batch, seqLen, keyHeads, dk});
-  torch::Tensor key = qkv[1].reshape({batch, seqLen, keyHeads, dk});
-  torch::Tensor value = qkv[2].reshape({batch, seqLen, valueHeads, dv});
+  auto [query, key, value] = convolvedQkv(mixed, conv, context, layerIndex, haloToken, keyHeads, dk, valueHeads, dv);
 
   torch::Tensor beta = torch::sigmoid(b);
   torch::Tensor decay = -aLog.to(torch::kFloat32).exp() * torch::softplus(a.to(torch::kFloat32) + dtBias);
@@ -86,12 +105,10 @@ torch::Tensor GatedDeltaNetLayer::forward(const torch::Tensor &x, bool training)
     query = query.repeat_interleave(perGroup, 2);
     key = key.repeat_interleave(perGroup, 2);
   }
-  // L2 norms in fp32 (as the reference kernel), heads before time.
-  DeltaRuleInputs in{l2Normalize(query.to(torch::kFloat32)).transpose(1, 2),
-                     l2Normalize(key.to(torch::kFloat32)).transpose(1, 2), value.transpose(1, 2),
-                     decay.transpose(1, 2), beta.transpose(1, 2)};
   torch::Tensor token;
-  torch::Tensor core = deltaRuleOverPart(in, def, context, layerIndex, token).transpose(1, 2).to(x.scalar_type());
+  torch::Tensor core = deltaRuleOverPart(deltaInputs(query, key, value, decay, beta), def, context, layerIndex, token)
+                           .transpose(1, 2)
+                           .to(x.scalar_type());
   core = gatedRmsNorm(core, norm, z, normEps);
   torch::Tensor out = outProj.forward(core.reshape({batch, seqLen, valueDim}), training);
   return withTokens(out, token, haloToken);
@@ -102,11 +119,7 @@ torch::Tensor KimiDeltaLayer::forward(const torch::Tensor &x, bool training) con
   const int64_t heads = def.keyHeads, d = def.keyHeadDim, width = heads * d;
   torch::Tensor mixed = torch::cat({q.forward(x, training), k.forward(x, training), v.forward(x, training)}, -1);
   torch::Tensor haloToken;
-  mixed = causalConv1dSilu(mixed, conv, convolutionHalo(mixed, conv, context, layerIndex, haloToken));
-  auto qkv = torch::split_with_sizes(mixed, {width, width, width}, -1);
-  torch::Tensor query = qkv[0].reshape({batch, seqLen, heads, d});
-  torch::Tensor key = qkv[1].reshape({batch, seqLen, heads, d});
-  torch::Tensor value = qkv[2].reshape({batch, seqLen, heads, d});
+  auto [query, key, value] = convolvedQkv(mixed, conv, context, layerIndex, haloToken, heads, d, heads, d);
 
   // Per-channel log decay, in fp32.
   torch::Tensor forget = fB.forward(fA.forward(x, training), training).to(torch::kFloat32) + dtBias.to(torch::kFloat32);
@@ -114,11 +127,10 @@ torch::Tensor KimiDeltaLayer::forward(const torch::Tensor &x, bool training) con
                         torch::softplus(forget.view({batch, seqLen, heads, d}));
   torch::Tensor beta = torch::sigmoid(b.forward(x, training));
 
-  DeltaRuleInputs in{l2Normalize(query.to(torch::kFloat32)).transpose(1, 2),
-                     l2Normalize(key.to(torch::kFloat32)).transpose(1, 2), value.transpose(1, 2),
-                     decay.transpose(1, 2), beta.transpose(1, 2)};
   torch::Tensor token;
-  torch::Tensor core = deltaRuleOverPart(in, def, context, layerIndex, token).transpose(1, 2).to(x.scalar_type());
+  torch::Tensor core = deltaRuleOverPart(deltaInputs(query, key, value, decay, beta), def, context, layerIndex, token)
+                           .transpose(1, 2)
+                           .to(x.scalar_type());
   torch::Tensor gate = gB.forward(gA.forward(x, training), training).view({batch, seqLen, heads, d});
   core = sigmoidGatedRmsNorm(core, norm, gate, normEps);
   torch::Tensor out = o.forward(core.reshape({batch, seqLen, width}), training);

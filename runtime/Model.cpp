@@ -6,6 +6,7 @@
 
 #include "runtime/Errors.h"
 #include "runtime/FileSystem.h"
+#include "runtime/Json.h"
 #include "runtime/Layers.h"
 #include "runtime/LightningLayer.h"
 #include "runtime/LinearAttention.h"
@@ -63,31 +64,12 @@ bool sameRope(const RopeDef &a, const RopeDef &b) {
          a.mropeSection == b.mropeSection;
 }
 
-std::string jsonString(const std::string &s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\')
-      out += '\\';
-    out += c;
-  }
-  return out + "\"";
-}
-
 std::string expertName(const std::string &pattern, int64_t e) {
   std::string out = pattern;
   size_t at = out.find("{e}");
   if (at != std::string::npos)
     out.replace(at, 3, std::to_string(e));
   return out;
-}
-
-std::string shapeText(torch::IntArrayRef shape) {
-  std::ostringstream os;
-  os << "[";
-  for (size_t i = 0; i < shape.size(); ++i)
-    os << (i ? ", " : "") << shape[i];
-  os << "]";
-  return os.str();
 }
 
 } // namespace
@@ -212,7 +194,7 @@ public:
     torch::Tensor t = reader->load(name, dtype.value_or(options.dtype));
     if (!shape.empty() && t.sizes().vec() != shape)
       throw LoadError(modelDir, name,
-                      "expected shape " + shapeText(shape) + " from config.json, found " + shapeText(t.sizes()));
+                      "expected shape " + formatShape(shape) + " from config.json, found " + formatShape(t.sizes()));
     progress();
     return t.to(options.device);
   }
@@ -541,7 +523,7 @@ public:
     std::vector<int64_t> stored = reader->info(name).shape;
     if (stored != shape)
       throw LoadError(modelDir, name,
-                      "expected shape " + shapeText(shape) + " from config.json, found " + shapeText(stored));
+                      "expected shape " + formatShape(shape) + " from config.json, found " + formatShape(stored));
     torch::Tensor t = reader->loadRows(name, options.dtype, firstLocalExpert(experts), localExperts(experts));
     progress();
     return t.to(options.device);
@@ -987,7 +969,7 @@ std::string Model::peftConfigJson(const std::string &baseModelPath) const {
   auto list = [](const std::set<std::string> &items) {
     std::string s = "[";
     for (const std::string &i : items)
-      s += (s.size() > 1 ? ", " : "") + jsonString(i);
+      s += (s.size() > 1 ? ", " : "") + jsonQuote(i);
     return s + "]";
   };
   const LoraDef &lora = impl->def.lora;
@@ -996,7 +978,7 @@ std::string Model::peftConfigJson(const std::string &baseModelPath) const {
   // PEFT refuses dropout on expert parameters; dropout only acts in training.
   double dropout = parameters.empty() ? lora.dropout : 0.0;
   os << "{\n"
-     << "  \"base_model_name_or_path\": " << jsonString(baseModelPath) << ",\n"
+     << "  \"base_model_name_or_path\": " << jsonQuote(baseModelPath) << ",\n"
      << "  \"bias\": \"none\",\n"
      << "  \"fan_in_fan_out\": false,\n"
      << "  \"inference_mode\": true,\n"

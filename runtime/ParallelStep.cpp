@@ -157,22 +157,10 @@ torch::Tensor shardOf(const AdapterTensor &adapter, const torch::Tensor &whole, 
 
 std::vector<int64_t> wholeShape(const AdapterTensor &adapter, const Distributed *run) {
   std::vector<int64_t> shape = adapter.value.sizes().vec();
-  switch (adapter.shard) {
-  case AdapterShard::ExpertRows:
-    shape[0] *= epSize(run);
-    break;
-  case AdapterShard::ExpertColumns:
-    shape[1] *= epSize(run);
-    break;
-  case AdapterShard::TensorRows:
-    shape[0] *= tpSize(run);
-    break;
-  case AdapterShard::TensorColumns:
-    shape[1] *= tpSize(run);
-    break;
-  case AdapterShard::None:
-    break;
-  }
+  if (expertSplit(adapter))
+    shape[adapter.shard == AdapterShard::ExpertRows ? 0 : 1] *= epSize(run);
+  else if (tensorSplit(adapter))
+    shape[adapter.shard == AdapterShard::TensorRows ? 0 : 1] *= tpSize(run);
   return shape;
 }
 

@@ -20,7 +20,6 @@
 #include <unordered_set>
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -62,13 +61,6 @@ const DtypeEntry *dtypeEntry(std::string_view name) {
   return nullptr;
 }
 
-std::string shapeText(c10::IntArrayRef shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i)
-    out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
-}
-
 bool mulOverflows(uint64_t a, uint64_t b, uint64_t &out) {
   return __builtin_mul_overflow(a, b, &out);
 }
@@ -99,17 +91,6 @@ std::string safetensorsDtypeName(torch::ScalarType type) {
 // SafetensorsFile
 //===----------------------------------------------------------------------===//
 
-/// One mmap of a whole file; unmapped when the last view dies.
-struct SafetensorsFile::Mapping {
-  void *addr = nullptr;
-  size_t length = 0;
-  ~Mapping() {
-    if (addr)
-      ::munmap(addr, length);
-  }
-  const uint8_t *bytes() const { return static_cast<const uint8_t *>(addr); }
-};
-
 SafetensorsFile::SafetensorsFile(const std::string &path) : filePath(path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0)
@@ -132,16 +113,13 @@ SafetensorsFile::SafetensorsFile(const std::string &path) : filePath(path) {
                     "length) but the file has " + std::to_string(fileSize) +
                         " (truncated?)");
   }
-  mapping = std::make_shared<Mapping>();
-  void *addr = ::mmap(nullptr, fileSize, PROT_READ, MAP_PRIVATE, fd, 0);
+  mapping = MappedFile::map(fd, fileSize);
   int mapErr = errno;
   ::close(fd);
-  if (addr == MAP_FAILED)
+  if (!mapping)
     throw LoadError(path, "mmap",
                     std::string("expected to map the file but: ") +
                         std::strerror(mapErr));
-  mapping->addr = addr;
-  mapping->length = fileSize;
 
   const uint8_t *bytes = mapping->bytes();
   uint64_t headerBytes = 0;
@@ -230,11 +208,11 @@ SafetensorsFile::SafetensorsFile(const std::string &path) : filePath(path) {
         totalBits % 8 != 0)
       throw LoadError(path, key + ".shape",
                       "expected a whole number of bytes for " + info.dtype +
-                          " " + shapeText(info.shape));
+                          " " + formatShape(info.shape));
     if (info.end - info.begin != totalBits / 8)
       throw LoadError(path, key + ".data_offsets",
                       "expected " + std::to_string(totalBits / 8) +
-                          " bytes (" + info.dtype + " " + shapeText(info.shape) +
+                          " bytes (" + info.dtype + " " + formatShape(info.shape) +
                           ") but the offsets span " +
                           std::to_string(info.end - info.begin));
     if (info.end > dataSize)
@@ -288,7 +266,7 @@ torch::Tensor SafetensorsFile::view(const std::string &name) const {
     std::memcpy(copy.data_ptr(), data, info->end - info->begin);
     return copy;
   }
-  std::shared_ptr<Mapping> keepAlive = mapping;
+  std::shared_ptr<const MappedFile> keepAlive = mapping;
   return torch::from_blob(const_cast<uint8_t *>(data), info->shape,
                           [keepAlive](void *) {}, options);
 }
@@ -307,7 +285,7 @@ torch::Tensor dequantizeFp8Blocks(const torch::Tensor &weight,
   if (weight.dim() < 2)
     throw LoadError(file, name,
                     "expected an FP8 block-scaled weight of at least 2 dims but "
-                    "found " + shapeText(weight.sizes()));
+                    "found " + formatShape(weight.sizes()));
   if (block[0] <= 0 || block[1] <= 0)
     throw LoadError(file, name, "expected a positive FP8 block size");
   int64_t rows = weight.size(-2), cols = weight.size(-1);
@@ -316,10 +294,10 @@ torch::Tensor dequantizeFp8Blocks(const torch::Tensor &weight,
   want[want.size() - 1] = (cols + block[1] - 1) / block[1];
   if (scaleInv.sizes() != c10::IntArrayRef(want))
     throw LoadError(file, scaleName,
-                    "expected shape " + shapeText(want) + " (ceil of " +
-                        shapeText(weight.sizes()) + " / [" +
+                    "expected shape " + formatShape(want) + " (ceil of " +
+                        formatShape(weight.sizes()) + " / [" +
                         std::to_string(block[0]) + ", " + std::to_string(block[1]) +
-                        "] blocks) but found " + shapeText(scaleInv.sizes()));
+                        "] blocks) but found " + formatShape(scaleInv.sizes()));
   if (!c10::isFloatingType(scaleInv.scalar_type()))
     throw LoadError(file, scaleName,
                     std::string("expected a floating-point scale but found ") +
@@ -406,13 +384,13 @@ torch::Tensor dequantizeMxfp4(const torch::Tensor &blocksIn,
   if (blocksIn.dim() < 3)
     throw LoadError(file, blocksName,
                     "expected [..., rows, groups, bytes] (at least 3 dims) but "
-                    "found " + shapeText(blocksIn.sizes()));
+                    "found " + formatShape(blocksIn.sizes()));
   auto prefix = blocksIn.sizes().slice(0, blocksIn.dim() - 1);
   if (scalesIn.sizes() != prefix)
     throw LoadError(file, scalesName,
-                    "expected shape " + shapeText(prefix) +
+                    "expected shape " + formatShape(prefix) +
                         " (the blocks' shape without the last dim) but found " +
-                        shapeText(scalesIn.sizes()));
+                        formatShape(scalesIn.sizes()));
   torch::Tensor blocks = blocksIn.contiguous(), scales = scalesIn.contiguous();
   const int64_t B = blocks.size(-1), G = blocks.size(-2), R = blocks.size(-3);
   int64_t P = 1;
@@ -558,7 +536,7 @@ TensorInfo CheckpointReader::info(const std::string &name) const {
   if (s.size() < 3)
     throw LoadError(blocks->file, blocks->name,
                     "expected [..., rows, groups, bytes] (at least 3 dims) but "
-                    "found " + shapeText(s));
+                    "found " + formatShape(s));
   out.shape.assign(s.begin(), s.end() - 3);
   out.shape.push_back(s[s.size() - 2] * 2 * s.back());
   out.shape.push_back(s[s.size() - 3]);

@@ -87,9 +87,8 @@ public:
   torch::Tensor view(const std::string &name) const;
 
 private:
-  struct Mapping;
   std::string filePath;
-  std::shared_ptr<Mapping> mapping;
+  std::shared_ptr<const MappedFile> mapping;
   uint64_t dataStart = 0; ///< 8 + header length.
   std::vector<TensorInfo> entries;
   std::unordered_map<std::string, size_t> byName;

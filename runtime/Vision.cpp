@@ -28,13 +28,6 @@ std::vector<std::array<int64_t, 3>> gridList(const torch::Tensor &gridThw) {
   return out;
 }
 
-std::string shapeOf(torch::IntArrayRef s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i)
-    out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
 } // namespace
 
 torch::Tensor visionPatchPositions(const torch::Tensor &gridThw, int64_t merge) {
@@ -318,7 +311,7 @@ VisionOutput VisionTower::forward(const ImageInput &images, bool training) const
   if (images.pixels.dim() != 2 || images.pixels.size(1) != patchIn)
     throw badInput("images", "pixel_values",
                    "expected [patches, " + std::to_string(patchIn) + "] (C*T*P*P), found " +
-                       shapeOf(images.pixels.sizes()));
+                       formatShape(images.pixels.sizes()));
   torch::Tensor x = patchEmbed.forward(images.pixels.to(device, patchEmbed.weight.scalar_type()), training);
   if (posEmbed.defined())
     x = x + interpolatePositionEmbeddings(posEmbed, images.gridThw, d.spatialMerge).to(x.scalar_type());
