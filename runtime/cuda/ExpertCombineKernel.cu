@@ -29,17 +29,25 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kMaxK = 64;
 
+/// Token \p t's k rows and weights (1 without weights) into the block's
+/// shared \p src and \p w, visible to the whole block on return.
+__device__ __forceinline__ void loadTokenPairs(const int64_t *__restrict__ rowOfPair,
+                                               const float *__restrict__ weights, int64_t t, int k, int64_t *src,
+                                               float *w) {
+  if (threadIdx.x < k) {
+    src[threadIdx.x] = rowOfPair[t * k + threadIdx.x];
+    w[threadIdx.x] = weights ? weights[t * k + threadIdx.x] : 1.0f;
+  }
+  __syncthreads();
+}
+
 template <typename T>
 __global__ void combineKernel(const T *__restrict__ rows, const int64_t *__restrict__ rowOfPair,
                               const float *__restrict__ weights, T *__restrict__ y, int64_t hidden, int k) {
   __shared__ int64_t src[kMaxK];
   __shared__ float w[kMaxK];
   const int64_t t = blockIdx.x;
-  if (threadIdx.x < k) {
-    src[threadIdx.x] = rowOfPair[t * k + threadIdx.x];
-    w[threadIdx.x] = weights ? weights[t * k + threadIdx.x] : 1.0f;
-  }
-  __syncthreads();
+  loadTokenPairs(rowOfPair, weights, t, k, src, w);
   for (int64_t h = threadIdx.x; h < hidden; h += blockDim.x) {
     float acc = 0.0f;
     for (int j = 0; j < k; ++j)
@@ -56,11 +64,7 @@ __global__ void combinePackedKernel(const T *__restrict__ rows, const int64_t *_
   __shared__ int64_t src[kMaxK];
   __shared__ float w[kMaxK];
   const int64_t t = blockIdx.x;
-  if (threadIdx.x < k) {
-    src[threadIdx.x] = rowOfPair[t * k + threadIdx.x];
-    w[threadIdx.x] = weights ? weights[t * k + threadIdx.x] : 1.0f;
-  }
-  __syncthreads();
+  loadTokenPairs(rowOfPair, weights, t, k, src, w);
   for (int64_t h = threadIdx.x * int64_t(P::kSize); h < hidden; h += int64_t(blockDim.x) * P::kSize) {
     P acc;
 #pragma unroll

@@ -33,6 +33,24 @@ struct RowStrides {
   int64_t b, h, t;
 };
 
+/// One [B, H, T, D] row's input, output and table starts.
+template <typename T> struct RotaryRow {
+  const T *x;
+  T *y;
+  const float *cos, *sin;
+};
+
+/// Row \p row's starts: its index arithmetic, done once per row.
+template <typename T>
+__device__ __forceinline__ RotaryRow<T> rotaryRow(int64_t row, const T *x, T *y, const float *cos, const float *sin,
+                                                  int64_t tableStride, RowStrides in, RowStrides out, int heads,
+                                                  int seqLen) {
+  const int t = static_cast<int>(row % seqLen);
+  const int64_t bh = row / seqLen, h = bh % heads, b = bh / heads;
+  return {x + b * in.b + h * in.h + t * in.t, y + b * out.b + h * out.h + t * out.t, cos + t * tableStride,
+          sin + t * tableStride};
+}
+
 template <typename T>
 __global__ void rotaryKernel(const T *__restrict__ x, T *__restrict__ y, const float *__restrict__ cos,
                              const float *__restrict__ sin, int64_t tableStride, RowStrides in, RowStrides out,
@@ -42,11 +60,10 @@ __global__ void rotaryKernel(const T *__restrict__ x, T *__restrict__ y, const f
   const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
   if (row >= rows)
     return;
-  const int t = static_cast<int>(row % seqLen);
-  const int64_t bh = row / seqLen, h = bh % heads, b = bh / heads;
-  const T *xr = x + b * in.b + h * in.h + t * in.t;
-  T *yr = y + b * out.b + h * out.h + t * out.t;
-  const float *c = cos + t * tableStride, *s = sin + t * tableStride;
+  const RotaryRow<T> r = rotaryRow(row, x, y, cos, sin, tableStride, in, out, heads, seqLen);
+  const T *xr = r.x;
+  T *yr = r.y;
+  const float *c = r.cos, *s = r.sin;
   const int half = rot / 2, perRow = half + (dim - rot);
   for (int j = threadIdx.x; j < perRow; j += blockDim.x) {
     if (j >= half) { // an unrotated dim
@@ -81,44 +98,40 @@ __global__ void rotaryPackedKernel(const T *__restrict__ x, T *__restrict__ y, c
   const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
   if (row >= rows)
     return;
-  const int t = static_cast<int>(row % seqLen);
-  const int64_t bh = row / seqLen, h = bh % heads, b = bh / heads;
-  const T *xr = x + b * in.b + h * in.h + t * in.t;
-  T *yr = y + b * out.b + h * out.h + t * out.t;
-  const float *c = cos + t * tableStride, *s = sin + t * tableStride;
+  const RotaryRow<T> at = rotaryRow(row, x, y, cos, sin, tableStride, in, out, heads, seqLen);
   const int half = rot / 2, rotUnits = interleaved ? rot / N : half / N, units = rotUnits + (dim - rot) / N;
   for (int u = threadIdx.x; u < units; u += blockDim.x) {
     if (u >= rotUnits) { // a pack of unrotated dims
       const int d = rot + (u - rotUnits) * N;
-      *reinterpret_cast<uint4 *>(yr + d) = *reinterpret_cast<const uint4 *>(xr + d);
+      *reinterpret_cast<uint4 *>(at.y + d) = *reinterpret_cast<const uint4 *>(at.x + d);
       continue;
     }
     if (interleaved) { // pairs (2j, 2j+1) inside one pack
       const int d = u * N;
-      const P v = P::load(xr + d);
+      const P v = P::load(at.x + d);
       P r;
 #pragma unroll
       for (int i = 0; i < N; i += 2) {
         const int i0 = d + i, i1 = i0 + 1;
         const float x0 = v.v[i], x1 = v.v[i + 1];
-        r.v[i] = adjoint ? x0 * c[i0] + x1 * s[i1] : x0 * c[i0] - x1 * s[i0];
-        r.v[i + 1] = adjoint ? x1 * c[i1] - x0 * s[i0] : x1 * c[i1] + x0 * s[i1];
+        r.v[i] = adjoint ? x0 * at.cos[i0] + x1 * at.sin[i1] : x0 * at.cos[i0] - x1 * at.sin[i0];
+        r.v[i + 1] = adjoint ? x1 * at.cos[i1] - x0 * at.sin[i0] : x1 * at.cos[i1] + x0 * at.sin[i1];
       }
-      r.store(yr + d);
+      r.store(at.y + d);
       continue;
     }
     const int d0 = u * N, d1 = d0 + half; // pairs (j, j + half), one pack of each half
-    const P v0 = P::load(xr + d0), v1 = P::load(xr + d1);
+    const P v0 = P::load(at.x + d0), v1 = P::load(at.x + d1);
     P r0, r1;
 #pragma unroll
     for (int i = 0; i < N; ++i) {
       const int i0 = d0 + i, i1 = d1 + i;
       const float x0 = v0.v[i], x1 = v1.v[i];
-      r0.v[i] = adjoint ? x0 * c[i0] + x1 * s[i1] : x0 * c[i0] - x1 * s[i0];
-      r1.v[i] = adjoint ? x1 * c[i1] - x0 * s[i0] : x1 * c[i1] + x0 * s[i1];
+      r0.v[i] = adjoint ? x0 * at.cos[i0] + x1 * at.sin[i1] : x0 * at.cos[i0] - x1 * at.sin[i0];
+      r1.v[i] = adjoint ? x1 * at.cos[i1] - x0 * at.sin[i0] : x1 * at.cos[i1] + x0 * at.sin[i1];
     }
-    r0.store(yr + d0);
-    r1.store(yr + d1);
+    r0.store(at.y + d0);
+    r1.store(at.y + d1);
   }
 }
 
