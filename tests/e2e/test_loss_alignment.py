@@ -8,7 +8,8 @@ Bounds and their grounds (docs/validation.md#numerical-bounds):
   random models have near-tied router scores (a gap of ~1.7e-6 was measured)
   and a last-bit difference between CPUs sends a token elsewhere; unforced,
   the curves must agree until the first step with a routing flip, and the
-  flips are reported;
+  flips are reported; a sparse-attention indexer's top-k keys are forced
+  alike (relu leaves tied scores);
 - the loss bound is max(1e-4, 10x the reference's own fp32-vs-float64
   difference on the same batches), measured live: same-routing curves were
   measured within 3.2e-7 on every family but Qwen3-Next (2.6e-5, where the
