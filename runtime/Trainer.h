@@ -112,6 +112,9 @@ int stopRequested();
 /// the old one, and removes leftovers (checkpoint.tmp, a stale .old).
 void recoverCheckpointFolder(const std::string &outDir);
 
+/// OUT/checkpoint: where the trainer keeps its latest checkpoint.
+std::string checkpointDir(const std::string &out);
+
 /// The training loop around one Model.
 class Trainer {
 public:
