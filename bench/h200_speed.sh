@@ -10,11 +10,17 @@
 #      PEER_DEPTHS (the depths the peer runs at; default all), PROFILE (1: profile
 #      each depth in PROFILE_DEPTHS, default all), MODELS (where random weights are written; /dev/shm for 48
 #      layers, whose ~57 GB do not fit the disk beside the build), EAGER (1: also
-#      run adapt with --no-cuda-graphs, and compare speed and per-step losses)
+#      run adapt with --no-cuda-graphs, and compare speed and per-step losses),
+#      NAME (q30: Qwen3-30B-A3B's widths; qn: Qwen3-Next-80B-A3B's, whose
+#      weights bench/fill_random_weights.py makes from .h200/qn-L<N>-model),
+#      PEER_TARGETS (the peer's LoRA modules; default q/k/v/o, plus
+#      in_proj_qkvz and out_proj for qn)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: h200_speed.sh OUTDIR}; mkdir -p "$OUT"
-W=/tmp/adapt-h200; M=${MODELS:-$W}; BATCH=${BATCH:-2}; SEQ=${SEQ:-4096}; STEPS=${STEPS:-8}
+W=/tmp/adapt-h200; M=${MODELS:-$W}; NAME=${NAME:-q30}; DEFAULT_TARGETS=q_proj,k_proj,v_proj,o_proj
+[ "$NAME" = qn ] && DEFAULT_TARGETS=$DEFAULT_TARGETS,in_proj_qkvz,out_proj
+PEER_TARGETS=${PEER_TARGETS:-$DEFAULT_TARGETS} BATCH=${BATCH:-2}; SEQ=${SEQ:-4096}; STEPS=${STEPS:-8}
 python3 - "$W/data.jsonl" <<'PY'
 import json, random, sys
 random.seed(0)
@@ -23,8 +29,13 @@ with open(sys.argv[1], "w") as f:
         f.write(json.dumps({"input_ids": [random.randrange(151936) for _ in range(8192)]}) + "\n")
 PY
 for n in ${DEPTHS:-1 12}; do
-  python3 bench/make_random_qwen3_moe.py bench/h200/qwen3-30b-a3b-config.json --layers $n --out $M/model-L$n > /dev/null
-  cmake -S .h200/q30-L$n -B $W/train-L$n -G Ninja -DCMAKE_BUILD_TYPE=Release -DAdaptRuntime_DIR=$W/rt > /dev/null 2>&1
+  if [ "$NAME" = q30 ]; then
+    python3 bench/make_random_qwen3_moe.py bench/h200/qwen3-30b-a3b-config.json --layers $n --out $M/model-L$n > /dev/null
+  else
+    rm -rf $M/model-L$n; cp -r .h200/$NAME-L$n-model $M/model-L$n
+    python3 bench/fill_random_weights.py $M/model-L$n
+  fi
+  cmake -S .h200/$NAME-L$n -B $W/train-L$n -G Ninja -DCMAKE_BUILD_TYPE=Release -DAdaptRuntime_DIR=$W/rt > /dev/null 2>&1
   cmake --build $W/train-L$n > $W/build-L$n.log 2>&1 || { echo "L$n: build failed"; tail -20 $W/build-L$n.log; continue; }
   rm -rf $W/run-L$n
   $W/train-L$n/train --model $M/model-L$n --data $W/data.jsonl --out $W/run-L$n --steps $STEPS --batch $BATCH \
@@ -39,7 +50,8 @@ for n in ${DEPTHS:-1 12}; do
   grep -h "CUDA graph" $W/run-L$n.log
   if [ "${PEER:-1}" = 1 ] && [[ " ${PEER_DEPTHS:-$n} " == *" $n "* ]]; then
     python3 bench/peer_hf_peft.py $M/model-L$n --batch $BATCH --seq-len $SEQ --steps 6 --rank 16 --alpha 32 \
-      --experts 2>/dev/null | grep '^{' | tail -1 > $W/peer-L$n.json || echo '{}' > $W/peer-L$n.json
+      --experts --targets "$PEER_TARGETS" 2>$W/peer-L$n.err | grep '^{' | tail -1 > $W/peer-L$n.json || echo '{}' > $W/peer-L$n.json
+    grep -q tokens_per_s $W/peer-L$n.json || { echo "L$n: the peer failed"; grep -v Warning $W/peer-L$n.err | tail -3; }
   else
     echo '{}' > $W/peer-L$n.json
   fi

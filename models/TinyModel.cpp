@@ -84,23 +84,32 @@ private:
 /// \p normMean + noise so they are not the identity (mean 0 for zero-centred
 /// norms, whose scale is 1 + weight); small biases; sinks around zero at
 /// logit scale.
+/// The normal distribution a tensor's values come from: \p weightStd
+/// around zero, but norm weights around \p normMean and a few special
+/// tensors with their own spread.
+struct ValueDistribution {
+  double mean = 0.0, stddev = 0.02;
+};
+
+ValueDistribution valueDistribution(const std::string &name, double weightStd, double normMean) {
+  if (endsWith(name, "norm.weight") || endsWith(name, "layernorm.weight") ||
+      endsWith(name, "norm1.weight") || endsWith(name, "norm2.weight"))
+    return {normMean, 0.05};
+  if (endsWith(name, "e_score_correction_bias"))
+    return {0.0, 0.01};
+  if (endsWith(name, "sinks"))
+    return {0.0, 0.5};
+  return {0.0, weightStd};
+}
+
 std::vector<float> sampleValues(uint64_t seed, const std::string &name,
                                 int64_t count, double weightStd = 0.02,
                                 double normMean = 1.0) {
   Normal rng(seed, name);
-  double mean = 0.0, stddev = weightStd;
-  if (endsWith(name, "norm.weight") || endsWith(name, "layernorm.weight") ||
-      endsWith(name, "norm1.weight") || endsWith(name, "norm2.weight")) {
-    mean = normMean;
-    stddev = 0.05;
-  } else if (endsWith(name, "e_score_correction_bias")) {
-    stddev = 0.01;
-  } else if (endsWith(name, "sinks")) {
-    stddev = 0.5;
-  }
+  const ValueDistribution d = valueDistribution(name, weightStd, normMean);
   std::vector<float> out(count);
   for (int64_t i = 0; i < count; ++i)
-    out[i] = float(mean + stddev * rng.next());
+    out[i] = float(d.mean + d.stddev * rng.next());
   return out;
 }
 
@@ -460,19 +469,32 @@ writeTinyModel(const TinyModelOptions &options) {
     });
   std::string dtype = safetensorsDtypeFor(spec.dtype);
   std::vector<TensorData> tensors;
+  ojson randomWeights = ojson::array(); // --manifest-only: what the shards would hold
   std::vector<DiskTensor> disk;
   for (const ComponentDecl &component : declareModel(spec)) {
     for (const WeightDecl &weight : component.weights) {
       for (int64_t e = 0; e < std::max<int64_t>(weight.experts, 1); ++e) {
         disk.clear();
         expandToDisk(weight, e, spec.quant, dtype, disk);
+        // Qwen3-Next's RMSNorms are zero-centred (scale 1 + weight), but
+        // for the gated norm of its linear attention.
+        const bool zeroCentred = spec.family == "qwen3_next" &&
+                                 weight.name.find("linear_attn.norm") == std::string::npos;
+        const double normMean = zeroCentred ? 0.0 : 1.0;
+        const bool gptOss = spec.family == "gpt_oss";
+        if (options.manifestOnly) {
+          if (disk.size() != 1 || disk[0].dtype != "BF16")
+            return InputError{configPath, disk.empty() ? weight.name : disk[0].name,
+                              "expected a bf16 checkpoint for --manifest-only, found a " +
+                                  (disk.empty() ? std::string("missing") : disk[0].dtype) + " tensor"};
+          const ValueDistribution d = valueDistribution(disk[0].name, weightStd(weight, gptOss), normMean);
+          randomWeights.push_back({{"name", disk[0].name}, {"dtype", "BF16"}, {"shape", disk[0].shape},
+                                   {"mean", d.mean}, {"std", d.stddev}});
+          tensors.push_back(TensorData{disk[0].name, "BF16", disk[0].shape, {}});
+          continue;
+        }
         if (disk.size() == 1 && disk[0].dtype == "BF16") {
-          // Qwen3-Next's RMSNorms are zero-centred (scale 1 + weight), but
-          // for the gated norm of its linear attention.
-          bool zeroCentred = spec.family == "qwen3_next" &&
-                             weight.name.find("linear_attn.norm") == std::string::npos;
-          tensors.push_back(plainTensor(disk[0], weight, options.seed, zeroCentred ? 0.0 : 1.0,
-                                        spec.family == "gpt_oss"));
+          tensors.push_back(plainTensor(disk[0], weight, options.seed, normMean, gptOss));
         } else if (disk.size() == 2 && disk[0].dtype == "F8_E4M3") {
           fp8Tensors(disk[0], disk[1], spec.quant, options.seed, tensors);
         } else if (disk.size() == 2 && endsWith(disk[0].name, "_blocks")) {
@@ -489,22 +511,34 @@ writeTinyModel(const TinyModelOptions &options) {
     }
   }
 
-  // Two shards, split where half the bytes are written.
+  // Two shards, split where half the bytes are written; a model at real
+  // widths (--manifest-only) in shards of about 4 GiB, each filled in memory.
+  auto sizeOf = [&](const TensorData &t) {
+    return options.manifestOnly ? uint64_t(elements(t.shape)) * 2 : uint64_t(t.bytes.size());
+  };
   uint64_t total = 0;
   for (const TensorData &t : tensors)
-    total += t.bytes.size();
-  std::vector<const TensorData *> shards[2];
+    total += sizeOf(t);
+  const uint64_t shardCount = options.manifestOnly ? std::max<uint64_t>(1, (total + (4ull << 30) - 1) >> 32) : 2;
+  std::vector<std::vector<const TensorData *>> shards(shardCount);
   uint64_t written = 0;
   for (const TensorData &t : tensors) {
-    shards[written * 2 < total ? 0 : 1].push_back(&t);
-    written += t.bytes.size();
+    shards[std::min<uint64_t>(shardCount - 1, written * shardCount / std::max<uint64_t>(total, 1))].push_back(&t);
+    written += sizeOf(t);
   }
-  const std::string shardNames[2] = {"model-00001-of-00002.safetensors",
-                                     "model-00002-of-00002.safetensors"};
+  std::vector<std::string> shardNames;
+  auto fiveDigits = [](uint64_t n) {
+    std::string s = std::to_string(n);
+    return std::string(s.size() < 5 ? 5 - s.size() : 0, '0') + s;
+  };
+  for (uint64_t s = 0; s < shardCount; ++s)
+    shardNames.push_back("model-" + fiveDigits(s + 1) + "-of-" + fiveDigits(shardCount) + ".safetensors");
   nlohmann::json weightMap = nlohmann::json::object();
-  for (int s = 0; s < 2; ++s)
+  for (uint64_t s = 0; s < shardCount; ++s)
     for (const TensorData *t : shards[s])
       weightMap[t->name] = shardNames[s];
+  for (ojson &w : randomWeights)
+    w["shard"] = weightMap[w["name"].get<std::string>()];
   ojson index;
   index["metadata"] = {{"total_size", total}};
   index["weight_map"] = weightMap;
@@ -522,10 +556,16 @@ writeTinyModel(const TinyModelOptions &options) {
   };
   if (!write("config.json", *config) || !write("tokenizer.json", kTinyTokenizer) ||
       !write("tokenizer_config.json", tinyTokenizerConfig(nlohmann::json::parse(*config))) ||
-      !write("model.safetensors.index.json", index.dump(2) + "\n") ||
-      !write(shardNames[0], safetensorsFile(shards[0])) ||
-      !write(shardNames[1], safetensorsFile(shards[1])))
+      !write("model.safetensors.index.json", index.dump(2) + "\n"))
     return InputError{dir, "", "cannot write the model: " + error};
+  if (options.manifestOnly) {
+    if (!write("random_weights.json", ojson{{"seed", options.seed}, {"tensors", randomWeights}}.dump(1) + "\n"))
+      return InputError{dir, "", "cannot write the model: " + error};
+    return files;
+  }
+  for (uint64_t s = 0; s < shardCount; ++s)
+    if (!write(shardNames[s], safetensorsFile(shards[s])))
+      return InputError{dir, "", "cannot write the model: " + error};
   return files;
 }
 

@@ -28,6 +28,15 @@ struct TinyModelOptions {
   uint64_t seed = 0;
   int64_t layers = 0;  ///< Decoder layers; 0: the family's default.
   std::string quant;   ///< "", "fp8" (deepseek_v3, kimi_k2), "mxfp4" (gpt_oss).
+  /// A released config.json to take the widths from instead of the tiny
+  /// ones (num_hidden_layers set to \ref layers when that is given), so that
+  /// benchmarks run a real model's shapes with random weights.
+  std::string configFile;
+  /// Write config.json, the tokenizer, the index and random_weights.json
+  /// (every tensor's name, dtype, shape, shard and value distribution)
+  /// instead of the shards: a model at real widths is filled on the machine
+  /// that trains it (bench/fill_random_weights.py). bf16 checkpoints only.
+  bool manifestOnly = false;
 };
 
 /// The families `adapt tiny` knows, in a stable order.
@@ -37,7 +46,8 @@ const std::vector<std::string> &tinyModelFamilies();
 Result<std::string> tinyModelConfig(const TinyModelOptions &options);
 
 /// Writes config.json, model.safetensors.index.json and
-/// model-0000{1,2}-of-00002.safetensors into options.outDir. Bad options and
+/// model-0000{1,2}-of-00002.safetensors into options.outDir (or
+/// random_weights.json in place of the shards, with manifestOnly). Bad options and
 /// I/O failures come back as an InputError.
 Result<std::vector<std::string>>
 writeTinyModel(const TinyModelOptions &options);

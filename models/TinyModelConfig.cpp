@@ -11,6 +11,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fstream>
+#include <sstream>
+
 namespace adapt {
 
 namespace {
@@ -112,6 +115,8 @@ Result<int64_t> checkOptions(const TinyModelOptions &o) {
     return InputError{"tiny", "FAMILY", "expected one of " + familyList() +
                                         ", found \"" + o.family + "\""};
   int64_t n = o.layers ? o.layers : family->defaultLayers;
+  if (!o.configFile.empty() && !o.quant.empty())
+    return InputError{"tiny", "--quant", "expected no --quant with --config (the config says its own)"};
   if (n < 2 || n > 64)
     return InputError{"tiny", "--layers",
                       "expected 2..64 layers, found " + std::to_string(n)};
@@ -138,10 +143,47 @@ const std::vector<std::string> &tinyModelFamilies() {
   return names;
 }
 
+namespace {
+
+/// A released config.json (\p path) cut to \p layers decoder layers (0: its
+/// own): num_hidden_layers and the per-layer lists follow.
+Result<std::string> releasedConfig(const std::string &path, int64_t layers) {
+  std::ifstream in(path);
+  if (!in)
+    return InputError{path, "", "expected a readable config.json"};
+  std::stringstream text;
+  text << in.rdbuf();
+  ojson config = ojson::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (!config.is_object())
+    return InputError{path, "", "expected a JSON object"};
+  if (layers <= 0)
+    return config.dump(2) + "\n";
+  if (!config.contains("num_hidden_layers") || !config["num_hidden_layers"].is_number_integer())
+    return InputError{path, "num_hidden_layers", "expected an integer"};
+  config["num_hidden_layers"] = layers;
+  if (config.contains("max_window_layers") && config["max_window_layers"].is_number_integer())
+    config["max_window_layers"] = std::min<int64_t>(config["max_window_layers"].get<int64_t>(), layers);
+  if (config.contains("layer_types") && config["layer_types"].is_array() &&
+      int64_t(config["layer_types"].size()) > layers)
+    config["layer_types"].erase(config["layer_types"].begin() + layers, config["layer_types"].end());
+  if (config.contains("mlp_only_layers") && config["mlp_only_layers"].is_array()) {
+    ojson kept = ojson::array();
+    for (const ojson &i : config["mlp_only_layers"])
+      if (!i.is_number_integer() || i.get<int64_t>() < layers)
+        kept.push_back(i);
+    config["mlp_only_layers"] = kept;
+  }
+  return config.dump(2) + "\n";
+}
+
+} // namespace
+
 Result<std::string> tinyModelConfig(const TinyModelOptions &options) {
   Result<int64_t> layers = checkOptions(options);
   if (!layers)
     return layers.error();
+  if (!options.configFile.empty())
+    return releasedConfig(options.configFile, options.layers);
   ojson config = tinyConfigs().at("families").at(options.family);
   ojson quantization = options.quant.empty()
                            ? ojson()

@@ -147,7 +147,7 @@ int runTiny(int argc, char **argv) {
     std::string arg = argv[i];
     bool hasValue = i + 1 < argc;
     if ((arg == "--out" || arg == "-o" || arg == "--seed" ||
-         arg == "--layers" || arg == "--quant") &&
+         arg == "--layers" || arg == "--quant" || arg == "--config") &&
         !hasValue) {
       error = arg + " expects a value";
     } else if (arg == "--out" || arg == "-o") {
@@ -161,6 +161,10 @@ int runTiny(int argc, char **argv) {
           error = "--layers expects 2..64, found " + std::to_string(layers);
         options.layers = int64_t(layers);
       }
+    } else if (arg == "--config") {
+      options.configFile = argv[++i];
+    } else if (arg == "--manifest-only") {
+      options.manifestOnly = true;
     } else if (arg == "--quant") {
       options.quant = argv[++i];
       if (options.quant != "fp8" && options.quant != "mxfp4")
@@ -260,7 +264,8 @@ struct Command {
 const Command kCommands[] = {
     {"inspect", "  adapt inspect PATH [--emit summary|mlir|analysed] [--registry FILE]\n", nullptr},
     {"gaps", "  adapt gaps PATH --out DIR [--registry FILE]\n", nullptr},
-    {"tiny", "  adapt tiny FAMILY --out DIR [--seed N] [--layers N] [--quant fp8|mxfp4]\n", runTiny},
+    {"tiny", "  adapt tiny FAMILY --out DIR [--seed N] [--layers N] [--quant fp8|mxfp4]\n"
+             "             [--config RELEASED_CONFIG.json [--manifest-only]]\n", runTiny},
     {"build", kBuildUsage, runBuildCommand},
     {"validate", kValidateUsage, runValidateCommand},
     {"serve", kServeUsage, runServeCommand},
