@@ -12,6 +12,7 @@ Usage: test_tiny_models.py ADAPT_BINARY
 import filecmp
 import hashlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -164,6 +165,60 @@ class TinyModels(unittest.TestCase):
         self.assertEqual(tiny("mixtral", self.path("bad"), "--seed", "x").returncode, 2)
         proc = subprocess.run([ADAPT, "tiny", "mixtral"], capture_output=True, text=True)
         self.assertEqual(proc.returncode, 2)
+
+    def test_real_widths_from_a_released_config(self):
+        """`--config` takes a released config.json's widths at --layers; with
+        --manifest-only the names, shapes and distributions come out (for
+        bench/fill_random_weights.py on the GPU machine) and no shard."""
+        config = os.path.join(ROOT, "bench", "h200", "qwen3-next-80b-a3b-config.json")
+        out = self.write("qwen3_next", "next-80b", "--config", config, "--layers", "4", "--manifest-only")
+        self.assertEqual([f for f in os.listdir(out) if f.endswith(".safetensors")], [])
+        with open(os.path.join(out, "config.json")) as f:
+            written = json.load(f)
+        with open(config) as f:
+            released = json.load(f)
+        self.assertEqual(written["num_hidden_layers"], 4)
+        self.assertEqual({k: v for k, v in written.items() if k != "num_hidden_layers"},
+                         {k: v for k, v in released.items() if k != "num_hidden_layers"})
+        with open(os.path.join(out, "model.safetensors.index.json")) as f:
+            index = json.load(f)
+        with open(os.path.join(out, "random_weights.json")) as f:
+            tensors = {t["name"]: t for t in json.load(f)["tensors"]}
+        self.assertEqual(set(tensors), set(index["weight_map"]))
+        self.assertEqual({t["shard"] for t in tensors.values()}, set(index["weight_map"].values()))
+        elements = sum(math.prod(t["shape"]) for t in tensors.values())
+        self.assertEqual(index["metadata"]["total_size"], 2 * elements)
+        self.assertGreater(len(set(index["weight_map"].values())), 1, "~14 GB in one shard")
+        # The released widths: 512 experts a layer, 16 q/k and 32 v heads of 128 in the linear layers.
+        self.assertEqual(sum(1 for n in tensors if n.endswith("gate_proj.weight") and ".experts." in n), 4 * 512)
+        self.assertEqual(tensors["model.layers.0.linear_attn.in_proj_qkvz.weight"]["shape"], [12288, 2048])
+        self.assertEqual(tensors["model.layers.3.self_attn.q_proj.weight"]["shape"], [8192, 2048])
+        self.assertEqual(tensors["model.layers.0.input_layernorm.weight"]["mean"], 0.0)  # zero-centred
+        # Filled (here on the CPU, at the tiny widths), it is a model adapt gaps reads without issue.
+        python = find_python()
+        if python is None:
+            self.skipTest("no Python with torch (set ADAPT_PYTHON)")
+        small = self.write("qwen3_next", "next-small", "--config", os.path.join(self.write("qwen3_next", "next-src"),
+                                                                              "config.json"), "--manifest-only")
+        proc = subprocess.run([python, os.path.join(ROOT, "bench", "fill_random_weights.py"), small],
+                              capture_output=True, text=True, timeout=300)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        gaps = subprocess.run([ADAPT, "gaps", small, "--out", small + "-gaps"], capture_output=True, text=True,
+                              timeout=120)
+        self.assertEqual(gaps.returncode, 0, gaps.stderr)
+        with open(os.path.join(small + "-gaps", "gaps.json")) as f:
+            manifest = json.load(f)["manifest"]
+        self.assertEqual(manifest["issues"], [])
+        self.assertEqual(manifest["tensors"], manifest["expected_tensors"])
+
+    def test_bad_config_or_quantized_manifest_exit_2(self):
+        proc = tiny("qwen3_next", self.path("bad"), "--config", self.path("missing.json"))
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("missing.json", proc.stderr)
+        fp8 = os.path.join(self.write("deepseek_v3", "fp8-src", "--quant", "fp8"), "config.json")
+        proc = tiny("deepseek_v3", self.path("bad"), "--config", fp8, "--manifest-only")
+        self.assertEqual(proc.returncode, 2)
+        self.assertIn("expected a bf16 checkpoint for --manifest-only", proc.stderr)
 
     def test_fixtures_exercise_every_branch_of_their_family(self):
         """Issue 16 item 5: each family's committed fixture (what the model
