@@ -159,6 +159,10 @@ void addLinearAttentionChecks(std::vector<Check> &all) {
   delta("gated_delta_rule.chunked", {2, 5, 16, 10, 16});
   delta("gated_delta_rule.chunked", {3, 37, 10, 6, 8});
   delta("gated_delta_rule.chunked", {2, 67, 16, 16, 64});
+  // The released widths (d 128, chunk 64), where the CUDA recurrence runs
+  // several value tiles per head; dv 96 leaves a partial tile.
+  delta("gated_delta_rule.chunked", {2, 130, 128, 128, 64});
+  delta("gated_delta_rule.chunked", {1, 70, 128, 96, 64});
   // Segments recomputed in the backward pass: state and gradients carried
   // across segment boundaries (ragged last segment, segment not a multiple
   // of the chunk, per-channel decay).
@@ -172,6 +176,7 @@ void addLinearAttentionChecks(std::vector<Check> &all) {
   delta("kimi_delta.chunked", {2, 5, 16, 10, 16, true});
   delta("kimi_delta.chunked", {3, 37, 10, 6, 8, true});
   delta("kimi_delta.chunked", {2, 67, 16, 16, 64, true});
+  delta("kimi_delta.chunked", {1, 70, 128, 96, 64, true});
 
   for (auto [T, C, K] : std::vector<std::array<int64_t, 3>>{{13, 10, 4}, {3, 7, 4}, {17, 5, 2}})
     addCheck(all, "causal_conv1d.silu", shapeText({{"B", 2}, {"T", T}, {"C", C}, {"K", K}}),
