@@ -3,9 +3,6 @@
 #include "runtime/LinearAttention.h"
 #include "runtime/Ops.h"
 #include "runtime/Recompute.h"
-#ifdef ADAPT_WITH_CUDA_KERNELS
-#include "runtime/cuda/DeltaRuleKernel.h"
-#endif
 
 #include <cmath>
 
@@ -114,91 +111,6 @@ torch::Tensor gatedDeltaRuleRecurrent(const DeltaRuleInputs &in, torch::Tensor *
 
 namespace {
 
-/// The chunked form's serial part, chunk after chunk from the state S_0:
-///   U_n = V_n - R_n S_n,  O_n = Q_n S_n + A_n U_n,  S_{n+1} = diag(d_n) S_n + W_n^T U_n
-/// over values V [b, h, n, c, dv], state readers R, decayed queries Q and
-/// state writers W [b, h, n, c, dk], intra-chunk scores A [b, h, n, c, c] and
-/// chunk decays d [b, h, n, G] (G 1: one per head; dk: per key channel), all
-/// fp32. Returns O [b, h, n, c, dv], the states S_n entering each chunk
-/// [b, h, n, dk, dv] (what backward needs) and S_N [b, h, dk, dv]. A CUDA
-/// kernel where it fits (one block per head and 32 value columns runs every
-/// chunk: no launch per chunk), else LibTorch ops per chunk.
-std::vector<torch::Tensor> chunkRecurrenceForward(const std::vector<torch::Tensor> &x, const torch::Tensor &state0) {
-  const torch::Tensor &values = x[0], &reads = x[1], &queries = x[2], &scores = x[3], &decays = x[4],
-                      &writes = x[5];
-#ifdef ADAPT_WITH_CUDA_KERNELS
-  if (cuda::deltaRecurrenceFits(values, reads))
-    return cuda::deltaRecurrenceForward(values, reads, queries, scores, decays, writes, state0);
-#endif
-  const int64_t chunks = values.size(2);
-  torch::Tensor state = state0;
-  std::vector<torch::Tensor> outs, states;
-  for (int64_t n = 0; n < chunks; ++n) {
-    states.push_back(state);
-    torch::Tensor corrected = values.select(2, n) - torch::matmul(reads.select(2, n), state);
-    outs.push_back(torch::matmul(queries.select(2, n), state) + torch::matmul(scores.select(2, n), corrected));
-    state = state * decays.select(2, n).unsqueeze(-1) + torch::matmul(writes.select(2, n).transpose(-1, -2), corrected);
-  }
-  return {torch::stack(outs, 2), torch::stack(states, 2), state};
-}
-
-/// The gradients of chunkRecurrenceForward's inputs (V, R, Q, A, d, W, S_0)
-/// from those of O and S_N, chunk after chunk backwards, with U_n recomputed
-/// from the saved S_n:
-///   dU = A^T dO + W dS',  dA = dO U^T,  dQ = dO S^T,  dW = U dS'^T,
-///   dR = -dU S^T,  dd = rowsum(S * dS'),  dS = Q^T dO + diag(d) dS' - R^T dU.
-std::vector<torch::Tensor> chunkRecurrenceBackward(const std::vector<torch::Tensor> &x, const torch::Tensor &states,
-                                                   const torch::Tensor &gradOut, const torch::Tensor &gradFinal) {
-  const torch::Tensor &values = x[0], &reads = x[1], &queries = x[2], &scores = x[3], &decays = x[4],
-                      &writes = x[5];
-#ifdef ADAPT_WITH_CUDA_KERNELS
-  if (cuda::deltaRecurrenceFits(values, reads))
-    return cuda::deltaRecurrenceBackward(values, reads, queries, scores, decays, writes, states, gradOut, gradFinal);
-#endif
-  const int64_t chunks = values.size(2);
-  const bool perChannel = decays.size(-1) > 1;
-  torch::Tensor g = gradFinal;
-  std::vector<torch::Tensor> dV(chunks), dR(chunks), dQ(chunks), dA(chunks), dd(chunks), dW(chunks);
-  for (int64_t n = chunks - 1; n >= 0; --n) {
-    const torch::Tensor S = states.select(2, n), St = S.transpose(-1, -2), gO = gradOut.select(2, n);
-    const torch::Tensor R = reads.select(2, n), W = writes.select(2, n);
-    const torch::Tensor U = values.select(2, n) - torch::matmul(R, S);
-    const torch::Tensor gU = torch::matmul(scores.select(2, n).transpose(-1, -2), gO) + torch::matmul(W, g);
-    dV[n] = gU;
-    dA[n] = torch::matmul(gO, U.transpose(-1, -2));
-    dQ[n] = torch::matmul(gO, St);
-    dW[n] = torch::matmul(U, g.transpose(-1, -2));
-    dR[n] = -torch::matmul(gU, St);
-    const torch::Tensor rows = (S * g).sum(-1); // [b, h, dk]
-    dd[n] = perChannel ? rows : rows.sum(-1, /*keepdim=*/true);
-    g = torch::matmul(queries.select(2, n).transpose(-1, -2), gO) + g * decays.select(2, n).unsqueeze(-1) -
-        torch::matmul(R.transpose(-1, -2), gU);
-  }
-  return {torch::stack(dV, 2), torch::stack(dR, 2), torch::stack(dQ, 2), torch::stack(dA, 2),
-          torch::stack(dd, 2),  torch::stack(dW, 2), g};
-}
-
-/// chunkRecurrenceForward with its backward: autograd keeps the entering
-/// state of each chunk instead of every per-chunk product.
-struct ChunkRecurrence : torch::autograd::Function<ChunkRecurrence> {
-  static torch::autograd::tensor_list forward(torch::autograd::AutogradContext *ctx, const torch::Tensor &values,
-                                              const torch::Tensor &reads, const torch::Tensor &queries,
-                                              const torch::Tensor &scores, const torch::Tensor &decays,
-                                              const torch::Tensor &writes, const torch::Tensor &state0) {
-    std::vector<torch::Tensor> r =
-        chunkRecurrenceForward({values, reads, queries, scores, decays, writes}, state0);
-    ctx->save_for_backward({values, reads, queries, scores, decays, writes, r[1]});
-    return {r[0], r[2]};
-  }
-  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext *ctx,
-                                               torch::autograd::tensor_list grads) {
-    const auto saved = ctx->get_saved_variables();
-    const torch::Tensor gradOut = grads[0].defined() ? grads[0].contiguous() : torch::zeros_like(saved[0]);
-    const torch::Tensor gradFinal = grads[1].defined() ? grads[1].contiguous() : torch::zeros_like(saved[6].select(2, 0));
-    return chunkRecurrenceBackward({saved.begin(), saved.begin() + 6}, saved[6], gradOut, gradFinal);
-  }
-};
-
 /// The chunked form from \p initialState (undefined: zeros); returns fp32.
 torch::Tensor chunkedForm(const Fp32Inputs &f, int64_t chunkSize, const torch::Tensor &initialState,
                           torch::Tensor *finalState) {
@@ -240,13 +152,21 @@ torch::Tensor chunkedForm(const Fp32Inputs &f, int64_t chunkSize, const torch::T
   torch::Tensor chunkDecay = last.exp().transpose(-1, -2);                   // [b, h, n, G, 1]
 
   torch::Tensor state = initialState.defined() ? initialState : torch::zeros({b, h, dk, dv}, f.v.options());
-  torch::autograd::tensor_list r =
-      ChunkRecurrence::apply(newValues.contiguous(), keysReadingState.contiguous(), queryDecayed.contiguous(),
-                             intra.contiguous(), chunkDecay.squeeze(-1).contiguous(), keyToEnd.contiguous(),
-                             state.contiguous());
+  std::vector<torch::Tensor> outs;
+  outs.reserve(chunks);
+  // unbind, not select: select's backward writes a zero tensor of the whole
+  // sequence per chunk (O(T^2 / C) work); unbind's stacks the chunks once.
+  const std::vector<torch::Tensor> values = newValues.unbind(2), reads = keysReadingState.unbind(2),
+                                   queries = queryDecayed.unbind(2), scores = intra.unbind(2),
+                                   decays = chunkDecay.unbind(2), writes = keyToEnd.unbind(2);
+  for (int64_t n = 0; n < chunks; ++n) {
+    torch::Tensor corrected = values[n] - torch::matmul(reads[n], state);
+    outs.push_back(torch::matmul(queries[n], state) + torch::matmul(scores[n], corrected));
+    state = state * decays[n] + torch::matmul(writes[n].transpose(-1, -2), corrected);
+  }
   if (finalState)
-    *finalState = r[1];
-  return r[0].view({b, h, chunks * c, dv}).narrow(2, 0, t);
+    *finalState = state;
+  return torch::stack(outs, 2).view({b, h, chunks * c, dv}).narrow(2, 0, t);
 }
 
 } // namespace
