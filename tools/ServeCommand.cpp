@@ -1,6 +1,6 @@
 //===- ServeCommand.cpp - `adapt serve` -----------------------------------===//
 //
-// Parses the flags and starts the MCP server (tools/mcp). The bearer token
+// Parses the flags and starts the MCP server (agent/mcp). The bearer token
 // may also come from ADAPT_MCP_TOKEN, so it need not appear in `ps`. Tool
 // paths are confined to --root (writable) and --read-root folders.
 //
@@ -8,7 +8,7 @@
 
 #include "tools/ServeCommand.h"
 #include "tools/CommandLine.h"
-#include "tools/mcp/McpServer.h"
+#include "agent/mcp/McpServer.h"
 
 #include <algorithm>
 #include <chrono>

@@ -15,12 +15,12 @@
 // McpServer.cpp itself (a unity build) and must not be linked with it.
 //
 // Build: clang++-19 -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined
-//        -I. tests/fuzz/FuzzJsonRpc.cpp tools/mcp/McpTasks.cpp
-//        tools/mcp/McpParamHeaders.cpp tools/mcp/McpFixtures*.cpp
+//        -I. tests/fuzz/FuzzJsonRpc.cpp agent/mcp/McpTasks.cpp
+//        agent/mcp/McpParamHeaders.cpp agent/mcp/McpFixtures*.cpp
 //        -lcpp-httplib -pthread
 //
 //===----------------------------------------------------------------------===//
-#include "tools/mcp/McpServer.cpp"
+#include "agent/mcp/McpServer.cpp"
 
 #include <cstdio>
 #include <cstdlib>

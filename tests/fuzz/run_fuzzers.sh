@@ -29,9 +29,9 @@ LIBS="-lonnx_proto -lprotobuf" build fuzz-onnx "$src/tests/fuzz/FuzzOnnx.cpp" \
   "$src/parser/OnnxModel.cpp" "$src/parser/OnnxComponents.cpp" "$src/parser/Safetensors.cpp" "$src/parser/Manifest.cpp" \
   -DONNX_NAMESPACE=onnx -DONNX_ML=1
 # FuzzJsonRpc.cpp includes McpServer.cpp itself (its class is file-local).
-mcp=$src/tools/mcp
+mcp=$src/agent/mcp
 LIBS="-lcpp-httplib -pthread" DEPS="$mcp/McpServer.cpp $(echo "$mcp"/*.h)" build fuzz-jsonrpc \
-  "$src/tests/fuzz/FuzzJsonRpc.cpp" "$mcp/McpTasks.cpp" "$mcp/McpParamHeaders.cpp" "$mcp/ConnectionGuard.cpp" \
+  "$src/tests/fuzz/FuzzJsonRpc.cpp" "$mcp/McpProtocol.cpp" "$mcp/McpTasks.cpp" "$mcp/McpParamHeaders.cpp" "$mcp/ConnectionGuard.cpp" \
   "$mcp/McpFixtures.cpp" "$mcp/McpFixturesMultiRound.cpp" "$mcp/McpFixturesTasks.cpp"
 [ -n "$build_only" ] && exit 0
 for target in $targets; do

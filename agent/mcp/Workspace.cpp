@@ -1,6 +1,6 @@
 //===- Workspace.cpp - the folders `adapt serve` tools may touch ----------===//
 
-#include "tools/mcp/Workspace.h"
+#include "agent/mcp/Workspace.h"
 
 #include <filesystem>
 #include <system_error>

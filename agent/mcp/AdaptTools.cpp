@@ -8,7 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "tools/mcp/McpRegistry.h"
+#include "agent/mcp/McpRegistry.h"
 
 #include <cerrno>
 #include <chrono>

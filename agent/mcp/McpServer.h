@@ -6,11 +6,11 @@
 // request, Mcp-Method / Mcp-Name headers), answering with JSON or SSE.
 //
 //===----------------------------------------------------------------------===//
-#ifndef ADAPT_TOOLS_MCP_MCPSERVER_H
-#define ADAPT_TOOLS_MCP_MCPSERVER_H
+#ifndef ADAPT_AGENT_MCP_MCPSERVER_H
+#define ADAPT_AGENT_MCP_MCPSERVER_H
 
-#include "tools/mcp/ConnectionGuard.h"
-#include "tools/mcp/McpRegistry.h"
+#include "agent/mcp/ConnectionGuard.h"
+#include "agent/mcp/McpRegistry.h"
 
 #include <cstddef>
 #include <string>
@@ -36,4 +36,4 @@ int serve(const ServeOptions &options, const Registry &registry);
 
 } // namespace adapt::mcp
 
-#endif // ADAPT_TOOLS_MCP_MCPSERVER_H
+#endif // ADAPT_AGENT_MCP_MCPSERVER_H

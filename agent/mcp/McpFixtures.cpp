@@ -6,8 +6,8 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "tools/mcp/McpFixtureSupport.h"
-#include "tools/mcp/McpRegistry.h"
+#include "agent/mcp/McpFixtureSupport.h"
+#include "agent/mcp/McpRegistry.h"
 
 #include <chrono>
 #include <thread>

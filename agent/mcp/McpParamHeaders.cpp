@@ -1,6 +1,6 @@
 //===- McpParamHeaders.cpp - Mcp-Param-* request headers ------------------===//
 
-#include "tools/mcp/McpParamHeaders.h"
+#include "agent/mcp/McpParamHeaders.h"
 
 namespace adapt::mcp {
 namespace {

@@ -8,7 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "tools/mcp/McpTasks.h"
+#include "agent/mcp/McpTasks.h"
 
 #include <chrono>
 #include <cstdio>

@@ -6,10 +6,10 @@
 // input_required) and stopped through tasks/cancel. Protocol-only.
 //
 //===----------------------------------------------------------------------===//
-#ifndef ADAPT_TOOLS_MCP_MCPTASKS_H
-#define ADAPT_TOOLS_MCP_MCPTASKS_H
+#ifndef ADAPT_AGENT_MCP_MCPTASKS_H
+#define ADAPT_AGENT_MCP_MCPTASKS_H
 
-#include "tools/mcp/McpRegistry.h"
+#include "agent/mcp/McpRegistry.h"
 
 #include <atomic>
 #include <condition_variable>
@@ -88,4 +88,4 @@ private:
 
 } // namespace adapt::mcp
 
-#endif // ADAPT_TOOLS_MCP_MCPTASKS_H
+#endif // ADAPT_AGENT_MCP_MCPTASKS_H

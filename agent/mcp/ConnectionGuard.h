@@ -14,8 +14,8 @@
 // Time spent in a handler (a tool run, an SSE stream) never counts.
 //
 //===----------------------------------------------------------------------===//
-#ifndef ADAPT_TOOLS_MCP_CONNECTIONGUARD_H
-#define ADAPT_TOOLS_MCP_CONNECTIONGUARD_H
+#ifndef ADAPT_AGENT_MCP_CONNECTIONGUARD_H
+#define ADAPT_AGENT_MCP_CONNECTIONGUARD_H
 
 #include <httplib.h>
 
@@ -78,4 +78,4 @@ private:
 
 } // namespace adapt::mcp
 
-#endif // ADAPT_TOOLS_MCP_CONNECTIONGUARD_H
+#endif // ADAPT_AGENT_MCP_CONNECTIONGUARD_H

@@ -7,8 +7,8 @@
 // (models, registries, fixtures) may also come from read-only roots.
 //
 //===----------------------------------------------------------------------===//
-#ifndef ADAPT_TOOLS_MCP_WORKSPACE_H
-#define ADAPT_TOOLS_MCP_WORKSPACE_H
+#ifndef ADAPT_AGENT_MCP_WORKSPACE_H
+#define ADAPT_AGENT_MCP_WORKSPACE_H
 
 #include <optional>
 #include <string>
@@ -44,4 +44,4 @@ private:
 
 } // namespace adapt::mcp
 
-#endif // ADAPT_TOOLS_MCP_WORKSPACE_H
+#endif // ADAPT_AGENT_MCP_WORKSPACE_H

@@ -5,8 +5,8 @@
 // intermediaries can route on it. The server checks the two agree.
 //
 //===----------------------------------------------------------------------===//
-#ifndef ADAPT_TOOLS_MCP_MCPPARAMHEADERS_H
-#define ADAPT_TOOLS_MCP_MCPPARAMHEADERS_H
+#ifndef ADAPT_AGENT_MCP_MCPPARAMHEADERS_H
+#define ADAPT_AGENT_MCP_MCPPARAMHEADERS_H
 
 #include <nlohmann/json.hpp>
 
@@ -32,4 +32,4 @@ std::string checkParamHeaders(
 
 } // namespace adapt::mcp
 
-#endif // ADAPT_TOOLS_MCP_MCPPARAMHEADERS_H
+#endif // ADAPT_AGENT_MCP_MCPPARAMHEADERS_H

@@ -6,10 +6,10 @@
 // three write.
 //
 //===----------------------------------------------------------------------===//
-#ifndef ADAPT_TOOLS_MCP_MCPFIXTURESUPPORT_H
-#define ADAPT_TOOLS_MCP_MCPFIXTURESUPPORT_H
+#ifndef ADAPT_AGENT_MCP_MCPFIXTURESUPPORT_H
+#define ADAPT_AGENT_MCP_MCPFIXTURESUPPORT_H
 
-#include "tools/mcp/McpRegistry.h"
+#include "agent/mcp/McpRegistry.h"
 
 #include <functional>
 #include <string>
@@ -39,4 +39,4 @@ inline ToolDef simpleTool(const std::string &name, const std::string &descriptio
 
 } // namespace adapt::mcp
 
-#endif // ADAPT_TOOLS_MCP_MCPFIXTURESUPPORT_H
+#endif // ADAPT_AGENT_MCP_MCPFIXTURESUPPORT_H

@@ -4,10 +4,10 @@
 // handlers. Protocol-only: no MLIR or LibTorch headers, so it compiles fast.
 //
 //===----------------------------------------------------------------------===//
-#ifndef ADAPT_TOOLS_MCP_MCPREGISTRY_H
-#define ADAPT_TOOLS_MCP_MCPREGISTRY_H
+#ifndef ADAPT_AGENT_MCP_MCPREGISTRY_H
+#define ADAPT_AGENT_MCP_MCPREGISTRY_H
 
-#include "tools/mcp/Workspace.h"
+#include "agent/mcp/Workspace.h"
 
 #include <nlohmann/json.hpp>
 
@@ -165,4 +165,4 @@ json inputResponse(const json &params, const std::string &key);
 
 } // namespace adapt::mcp
 
-#endif // ADAPT_TOOLS_MCP_MCPREGISTRY_H
+#endif // ADAPT_AGENT_MCP_MCPREGISTRY_H

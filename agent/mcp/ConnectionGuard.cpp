@@ -8,7 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "tools/mcp/ConnectionGuard.h"
+#include "agent/mcp/ConnectionGuard.h"
 
 #include <algorithm>
 #include <cstdlib>
