@@ -79,11 +79,16 @@ Fp32Inputs prepare(const DeltaRuleInputs &in, const char *op) {
               op, ": expected decay [B, H, T] or [B, H, T, dk], got ", in.decay.sizes());
   Fp32Inputs f;
   const double scale = 1.0 / std::sqrt(static_cast<double>(dk));
-  f.q = in.query.to(torch::kFloat32) * scale;
-  f.k = in.key.to(torch::kFloat32);
-  f.v = in.value.to(torch::kFloat32);
-  f.beta = in.beta.to(torch::kFloat32);
-  f.g = perChannel ? in.decay.to(torch::kFloat32) : in.decay.to(torch::kFloat32).unsqueeze(-1);
+  // fp32 and contiguous in one pass each (the layers hand over [B, T, H, d]
+  // tensors transposed to heads first), so chunking them is a view.
+  auto fp32 = [](const torch::Tensor &x) {
+    return x.to(torch::kFloat32, /*non_blocking=*/false, /*copy=*/false, at::MemoryFormat::Contiguous);
+  };
+  f.q = fp32(in.query) * scale;
+  f.k = fp32(in.key);
+  f.v = fp32(in.value);
+  f.beta = fp32(in.beta);
+  f.g = perChannel ? fp32(in.decay) : fp32(in.decay).unsqueeze(-1);
   return f;
 }
 
@@ -119,7 +124,7 @@ torch::Tensor chunkedForm(const Fp32Inputs &f, int64_t chunkSize, const torch::T
   const bool perChannel = f.g.size(-1) > 1;
   // Padding tokens have k = 0, beta = 0 and decay 0: they change nothing.
   auto chunked = [&](const torch::Tensor &x) {
-    return torch::constant_pad_nd(x, {0, 0, 0, pad}).view({b, h, chunks, c, x.size(-1)});
+    return (pad ? torch::constant_pad_nd(x, {0, 0, 0, pad}) : x).reshape({b, h, chunks, c, x.size(-1)});
   };
   torch::Tensor q = chunked(f.q), k = chunked(f.k), v = chunked(f.v), g = chunked(f.g);
   torch::Tensor beta = chunked(f.beta.unsqueeze(-1));
