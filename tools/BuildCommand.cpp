@@ -478,13 +478,7 @@ int buildTrainer(const BuildOptions &o) {
   // Compile against the runtime's build.
   std::string runtimeDir = o.runtimeDir;
   if (runtimeDir.empty()) {
-    std::string exe = llvm::sys::fs::getMainExecutable(
-        "adapt", reinterpret_cast<void *>(&runBuildCommand));
-    llvm::SmallString<256> dir(exe);
-    llvm::sys::path::remove_filename(dir);
-    llvm::sys::path::append(dir, "..", "runtime");
-    llvm::sys::path::remove_dots(dir, /*remove_dot_dot=*/true);
-    runtimeDir = std::string(dir);
+    runtimeDir = besideAdapt({"..", "runtime"});
   }
   if (!llvm::sys::fs::exists(runtimeDir + "/AdaptRuntimeConfig.cmake")) {
     std::cerr << "adapt: error: " << runtimeDir

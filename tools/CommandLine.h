@@ -8,10 +8,33 @@
 #ifndef ADAPT_TOOLS_COMMANDLINE_H
 #define ADAPT_TOOLS_COMMANDLINE_H
 
+#include <llvm/ADT/SmallString.h>
+#include <llvm/Support/FileSystem.h>
+#include <llvm/Support/Path.h>
+
 #include <initializer_list>
 #include <string>
 
 namespace adapt {
+
+/// The path of the running adapt binary: the programs built beside it (the
+/// runtime's build, the candidate checker, the venv) are found from there,
+/// and the MCP tools run it as a child.
+inline std::string adaptExecutable() {
+  static const int anchor = 0;
+  return llvm::sys::fs::getMainExecutable("adapt", const_cast<int *>(&anchor));
+}
+
+/// adaptExecutable()'s folder joined with \p parts, ".." resolved
+/// (build/bin/adapt with {"..", "runtime"}: build/runtime).
+inline std::string besideAdapt(std::initializer_list<const char *> parts) {
+  llvm::SmallString<256> path(adaptExecutable());
+  llvm::sys::path::remove_filename(path);
+  for (const char *part : parts)
+    llvm::sys::path::append(path, part);
+  llvm::sys::path::remove_dots(path, /*remove_dot_dot=*/true);
+  return std::string(path);
+}
 
 /// Stores the argument after the flag at argv[\p i] in \p into and moves \p i
 /// onto it. False, with nothing taken, when the flag is the last argument.

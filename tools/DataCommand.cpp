@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "tools/DataCommand.h"
+#include "tools/CommandLine.h"
 
 #include "parser/InputError.h"
 
@@ -37,13 +38,9 @@ const char *kDataScript =
 std::string pythonPath() {
   if (const char *env = std::getenv("ADAPT_PYTHON"); env && *env)
     return env;
-  llvm::SmallString<256> venv(llvm::sys::fs::getMainExecutable("adapt", reinterpret_cast<void *>(&runDataCommand)));
-  llvm::sys::path::remove_filename(venv);
-  llvm::sys::path::append(venv, "..", "..", ".venv");
-  llvm::sys::path::append(venv, "bin", "python");
-  llvm::sys::path::remove_dots(venv, /*remove_dot_dot=*/true);
+  const std::string venv = besideAdapt({"..", "..", ".venv", "bin", "python"});
   if (llvm::sys::fs::can_execute(venv))
-    return std::string(venv);
+    return venv;
   llvm::ErrorOr<std::string> found = llvm::sys::findProgramByName("python3");
   return found ? *found : "";
 }

@@ -71,11 +71,6 @@ int usageError(const std::string &message) {
   return kExitBadInput;
 }
 
-/// This executable's path (to find the candidate checker beside it).
-std::string selfPath(const char *argv0) {
-  return llvm::sys::fs::getMainExecutable(argv0, reinterpret_cast<void *>(&runGenerateCommand));
-}
-
 /// The first IR line of the op whose variant is \p id, or "".
 std::string irLineFor(const std::string &ir, const std::string &id) {
   std::string needle = "variant = \"" + id + "\"";
@@ -187,7 +182,6 @@ int runGenerateCommand(int argc, char **argv) {
               << "\n";
     return kExitBadInput;
   }
-  std::string self = selfPath(argv[0]);
   std::string error;
 
   // The registry, as JSON.
@@ -249,10 +243,7 @@ int runGenerateCommand(int argc, char **argv) {
 
   agent::CandidateTools tools;
   {
-    llvm::SmallString<256> checker(self);
-    llvm::sys::path::remove_filename(checker);
-    llvm::sys::path::append(checker, "..", "runtime", "adapt-candidate-check");
-    llvm::sys::path::remove_dots(checker, true);
+    const std::string checker = besideAdapt({"..", "runtime", "adapt-candidate-check"});
     if (const char *env = std::getenv("ADAPT_CANDIDATE_CHECK"))
       tools.checker = env;
     else if (llvm::sys::fs::exists(checker))

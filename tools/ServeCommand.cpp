@@ -29,15 +29,6 @@ const char *const kServeUsage =
 
 namespace {
 
-/// The path of the running adapt binary (the tools run it as a child).
-std::string selfPath(const char *argv0) {
-  char buffer[PATH_MAX];
-  ssize_t size = readlink("/proc/self/exe", buffer, sizeof buffer - 1);
-  if (size > 0)
-    return std::string(buffer, size);
-  return argv0;
-}
-
 bool parseNumber(const std::string &text, long long low, long long high,
                  long long &into) {
   if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos ||
@@ -120,7 +111,7 @@ int runServeCommand(int argc, char **argv) {
   // Every connection gets a worker, so the cap must leave workers free.
   options.threads = std::max(options.threads, options.limits.maxConnections + 8);
   mcp::Registry registry;
-  mcp::addAdaptTools(registry, selfPath(argv[0]), *workspace);
+  mcp::addAdaptTools(registry, adaptExecutable(), *workspace);
   if (testMode)
     mcp::addConformanceFixtures(registry);
   return mcp::serve(options, registry);

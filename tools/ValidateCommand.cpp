@@ -184,11 +184,7 @@ int runValidateCommand(int argc, char **argv) {
     return kExitBadInput;
   }
   if (o.runtimeDir.empty()) {
-    llvm::SmallString<256> dir(llvm::sys::fs::getMainExecutable(argv[0], reinterpret_cast<void *>(&runValidateCommand)));
-    llvm::sys::path::remove_filename(dir);
-    llvm::sys::path::append(dir, "..", "runtime");
-    llvm::sys::path::remove_dots(dir, /*remove_dot_dot=*/true);
-    o.runtimeDir = std::string(dir);
+    o.runtimeDir = besideAdapt({"..", "runtime"});
   }
   if (o.stage == "parallel") {
     ParallelStageOptions parallel{o.path, o.out, o.runtimeDir, {}, 6};
