@@ -11,13 +11,13 @@
 // one a client can rely on: an expected HTTP status, JSON bodies that are
 // JSON-RPC 2.0 messages, the reply's id echoing the request's.
 //
-// McpServer lives in an anonymous namespace, so this file includes
-// McpServer.cpp itself (a unity build) and must not be linked with it.
+// This file includes McpServer.cpp itself (a unity build: the McpServer
+// class is private to agent/mcp, McpServerImpl.h) and must not be linked
+// with it; McpTransport.cpp (handlePost, checkAccess) is linked.
 //
-// Build: clang++-19 -std=c++17 -g -O1 -fsanitize=fuzzer,address,undefined
-//        -I. tests/fuzz/FuzzJsonRpc.cpp agent/mcp/McpTasks.cpp
-//        agent/mcp/McpParamHeaders.cpp agent/mcp/McpFixtures*.cpp
-//        -lcpp-httplib -pthread
+// Build: tests/fuzz/run_fuzzers.sh (clang++-19 -fsanitize=fuzzer,address,
+//        undefined with McpTransport.cpp, McpProtocol.cpp, McpTasks.cpp,
+//        McpParamHeaders.cpp, ConnectionGuard.cpp and McpFixtures*.cpp)
 //
 //===----------------------------------------------------------------------===//
 #include "agent/mcp/McpServer.cpp"

@@ -31,7 +31,7 @@ LIBS="-lonnx_proto -lprotobuf" build fuzz-onnx "$src/tests/fuzz/FuzzOnnx.cpp" \
 # FuzzJsonRpc.cpp includes McpServer.cpp itself (its class is file-local).
 mcp=$src/agent/mcp
 LIBS="-lcpp-httplib -pthread" DEPS="$mcp/McpServer.cpp $(echo "$mcp"/*.h)" build fuzz-jsonrpc \
-  "$src/tests/fuzz/FuzzJsonRpc.cpp" "$mcp/McpProtocol.cpp" "$mcp/McpTasks.cpp" "$mcp/McpParamHeaders.cpp" "$mcp/ConnectionGuard.cpp" \
+  "$src/tests/fuzz/FuzzJsonRpc.cpp" "$mcp/McpTransport.cpp" "$mcp/McpProtocol.cpp" "$mcp/McpTasks.cpp" "$mcp/McpParamHeaders.cpp" "$mcp/ConnectionGuard.cpp" \
   "$mcp/McpFixtures.cpp" "$mcp/McpFixturesMultiRound.cpp" "$mcp/McpFixturesTasks.cpp"
 [ -n "$build_only" ] && exit 0
 for target in $targets; do
