@@ -425,10 +425,9 @@ bool emitTrainer(ModuleOp module, const TrainerOptions &options,
       os << (mtpLayers > 0 || i ? "," : "") << " the " << encoders[i] << " encoder";
     os << ".\n";
   }
-  if (auto quant = model->getAttrOfType<DictionaryAttr>("adapt.quant"))
-    if (auto method = quant.getAs<StringAttr>("method"))
-      os << "// The checkpoint is quantized (" << method.str()
-         << "); the runtime loader decides how to read it.\n";
+  if (auto quant = model->getAttrOfType<QuantAttr>("adapt.quant"))
+    os << "// The checkpoint is quantized (" << quant.getMethod().str()
+       << "); the runtime loader decides how to read it.\n";
   os << "\n#include \"runtime/ModelDef.h\"\n#include \"runtime/TrainMain.h\"\n\n"
      << "#include <cstdint>\n#include <string>\n\n"
      << "namespace rt = adapt::rt;\n\nnamespace {\n";

@@ -147,6 +147,53 @@ def Adapt_RopeAttr : AttrDef<Adapt_Dialect, "Rope"> {
 }
 
 //===----------------------------------------------------------------------===//
+// Checkpoint quantization
+//===----------------------------------------------------------------------===//
+
+/// A list parameter, omitted when empty and written in brackets, so that a
+/// struct's commas and the list's do not mix: `block = [128, 128]`.
+class Adapt_ListParameter<string element, string desc>
+    : OptionalArrayRefParameter<element, desc> {
+  let parser = [{[&]() -> ::mlir::FailureOr<::llvm::SmallVector<}] # element # [{>> {
+    ::llvm::SmallVector<}] # element # [{> items;
+    if ($_parser.parseCommaSeparatedList(::mlir::AsmParser::Delimiter::Square, [&]() -> ::mlir::ParseResult {
+          auto item = ::mlir::FieldParser<}] # element # [{>::parse($_parser);
+          if (::mlir::failed(item))
+            return ::mlir::failure();
+          items.push_back(*item);
+          return ::mlir::success();
+        }))
+      return ::mlir::failure();
+    return items;
+  }()}];
+  let printer = [{$_printer << '['; ::llvm::interleaveComma($_self, $_printer); $_printer << ']'}];
+}
+
+def Adapt_QuantAttr : AttrDef<Adapt_Dialect, "Quant"> {
+  let mnemonic = "quant";
+  let summary = "The checkpoint's weight format (quantization_config)";
+  let description = [{
+    What the config's quantization_config (or hf_quant_config.json) says of
+    the stored weights, on adapt.model as `adapt.quant`. `method` stays a
+    string: an unseen method must still import and be named in the gap
+    report (weights.<method>), as unseen values always are. `format` is the
+    method's own word for the element type (e4m3, pack-quantized, ...),
+    `block` the [rows, cols] of block-scaled formats (DeepSeek FP8: 128x128),
+    `group_size` and `bits` those of group-quantized ones, `excluded` the
+    modules kept in the compute dtype (modules_to_not_convert / ignore).
+    Parameters equal to their defaults are not printed.
+  }];
+  let parameters = (ins
+    StringRefParameter<"the method: fp8, mxfp4, nvfp4, ...">:$method,
+    StringRefParameter<"the element format", "\"\"">:$format,
+    Adapt_ListParameter<"int64_t", "[rows, cols] of a scale block">:$block,
+    DefaultValuedParameter<"int64_t", "0", "elements per scale group">:$group_size,
+    DefaultValuedParameter<"int64_t", "0", "bits per element">:$bits,
+    Adapt_ListParameter<"::mlir::StringAttr", "modules left unquantized">:$excluded);
+  let assemblyFormat = "`<` struct(params) `>`";
+}
+
+//===----------------------------------------------------------------------===//
 // Mixture of experts
 //===----------------------------------------------------------------------===//
 

@@ -50,17 +50,14 @@ public:
     model->setAttr("adapt.dtype", builder.getStringAttr(spec.dtype));
     if (!spec.quant.method.empty()) {
       const QuantSpec &q = spec.quant;
-      llvm::SmallVector<Attribute> excluded;
+      llvm::SmallVector<StringAttr> excluded;
       for (const std::string &e : q.excluded)
         excluded.push_back(builder.getStringAttr(e));
-      NamedAttrList quant;
-      quant.append("method", builder.getStringAttr(q.method));
-      quant.append("format", builder.getStringAttr(q.format));
-      quant.append("block", builder.getDenseI64ArrayAttr({q.blockRows, q.blockCols}));
-      quant.append("group_size", builder.getI64IntegerAttr(q.groupSize));
-      quant.append("bits", builder.getI64IntegerAttr(q.bits));
-      quant.append("excluded", builder.getArrayAttr(excluded));
-      model->setAttr("adapt.quant", builder.getDictionaryAttr(quant));
+      llvm::SmallVector<int64_t, 2> block;
+      if (q.blockRows || q.blockCols)
+        block = {q.blockRows, q.blockCols};
+      model->setAttr("adapt.quant", QuantAttr::get(&context, q.method, q.format, block, q.groupSize, q.bits,
+                                                   excluded));
     }
     Block *body = builder.createBlock(&model.getBody());
     body->addArgument(RankedTensorType::get({ShapedType::kDynamic},

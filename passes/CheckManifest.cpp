@@ -21,24 +21,19 @@ namespace {
 /// The checkpoint's quantization, as the importer recorded it.
 QuantSpec quantOf(ModelOp model) {
   QuantSpec q;
-  auto dict = model->getAttrOfType<DictionaryAttr>("adapt.quant");
-  if (!dict)
+  auto quant = model->getAttrOfType<QuantAttr>("adapt.quant");
+  if (!quant)
     return q;
-  if (auto s = dict.getAs<StringAttr>("method"))
-    q.method = s.str();
-  if (auto s = dict.getAs<StringAttr>("format"))
-    q.format = s.str();
-  if (auto block = dict.getAs<DenseI64ArrayAttr>("block"); block && block.size() == 2) {
-    q.blockRows = block[0];
-    q.blockCols = block[1];
+  q.method = quant.getMethod().str();
+  q.format = quant.getFormat().str();
+  if (quant.getBlock().size() == 2) {
+    q.blockRows = quant.getBlock()[0];
+    q.blockCols = quant.getBlock()[1];
   }
-  if (auto i = dict.getAs<IntegerAttr>("group_size"))
-    q.groupSize = i.getInt();
-  if (auto i = dict.getAs<IntegerAttr>("bits"))
-    q.bits = i.getInt();
-  if (auto list = dict.getAs<ArrayAttr>("excluded"))
-    for (Attribute a : list)
-      q.excluded.push_back(llvm::cast<StringAttr>(a).str());
+  q.groupSize = quant.getGroupSize();
+  q.bits = quant.getBits();
+  for (StringAttr module : quant.getExcluded())
+    q.excluded.push_back(module.str());
   return q;
 }
 

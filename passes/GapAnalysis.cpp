@@ -273,16 +273,12 @@ struct GapAnalysisPass : impl::GapAnalysisPassBase<GapAnalysisPass> {
   /// entries: FP8 blocks, MXFP4; plain tensors need no entry). Any other
   /// format is missing, however well the rest of the model is covered.
   static std::optional<ComponentGap> weightFormat(ModelOp model, const OpRegistry &registry) {
-    auto quant = model->getAttrOfType<DictionaryAttr>("adapt.quant");
+    auto quant = model->getAttrOfType<QuantAttr>("adapt.quant");
     if (!quant)
       return std::nullopt;
-    auto text = [&](const char *key) {
-      auto value = quant.getAs<StringAttr>(key);
-      return value ? value.str() : std::string();
-    };
-    Features features = {{"quantization", text("method")}};
-    if (!text("format").empty())
-      features["format"] = text("format");
+    Features features = {{"quantization", quant.getMethod().str()}};
+    if (!quant.getFormat().empty())
+      features["format"] = quant.getFormat().str();
     ComponentGap gap;
     gap.op = "adapt.weights";
     gap.id = "weights." + features["quantization"];
