@@ -14,7 +14,9 @@
 #      NAME (q30: Qwen3-30B-A3B's widths; qn: Qwen3-Next-80B-A3B's, whose
 #      weights bench/fill_random_weights.py makes from .h200/qn-L<N>-model),
 #      PEER_TARGETS (the peer's LoRA modules; default q/k/v/o, plus
-#      in_proj_qkvz and out_proj for qn)
+#      in_proj_qkvz and out_proj for qn), PEER_ARGS (more flags for
+#      bench/peer_hf_peft.py, e.g. --bypass-fla-triton-guard when fla's wheels
+#      are on PYTHONPATH)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: h200_speed.sh OUTDIR}; mkdir -p "$OUT"
@@ -50,7 +52,7 @@ for n in ${DEPTHS:-1 12}; do
   grep -h "CUDA graph" $W/run-L$n.log
   if [ "${PEER:-1}" = 1 ] && [[ " ${PEER_DEPTHS:-$n} " == *" $n "* ]]; then
     python3 bench/peer_hf_peft.py $M/model-L$n --batch $BATCH --seq-len $SEQ --steps 6 --rank 16 --alpha 32 \
-      --experts --targets "$PEER_TARGETS" 2>$W/peer-L$n.err | grep '^{' | tail -1 > $W/peer-L$n.json || echo '{}' > $W/peer-L$n.json
+      --experts --targets "$PEER_TARGETS" ${PEER_ARGS:-} 2>$W/peer-L$n.err | grep '^{' | tail -1 > $W/peer-L$n.json || echo '{}' > $W/peer-L$n.json
     grep -q tokens_per_s $W/peer-L$n.json || { echo "L$n: the peer failed"; grep -v Warning $W/peer-L$n.err | tail -3; }
   else
     echo '{}' > $W/peer-L$n.json
@@ -75,7 +77,8 @@ for n in depths:
     peak = max(max(r.get("peak_device_gib", [0])) for r in m)
     rows[n] = {"adapt_tokens_per_s": steady[len(steady) // 2], "adapt_peak_gib": peak,
                "adapt_mfu": m[-1].get("mfu"), "peer_tokens_per_s": peer.get("tokens_per_s"),
-               "peer_peak_gib": peer.get("peak_mem_gib"), "loss_last": m[-1]["loss"]}
+               "peer_peak_gib": peer.get("peak_mem_gib"), "peer_linear_attention": peer.get("linear_attention"),
+               "peer_fla_guard_bypassed": peer.get("fla_guard_bypassed"), "loss_last": m[-1]["loss"]}
     try:  # EAGER=1: the same steps without the CUDA graph
         e = [json.loads(l) for l in open(f"{w}/eager-L{n}/metrics.jsonl")]
         es = sorted(r["tokens_per_s"] for r in e[2:]) or [e[-1]["tokens_per_s"]]

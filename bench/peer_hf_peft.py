@@ -6,6 +6,15 @@ synchronised wall clock).
 
 usage: peer_hf_peft.py MODEL_DIR --batch B --seq-len T --steps N
        [--rank R --alpha A --targets q_proj,k_proj,v_proj,o_proj --experts]
+       [--bypass-fla-triton-guard]
+
+Linear attention (Qwen3-Next, Kimi-Linear) uses flash-linear-attention's
+Triton kernels when `fla` imports (transformers' own choice), else
+transformers' torch fallback; the JSON line says which ("linear_attention").
+fla 0.6 refuses its gated backward on Hopper with Triton 3.4-3.7.0 (its issue
+#640, wrong gradients from one miscompiled kernel); --bypass-fla-triton-guard
+switches the guard off so the step's *time* can be measured, and the line
+says so ("fla_guard_bypassed").
 """
 import argparse
 import json
@@ -26,7 +35,15 @@ def main():
     ap.add_argument("--targets", default="q_proj,k_proj,v_proj,o_proj")
     ap.add_argument("--experts", action="store_true", help="also LoRA on routed experts")
     ap.add_argument("--attn", default="sdpa")
+    ap.add_argument("--bypass-fla-triton-guard", action="store_true")
     args = ap.parse_args()
+    try:
+        import fla.ops.common.chunk_o as chunk_o
+        linear_attention = "fla"
+        if args.bypass_fla_triton_guard:
+            chunk_o.TRITON_ABOVE_3_7_1 = True
+    except ImportError:
+        linear_attention = "torch"
     import peft
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16,
@@ -55,7 +72,8 @@ def main():
     median = times[len(times) // 2]
     print(json.dumps({"peer": "transformers+peft", "tokens_per_s": args.batch * args.seq_len / median,
                       "median_step_s": median, "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30,
-                      "loss": float(loss)}))
+                      "loss": float(loss), "linear_attention": linear_attention,
+                      "fla_guard_bypassed": linear_attention == "fla" and args.bypass_fla_triton_guard}))
 
 
 if __name__ == "__main__":

@@ -3,56 +3,35 @@
 #include "runtime/LinearLayers.h"
 
 #include "runtime/LinearAttention.h"
+#include "runtime/Recompute.h"
 
+#include <algorithm>
 #include <array>
 
 namespace adapt::rt {
 
 namespace {
 
-/// Tags of the convolution halo exchange: apart from the states' (layer index).
+/// Tags of the convolution tail's exchange: apart from the states' (layer index).
 constexpr int kHaloTags = 1 << 20;
 
-/// The delta rule over this rank's part of the sequence: from the state the
-/// previous part leaves (zeros alone or on the first part), passing this
-/// part's leaving state on. \p token (undefined unless a state was passed
-/// on) must be added to the layer's output: it brings the next part's
-/// gradient for that state back in the backward pass.
-torch::Tensor deltaRuleOverPart(const DeltaRuleInputs &in, const LinearAttentionDef &def, const ContextSplit &cp,
-                                int64_t layerIndex, torch::Tensor &token) {
-  if (!cp.split())
-    return gatedDeltaRuleSegmented(in, def.chunkSize, def.segmentTokens);
-  const int tag = static_cast<int>(layerIndex);
-  const std::vector<int64_t> shape = {in.key.size(0), in.key.size(1), in.key.size(3), in.value.size(3)};
-  torch::Tensor entering =
-      stateFromPrevious(in.key, shape, in.key.options().dtype(torch::kFloat32), cp, tag);
-  torch::Tensor leaving;
-  torch::Tensor out = gatedDeltaRuleSegmented(in, def.chunkSize, def.segmentTokens, entering, &leaving);
-  token = passStateOn(leaving, cp, tag);
-  return out;
-}
-
-/// The convolution's K-1 inputs just before this part (undefined when
-/// alone), while this part's last K-1 go on to the next; \p token as for
-/// deltaRuleOverPart.
-torch::Tensor convolutionHalo(const torch::Tensor &mixed, const torch::Tensor &conv, const ContextSplit &cp,
-                              int64_t layerIndex, torch::Tensor &token) {
-  if (!cp.split())
-    return torch::Tensor();
-  const int64_t rows = conv.size(-1) - 1;
-  const int tag = static_cast<int>(layerIndex) + kHaloTags;
-  torch::Tensor halo = stateFromPrevious(mixed, {mixed.size(0), rows, mixed.size(2)}, mixed.options(), cp, tag);
-  token = passStateOn(mixed.narrow(1, mixed.size(1) - rows, rows), cp, tag);
-  return halo;
-}
-
 /// The short causal convolution over \p mixed (query, key and value channels
-/// side by side), the context-parallel halo included (\p haloToken as for
-/// convolutionHalo), split back into [B, T, heads, dim] per part.
-std::array<torch::Tensor, 3> convolvedQkv(const torch::Tensor &mixed, const torch::Tensor &conv, const ContextSplit &cp,
-                                          int64_t layerIndex, torch::Tensor &haloToken, int64_t keyHeads,
+/// side by side) after \p entering's tail, split back into [B, T, heads, dim]
+/// per part; \p leaving (when given) gets the stretch's last K-1 inputs.
+std::array<torch::Tensor, 3> convolvedQkv(const torch::Tensor &mixed, const torch::Tensor &conv,
+                                          const CarriedState &entering, CarriedState *leaving, int64_t keyHeads,
                                           int64_t keyDim, int64_t valueHeads, int64_t valueDim) {
-  torch::Tensor convolved = causalConv1dSilu(mixed, conv, convolutionHalo(mixed, conv, cp, layerIndex, haloToken));
+  torch::Tensor convolved = causalConv1dSilu(mixed, conv, entering.convTail);
+  if (leaving) {
+    const int64_t rows = conv.size(-1) - 1;
+    // A stretch shorter than the tail keeps part of the entering one.
+    torch::Tensor seen = mixed.size(1) >= rows || !entering.convTail.defined()
+                             ? mixed
+                             : torch::cat({entering.convTail.to(mixed.scalar_type()), mixed}, 1);
+    // A copy, not a view: it outlives the stretch (and its recomputation).
+    leaving->convTail =
+        seen.narrow(1, std::max<int64_t>(0, seen.size(1) - rows), std::min(rows, seen.size(1))).clone();
+  }
   const int64_t batch = mixed.size(0), seqLen = mixed.size(1);
   auto qkv = torch::split_with_sizes(convolved, {keyHeads * keyDim, keyHeads * keyDim, valueHeads * valueDim}, -1);
   return {qkv[0].reshape({batch, seqLen, keyHeads, keyDim}), qkv[1].reshape({batch, seqLen, keyHeads, keyDim}),
@@ -67,17 +46,90 @@ DeltaRuleInputs deltaInputs(const torch::Tensor &query, const torch::Tensor &key
           value.transpose(1, 2), decay.transpose(1, 2), beta.transpose(1, 2)};
 }
 
-/// Adds the exchange tokens (undefined ones skipped) to a layer's output.
-torch::Tensor withTokens(torch::Tensor out, const torch::Tensor &a, const torch::Tensor &b) {
-  for (const torch::Tensor *t : {&a, &b})
-    if (t->defined())
-      out = out + *t;
+/// The delta rule over one stretch, from \p entering's state, filling
+/// \p leaving's; [B, T, heads, dv] in \p dtype.
+torch::Tensor deltaRuleStretch(const DeltaRuleInputs &in, const LinearAttentionDef &def,
+                               const CarriedState &entering, CarriedState *leaving, torch::ScalarType dtype) {
+  return gatedDeltaRuleSegmented(in, def.chunkSize, def.segmentTokens, entering.state,
+                                 leaving ? &leaving->state : nullptr)
+      .transpose(1, 2)
+      .to(dtype);
+}
+
+/// A tensor that needs a gradient whenever anything in \p layer does (a
+/// trainable LoRA factor or weight, else the input \p x): the context-parallel
+/// exchange hangs its backward on it (stateFromPrevious), so rank c sends
+/// its state gradient back exactly when rank c-1 waits for one.
+template <typename Layer> torch::Tensor gradientAnchor(const Layer &layer, const torch::Tensor &x) {
+  for (const LoraLinear *linear : layer.linears())
+    if (linear->hasLora() && linear->loraA.requires_grad())
+      return linear->loraA;
+  for (const torch::Tensor *t : {&layer.conv, &layer.norm, &layer.aLog, &layer.dtBias})
+    if (t->defined() && t->requires_grad())
+      return *t;
+  return x;
+}
+
+/// Runs \p layer over this rank's part of the sequence: from the state the
+/// previous rank's part leaves (context parallelism; zeros alone or on the
+/// first part), in segments of def.segmentTokens (whole chunks) that are
+/// recomputed in the backward pass from their input and entering state, and
+/// passes the last segment's leaving state on to the next rank. \p
+/// stateShape is the delta rule's [B, heads, dk, dv].
+template <typename Layer>
+torch::Tensor forwardInSegments(const Layer &layer, const torch::Tensor &x, bool training,
+                                const std::vector<int64_t> &stateShape) {
+  const LinearAttentionDef &def = layer.def;
+  const ContextSplit &cp = layer.context;
+  const int64_t seqLen = x.size(1);
+  const int64_t segment =
+      def.segmentTokens > 0 ? std::max<int64_t>(1, def.segmentTokens / def.chunkSize) * def.chunkSize : seqLen;
+  if (!cp.split() && segment >= seqLen)
+    return layer.forwardStretch(x, training, {}, nullptr);
+
+  const int tag = static_cast<int>(layer.layerIndex);
+  const torch::Tensor anchor = gradientAnchor(layer, x);
+  CarriedState carried;
+  // The same order as the sends below: the convolution's tail, then the state.
+  carried.convTail = stateFromPrevious(anchor, {x.size(0), layer.conv.size(-1) - 1, layer.conv.size(0)},
+                                       x.options(), cp, tag + kHaloTags);
+  carried.state = stateFromPrevious(anchor, stateShape, x.options().dtype(torch::kFloat32), cp, tag);
+
+  std::vector<torch::Tensor> outs;
+  if (segment >= seqLen) { // Context parallelism alone: nothing to recompute.
+    CarriedState leaving;
+    outs.push_back(layer.forwardStretch(x, training, carried, &leaving));
+    carried = leaving;
+  } else {
+    RecomputedFunctions stretch = [&layer, training](const std::vector<torch::Tensor> &in) {
+      CarriedState leaving;
+      torch::Tensor out = layer.forwardStretch(in[0], training, {in[1], in[2]}, &leaving);
+      return std::vector<torch::Tensor>{out, leaving.convTail, leaving.state};
+    };
+    for (const torch::Tensor &part : x.split(segment, 1)) {
+      std::vector<torch::Tensor> r = recompute(stretch, {part, carried.convTail, carried.state});
+      outs.push_back(r[0]);
+      carried = {r[1], r[2]};
+    }
+  }
+  torch::Tensor out = outs.size() == 1 ? outs[0] : torch::cat(outs, 1);
+  // Each token brings the next rank's gradient for what was sent back in.
+  const torch::Tensor tailToken = passStateOn(carried.convTail, cp, tag + kHaloTags);
+  const torch::Tensor stateToken = passStateOn(carried.state, cp, tag);
+  for (const torch::Tensor *token : {&tailToken, &stateToken})
+    if (token->defined())
+      out = out + *token;
   return out;
 }
 
 } // namespace
 
 torch::Tensor GatedDeltaNetLayer::forward(const torch::Tensor &x, bool training) const {
+  return forwardInSegments(*this, x, training, {x.size(0), def.valueHeads, def.keyHeadDim, def.valueHeadDim});
+}
+
+torch::Tensor GatedDeltaNetLayer::forwardStretch(const torch::Tensor &x, bool training, const CarriedState &entering,
+                                                 CarriedState *leaving) const {
   const int64_t batch = x.size(0), seqLen = x.size(1);
   const int64_t keyHeads = def.keyHeads, valueHeads = def.valueHeads;
   const int64_t dk = def.keyHeadDim, dv = def.valueHeadDim;
@@ -96,8 +148,7 @@ torch::Tensor GatedDeltaNetLayer::forward(const torch::Tensor &x, bool training)
   torch::Tensor mixed = torch::cat({parts[0].reshape({batch, seqLen, keyDim}), parts[1].reshape({batch, seqLen, keyDim}),
                                     parts[2].reshape({batch, seqLen, valueDim})},
                                    -1);
-  torch::Tensor haloToken;
-  auto [query, key, value] = convolvedQkv(mixed, conv, context, layerIndex, haloToken, keyHeads, dk, valueHeads, dv);
+  auto [query, key, value] = convolvedQkv(mixed, conv, entering, leaving, keyHeads, dk, valueHeads, dv);
 
   torch::Tensor beta = torch::sigmoid(b);
   torch::Tensor decay = -aLog.to(torch::kFloat32).exp() * torch::softplus(a.to(torch::kFloat32) + dtBias);
@@ -105,21 +156,22 @@ torch::Tensor GatedDeltaNetLayer::forward(const torch::Tensor &x, bool training)
     query = query.repeat_interleave(perGroup, 2);
     key = key.repeat_interleave(perGroup, 2);
   }
-  torch::Tensor token;
-  torch::Tensor core = deltaRuleOverPart(deltaInputs(query, key, value, decay, beta), def, context, layerIndex, token)
-                           .transpose(1, 2)
-                           .to(x.scalar_type());
+  torch::Tensor core =
+      deltaRuleStretch(deltaInputs(query, key, value, decay, beta), def, entering, leaving, x.scalar_type());
   core = gatedRmsNorm(core, norm, z, normEps);
-  torch::Tensor out = outProj.forward(core.reshape({batch, seqLen, valueDim}), training);
-  return withTokens(out, token, haloToken);
+  return outProj.forward(core.reshape({batch, seqLen, valueDim}), training);
 }
 
 torch::Tensor KimiDeltaLayer::forward(const torch::Tensor &x, bool training) const {
+  return forwardInSegments(*this, x, training, {x.size(0), def.keyHeads, def.keyHeadDim, def.keyHeadDim});
+}
+
+torch::Tensor KimiDeltaLayer::forwardStretch(const torch::Tensor &x, bool training, const CarriedState &entering,
+                                             CarriedState *leaving) const {
   const int64_t batch = x.size(0), seqLen = x.size(1);
   const int64_t heads = def.keyHeads, d = def.keyHeadDim, width = heads * d;
   torch::Tensor mixed = torch::cat({q.forward(x, training), k.forward(x, training), v.forward(x, training)}, -1);
-  torch::Tensor haloToken;
-  auto [query, key, value] = convolvedQkv(mixed, conv, context, layerIndex, haloToken, heads, d, heads, d);
+  auto [query, key, value] = convolvedQkv(mixed, conv, entering, leaving, heads, d, heads, d);
 
   // Per-channel log decay, in fp32.
   torch::Tensor forget = fB.forward(fA.forward(x, training), training).to(torch::kFloat32) + dtBias.to(torch::kFloat32);
@@ -127,14 +179,11 @@ torch::Tensor KimiDeltaLayer::forward(const torch::Tensor &x, bool training) con
                         torch::softplus(forget.view({batch, seqLen, heads, d}));
   torch::Tensor beta = torch::sigmoid(b.forward(x, training));
 
-  torch::Tensor token;
-  torch::Tensor core = deltaRuleOverPart(deltaInputs(query, key, value, decay, beta), def, context, layerIndex, token)
-                           .transpose(1, 2)
-                           .to(x.scalar_type());
+  torch::Tensor core =
+      deltaRuleStretch(deltaInputs(query, key, value, decay, beta), def, entering, leaving, x.scalar_type());
   torch::Tensor gate = gB.forward(gA.forward(x, training), training).view({batch, seqLen, heads, d});
   core = sigmoidGatedRmsNorm(core, norm, gate, normEps);
-  torch::Tensor out = o.forward(core.reshape({batch, seqLen, width}), training);
-  return withTokens(out, token, haloToken);
+  return o.forward(core.reshape({batch, seqLen, width}), training);
 }
 
 } // namespace adapt::rt

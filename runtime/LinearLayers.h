@@ -12,6 +12,15 @@
 
 namespace adapt::rt {
 
+/// What one stretch of a sequence hands the next through a delta-rule mixer:
+/// everything the rest of the sequence needs from it. Stretches are this
+/// rank's part of the sequence (context parallelism) and, within it, the
+/// segments that forward() recomputes in the backward pass.
+struct CarriedState {
+  torch::Tensor convTail; ///< [B, K-1, channels]: the convolution's last inputs, in the activations' dtype.
+  torch::Tensor state;    ///< [B, heads, dk, dv] fp32: the delta rule's state.
+};
+
 /// Qwen3-Next's Gated DeltaNet (transformers' Qwen3NextGatedDeltaNet).
 ///
 /// in_proj_qkvz holds, per key head g, [q_g (dk), k_g (dk), v (r dv), z (r dv)]
@@ -34,8 +43,16 @@ struct GatedDeltaNetLayer {
   ContextSplit context;
   int64_t layerIndex = 0;
 
-  /// x [B, T, hidden] -> [B, T, hidden].
+  /// x [B, T, hidden] -> [B, T, hidden]. Sequences longer than
+  /// def.segmentTokens run in segments, each recomputed in the backward pass
+  /// from its input and the CarriedState entering it, so a layer keeps one
+  /// segment's activations, not the whole sequence's (what lets one layer
+  /// train at 512K tokens); the values are those of one pass.
   torch::Tensor forward(const torch::Tensor &x, bool training) const;
+  /// The mixer over one stretch of the sequence from \p entering (undefined
+  /// members: the sequence's start), filling \p leaving when given.
+  torch::Tensor forwardStretch(const torch::Tensor &x, bool training, const CarriedState &entering,
+                               CarriedState *leaving) const;
   /// The adaptable projections, for LoRA injection, export and merging.
   std::vector<LoraLinear *> linears() { return {&inProjQkvz, &inProjBa, &outProj}; }
   std::vector<const LoraLinear *> linears() const { return {&inProjQkvz, &inProjBa, &outProj}; }
@@ -63,8 +80,16 @@ struct KimiDeltaLayer {
   ContextSplit context;
   int64_t layerIndex = 0;
 
-  /// x [B, T, hidden] -> [B, T, hidden].
+  /// x [B, T, hidden] -> [B, T, hidden]. Sequences longer than
+  /// def.segmentTokens run in segments, each recomputed in the backward pass
+  /// from its input and the CarriedState entering it, so a layer keeps one
+  /// segment's activations, not the whole sequence's (what lets one layer
+  /// train at 512K tokens); the values are those of one pass.
   torch::Tensor forward(const torch::Tensor &x, bool training) const;
+  /// The mixer over one stretch of the sequence from \p entering (undefined
+  /// members: the sequence's start), filling \p leaving when given.
+  torch::Tensor forwardStretch(const torch::Tensor &x, bool training, const CarriedState &entering,
+                               CarriedState *leaving) const;
   std::vector<LoraLinear *> linears() { return {&q, &k, &v, &fA, &fB, &b, &gA, &gB, &o}; }
   std::vector<const LoraLinear *> linears() const { return {&q, &k, &v, &fA, &fB, &b, &gA, &gB, &o}; }
 };
