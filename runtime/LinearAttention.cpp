@@ -4,7 +4,11 @@
 #include "runtime/Ops.h"
 #include "runtime/Recompute.h"
 
+#include <ATen/Context.h>
+#include <torch/custom_class.h>
+
 #include <cmath>
+#include <functional>
 
 namespace adapt::rt {
 
@@ -145,11 +149,14 @@ torch::Tensor chunkedForm(const Fp32Inputs &f, int64_t chunkSize, const torch::T
   };
   // The UT transform: (I + strictly-lower(beta_t k_t.k_i decay)) W = X for
   // the values and the decayed keys that read the chunk's incoming state.
+  // Its inverse comes from one triangular solve against the identity (c
+  // columns, where solving for both right-hand sides took dv + dk), and the
+  // two products are GEMMs, which can use tensor cores (chunkedOnTensorCores).
   torch::Tensor system = decayedScores(kBeta, k);
-  torch::Tensor newValues = torch::linalg_solve_triangular(system, vBeta, /*upper=*/false, /*left=*/true,
-                                                           /*unitriangular=*/true);
-  torch::Tensor keysReadingState = torch::linalg_solve_triangular(system, kBeta * cum.exp(), /*upper=*/false,
-                                                                  /*left=*/true, /*unitriangular=*/true);
+  torch::Tensor inverse = torch::linalg_solve_triangular(system, torch::eye(c, system.options()), /*upper=*/false,
+                                                         /*left=*/true, /*unitriangular=*/true);
+  torch::Tensor newValues = torch::matmul(inverse, vBeta);
+  torch::Tensor keysReadingState = torch::matmul(inverse, kBeta * cum.exp());
   torch::Tensor intra = decayedScores(q, k);                                 // [b, h, n, t, i], i <= t
   torch::Tensor queryDecayed = q * cum.exp();                                // reads the incoming state
   torch::Tensor last = cum.narrow(3, c - 1, 1);                              // [b, h, n, 1, G]
@@ -185,12 +192,119 @@ torch::Tensor chunkedForm(const Fp32Inputs &f, int64_t chunkSize, const torch::T
   return out.view({b, h, chunks * c, dv}).narrow(2, 0, t);
 }
 
+/// Allows TF32 tensor-core GEMMs for fp32 operands while alive, then
+/// restores the previous setting.
+class Tf32Scope {
+public:
+  Tf32Scope() : previous(at::globalContext().allowTF32CuBLAS()) { at::globalContext().setAllowTF32CuBLAS(true); }
+  ~Tf32Scope() { at::globalContext().setAllowTF32CuBLAS(previous); }
+  Tf32Scope(const Tf32Scope &) = delete;
+  Tf32Scope &operator=(const Tf32Scope &) = delete;
+
+private:
+  bool previous;
+};
+
+using TensorsFunction = std::function<std::vector<torch::Tensor>(const std::vector<torch::Tensor> &)>;
+
+/// Keeps the wrapped function alive as long as the graph node needs it.
+struct TensorsFunctionHolder : torch::CustomClassHolder {
+  explicit TensorsFunctionHolder(TensorsFunction f) : fn(std::move(f)) {}
+  TensorsFunction fn;
+};
+
+/// fn(inputs) with TF32 GEMMs in its forward and in its backward: the
+/// function's own graph is recorded inside forward (from detached leaves)
+/// and differentiated inside backward, both under Tf32Scope. The global
+/// setting cannot simply stay on: other fp32 GEMMs of a step (the routers,
+/// computed in fp32 as the reference computes them) must stay IEEE fp32.
+struct Tf32Function : torch::autograd::Function<Tf32Function> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext *ctx, at::TensorList inputs,
+                                                c10::intrusive_ptr<TensorsFunctionHolder> holder) {
+    Tf32Scope tf32;
+    std::vector<torch::Tensor> leaves;
+    for (const torch::Tensor &x : inputs)
+      leaves.push_back(x.detach().requires_grad_(x.requires_grad()));
+    std::vector<torch::Tensor> outs;
+    {
+      torch::AutoGradMode enable(true);
+      outs = holder->fn(leaves);
+    }
+    ctx->saved_data["leaves"] = leaves;
+    ctx->saved_data["outs"] = outs;
+    std::vector<torch::Tensor> detached;
+    for (const torch::Tensor &o : outs)
+      detached.push_back(o.detach());
+    return detached;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
+                                                 torch::autograd::variable_list grads) {
+    Tf32Scope tf32;
+    const std::vector<torch::Tensor> leaves = ctx->saved_data["leaves"].toTensorVector();
+    const std::vector<torch::Tensor> outs = ctx->saved_data["outs"].toTensorVector();
+    std::vector<torch::Tensor> roots, rootGrads, wrt;
+    for (size_t i = 0; i < outs.size(); ++i)
+      if (grads[i].defined() && outs[i].requires_grad())
+        roots.push_back(outs[i]), rootGrads.push_back(grads[i]);
+    for (const torch::Tensor &x : leaves)
+      if (x.requires_grad())
+        wrt.push_back(x);
+    std::vector<torch::Tensor> found;
+    if (!roots.empty() && !wrt.empty())
+      found = torch::autograd::grad(roots, wrt, rootGrads, /*retain_graph=*/false, /*create_graph=*/false,
+                                    /*allow_unused=*/true);
+    torch::autograd::variable_list result;
+    size_t next = 0;
+    for (const torch::Tensor &x : leaves)
+      result.push_back(x.requires_grad() && !found.empty() ? found[next++] : torch::Tensor());
+    result.push_back(torch::Tensor()); // for the holder
+    return result;
+  }
+};
+
+/// The chunked form of \p in (named \p op in errors) from \p initialState
+/// (undefined: zeros), in the query's dtype. With reduced-precision
+/// activations on the GPU (bf16/fp16 values: the result is rounded to that
+/// dtype's 2^-8 anyway) its fp32 GEMMs run on TF32 tensor cores (inputs
+/// rounded to 2^-11, fp32 accumulation, as flash-linear-attention's kernels
+/// use bf16 tensor cores); fp32 activations keep IEEE fp32.
+torch::Tensor chunkedRun(const DeltaRuleInputs &in, const char *op, int64_t chunkSize,
+                         const torch::Tensor &initialState, torch::Tensor *finalState) {
+  const bool tensorCores = in.value.is_cuda() && in.value.scalar_type() != torch::kFloat32 &&
+                           in.value.scalar_type() != torch::kFloat64;
+  if (!tensorCores)
+    return chunkedForm(prepare(in, op), chunkSize, initialState, finalState).to(in.query.scalar_type());
+  const auto dtype = in.query.scalar_type();
+  const bool needsGraph =
+      torch::GradMode::is_enabled() &&
+      (in.query.requires_grad() || in.key.requires_grad() || in.value.requires_grad() || in.decay.requires_grad() ||
+       in.beta.requires_grad() || (initialState.defined() && initialState.requires_grad()));
+  if (!needsGraph) { // No backward: the composition itself, under the scope.
+    Tf32Scope tf32;
+    return chunkedForm(prepare(in, op), chunkSize, initialState, finalState).to(dtype);
+  }
+  TensorsFunction fn = [op, chunkSize, dtype](const std::vector<torch::Tensor> &x) {
+    torch::Tensor leaving;
+    torch::Tensor out = chunkedForm(prepare({x[0], x[1], x[2], x[3], x[4]}, op), chunkSize,
+                                    x.size() > 5 ? x[5] : torch::Tensor(), &leaving);
+    return std::vector<torch::Tensor>{out.to(dtype), leaving};
+  };
+  std::vector<torch::Tensor> inputs{in.query, in.key, in.value, in.decay, in.beta};
+  if (initialState.defined())
+    inputs.push_back(initialState);
+  std::vector<torch::Tensor> r =
+      Tf32Function::apply(at::TensorList(inputs), c10::make_intrusive<TensorsFunctionHolder>(std::move(fn)));
+  if (finalState)
+    *finalState = r[1];
+  return r[0];
+}
+
 } // namespace
 
 torch::Tensor gatedDeltaRuleChunked(const DeltaRuleInputs &in, int64_t chunkSize, torch::Tensor *finalState) {
   TORCH_CHECK(chunkSize > 0, "gatedDeltaRuleChunked: expected a positive chunk size, got ", chunkSize);
-  return chunkedForm(prepare(in, "gatedDeltaRuleChunked"), chunkSize, torch::Tensor(), finalState)
-      .to(in.query.scalar_type());
+  return chunkedRun(in, "gatedDeltaRuleChunked", chunkSize, torch::Tensor(), finalState);
 }
 
 torch::Tensor gatedDeltaRuleSegmented(const DeltaRuleInputs &in, int64_t chunkSize, int64_t segmentTokens) {
@@ -202,8 +316,7 @@ torch::Tensor gatedDeltaRuleSegmented(const DeltaRuleInputs &in, int64_t chunkSi
   TORCH_CHECK(chunkSize > 0, "gatedDeltaRuleSegmented: expected a positive chunk size, got ", chunkSize);
   const int64_t t = in.key.dim() == 4 ? in.key.size(2) : 0;
   if (segmentTokens <= 0 || segmentTokens >= t || !torch::GradMode::is_enabled())
-    return chunkedForm(prepare(in, "gatedDeltaRuleSegmented"), chunkSize, initialState, finalState)
-        .to(in.query.scalar_type());
+    return chunkedRun(in, "gatedDeltaRuleSegmented", chunkSize, initialState, finalState);
   prepare(in, "gatedDeltaRuleSegmented"); // shape checks, with this op's name
   // Segments of whole chunks, so the chunk boundaries match the plain form's.
   const int64_t segment = std::max<int64_t>(1, segmentTokens / chunkSize) * chunkSize;
@@ -217,8 +330,8 @@ torch::Tensor gatedDeltaRuleSegmented(const DeltaRuleInputs &in, int64_t chunkSi
   RecomputedFunctions segmentFn = [chunkSize](const std::vector<torch::Tensor> &x) {
     DeltaRuleInputs part{x[0], x[1], x[2], x[3], x[4]};
     torch::Tensor leaving;
-    torch::Tensor out = chunkedForm(prepare(part, "gatedDeltaRuleSegmented"), chunkSize, x[5], &leaving);
-    return std::vector<torch::Tensor>{out.to(x[0].scalar_type()), leaving};
+    torch::Tensor out = chunkedRun(part, "gatedDeltaRuleSegmented", chunkSize, x[5], &leaving);
+    return std::vector<torch::Tensor>{out, leaving};
   };
   std::vector<torch::Tensor> outs;
   for (size_t s = 0; s < q.size(); ++s) {

@@ -6,7 +6,7 @@
 // forward+backward (median of the timed iterations), peak allocated GiB.
 //
 //   long_context --mixer gdn|dsa|hybrid --tokens T [--recompute] [--iters N] [--no-warmup]
-//   long_context --delta-rule B H T DK DV [--iters N]   (the op alone)
+//   long_context --delta-rule B H T DK DV [--iters N] [--profile DIR]   (the op alone)
 //
 // gdn: Qwen3-Next's Gated DeltaNet (16 key / 32 value heads of 128, conv 4).
 // dsa: DeepSeek-V3.2's sparse MLA with top-k 2048 and its 64-head indexer;
@@ -19,6 +19,7 @@
 
 #include "runtime/LinearAttention.h"
 #include "runtime/LinearLayers.h"
+#include "runtime/Profiler.h"
 #include "runtime/Recompute.h"
 #include "runtime/SparseAttention.h"
 
@@ -142,7 +143,7 @@ template <typename F> std::pair<double, double> measure(F step, int iters) {
 
 int usage() {
   std::fprintf(stderr, "usage: long_context --mixer gdn|dsa|hybrid --tokens T [--recompute] [--iters N]\n"
-                       "       long_context --delta-rule B H T DK DV [--iters N]\n");
+                       "       long_context --delta-rule B H T DK DV [--iters N] [--profile DIR]\n");
   return 2;
 }
 
@@ -153,6 +154,7 @@ int main(int argc, char **argv) {
   int64_t tokens = 0, iters = 3;
   bool recomputeLayers = false;
   std::vector<int64_t> op;
+  std::string profileDir;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--mixer" && i + 1 < argc)
@@ -163,6 +165,8 @@ int main(int argc, char **argv) {
       iters = std::atoll(argv[++i]);
     else if (a == "--recompute")
       recomputeLayers = true;
+    else if (a == "--profile" && i + 1 < argc)
+      profileDir = argv[++i];
     else if (a == "--no-warmup")
       warmUp = false;
     else if (a == "--delta-rule" && i + 5 < argc)
@@ -186,6 +190,15 @@ int main(int argc, char **argv) {
     torch::Tensor cot = torch::randn({B, H, T, DV}, opts);
     auto [fwd, fwdPeak] = measure([&] { torch::NoGradGuard g; gatedDeltaRuleChunked(in, 64); }, int(iters));
     auto [both, peak] = measure([&] { gatedDeltaRuleChunked(in, 64).backward(cot); }, int(iters));
+    if (!profileDir.empty()) { // Kineto over 3 forward + backward calls: DIR/profile/breakdown.md
+      StepProfiler profiler(profileDir, 0, 3, /*cuda=*/true, /*loraRank=*/0, /*vocab=*/0);
+      for (int64_t i = 0; i < 3; ++i) {
+        profiler.beforeStep(i);
+        gatedDeltaRuleChunked(in, 64).backward(cot);
+        torch::cuda::synchronize();
+        profiler.afterStep(i);
+      }
+    }
     std::printf("{\"op\": \"gated_delta_rule_chunked\", \"B\": %lld, \"H\": %lld, \"T\": %lld, \"dk\": %lld, "
                 "\"dv\": %lld, \"forward_ms\": %.3f, \"forward_backward_ms\": %.3f, \"peak_gib\": %.3f}\n",
                 (long long)B, (long long)H, (long long)T, (long long)DK, (long long)DV, fwd, both, peak);
