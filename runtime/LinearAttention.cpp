@@ -222,9 +222,7 @@ struct Tf32Function : torch::autograd::Function<Tf32Function> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext *ctx, at::TensorList inputs,
                                                 c10::intrusive_ptr<TensorsFunctionHolder> holder) {
     Tf32Scope tf32;
-    std::vector<torch::Tensor> leaves;
-    for (const torch::Tensor &x : inputs)
-      leaves.push_back(x.detach().requires_grad_(x.requires_grad()));
+    const std::vector<torch::Tensor> leaves = detachedLeaves(inputs.vec());
     std::vector<torch::Tensor> outs;
     {
       torch::AutoGradMode enable(true);
@@ -241,23 +239,8 @@ struct Tf32Function : torch::autograd::Function<Tf32Function> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
                                                  torch::autograd::variable_list grads) {
     Tf32Scope tf32;
-    const std::vector<torch::Tensor> leaves = ctx->saved_data["leaves"].toTensorVector();
-    const std::vector<torch::Tensor> outs = ctx->saved_data["outs"].toTensorVector();
-    std::vector<torch::Tensor> roots, rootGrads, wrt;
-    for (size_t i = 0; i < outs.size(); ++i)
-      if (grads[i].defined() && outs[i].requires_grad())
-        roots.push_back(outs[i]), rootGrads.push_back(grads[i]);
-    for (const torch::Tensor &x : leaves)
-      if (x.requires_grad())
-        wrt.push_back(x);
-    std::vector<torch::Tensor> found;
-    if (!roots.empty() && !wrt.empty())
-      found = torch::autograd::grad(roots, wrt, rootGrads, /*retain_graph=*/false, /*create_graph=*/false,
-                                    /*allow_unused=*/true);
-    torch::autograd::variable_list result;
-    size_t next = 0;
-    for (const torch::Tensor &x : leaves)
-      result.push_back(x.requires_grad() && !found.empty() ? found[next++] : torch::Tensor());
+    torch::autograd::variable_list result = leafGradients(
+        ctx->saved_data["outs"].toTensorVector(), grads, ctx->saved_data["leaves"].toTensorVector());
     result.push_back(torch::Tensor()); // for the holder
     return result;
   }
@@ -265,14 +248,15 @@ struct Tf32Function : torch::autograd::Function<Tf32Function> {
 
 /// The chunked form of \p in (named \p op in errors) from \p initialState
 /// (undefined: zeros), in the query's dtype. With reduced-precision
-/// activations on the GPU (bf16/fp16 values: the result is rounded to that
+/// activations (bf16/fp16 values: the result is rounded to that
 /// dtype's 2^-8 anyway) its fp32 GEMMs run on TF32 tensor cores (inputs
 /// rounded to 2^-11, fp32 accumulation, as flash-linear-attention's kernels
 /// use bf16 tensor cores); fp32 activations keep IEEE fp32.
 torch::Tensor chunkedRun(const DeltaRuleInputs &in, const char *op, int64_t chunkSize,
                          const torch::Tensor &initialState, torch::Tensor *finalState) {
-  const bool tensorCores = in.value.is_cuda() && in.value.scalar_type() != torch::kFloat32 &&
-                           in.value.scalar_type() != torch::kFloat64;
+  // The CPU takes the same node (the flag only affects CUDA GEMMs there), so
+  // the op stage's bf16 checks cover its forward and backward everywhere.
+  const bool tensorCores = in.value.scalar_type() != torch::kFloat32 && in.value.scalar_type() != torch::kFloat64;
   if (!tensorCores)
     return chunkedForm(prepare(in, op), chunkSize, initialState, finalState).to(in.query.scalar_type());
   const auto dtype = in.query.scalar_type();

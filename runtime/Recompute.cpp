@@ -60,30 +60,47 @@ struct RecomputeFunction : public torch::autograd::Function<RecomputeFunction> {
     const torch::Device device = saved.front().device();
     torch::Tensor current = generatorState(device);
     setGeneratorState(device, ctx->saved_data["rng"].toTensor());
-    std::vector<torch::Tensor> inputs;
-    for (const torch::Tensor &x : saved)
-      inputs.push_back(x.detach().requires_grad_(x.requires_grad()));
+    const std::vector<torch::Tensor> inputs = detachedLeaves(saved);
     std::vector<torch::Tensor> ys;
     {
       torch::AutoGradMode enable(true);
       ys = holder->fn(inputs);
     }
     setGeneratorState(device, current);
-    std::vector<torch::Tensor> roots, grads;
-    for (size_t i = 0; i < ys.size(); ++i)
-      if (gradOutputs[i].defined() && ys[i].requires_grad())
-        roots.push_back(ys[i]), grads.push_back(gradOutputs[i]);
-    if (!roots.empty())
-      torch::autograd::backward(roots, grads);
     torch::autograd::variable_list result{torch::Tensor()}; // for `always`
-    for (const torch::Tensor &x : inputs)
-      result.push_back(x.requires_grad() ? x.grad() : torch::Tensor());
+    for (const torch::Tensor &g : leafGradients(ys, gradOutputs, inputs))
+      result.push_back(g);
     result.push_back(torch::Tensor()); // for the holder
     return result;
   }
 };
 
 } // namespace
+
+std::vector<torch::Tensor> detachedLeaves(const std::vector<torch::Tensor> &inputs) {
+  std::vector<torch::Tensor> leaves;
+  leaves.reserve(inputs.size());
+  for (const torch::Tensor &x : inputs)
+    leaves.push_back(x.detach().requires_grad_(x.requires_grad()));
+  return leaves;
+}
+
+std::vector<torch::Tensor> leafGradients(const std::vector<torch::Tensor> &outputs,
+                                         const std::vector<torch::Tensor> &gradOutputs,
+                                         const std::vector<torch::Tensor> &leaves) {
+  std::vector<torch::Tensor> roots, grads;
+  for (size_t i = 0; i < outputs.size() && i < gradOutputs.size(); ++i)
+    if (gradOutputs[i].defined() && outputs[i].requires_grad())
+      roots.push_back(outputs[i]), grads.push_back(gradOutputs[i]);
+  // backward, not grad: tensors the function captured (adapters) get their
+  // gradients accumulated too.
+  if (!roots.empty())
+    torch::autograd::backward(roots, grads);
+  std::vector<torch::Tensor> result;
+  for (const torch::Tensor &x : leaves)
+    result.push_back(x.requires_grad() ? x.grad() : torch::Tensor());
+  return result;
+}
 
 std::vector<torch::Tensor> recompute(const RecomputedFunctions &fn, const std::vector<torch::Tensor> &inputs) {
   if (!torch::GradMode::is_enabled() || inputs.empty())

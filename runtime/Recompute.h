@@ -38,6 +38,21 @@ using RecomputedFunctions = std::function<std::vector<torch::Tensor>(const std::
 /// backward pass.
 std::vector<torch::Tensor> recompute(const RecomputedFunctions &fn, const std::vector<torch::Tensor> &inputs);
 
+/// Detached copies of \p inputs that require grad where the inputs do: the
+/// leaves of a graph an autograd node records inside itself (recompute()
+/// in its backward, the delta rule's TF32 node in its forward).
+std::vector<torch::Tensor> detachedLeaves(const std::vector<torch::Tensor> &inputs);
+
+/// Runs the backward pass of the graph recorded on \p leaves (detachedLeaves)
+/// from its \p outputs, given the \p gradOutputs arriving at the node
+/// (outputs with no incoming gradient, or needing none, are skipped), and
+/// returns the leaves' gradients: one entry per leaf, undefined where the
+/// leaf needs none or none reaches it. Tensors the graph captured (adapters)
+/// get their gradients accumulated as in any backward pass.
+std::vector<torch::Tensor> leafGradients(const std::vector<torch::Tensor> &outputs,
+                                         const std::vector<torch::Tensor> &gradOutputs,
+                                         const std::vector<torch::Tensor> &leaves);
+
 } // namespace adapt::rt
 
 #endif // ADAPT_RUNTIME_RECOMPUTE_H
