@@ -43,9 +43,10 @@ const Hardware &h200() {
     // bench/h200_long_context.sh (docs/performance.md): ~0.6 MiB per token
     // per Gated DeltaNet layer of 32 x 128 value channels.
     x.deltaRuleBytesPerToken = 0.6 * (1 << 20);
-    // Same table: one gdn layer, 131,072 tokens forward + backward in
-    // 1,716 ms: 13.1 us per token.
-    x.deltaRuleSecondsPerToken = 1.716 / 131072.0;
+    // One gdn layer in recomputed segments, 131,072 tokens forward +
+    // backward in 779 ms (2026-12-04, docs/performance.md "One GDN layer at
+    // 512K and 1M tokens"): 5.9 us per token, flat to 1M tokens.
+    x.deltaRuleSecondsPerToken = 0.779 / 131072.0;
     // Same table: one dsa layer at 131,072 tokens took 19.05 s, nearly all of
     // it the indexer's ~1.1e15 FLOP of fp32 scores: ~58 TFLOP/s.
     x.indexerFlops = 58e12;

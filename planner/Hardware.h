@@ -36,7 +36,9 @@ struct Hardware {
   double fixedAllocatorBytes = 0;
   /// Activation bytes per token per Gated DeltaNet / KDA layer of 4,096
   /// value channels (the LibTorch chunked composition's saved fp32
-  /// intermediates), scaled by the layer's value width.
+  /// intermediates), scaled by the layer's value width. Sequences longer
+  /// than the runtime's segment (kDeltaRuleSegmentTokens) keep this for one
+  /// segment of one layer at a time (the segments are recomputed).
   double deltaRuleBytesPerToken = 0;
   /// Seconds per token of one Gated DeltaNet layer (4,096 value channels)
   /// forward + backward, projections included: the delta rule runs as a

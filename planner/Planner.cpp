@@ -49,12 +49,26 @@ double moeElements(const ModelFacts &f, int64_t tp) {
   return 2.0 * f.hidden + f.topK * (2.0 * f.hidden + 3.0 * f.expertWidth) + 3.0 * f.sharedWidth / tp;
 }
 
-/// Activation bytes per token of an average decoder layer.
-double layerActivationBytes(const ModelFacts &f, const Hardware &h, int64_t tp) {
+/// The runtime's delta-rule segment (LinearAttentionDef::segmentTokens):
+/// longer sequences run a delta-rule layer in segments recomputed in the
+/// backward pass.
+constexpr int64_t kDeltaRuleSegmentTokens = 16384;
+
+/// Bytes per token the delta rule's chunked form keeps for its backward.
+double deltaRuleWorkingBytes(const ModelFacts &f, const Hardware &h, int64_t tp) {
+  return h.deltaRuleBytesPerToken * (double(f.deltaValueWidth) / 4096.0) / tp;
+}
+
+/// Activation bytes per token of an average decoder layer, for sequences of
+/// \p seqLen tokens on a rank.
+double layerActivationBytes(const ModelFacts &f, const Hardware &h, int64_t tp, int64_t seqLen) {
   const double layers = std::max<int64_t>(f.layers, 1);
   const double softmax = f.softmaxLayers + f.sparseLayers + f.lightningLayers;
   double bytes = softmax / layers * 2.0 * attentionElements(f, tp) * h.activationScale;
-  bytes += f.deltaRuleLayers / layers * h.deltaRuleBytesPerToken * (double(f.deltaValueWidth) / 4096.0) / tp;
+  // A segmented delta-rule layer keeps its normed input and the residual
+  // stream (bf16) per token; one segment's working set is a buffer.
+  bytes += f.deltaRuleLayers / layers *
+           (seqLen > kDeltaRuleSegmentTokens ? 2.0 * 2.0 * f.hidden : deltaRuleWorkingBytes(f, h, tp));
   const double dense = layers - f.moeLayers;
   bytes += f.moeLayers / layers * 2.0 * moeElements(f, tp) * h.activationScale;
   bytes += dense / layers * 2.0 * (2.0 * f.hidden + 3.0 * double(f.denseWidth) / tp) * h.activationScale;
@@ -189,13 +203,16 @@ Candidate estimate(const ModelFacts &f, const PlanRequest &r, const Hardware &h,
   const double adapterParams = (f.attentionAdapter / l.tp + f.expertAdapter / l.ep + f.mlpAdapter / l.tp) / l.pp;
   m.adapters = adapterParams * 8.0; // fp32 weight + gradient
   m.optimizer = ((f.attentionAdapter + f.mlpAdapter) / l.tp / dataRanks + f.expertAdapter / l.ep / l.dp) / l.pp * 8.0;
-  const double perLayer = layerActivationBytes(f, h, l.tp) * tokensPerMicro;
+  const int64_t seqPerRank = r.seqLen / std::max<int64_t>(l.cp, 1);
+  const double perLayer = layerActivationBytes(f, h, l.tp, seqPerRank) * tokensPerMicro;
   const double inFlight = l.pp > 1 ? std::min<double>(l.pp, micro) : 1.0;
   if (l.recompute)
     m.activations = (layersPerStage * 2.0 * f.hidden * tokensPerMicro) * inFlight + perLayer;
   else
     m.activations = layersPerStage * perLayer * inFlight;
   m.buffers = h.fixedAllocatorBytes * std::max(1.0, tokensPerMicro / 8192.0);
+  if (f.deltaRuleLayers > 0 && seqPerRank > kDeltaRuleSegmentTokens) // one segment being recomputed
+    m.buffers += deltaRuleWorkingBytes(f, h, l.tp) * double(r.microBatch) * kDeltaRuleSegmentTokens;
   if (l.ep > 1) // send and receive buffers of one MoE layer's dispatch
     m.buffers += 2.0 * tokensPerMicro * f.topK * f.hidden * 2.0;
   m.context = h.contextBytes;
