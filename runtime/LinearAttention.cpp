@@ -120,6 +120,63 @@ torch::Tensor gatedDeltaRuleRecurrent(const DeltaRuleInputs &in, torch::Tensor *
 
 namespace {
 
+/// exp(cum_t - cum_i) for positions i <= t along dimension -2 of \p cum
+/// [..., size, G] (G: one decay, or one per key channel), zero for i > t:
+/// [..., t, i, G].
+torch::Tensor decayBetween(const torch::Tensor &cum) {
+  const int64_t size = cum.size(-2);
+  torch::Tensor upper =
+      torch::ones({size, size}, torch::TensorOptions().dtype(torch::kBool).device(cum.device())).triu(1);
+  return (cum.unsqueeze(-2) - cum.unsqueeze(-3)).masked_fill(upper.unsqueeze(-1), -INFINITY).exp();
+}
+
+/// Sub-chunk length of the per-channel decay's pairwise products.
+constexpr int64_t kSubChunk = 16;
+
+/// sum_d x_td y_id exp(cum_td - cum_id) for i <= t within each chunk (zero
+/// above the diagonal), for a decay per key channel d (Kimi delta
+/// attention): x, y, cum [b, h, n, c, dk] -> [b, h, n, c, c].
+///
+/// Materialising exp(cum_t - cum_i) for every pair and channel costs
+/// c^2 dk values per chunk (64 x 64 x 128 fp32: 2 MiB per chunk and head,
+/// several times over in the backward pass). Instead the chunk is split in
+/// sub-chunks of kSubChunk positions: pairs within a sub-chunk keep the
+/// pairwise form (c kSubChunk dk values), and a pair whose key sits in an
+/// earlier sub-chunk j factors through j's last position r_j as
+/// (x_t exp(cum_t - r_j)) . (y_i exp(r_j - cum_i)), one GEMM per pair of
+/// sub-chunks. Both exponents are <= 0 (log decays are <= 0 and t > r_j >=
+/// i), so neither factor overflows, and one underflows only where the exact
+/// product is smaller still.
+torch::Tensor perChannelDecayedScores(const torch::Tensor &x, const torch::Tensor &y, const torch::Tensor &cum) {
+  const int64_t c = x.size(3), dk = x.size(4);
+  if (c <= kSubChunk || c % kSubChunk != 0) // one block: the pairwise form
+    return (x.unsqueeze(4) * y.unsqueeze(3) * decayBetween(cum)).sum(-1);
+  const int64_t m = c / kSubChunk, s = kSubChunk;
+  std::vector<int64_t> blocks(x.sizes().begin(), x.sizes().begin() + 3);
+  blocks.insert(blocks.end(), {m, s, dk});
+  const torch::Tensor xs = x.reshape(blocks), ys = y.reshape(blocks), cs = cum.reshape(blocks); // [b, h, n, m, s, dk]
+  // Within each sub-chunk: [b, h, n, m, t, i].
+  torch::Tensor within = (xs.unsqueeze(5) * ys.unsqueeze(4) * decayBetween(cs)).sum(-1);
+  // Across: r_j = cum at sub-chunk j's last position; the query side for
+  // every (p, j) with j < p (other pairs masked to exp(-inf) = 0).
+  torch::Tensor ref = cs.select(4, s - 1);                                  // [b, h, n, m(j), dk]
+  torch::Tensor keys = ys * (ref.unsqueeze(4) - cs).exp();                  // [b, h, n, m(j), s(i), dk]
+  torch::Tensor earlier = torch::ones({m, m}, torch::TensorOptions().dtype(torch::kBool).device(x.device()))
+                              .tril(-1)
+                              .logical_not()
+                              .view({m, m, 1, 1});                          // true where j >= p
+  torch::Tensor exponent = (cs.unsqueeze(4) - ref.unsqueeze(3).unsqueeze(5)) // [b, h, n, m(p), m(j), s(t), dk]
+                               .masked_fill(earlier, -INFINITY);
+  torch::Tensor queries = xs.unsqueeze(4) * exponent.exp();
+  torch::Tensor across = torch::matmul(queries, keys.unsqueeze(3).transpose(-1, -2)); // [b, h, n, p, j, t, i]
+  // The sub-chunks' own blocks on the diagonal (p == j), then [c, c].
+  torch::Tensor diagonal = torch::eye(m, x.options()).view({m, m, 1, 1});
+  torch::Tensor all = across + within.unsqueeze(4) * diagonal;
+  std::vector<int64_t> square(x.sizes().begin(), x.sizes().begin() + 3);
+  square.insert(square.end(), {c, c});
+  return all.permute({0, 1, 2, 3, 5, 4, 6}).reshape(square);
+}
+
 /// The chunked form from \p initialState (undefined: zeros); returns fp32.
 torch::Tensor chunkedForm(const Fp32Inputs &f, int64_t chunkSize, const torch::Tensor &initialState,
                           torch::Tensor *finalState) {
@@ -137,21 +194,23 @@ torch::Tensor chunkedForm(const Fp32Inputs &f, int64_t chunkSize, const torch::T
   // Log decay from the chunk start through each position, and the decay
   // between positions i <= t of a chunk (zero above the diagonal).
   torch::Tensor cum = g.cumsum(3);                                          // [b, h, n, c, G]
-  torch::Tensor upper = torch::ones({c, c}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
-  torch::Tensor pairwise = (cum.unsqueeze(4) - cum.unsqueeze(3))            // [b, h, n, t, i, G]
-                               .masked_fill(upper.unsqueeze(-1), -INFINITY)
-                               .exp();
   // sum_c x_tc y_ic exp(cum_tc - cum_ic) for every pair (t, i).
-  auto decayedScores = [&](const torch::Tensor &x, const torch::Tensor &y) {
-    if (!perChannel)
-      return torch::matmul(x, y.transpose(-1, -2)) * pairwise.squeeze(-1);
-    return (x.unsqueeze(4) * y.unsqueeze(3) * pairwise).sum(-1);
-  };
+  std::function<torch::Tensor(const torch::Tensor &, const torch::Tensor &)> decayedScores;
+  if (perChannel) {
+    decayedScores = [&](const torch::Tensor &x, const torch::Tensor &y) {
+      return perChannelDecayedScores(x, y, cum);
+    };
+  } else {
+    torch::Tensor pairwise = decayBetween(cum).squeeze(-1); // [b, h, n, t, i]
+    decayedScores = [pairwise](const torch::Tensor &x, const torch::Tensor &y) {
+      return torch::matmul(x, y.transpose(-1, -2)) * pairwise;
+    };
+  }
   // The UT transform: (I + strictly-lower(beta_t k_t.k_i decay)) W = X for
   // the values and the decayed keys that read the chunk's incoming state.
   // Its inverse comes from one triangular solve against the identity (c
   // columns, where solving for both right-hand sides took dv + dk), and the
-  // two products are GEMMs, which can use tensor cores (chunkedOnTensorCores).
+  // two products are GEMMs, which can use tensor cores (chunkedRun).
   torch::Tensor system = decayedScores(kBeta, k);
   torch::Tensor inverse = torch::linalg_solve_triangular(system, torch::eye(c, system.options()), /*upper=*/false,
                                                          /*left=*/true, /*unitriangular=*/true);

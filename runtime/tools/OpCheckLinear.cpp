@@ -177,6 +177,10 @@ void addLinearAttentionChecks(std::vector<Check> &all) {
   delta("kimi_delta.chunked", {3, 37, 10, 6, 8, true});
   delta("kimi_delta.chunked", {2, 67, 16, 16, 64, true});
   delta("kimi_delta.chunked", {1, 70, 128, 96, 64, true});
+  // Chunks of 32 and 48: two and three sub-chunks of 16 (the factored
+  // cross-sub-chunk products), the last chunk ragged.
+  delta("kimi_delta.chunked", {2, 100, 12, 8, 32, true});
+  delta("kimi_delta.chunked", {2, 101, 8, 6, 48, true});
 
   for (auto [T, C, K] : std::vector<std::array<int64_t, 3>>{{13, 10, 4}, {3, 7, 4}, {17, 5, 2}})
     addCheck(all, "causal_conv1d.silu", shapeText({{"B", 2}, {"T", T}, {"C", C}, {"K", K}}),

@@ -6,7 +6,8 @@
 // forward+backward (median of the timed iterations), peak allocated GiB.
 //
 //   long_context --mixer gdn|dsa|hybrid --tokens T [--recompute] [--iters N] [--no-warmup]
-//   long_context --delta-rule B H T DK DV [--iters N] [--profile DIR]   (the op alone)
+//   long_context --delta-rule B H T DK DV [--iters N] [--per-channel] [--profile DIR]   (the op alone;
+//      --per-channel: a decay per key channel, Kimi delta attention's)
 //
 // gdn: Qwen3-Next's Gated DeltaNet (16 key / 32 value heads of 128, conv 4).
 // dsa: DeepSeek-V3.2's sparse MLA with top-k 2048 and its 64-head indexer;
@@ -143,7 +144,7 @@ template <typename F> std::pair<double, double> measure(F step, int iters) {
 
 int usage() {
   std::fprintf(stderr, "usage: long_context --mixer gdn|dsa|hybrid --tokens T [--recompute] [--iters N]\n"
-                       "       long_context --delta-rule B H T DK DV [--iters N] [--profile DIR]\n");
+                       "       long_context --delta-rule B H T DK DV [--iters N] [--per-channel] [--profile DIR]\n");
   return 2;
 }
 
@@ -155,6 +156,7 @@ int main(int argc, char **argv) {
   bool recomputeLayers = false;
   std::vector<int64_t> op;
   std::string profileDir;
+  bool perChannel = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--mixer" && i + 1 < argc)
@@ -165,6 +167,8 @@ int main(int argc, char **argv) {
       iters = std::atoll(argv[++i]);
     else if (a == "--recompute")
       recomputeLayers = true;
+    else if (a == "--per-channel")
+      perChannel = true;
     else if (a == "--profile" && i + 1 < argc)
       profileDir = argv[++i];
     else if (a == "--no-warmup")
@@ -185,7 +189,11 @@ int main(int argc, char **argv) {
     in.query = l2Normalize(torch::randn({B, H, T, DK}, opts)).requires_grad_();
     in.key = l2Normalize(torch::randn({B, H, T, DK}, opts)).requires_grad_();
     in.value = torch::randn({B, H, T, DV}, opts).requires_grad_();
-    in.decay = torch::nn::functional::logsigmoid(torch::randn({B, H, T}, opts.dtype(torch::kFloat32))).requires_grad_();
+    // --per-channel: Kimi delta attention's decay, one per key channel.
+    std::vector<int64_t> decayShape = {B, H, T};
+    if (perChannel)
+      decayShape.push_back(DK);
+    in.decay = torch::nn::functional::logsigmoid(torch::randn(decayShape, opts.dtype(torch::kFloat32))).requires_grad_();
     in.beta = torch::rand({B, H, T}, opts).sigmoid().requires_grad_();
     torch::Tensor cot = torch::randn({B, H, T, DV}, opts);
     auto [fwd, fwdPeak] = measure([&] { torch::NoGradGuard g; gatedDeltaRuleChunked(in, 64); }, int(iters));
@@ -200,8 +208,10 @@ int main(int argc, char **argv) {
       }
     }
     std::printf("{\"op\": \"gated_delta_rule_chunked\", \"B\": %lld, \"H\": %lld, \"T\": %lld, \"dk\": %lld, "
-                "\"dv\": %lld, \"forward_ms\": %.3f, \"forward_backward_ms\": %.3f, \"peak_gib\": %.3f}\n",
-                (long long)B, (long long)H, (long long)T, (long long)DK, (long long)DV, fwd, both, peak);
+                "\"dv\": %lld, \"per_channel\": %s, \"forward_ms\": %.3f, \"forward_backward_ms\": %.3f, "
+                "\"peak_gib\": %.3f}\n",
+                (long long)B, (long long)H, (long long)T, (long long)DK, (long long)DV, perChannel ? "true" : "false",
+                fwd, both, peak);
     return 0;
   }
   if (tokens <= 0 || (mixer != "gdn" && mixer != "dsa" && mixer != "hybrid"))
