@@ -300,6 +300,9 @@ struct Tf32Function : torch::autograd::Function<Tf32Function> {
     Tf32Scope tf32;
     torch::autograd::variable_list result = leafGradients(
         ctx->saved_data["outs"].toTensorVector(), grads, ctx->saved_data["leaves"].toTensorVector());
+    // The inner graph is spent: free its ends now, not when the step's graph goes.
+    ctx->saved_data.erase("outs");
+    ctx->saved_data.erase("leaves");
     result.push_back(torch::Tensor()); // for the holder
     return result;
   }
