@@ -13,7 +13,10 @@ its dependencies) are larger than what can travel to it. With
 --bypass-triton-guard the guard is switched off so the backward's *time* can
 be measured (its gradients are not used or trusted); rows say so.
 
-usage: python3 bench/h200/fla_delta_rule.py [--bypass-triton-guard] B H T DK DV [B H T DK DV ...]
+--per-channel times fla's chunk_kda (Kimi delta attention: a log decay per key
+channel, [B, T, H, DK]) instead, as `long_context --delta-rule ... --per-channel`.
+
+usage: python3 bench/h200/fla_delta_rule.py [--bypass-triton-guard] [--per-channel] B H T DK DV [...]
 """
 import json
 import sys
@@ -41,7 +44,11 @@ def timed(fn, iters=3):
 
 def main(argv):
     bypass = "--bypass-triton-guard" in argv
-    argv = [a for a in argv if a != "--bypass-triton-guard"]
+    per_channel = "--per-channel" in argv
+    argv = [a for a in argv if a not in ("--bypass-triton-guard", "--per-channel")]
+    op = chunk_gated_delta_rule
+    if per_channel:
+        from fla.ops.kda import chunk_kda as op
     if len(argv) == 0 or len(argv) % 5:
         sys.exit(__doc__)
     if bypass:
@@ -54,21 +61,21 @@ def main(argv):
         q = F.normalize(torch.randn(B, T, H, DK, **dev), dim=-1).requires_grad_()
         k = F.normalize(torch.randn(B, T, H, DK, **dev), dim=-1).requires_grad_()
         v = torch.randn(B, T, H, DV, **dev).requires_grad_()
-        g = F.logsigmoid(torch.randn(B, T, H, device="cuda")).requires_grad_()
+        g = F.logsigmoid(torch.randn(B, T, H, *([DK] if per_channel else []), device="cuda")).requires_grad_()
         beta = torch.rand(B, T, H, **dev).sigmoid().requires_grad_()
         do = torch.randn(B, T, H, DV, **dev)
 
         def forward():
             with torch.no_grad():
-                chunk_gated_delta_rule(q, k, v, g, beta)
+                op(q, k, v, g, beta)
 
         def forward_backward():
-            out, _ = chunk_gated_delta_rule(q, k, v, g, beta)
+            out, _ = op(q, k, v, g, beta)
             out.backward(do)
 
         fwd, _ = timed(forward)
         both, peak = timed(forward_backward)
-        print(json.dumps({"op": "fla.chunk_gated_delta_rule", "B": B, "H": H, "T": T, "dk": DK, "dv": DV,
+        print(json.dumps({"op": "fla.chunk_kda" if per_channel else "fla.chunk_gated_delta_rule", "B": B, "H": H, "T": T, "dk": DK, "dv": DV,
                           "forward_ms": round(fwd, 3), "forward_backward_ms": round(both, 3),
                           "peak_gib": round(peak, 3),
                           "backward_guard_bypassed": bypass}), flush=True)
