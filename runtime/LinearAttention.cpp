@@ -5,8 +5,7 @@
 #include "runtime/Recompute.h"
 
 #include <ATen/Context.h>
-#include <torch/custom_class.h>
-
+#include <algorithm>
 #include <cmath>
 #include <functional>
 
@@ -264,14 +263,6 @@ private:
   bool previous;
 };
 
-using TensorsFunction = std::function<std::vector<torch::Tensor>(const std::vector<torch::Tensor> &)>;
-
-/// Keeps the wrapped function alive as long as the graph node needs it.
-struct TensorsFunctionHolder : torch::CustomClassHolder {
-  explicit TensorsFunctionHolder(TensorsFunction f) : fn(std::move(f)) {}
-  TensorsFunction fn;
-};
-
 /// fn(inputs) with TF32 GEMMs in its forward and in its backward: the
 /// function's own graph is recorded inside forward (from detached leaves)
 /// and differentiated inside backward, both under Tf32Scope. The global
@@ -279,7 +270,7 @@ struct TensorsFunctionHolder : torch::CustomClassHolder {
 /// computed in fp32 as the reference computes them) must stay IEEE fp32.
 struct Tf32Function : torch::autograd::Function<Tf32Function> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext *ctx, at::TensorList inputs,
-                                                c10::intrusive_ptr<TensorsFunctionHolder> holder) {
+                                                c10::intrusive_ptr<FunctionHolder> holder) {
     Tf32Scope tf32;
     const std::vector<torch::Tensor> leaves = detachedLeaves(inputs.vec());
     std::vector<torch::Tensor> outs;
@@ -322,31 +313,34 @@ torch::Tensor chunkedRun(const DeltaRuleInputs &in, const char *op, int64_t chun
   if (!tensorCores)
     return chunkedForm(prepare(in, op), chunkSize, initialState, finalState).to(in.query.scalar_type());
   const auto dtype = in.query.scalar_type();
-  const bool needsGraph =
-      torch::GradMode::is_enabled() &&
-      (in.query.requires_grad() || in.key.requires_grad() || in.value.requires_grad() || in.decay.requires_grad() ||
-       in.beta.requires_grad() || (initialState.defined() && initialState.requires_grad()));
+  std::vector<torch::Tensor> inputs{in.query, in.key, in.value, in.decay, in.beta};
+  if (initialState.defined())
+    inputs.push_back(initialState);
+  const bool needsGraph = torch::GradMode::is_enabled() &&
+                          std::any_of(inputs.begin(), inputs.end(), [](const torch::Tensor &x) { return x.requires_grad(); });
   if (!needsGraph) { // No backward: the composition itself, under the scope.
     Tf32Scope tf32;
     return chunkedForm(prepare(in, op), chunkSize, initialState, finalState).to(dtype);
   }
-  TensorsFunction fn = [op, chunkSize, dtype](const std::vector<torch::Tensor> &x) {
+  RecomputedFunctions fn = [op, chunkSize, dtype](const std::vector<torch::Tensor> &x) {
     torch::Tensor leaving;
     torch::Tensor out = chunkedForm(prepare({x[0], x[1], x[2], x[3], x[4]}, op), chunkSize,
                                     x.size() > 5 ? x[5] : torch::Tensor(), &leaving);
     return std::vector<torch::Tensor>{out.to(dtype), leaving};
   };
-  std::vector<torch::Tensor> inputs{in.query, in.key, in.value, in.decay, in.beta};
-  if (initialState.defined())
-    inputs.push_back(initialState);
   std::vector<torch::Tensor> r =
-      Tf32Function::apply(at::TensorList(inputs), c10::make_intrusive<TensorsFunctionHolder>(std::move(fn)));
+      Tf32Function::apply(at::TensorList(inputs), c10::make_intrusive<FunctionHolder>(std::move(fn)));
   if (finalState)
     *finalState = r[1];
   return r[0];
 }
 
 } // namespace
+
+int64_t deltaRuleSegmentLength(int64_t segmentTokens, int64_t chunkSize) {
+  // Whole chunks, so the chunk boundaries match the plain form's.
+  return std::max<int64_t>(1, segmentTokens / chunkSize) * chunkSize;
+}
 
 torch::Tensor gatedDeltaRuleChunked(const DeltaRuleInputs &in, int64_t chunkSize, torch::Tensor *finalState) {
   TORCH_CHECK(chunkSize > 0, "gatedDeltaRuleChunked: expected a positive chunk size, got ", chunkSize);
@@ -364,8 +358,7 @@ torch::Tensor gatedDeltaRuleSegmented(const DeltaRuleInputs &in, int64_t chunkSi
   if (segmentTokens <= 0 || segmentTokens >= t || !torch::GradMode::is_enabled())
     return chunkedRun(in, "gatedDeltaRuleSegmented", chunkSize, initialState, finalState);
   prepare(in, "gatedDeltaRuleSegmented"); // shape checks, with this op's name
-  // Segments of whole chunks, so the chunk boundaries match the plain form's.
-  const int64_t segment = std::max<int64_t>(1, segmentTokens / chunkSize) * chunkSize;
+  const int64_t segment = deltaRuleSegmentLength(segmentTokens, chunkSize);
   // split, not narrow: one backward node stacks every segment's gradient.
   const std::vector<torch::Tensor> q = in.query.split(segment, 2), k = in.key.split(segment, 2),
                                    v = in.value.split(segment, 2), g = in.decay.split(segment, 2),

@@ -83,6 +83,10 @@ torch::Tensor gatedDeltaRuleChunked(const DeltaRuleInputs &in, int64_t chunkSize
 /// \p segmentTokens 0 (or >= T), or without grad mode, it is that function.
 torch::Tensor gatedDeltaRuleSegmented(const DeltaRuleInputs &in, int64_t chunkSize, int64_t segmentTokens);
 
+/// The segment length \p segmentTokens (> 0) means for chunks of
+/// \p chunkSize: rounded down to whole chunks, at least one.
+int64_t deltaRuleSegmentLength(int64_t segmentTokens, int64_t chunkSize);
+
 /// gatedDeltaRuleSegmented from \p initialState [B, H, dk, dv] (fp32;
 /// undefined: zeros); \p finalState receives the leaving state. Context
 /// parallelism runs each rank's part of a sequence this way.

@@ -47,10 +47,11 @@ DeltaRuleInputs deltaInputs(const torch::Tensor &query, const torch::Tensor &key
 }
 
 /// The delta rule over one stretch, from \p entering's state, filling
-/// \p leaving's; [B, T, heads, dv] in \p dtype.
+/// \p leaving's; [B, T, heads, dv] in \p dtype. Unsegmented: the layer
+/// runs long sequences in segments itself (forwardInSegments).
 torch::Tensor deltaRuleStretch(const DeltaRuleInputs &in, const LinearAttentionDef &def,
                                const CarriedState &entering, CarriedState *leaving, torch::ScalarType dtype) {
-  return gatedDeltaRuleSegmented(in, def.chunkSize, def.segmentTokens, entering.state,
+  return gatedDeltaRuleSegmented(in, def.chunkSize, /*segmentTokens=*/0, entering.state,
                                  leaving ? &leaving->state : nullptr)
       .transpose(1, 2)
       .to(dtype);
@@ -82,8 +83,7 @@ torch::Tensor forwardInSegments(const Layer &layer, const torch::Tensor &x, bool
   const LinearAttentionDef &def = layer.def;
   const ContextSplit &cp = layer.context;
   const int64_t seqLen = x.size(1);
-  const int64_t segment =
-      def.segmentTokens > 0 ? std::max<int64_t>(1, def.segmentTokens / def.chunkSize) * def.chunkSize : seqLen;
+  const int64_t segment = def.segmentTokens > 0 ? deltaRuleSegmentLength(def.segmentTokens, def.chunkSize) : seqLen;
   if (!cp.split() && segment >= seqLen)
     return layer.forwardStretch(x, training, {}, nullptr);
 

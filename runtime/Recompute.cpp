@@ -27,12 +27,6 @@ void setGeneratorState(const torch::Device &device, const torch::Tensor &state) 
   gen.set_state(state);
 }
 
-/// Keeps a many-to-many function alive as long as the graph node needs it.
-struct FunctionHolder : torch::CustomClassHolder {
-  explicit FunctionHolder(RecomputedFunctions f) : fn(std::move(f)) {}
-  RecomputedFunctions fn;
-};
-
 /// The autograd node: forward without a graph, backward by recomputing. The
 /// inputs arrive as one tensor list (each element an autograd input), led by
 /// \p always, an empty tensor that requires grad, so the node is recorded

@@ -11,6 +11,7 @@
 #ifndef ADAPT_RUNTIME_RECOMPUTE_H
 #define ADAPT_RUNTIME_RECOMPUTE_H
 
+#include <torch/custom_class.h>
 #include <torch/torch.h>
 
 #include <functional>
@@ -37,6 +38,13 @@ using RecomputedFunctions = std::function<std::vector<torch::Tensor>(const std::
 /// state leaving it). Results with no incoming gradient are skipped in the
 /// backward pass.
 std::vector<torch::Tensor> recompute(const RecomputedFunctions &fn, const std::vector<torch::Tensor> &inputs);
+
+/// Keeps a RecomputedFunctions alive as long as an autograd node that runs
+/// it needs it (passed to torch::autograd::Function::apply).
+struct FunctionHolder : torch::CustomClassHolder {
+  explicit FunctionHolder(RecomputedFunctions f) : fn(std::move(f)) {}
+  RecomputedFunctions fn;
+};
 
 /// Detached copies of \p inputs that require grad where the inputs do: the
 /// leaves of a graph an autograd node records inside itself (recompute()
