@@ -2,6 +2,7 @@
 
 #include "runtime/Layers.h"
 #include "runtime/ExpertRows.h"
+#include "runtime/FusedExperts.h"
 #include "runtime/SparseAttention.h"
 
 #include "runtime/LinearAttention.h"
@@ -258,15 +259,19 @@ torch::Tensor FfnLayer::forward(const torch::Tensor &x, bool training, torch::Te
   ExpertGroups groups = groupByExpert(routing, def.experts, shard.split() ? 1 : align);
   if (load)
     *load = groups.counts;
-  torch::Tensor rows = dispatchTokens(flat, groups);
   const bool scaleInput = def.router == RouterKind::TopKSigmoidInput;
-  if (scaleInput)
-    rows = rows * groups.weightOfRow.to(x.scalar_type()).unsqueeze(1);
-  ExpertCompute experts = [this](const torch::Tensor &in, const ExpertGroups &g) {
-    return expertDown.forward(gatedActivation(gateUp.forward(in, g), interleavedGateUp, def), g);
-  };
-  torch::Tensor out = shard.split() ? dispatchToExperts(rows, groups.counts, shard, align, experts)
-                                    : experts(rows, groups);
+  torch::Tensor out;
+  if (hasFusedExperts(*this)) { // LoRA inside the grouped GEMMs (FusedExperts.h)
+    out = fusedExpertRows(*this, flat, groups);
+  } else {
+    torch::Tensor rows = dispatchTokens(flat, groups);
+    if (scaleInput)
+      rows = rows * groups.weightOfRow.to(x.scalar_type()).unsqueeze(1);
+    ExpertCompute experts = [this](const torch::Tensor &in, const ExpertGroups &g) {
+      return expertDown.forward(gatedActivation(gateUp.forward(in, g), interleavedGateUp, def), g);
+    };
+    out = shard.split() ? dispatchToExperts(rows, groups.counts, shard, align, experts) : experts(rows, groups);
+  }
   torch::Tensor y = combineExpertRows(out.to(flat.scalar_type()), groups,
                                       scaleInput ? torch::Tensor() : routing.weights);
   if (def.sharedIntermediate > 0) {

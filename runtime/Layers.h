@@ -56,6 +56,10 @@ struct ExpertLinear {
   /// saying so, and PEFT's lora_A then spans our outputs and lora_B our
   /// inputs: A [E*r, out], B [in, r*E].
   bool peftSwapped = false;
+  /// [E, out + r, in + r] holding weight and spare room for the LoRA factors,
+  /// where the routed experts run fused (FusedExperts.h; weight is then a
+  /// view of it); undefined otherwise.
+  torch::Tensor padded;
 
   /// The adapter as grouped weights: A [E, r, in] and B [E, out, r], in
   /// \p dtype, from the PEFT-layout tensors.

@@ -7,6 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "runtime/FusedExperts.h"
 #include "runtime/ModelImpl.h"
 
 #include <algorithm>
@@ -475,10 +476,15 @@ void ModelImpl::injectLora() {
     for (LoraLinear *l : layers[i].kimiDelta.linears())
       if (l->weight.defined() && targeted(l->hfPath, d))
         addLora(*l);
-    if (f.isMoe())
+    if (f.isMoe()) {
       for (ExpertLinear *x : {&f.gateUp, &f.expertDown})
         if (targeted(x->hfParam, d))
           addLora(*x, f.def.experts);
+      // On the GPU the experts' LoRA rides inside their grouped GEMMs where
+      // the layer allows it; the CPU keeps the composition (the reference).
+      if (options.device.is_cuda())
+        prepareFusedExperts(f);
+    }
   }
   // Vision blocks: only the modules named (attn.qkv, attn.proj, mlp.linear_fc1/2).
   if (vision)

@@ -149,11 +149,11 @@ __global__ void combineBackwardPackedKernel(const T *__restrict__ gradY, const T
 /// out[r] = tokens[tokenOfRow[r]] over 16-byte packs, one block per row.
 template <typename T>
 __global__ void gatherRowsPackedKernel(const T *__restrict__ tokens, const int64_t *__restrict__ tokenOfRow,
-                                       T *__restrict__ out, int64_t hidden) {
+                                       T *__restrict__ out, int64_t hidden, int64_t outStride) {
   using P = Pack<T>;
   const int64_t r = blockIdx.x, src = tokenOfRow[r];
   for (int64_t h = threadIdx.x * int64_t(P::kSize); h < hidden; h += int64_t(blockDim.x) * P::kSize)
-    *reinterpret_cast<uint4 *>(out + r * hidden + h) = *reinterpret_cast<const uint4 *>(tokens + src * hidden + h);
+    *reinterpret_cast<uint4 *>(out + r * outStride + h) = *reinterpret_cast<const uint4 *>(tokens + src * hidden + h);
 }
 
 /// Zeroes the gradient rows that no (token, expert) pair owns: the padding
@@ -307,23 +307,33 @@ std::pair<at::Tensor, at::Tensor> combineRowsBackward(const at::Tensor &gradY, c
   return {gradRows, needWeights ? gradW.to(weights.scalar_type()) : at::Tensor()};
 }
 
-at::Tensor gatherRows(const at::Tensor &tokens, const at::Tensor &tokenOfRow) {
+bool gatherRowsInto(const at::Tensor &tokens, const at::Tensor &tokenOfRow, at::Tensor out) {
   const c10::cuda::CUDAGuard guard(tokens.device());
   const at::Tensor in = tokens.contiguous(), index = tokenOfRow.contiguous();
   const int64_t hidden = in.size(1), rows = index.size(0);
-  at::Tensor out = at::empty({rows, hidden}, in.options());
+  TORCH_CHECK(out.dim() == 2 && out.size(0) == rows && out.size(1) == hidden && out.stride(1) == 1 &&
+                  out.scalar_type() == in.scalar_type(),
+              "gatherRows: expected a [rows, hidden] output of the tokens' dtype with unit column stride");
+  const int64_t outStride = out.stride(0);
   const bool packed = AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, in.scalar_type(), "gatherPackable", [&] {
-    return packable<scalar_t>(hidden, {in.data_ptr(), out.data_ptr()});
+    return packable<scalar_t>(hidden, {in.data_ptr(), out.data_ptr()}) && outStride % Pack<scalar_t>::kSize == 0;
   });
   if (!packed)
-    return in.index_select(0, index);
+    return false;
   if (out.numel() == 0)
-    return out;
+    return true;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, in.scalar_type(), "gatherRows", [&] {
     gatherRowsPackedKernel<scalar_t><<<rows, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
-        in.data_ptr<scalar_t>(), index.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), hidden);
+        in.data_ptr<scalar_t>(), index.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), hidden, outStride);
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return true;
+}
+
+at::Tensor gatherRows(const at::Tensor &tokens, const at::Tensor &tokenOfRow) {
+  at::Tensor out = at::empty({tokenOfRow.size(0), tokens.size(1)}, tokens.options());
+  if (!gatherRowsInto(tokens, tokenOfRow, out))
+    return tokens.index_select(0, tokenOfRow);
   return out;
 }
 

@@ -34,6 +34,11 @@ at::Tensor combineRowsGradWeights(const at::Tensor &gradY, const at::Tensor &row
 /// rows ([R, H] in tokens' dtype); index_select where 16-byte packs do not fit.
 at::Tensor gatherRows(const at::Tensor &tokens, const at::Tensor &tokenOfRow);
 
+/// gatherRows written into \p out [R, H], whose rows may be the first H
+/// columns of a wider buffer (unit column stride, 16-byte aligned row
+/// stride). Returns false, writing nothing, where 16-byte packs do not fit.
+bool gatherRowsInto(const at::Tensor &tokens, const at::Tensor &tokenOfRow, at::Tensor out);
+
 /// The gradients of combineRows in one pass over \p gradY: the rows'
 /// gradients (w_j g for each pair's row, zeros on unowned rows) and, when
 /// \p needWeights, the weights' gradients (g . x_j), as \p weights' dtype.

@@ -38,13 +38,14 @@ template <typename T> struct alignas(2 * sizeof(T)) Pair {
 
 template <typename T, int Rank>
 __global__ void addLowRankRowsKernel(T *__restrict__ out, const T *__restrict__ low, const T *__restrict__ factor,
-                                     const int64_t *__restrict__ expertOfRow, int64_t rows, int64_t width) {
+                                     const int64_t *__restrict__ expertOfRow, int64_t rows, int64_t width,
+                                     int64_t outStride, int64_t lowStride) {
   __shared__ float lowTile[kTileRows][Rank];
   __shared__ int64_t expertTile[kTileRows];
   const int64_t firstRow = int64_t(blockIdx.x) * kTileRows; // rows on x: no 65,535 limit
   const int tileRows = static_cast<int>(rows - firstRow < kTileRows ? rows - firstRow : kTileRows);
   for (int i = threadIdx.x; i < tileRows * Rank; i += blockDim.x)
-    lowTile[i / Rank][i % Rank] = static_cast<float>(low[(firstRow + i / Rank) * Rank + i % Rank]);
+    lowTile[i / Rank][i % Rank] = static_cast<float>(low[(firstRow + i / Rank) * lowStride + i % Rank]);
   for (int i = threadIdx.x; i < tileRows; i += blockDim.x)
     expertTile[i] = expertOfRow[firstRow + i];
   __syncthreads();
@@ -58,7 +59,7 @@ __global__ void addLowRankRowsKernel(T *__restrict__ out, const T *__restrict__ 
 #pragma unroll
     for (int i = 0; i < kBatchRows; ++i)
       if (batch + i < tileRows)
-        values[i] = *reinterpret_cast<const Pair<T> *>(out + (firstRow + batch + i) * width + col);
+        values[i] = *reinterpret_cast<const Pair<T> *>(out + (firstRow + batch + i) * outStride + col);
 #pragma unroll
     for (int i = 0; i < kBatchRows; ++i) {
       const int row = batch + i;
@@ -80,7 +81,7 @@ __global__ void addLowRankRowsKernel(T *__restrict__ out, const T *__restrict__ 
         acc0 += lowTile[row][k] * column0[k];
         acc1 += lowTile[row][k] * column1[k];
       }
-      *reinterpret_cast<Pair<T> *>(out + (firstRow + row) * width + col) =
+      *reinterpret_cast<Pair<T> *>(out + (firstRow + row) * outStride + col) =
           Pair<T>{static_cast<T>(acc0), static_cast<T>(acc1)};
     }
   }
@@ -92,7 +93,8 @@ void launch(at::Tensor &out, const at::Tensor &low, const at::Tensor &factor, co
   const dim3 grid(static_cast<unsigned>((rows + kTileRows - 1) / kTileRows),
                   static_cast<unsigned>((width / 2 + kThreads - 1) / kThreads));
   addLowRankRowsKernel<T, Rank><<<grid, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
-      out.data_ptr<T>(), low.data_ptr<T>(), factor.data_ptr<T>(), expertOfRow.data_ptr<int64_t>(), rows, width);
+      out.data_ptr<T>(), low.data_ptr<T>(), factor.data_ptr<T>(), expertOfRow.data_ptr<int64_t>(), rows, width,
+      out.stride(0), low.stride(0));
 }
 
 } // namespace
@@ -104,8 +106,13 @@ void addLowRankRows(at::Tensor &out, const at::Tensor &low, const at::Tensor &fa
   const int64_t rank = low.size(1);
   TORCH_CHECK(lowRankSupported(rank), "addLowRankRows: rank ", rank, " is not a multiple of 8 up to 32");
   TORCH_CHECK(out.size(1) % 2 == 0, "addLowRankRows: expected an even width, found ", out.size(1));
-  TORCH_CHECK(out.is_contiguous() && low.is_contiguous() && factor.is_contiguous() && expertOfRow.is_contiguous(),
-              "addLowRankRows: expected contiguous tensors");
+  // out and low may be column ranges of wider buffers: unit column stride,
+  // an even row stride for out (its column pairs move as one 4-byte access).
+  TORCH_CHECK(out.dim() == 2 && low.dim() == 2 && out.stride(1) == 1 && out.stride(0) % 2 == 0 &&
+                  out.stride(0) >= out.size(1) && low.stride(1) == 1 && low.stride(0) >= rank &&
+                  factor.is_contiguous() && expertOfRow.is_contiguous(),
+              "addLowRankRows: expected row-major out and low (unit column stride, out's row stride even) and a "
+              "contiguous factor");
   TORCH_CHECK(factor.dim() == 3 && factor.size(1) == out.size(1) && factor.size(2) == rank &&
                   low.size(0) == out.size(0) && expertOfRow.size(0) == out.size(0) &&
                   expertOfRow.scalar_type() == at::kLong,

@@ -22,8 +22,10 @@ bool lowRankSupported(int64_t rank);
 
 /// out[i, :] += low[i, :] @ factor[expertOfRow[i]]^T for every row i, in
 /// fp32, rounded once into \p out. \p out [R, N], \p low [R, r] and \p factor
-/// [E, N, r] are contiguous CUDA tensors of one dtype, N even; \p
-/// expertOfRow [R] int64. r must satisfy lowRankSupported.
+/// [E, N, r] are CUDA tensors of one dtype, N even; \p factor is contiguous,
+/// \p out and \p low row-major with unit column stride (they may be column
+/// ranges of wider buffers; out's row stride even); \p expertOfRow [R]
+/// int64. r must satisfy lowRankSupported.
 void addLowRankRows(at::Tensor &out, const at::Tensor &low, const at::Tensor &factor,
                     const at::Tensor &expertOfRow);
 

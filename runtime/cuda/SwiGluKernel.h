@@ -15,9 +15,18 @@ namespace adapt::rt::cuda {
 /// first W columns), computed in fp32 and stored in gateUp's dtype: [rows, W].
 at::Tensor swiGluForward(const at::Tensor &gateUp);
 
+/// swiGluForward written into \p out [rows, W], whose rows may be the first
+/// W columns of a wider buffer (unit column stride): the fused experts' node
+/// writes the activation beside its LoRA columns (FusedExperts.h).
+void swiGluForwardInto(const at::Tensor &gateUp, at::Tensor out);
+
 /// The gradient of swiGluForward with respect to \p gateUp, given the
 /// output's gradient \p gradOut [rows, W]: [rows, 2W] in one pass.
 at::Tensor swiGluBackward(const at::Tensor &gateUp, const at::Tensor &gradOut);
+
+/// swiGluBackward written into \p grad [rows, 2W]; \p gradOut [rows, W] and
+/// \p grad may each be column ranges of wider buffers (unit column stride).
+void swiGluBackwardInto(const at::Tensor &gateUp, const at::Tensor &gradOut, at::Tensor grad);
 
 } // namespace adapt::rt::cuda
 

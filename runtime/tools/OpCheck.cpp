@@ -679,6 +679,7 @@ std::vector<Check> registry() {
   addVisionChecks(all);
   addLightningChecks(all);
   addLossChecks(all);
+  addFusedExpertChecks(all);
   return all;
 }
 

@@ -129,6 +129,9 @@ void addVisionChecks(std::vector<Check> &all);
 void addLightningChecks(std::vector<Check> &all);
 /// The fused, chunked LM head and cross-entropy (OpCheckLoss.cpp).
 void addLossChecks(std::vector<Check> &all);
+/// The routed experts' MLP with LoRA folded into the grouped GEMMs
+/// (OpCheckFusedExperts.cpp).
+void addFusedExpertChecks(std::vector<Check> &all);
 
 } // namespace adapt::rt::opcheck
 

@@ -1,0 +1,239 @@
+//===- FusedExperts.cpp - routed experts with LoRA folded into the GEMMs ---===//
+//
+// Buffers of one forward, R rows, hidden K, expert width I, rank r:
+//   xCat  [R, K + r]    the gathered token rows | x A1^T
+//   h     [R, 2I]       gate_up's output (SwiGLU's input)
+//   actCat [R, I + r]   SwiGLU's output | act A2^T
+// and of the backward:
+//   dActCat [R, I + r]  dy [W2 | s B2] = the activation's gradient | dy s B2
+//   dhCat [R, 2I + r]   SwiGLU's input gradient | dh s B1
+// The weight buffers are [E, N + r, K + r] (FusedExperts.h). Their spare
+// rows and columns receive this step's factors at every forward; they are
+// kept in the node's saved data, not saved for backward, because a later
+// micro-batch's forward rewrites them (with the same values: the factors
+// change only at the optimizer step) before this one's backward.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/FusedExperts.h"
+
+#include <torch/autograd.h>
+
+#ifdef ADAPT_WITH_CUDA_KERNELS
+#include "runtime/cuda/ExpertCombineKernel.h"
+#include "runtime/cuda/LowRankKernel.h"
+#include "runtime/cuda/SwiGluKernel.h"
+#endif
+
+namespace adapt::rt {
+
+namespace {
+
+//===-- The element-wise steps: the GPU's kernels, or LibTorch ops --------===//
+
+/// out = tokens[tokenOfRow], \p out possibly the first columns of a buffer.
+void gatherInto(const torch::Tensor &tokens, const torch::Tensor &tokenOfRow, torch::Tensor out) {
+#ifdef ADAPT_WITH_CUDA_KERNELS
+  if (tokens.is_cuda() && cuda::gatherRowsInto(tokens, tokenOfRow, out))
+    return;
+#endif
+  out.copy_(tokens.index_select(0, tokenOfRow));
+}
+
+/// out = silu(gate) * up over \p h [R, 2I], in fp32, rounded once.
+void swiGluInto(const torch::Tensor &h, torch::Tensor out) {
+#ifdef ADAPT_WITH_CUDA_KERNELS
+  if (h.is_cuda())
+    return cuda::swiGluForwardInto(h, out);
+#endif
+  const int64_t width = h.size(1) / 2;
+  torch::Tensor gate = h.narrow(1, 0, width).to(torch::kFloat32), up = h.narrow(1, width, width).to(torch::kFloat32);
+  out.copy_(torch::silu(gate) * up);
+}
+
+/// grad = d SwiGLU(h) / d h given the output's gradient \p gradOut, in fp32.
+void swiGluBackwardInto(const torch::Tensor &h, const torch::Tensor &gradOut, torch::Tensor grad) {
+#ifdef ADAPT_WITH_CUDA_KERNELS
+  if (h.is_cuda())
+    return cuda::swiGluBackwardInto(h, gradOut, grad);
+#endif
+  const int64_t width = h.size(1) / 2;
+  torch::Tensor gate = h.narrow(1, 0, width).to(torch::kFloat32), up = h.narrow(1, width, width).to(torch::kFloat32);
+  torch::Tensor go = gradOut.to(torch::kFloat32), s = torch::sigmoid(gate);
+  grad.narrow(1, 0, width).copy_(go * up * s * (1.0 + gate * (1.0 - s)));
+  grad.narrow(1, width, width).copy_(go * gate * s);
+}
+
+/// out[i] += low[i] @ factor[expertOfRow[i]]^T, in fp32, rounded once;
+/// \p factor [E, N, r] contiguous.
+void addLowRankInto(torch::Tensor out, const torch::Tensor &low, const torch::Tensor &factor,
+                    const torch::Tensor &expertOfRow) {
+#ifdef ADAPT_WITH_CUDA_KERNELS
+  if (out.is_cuda())
+    return cuda::addLowRankRows(out, low, factor, expertOfRow);
+#endif
+  torch::Tensor perRow = factor.index_select(0, expertOfRow).to(torch::kFloat32); // [R, N, r]
+  torch::Tensor term = torch::bmm(perRow, low.to(torch::kFloat32).unsqueeze(2)).squeeze(2);
+  out.copy_(out.to(torch::kFloat32) + term);
+}
+
+/// d tokens[t] = sum over t's k rows of \p gradRows, in fp32.
+torch::Tensor sumTokenRows(const torch::Tensor &gradRows, const torch::Tensor &rowOfPair, int64_t tokens, int64_t k) {
+#ifdef ADAPT_WITH_CUDA_KERNELS
+  if (gradRows.is_cuda())
+    return cuda::combineRows(gradRows, rowOfPair, torch::Tensor(), k);
+#endif
+  return gradRows.index_select(0, rowOfPair)
+      .to(torch::kFloat32)
+      .view({tokens, k, gradRows.size(1)})
+      .sum(1)
+      .to(gradRows.scalar_type());
+}
+
+/// A weight buffer's parts: the frozen weight [E, N, K], the up factor's
+/// columns [E, N, r] and the down factor's rows [E, r, K].
+struct PaddedParts {
+  torch::Tensor weight, upColumns, downRows;
+};
+
+PaddedParts partsOf(const torch::Tensor &padded, int64_t rank) {
+  const int64_t n = padded.size(1) - rank, k = padded.size(2) - rank;
+  return {padded.narrow(1, 0, n).narrow(2, 0, k), padded.narrow(1, 0, n).narrow(2, k, rank),
+          padded.narrow(1, n, rank).narrow(2, 0, k)};
+}
+
+/// Rows [R, K] times [E, N, K]^T per expert group: [R, N].
+torch::Tensor groupedTimesT(const torch::Tensor &rows, const torch::Tensor &w, const torch::Tensor &offsets) {
+  return at::_grouped_mm(rows, w.transpose(-2, -1), offsets);
+}
+
+/// The node (file comment). Inputs: tokens [T, K]; a1 [E, r, K], b1 [E, 2I,
+/// r] (scaled), a2 [E, r, I], b2 [E, K, r] (scaled); the two weight buffers,
+/// which already hold the same factors (fusedExpertRows writes them).
+struct RoutedExpertsFunction : torch::autograd::Function<RoutedExpertsFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext *ctx, const torch::Tensor &tokens,
+                               const torch::Tensor &a1, const torch::Tensor &b1, const torch::Tensor &a2,
+                               const torch::Tensor &b2, const torch::Tensor &padded1, const torch::Tensor &padded2,
+                               const torch::Tensor &offsets, const torch::Tensor &expertOfRow,
+                               const torch::Tensor &tokenOfRow, const torch::Tensor &rowOfPair, int64_t k) {
+    const int64_t rank = a1.size(1), hidden = tokens.size(1), width = a2.size(2), rows = tokenOfRow.size(0);
+    PaddedParts p1 = partsOf(padded1, rank), p2 = partsOf(padded2, rank);
+    const auto opts = tokens.options();
+    torch::Tensor xCat = torch::empty({rows, hidden + rank}, opts);
+    gatherInto(tokens, tokenOfRow, xCat.narrow(1, 0, hidden));
+    xCat.narrow(1, hidden, rank).copy_(groupedTimesT(xCat.narrow(1, 0, hidden), p1.downRows, offsets));
+    torch::Tensor h = groupedTimesT(xCat, padded1.narrow(1, 0, 2 * width), offsets); // [R, 2I]
+    torch::Tensor actCat = torch::empty({rows, width + rank}, opts);
+    swiGluInto(h, actCat.narrow(1, 0, width));
+    actCat.narrow(1, width, rank).copy_(groupedTimesT(actCat.narrow(1, 0, width), p2.downRows, offsets));
+    torch::Tensor y = groupedTimesT(actCat, padded2.narrow(1, 0, hidden), offsets); // [R, K]
+    ctx->save_for_backward({xCat, h, actCat, offsets, expertOfRow, rowOfPair});
+    ctx->saved_data["padded1"] = padded1;
+    ctx->saved_data["padded2"] = padded2;
+    ctx->saved_data["tokens"] = tokens.size(0);
+    ctx->saved_data["k"] = k;
+    return y;
+  }
+
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext *ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto v = ctx->get_saved_variables();
+    const torch::Tensor &xCat = v[0], &h = v[1], &actCat = v[2], &offsets = v[3], &experts = v[4], &rowOfPair = v[5];
+    const torch::Tensor padded1 = ctx->saved_data["padded1"].toTensor(), padded2 = ctx->saved_data["padded2"].toTensor();
+    const int64_t tokens = ctx->saved_data["tokens"].toInt(), k = ctx->saved_data["k"].toInt();
+    const int64_t rank = padded1.size(1) - h.size(1), hidden = xCat.size(1) - rank, width = actCat.size(1) - rank;
+    const int64_t rows = xCat.size(0);
+    PaddedParts p1 = partsOf(padded1, rank), p2 = partsOf(padded2, rank);
+    torch::Tensor dy = grads[0].contiguous(); // [R, K]
+
+    // Down: [d act | dLow2] = dy [W2 | s B2]; then d act += dLow2 A2.
+    torch::Tensor dActCat = at::_grouped_mm(dy, padded2.narrow(1, 0, hidden), offsets); // [R, I + r]
+    torch::Tensor dAct = dActCat.narrow(1, 0, width), dLow2 = dActCat.narrow(1, width, rank);
+    addLowRankInto(dAct, dLow2, p2.downRows.transpose(1, 2).contiguous(), experts);
+    torch::Tensor dA2 = at::_grouped_mm(dLow2.t(), actCat.narrow(1, 0, width), offsets); // [E, r, I]
+    torch::Tensor dB2 = at::_grouped_mm(dy.t(), actCat.narrow(1, width, rank), offsets); // [E, K, r]
+
+    // SwiGLU, then gate_up: d x = [dh | dh s B1] [W1 ; A1].
+    torch::Tensor dhCat = torch::empty({rows, h.size(1) + rank}, h.options());
+    torch::Tensor dh = dhCat.narrow(1, 0, h.size(1));
+    swiGluBackwardInto(h, dAct, dh);
+    torch::Tensor dLow1 = at::_grouped_mm(dh, p1.upColumns, offsets); // [R, r]
+    dhCat.narrow(1, h.size(1), rank).copy_(dLow1);
+    torch::Tensor dx = at::_grouped_mm(dhCat, padded1.narrow(2, 0, hidden), offsets); // [R, K]
+    torch::Tensor dA1 = at::_grouped_mm(dLow1.t(), xCat.narrow(1, 0, hidden), offsets); // [E, r, K]
+    torch::Tensor dB1 = at::_grouped_mm(dh.t(), xCat.narrow(1, hidden, rank), offsets); // [E, 2I, r]
+    torch::Tensor dTokens = sumTokenRows(dx, rowOfPair, tokens, k);
+    return {dTokens, dA1, dB1, dA2, dB2, {}, {}, {}, {}, {}, {}, {}};
+  }
+};
+
+/// The rank both expert projections' adapters share, or 0.
+int64_t sharedRank(const FfnLayer &f) {
+  if (!f.gateUp.hasLora() || !f.expertDown.hasLora())
+    return 0;
+  const int64_t experts = f.gateUp.weight.size(0);
+  const int64_t r1 = f.gateUp.loraA.size(0) / experts, r2 = f.expertDown.loraA.size(0) / experts;
+  return r1 == r2 ? r1 : 0;
+}
+
+} // namespace
+
+bool fusedExpertsSupported(const FfnLayer &f) {
+  const ExpertLinear &up = f.gateUp, &down = f.expertDown;
+  if (!f.isMoe() || !up.weight.defined() || !down.weight.defined() || f.shard.split())
+    return false;
+  const int64_t rank = sharedRank(f);
+  const FfnDef &d = f.def;
+  if (rank <= 0 || rank > 32 || rank % 8 != 0 || up.bias.defined() || down.bias.defined() || f.interleavedGateUp ||
+      up.peftSwapped || down.peftSwapped || d.act != ExpertAct::SwiGLU || !d.generatedActivation.empty() ||
+      d.router == RouterKind::TopKSigmoidInput)
+    return false;
+  const int64_t hidden = up.weight.size(2), width = down.weight.size(2);
+  if (up.weight.size(1) != 2 * width || down.weight.size(1) != hidden || hidden % 8 != 0 || width % 8 != 0)
+    return false;
+  const auto dtype = up.weight.scalar_type();
+  return up.weight.is_cuda() ? dtype == torch::kBFloat16
+                             : up.weight.is_cpu() && (dtype == torch::kBFloat16 || dtype == torch::kFloat32);
+}
+
+bool prepareFusedExperts(FfnLayer &f) {
+  if (hasFusedExperts(f))
+    return true;
+  if (!fusedExpertsSupported(f))
+    return false;
+  const int64_t rank = sharedRank(f);
+  for (ExpertLinear *x : {&f.gateUp, &f.expertDown}) {
+    const torch::Tensor w = x->weight;
+    torch::Tensor padded = torch::zeros({w.size(0), w.size(1) + rank, w.size(2) + rank}, w.options());
+    padded.narrow(1, 0, w.size(1)).narrow(2, 0, w.size(2)).copy_(w);
+    x->padded = padded;
+    x->weight = partsOf(padded, rank).weight;
+  }
+  return true;
+}
+
+bool hasFusedExperts(const FfnLayer &f) { return f.gateUp.padded.defined() && f.expertDown.padded.defined(); }
+
+torch::Tensor fusedExpertRows(const FfnLayer &f, const torch::Tensor &tokens, const ExpertGroups &groups) {
+  const auto dtype = f.gateUp.weight.scalar_type();
+  auto [a1, b1] = f.gateUp.groupedFactors(dtype);
+  auto [a2, b2] = f.expertDown.groupedFactors(dtype);
+  b1 = b1 * f.gateUp.scale;
+  b2 = b2 * f.expertDown.scale;
+  const int64_t rank = a1.size(1);
+  {
+    // This step's factors into the buffers' spare rows and columns.
+    torch::NoGradGuard noGrad;
+    PaddedParts p1 = partsOf(f.gateUp.padded, rank), p2 = partsOf(f.expertDown.padded, rank);
+    p1.upColumns.copy_(b1);
+    p1.downRows.copy_(a1);
+    p2.upColumns.copy_(b2);
+    p2.downRows.copy_(a2);
+  }
+  return RoutedExpertsFunction::apply(tokens.to(dtype).contiguous(), a1, b1, a2, b2, f.gateUp.padded,
+                                      f.expertDown.padded, groups.offsets,
+                                      groups.expertOfRow, groups.tokenOfRow, groups.rowOfPair,
+                                      groups.pairsPerToken);
+}
+
+} // namespace adapt::rt
