@@ -137,6 +137,9 @@ struct GatheredBlock {
 struct SparseShapes {
   int64_t batch, heads, seqLen, qkDim, kvHeads, vDim, groups, keep;
   int64_t keyLen; ///< Keys per sequence (more than seqLen for a context-parallel part).
+  /// The values are the keys' first vDim columns (MLA's latents): gathered
+  /// once, and their gradient joins the keys' before the scatter.
+  bool valuesInKeys = false;
 };
 
 /// \p q [B, T, H, Dq], \p keys [B*T, KV, Dq], \p values [B*T, KV, Dv].
@@ -151,7 +154,10 @@ GatheredBlock gatherBlock(const SparseShapes &s, const torch::Tensor &q, const t
   // parallelism stops the keys at the last query): it is masked, any row does.
   b.rows = (indices.narrow(1, start, n).clamp_max(s.keyLen - 1) + offsets).reshape({-1});
   b.keys = keys.index_select(0, b.rows).view({s.batch, n, s.keep, s.kvHeads, s.qkDim}).permute({0, 1, 3, 2, 4});
-  b.values = values.index_select(0, b.rows).view({s.batch, n, s.keep, s.kvHeads, s.vDim}).permute({0, 1, 3, 2, 4});
+  b.values = s.valuesInKeys ? b.keys.narrow(-1, 0, s.vDim)
+                            : values.index_select(0, b.rows)
+                                  .view({s.batch, n, s.keep, s.kvHeads, s.vDim})
+                                  .permute({0, 1, 3, 2, 4});
   b.query = q.narrow(1, start, n).reshape({s.batch, n, s.kvHeads, s.groups, s.qkDim});
   torch::Tensor logits = torch::matmul(b.query, b.keys.transpose(-1, -2)) * scale;
   torch::Tensor hidden = valid.narrow(1, start, n).logical_not().view({s.batch, n, 1, 1, s.keep});
@@ -159,16 +165,27 @@ GatheredBlock gatherBlock(const SparseShapes &s, const torch::Tensor &q, const t
   return b;
 }
 
+/// The shapes of q [B, H, T, Dq], k [B, KV, S, Dq] and v [B, KV, S, Dv]
+/// (unused where \p valueDim > 0: the values are k's first valueDim columns).
+SparseShapes shapesOf(const torch::Tensor &q, const torch::Tensor &k, const torch::Tensor &v,
+                      const torch::Tensor &indices, int64_t valueDim) {
+  const bool inKeys = valueDim > 0;
+  return {q.size(0),       q.size(1),      q.size(2), q.size(3), k.size(1), inKeys ? valueDim : v.size(3),
+          q.size(1) / k.size(1), indices.size(2), k.size(2), inKeys};
+}
+
 /// The attention as one autograd node (see the file comment).
 struct SparseAttentionFunction : torch::autograd::Function<SparseAttentionFunction> {
+  /// \p valueDim > 0: the values are the first valueDim columns of \p k
+  /// (\p v is then an empty placeholder: a Function's inputs must be defined).
   static torch::Tensor forward(torch::autograd::AutogradContext *ctx, const torch::Tensor &q,
                                const torch::Tensor &k, const torch::Tensor &v, const torch::Tensor &indices,
-                               const torch::Tensor &valid, double scale, int64_t block) {
-    SparseShapes s{q.size(0), q.size(1), q.size(2), q.size(3), k.size(1), v.size(3),
-                   q.size(1) / k.size(1), indices.size(2), k.size(2)};
+                               const torch::Tensor &valid, double scale, int64_t block, int64_t valueDim) {
+    SparseShapes s = shapesOf(q, k, v, indices, valueDim);
     torch::Tensor qt = q.transpose(1, 2).contiguous();
     torch::Tensor keys = k.transpose(1, 2).reshape({s.batch * s.keyLen, s.kvHeads, s.qkDim});
-    torch::Tensor values = v.transpose(1, 2).reshape({s.batch * s.keyLen, s.kvHeads, s.vDim});
+    torch::Tensor values = s.valuesInKeys ? torch::Tensor()
+                                          : v.transpose(1, 2).reshape({s.batch * s.keyLen, s.kvHeads, s.vDim});
     torch::Tensor out = torch::empty({s.batch, s.seqLen, s.heads, s.vDim}, q.options());
     torch::Tensor lse = torch::empty({s.batch, s.seqLen, s.heads}, q.options().dtype(torch::kFloat32));
     for (int64_t start = 0; start < s.seqLen; start += block) {
@@ -182,6 +199,7 @@ struct SparseAttentionFunction : torch::autograd::Function<SparseAttentionFuncti
     ctx->save_for_backward({q, k, v, indices, valid, out, lse});
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["block"] = block;
+    ctx->saved_data["valueDim"] = valueDim;
     return out; // [B, T, H, Dv]
   }
 
@@ -192,16 +210,21 @@ struct SparseAttentionFunction : torch::autograd::Function<SparseAttentionFuncti
     const torch::Tensor &out = saved[5], &lse = saved[6];
     const double scale = ctx->saved_data["scale"].toDouble();
     const int64_t block = ctx->saved_data["block"].toInt();
-    SparseShapes s{q.size(0), q.size(1), q.size(2), q.size(3), k.size(1), v.size(3),
-                   q.size(1) / k.size(1), indices.size(2), k.size(2)};
+    const int64_t valueDim = ctx->saved_data["valueDim"].toInt();
+    SparseShapes s = shapesOf(q, k, v, indices, valueDim);
     torch::Tensor qt = q.transpose(1, 2).contiguous();
     torch::Tensor keys = k.transpose(1, 2).reshape({s.batch * s.keyLen, s.kvHeads, s.qkDim});
-    torch::Tensor values = v.transpose(1, 2).reshape({s.batch * s.keyLen, s.kvHeads, s.vDim});
-    torch::Tensor gradOut = grads[0].to(torch::kFloat32); // [B, T, H, Dv]
+    torch::Tensor values = s.valuesInKeys ? torch::Tensor()
+                                          : v.transpose(1, 2).reshape({s.batch * s.keyLen, s.kvHeads, s.vDim});
+    // The GEMMs run in the inputs' dtype (fp32 accumulation), as the
+    // reference's autograd does; the softmax algebra and the scattered
+    // key/value gradients stay fp32.
+    const auto dtype = q.scalar_type();
+    torch::Tensor gradOut = grads[0].to(dtype); // [B, T, H, Dv]
     auto f32 = q.options().dtype(torch::kFloat32);
-    torch::Tensor dq = torch::empty({s.batch, s.seqLen, s.heads, s.qkDim}, f32);
+    torch::Tensor dq = torch::empty({s.batch, s.seqLen, s.heads, s.qkDim}, q.options());
     torch::Tensor dk = torch::zeros({s.batch * s.keyLen, s.kvHeads, s.qkDim}, f32);
-    torch::Tensor dv = torch::zeros({s.batch * s.keyLen, s.kvHeads, s.vDim}, f32);
+    torch::Tensor dv = s.valuesInKeys ? torch::Tensor() : torch::zeros({s.batch * s.keyLen, s.kvHeads, s.vDim}, f32);
     for (int64_t start = 0; start < s.seqLen; start += block) {
       const int64_t n = std::min(block, s.seqLen - start);
       GatheredBlock b = gatherBlock(s, qt, keys, values, indices, valid, scale, start, n);
@@ -210,40 +233,69 @@ struct SparseAttentionFunction : torch::autograd::Function<SparseAttentionFuncti
       };
       torch::Tensor probs = torch::exp(b.logits - heads5(lse, 1));
       torch::Tensor dOut = heads5(gradOut, s.vDim);
-      torch::Tensor rowDot = (dOut * heads5(out, s.vDim).to(torch::kFloat32)).sum(-1, /*keepdim=*/true);
-      torch::Tensor dProbs = torch::matmul(dOut, b.values.to(torch::kFloat32).transpose(-1, -2));
-      torch::Tensor dLogits = probs * (dProbs - rowDot) * scale; // [B, n, KV, G, k']
-      dq.narrow(1, start, n)
-          .copy_(torch::matmul(dLogits, b.keys.to(torch::kFloat32)).reshape({s.batch, n, s.heads, s.qkDim}));
-      torch::Tensor dKeys = torch::matmul(dLogits.transpose(-1, -2), b.query.to(torch::kFloat32));
-      torch::Tensor dValues = torch::matmul(probs.transpose(-1, -2), dOut);
+      torch::Tensor rowDot =
+          (dOut.to(torch::kFloat32) * heads5(out, s.vDim).to(torch::kFloat32)).sum(-1, /*keepdim=*/true);
+      torch::Tensor dProbs = torch::matmul(dOut, b.values.transpose(-1, -2)).to(torch::kFloat32);
+      torch::Tensor dLogits = (probs * (dProbs - rowDot) * scale).to(dtype); // [B, n, KV, G, k']
+      dq.narrow(1, start, n).copy_(torch::matmul(dLogits, b.keys).reshape({s.batch, n, s.heads, s.qkDim}));
+      torch::Tensor dKeys = torch::matmul(dLogits.transpose(-1, -2), b.query).to(torch::kFloat32);
+      torch::Tensor dValues = torch::matmul(probs.to(dtype).transpose(-1, -2), dOut);
+      if (s.valuesInKeys)
+        dKeys.narrow(-1, 0, s.vDim).add_(dValues);
       dk.index_add_(0, b.rows, dKeys.permute({0, 1, 3, 2, 4}).reshape({-1, s.kvHeads, s.qkDim}));
-      dv.index_add_(0, b.rows, dValues.permute({0, 1, 3, 2, 4}).reshape({-1, s.kvHeads, s.vDim}));
+      if (!s.valuesInKeys)
+        dv.index_add_(0, b.rows,
+                      dValues.to(torch::kFloat32).permute({0, 1, 3, 2, 4}).reshape({-1, s.kvHeads, s.vDim}));
     }
     auto back = [&](const torch::Tensor &g, const torch::Tensor &like) {
       return g.view({s.batch, s.keyLen, like.size(1), like.size(3)}).transpose(1, 2).to(like.scalar_type());
     };
-    return {dq.transpose(1, 2).to(q.scalar_type()), back(dk, k), back(dv, v), torch::Tensor(), torch::Tensor(),
-            torch::Tensor(), torch::Tensor()};
+    if (s.valuesInKeys)
+      return {dq.transpose(1, 2), back(dk, k), torch::Tensor(), torch::Tensor(), torch::Tensor(),
+              torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    return {dq.transpose(1, 2), back(dk, k), back(dv, v), torch::Tensor(), torch::Tensor(),
+            torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
 } // namespace
 
-torch::Tensor sparseAttention(const torch::Tensor &q, const torch::Tensor &k, const torch::Tensor &v,
-                              const SparseSelection &selection, double scale, int64_t queryBlock) {
+namespace {
+
+/// sparseAttention and sparseLatentAttention: \p v [B, KV, S, Dv], or, with
+/// \p valueDim > 0, the values are \p k's first valueDim columns.
+torch::Tensor attendSelected(const torch::Tensor &q, const torch::Tensor &k, const torch::Tensor &v,
+                             int64_t valueDim, const SparseSelection &selection, double scale, int64_t queryBlock) {
   const torch::Tensor &idx = selection.indices;
-  bool ok = q.dim() == 4 && k.dim() == 4 && v.dim() == 4 && k.size(0) == q.size(0) && v.size(0) == q.size(0) &&
-            k.size(1) > 0 && q.size(1) % k.size(1) == 0 && v.size(1) == k.size(1) && k.size(2) >= q.size(2) &&
-            v.size(2) == k.size(2) && k.size(3) == q.size(3) && idx.dim() == 3 && idx.size(0) == q.size(0) &&
-            idx.size(1) == q.size(2) && selection.valid.sizes() == idx.sizes();
+  const bool inKeys = valueDim > 0;
+  bool ok = q.dim() == 4 && k.dim() == 4 && k.size(0) == q.size(0) && k.size(1) > 0 && q.size(1) % k.size(1) == 0 &&
+            k.size(2) >= q.size(2) && k.size(3) == q.size(3) && idx.dim() == 3 && idx.size(0) == q.size(0) &&
+            idx.size(1) == q.size(2) && selection.valid.sizes() == idx.sizes() &&
+            (inKeys ? valueDim <= k.size(3)
+                    : v.dim() == 4 && v.size(0) == q.size(0) && v.size(1) == k.size(1) && v.size(2) == k.size(2));
   if (!ok)
     throw badInput("", "sparse attention",
                    "expected q [B, H, T, Dq], k [B, KV, S, Dq], v [B, KV, S, Dv] (S >= T), indices [B, T, k]; found q " +
-                       sizesText(q) + ", k " + sizesText(k) + ", v " + sizesText(v) + ", indices " + sizesText(idx));
-  return SparseAttentionFunction::apply(q, k, v, idx.to(torch::kInt64), selection.valid.to(torch::kBool), scale,
-                                        std::max<int64_t>(1, queryBlock))
+                       sizesText(q) + ", k " + sizesText(k) + (inKeys ? "" : ", v " + sizesText(v)) + ", indices " +
+                       sizesText(idx));
+  return SparseAttentionFunction::apply(q, k, inKeys ? torch::empty({0}, k.options()) : v, idx.to(torch::kInt64),
+                                        selection.valid.to(torch::kBool), scale, std::max<int64_t>(1, queryBlock),
+                                        inKeys ? valueDim : int64_t(0))
       .transpose(1, 2);
+}
+
+} // namespace
+
+torch::Tensor sparseAttention(const torch::Tensor &q, const torch::Tensor &k, const torch::Tensor &v,
+                              const SparseSelection &selection, double scale, int64_t queryBlock) {
+  return attendSelected(q, k, v, 0, selection, scale, queryBlock);
+}
+
+torch::Tensor sparseLatentAttention(const torch::Tensor &q, const torch::Tensor &latents, int64_t valueDim,
+                                    const SparseSelection &selection, double scale, int64_t queryBlock) {
+  if (valueDim <= 0)
+    throw badInput("", "sparse attention", "expected a value width > 0, found " + std::to_string(valueDim));
+  return attendSelected(q, latents, torch::Tensor(), valueDim, selection, scale, queryBlock);
 }
 
 RopeTables relayoutRope(const RopeTables &tables, bool fromInterleaved, bool toInterleaved) {
@@ -357,9 +409,9 @@ torch::Tensor sparseMlaForward(const AttentionLayer &a, const torch::Tensor &x, 
   std::vector<torch::Tensor> keyList = latents;
   keyList.push_back(kRot);
   torch::Tensor query = torch::cat(queryParts, -1);
-  torch::Tensor key = torch::cat(keyList, -1);
-  torch::Tensor value = latents.size() == 1 ? latent : torch::cat(latents, -1);
-  torch::Tensor attended = sparseAttention(query, key, value, selection, a.softmaxScale(), d.indexer.queryBlock);
+  torch::Tensor key = torch::cat(keyList, -1); // [latents | rotary key]: the values are its first columns
+  torch::Tensor attended = sparseLatentAttention(query, key, int64_t(latents.size()) * rank, selection,
+                                                 a.softmaxScale(), d.indexer.queryBlock);
   torch::Tensor out;
   for (size_t i = 0; i < latents.size(); ++i) {
     torch::Tensor part = torch::matmul(attended.narrow(-1, int64_t(i) * rank, rank), valueUps[i]);

@@ -54,6 +54,13 @@ SparseSelection lightningTopK(const torch::Tensor &q, const torch::Tensor &k,
 torch::Tensor sparseAttention(const torch::Tensor &q, const torch::Tensor &k, const torch::Tensor &v,
                               const SparseSelection &selection, double scale, int64_t queryBlock = 64);
 
+/// sparseAttention where the values are the first \p valueDim columns of the
+/// keys \p latents [B, KV, S, Dq] (MLA's absorbed form: the shared latents
+/// are both): each block's keys are gathered once, and the values' gradient
+/// joins the keys' before one scatter.
+torch::Tensor sparseLatentAttention(const torch::Tensor &q, const torch::Tensor &latents, int64_t valueDim,
+                                    const SparseSelection &selection, double scale, int64_t queryBlock = 64);
+
 /// \p tables (for \p fromInterleaved) laid out for the other RoPE layout:
 /// the indexer of DeepSeek-V3.2 rotates halves while its MLA rotates pairs.
 RopeTables relayoutRope(const RopeTables &tables, bool fromInterleaved, bool toInterleaved);

@@ -26,6 +26,9 @@ struct SparseCase {
   int64_t indexHeads, indexDim, topK;
   int64_t queryBlock;          ///< Block size of both ops (odd: ragged last block).
   int64_t indexTile = int64_t(1) << 26; ///< The indexer's tile budget (its GPU path's block).
+  /// The values are the keys' first Dv columns (sparseLatentAttention, MLA's
+  /// shared latents): the keys' gradient carries both parts.
+  bool valuesInKeys = false;
 };
 
 /// Float64 index scores [B, T, T] (-inf on future keys).
@@ -120,8 +123,15 @@ Trial sparseTrial(const Ctx &c, const SparseCase &s) {
 
   Input q = input(c, torch::randn({s.B, s.H, s.T, s.Dq}, f64), true);
   Input k = input(c, torch::randn({s.B, s.KV, s.T, s.Dq}, f64), true);
-  Input v = input(c, torch::randn({s.B, s.KV, s.T, s.Dv}, f64), true);
   const double scale = 1.0 / std::sqrt(double(s.Dq));
+  if (s.valuesInKeys) {
+    Tensor ours = sparseLatentAttention(q.ours, k.ours, s.Dv, selection, scale, s.queryBlock);
+    Tensor ref = refSparseAttention(q.ref, k.ref, k.ref.narrow(-1, 0, s.Dv), selection, scale);
+    t.push_back({"out", ours, ref});
+    backward(t, ours, ref, {{"q", &q}, {"latents", &k}});
+    return t;
+  }
+  Input v = input(c, torch::randn({s.B, s.KV, s.T, s.Dv}, f64), true);
   Tensor ours = sparseAttention(q.ours, k.ours, v.ours, selection, scale, s.queryBlock);
   Tensor ref = refSparseAttention(q.ref, k.ref, v.ref, selection, scale);
   t.push_back({"out", ours, ref});
@@ -162,6 +172,9 @@ void addSparseAttentionChecks(std::vector<Check> &all) {
   sparse("sparse_attention.topk", {2, 3, 3, 29, 9, 7, 2, 6, 11, 64});
   // MLA's latent form: one shared KV head, keys wider than values.
   sparse("sparse_attention.latent", {1, 5, 1, 41, 24, 16, 4, 16, 6, 8});
+  // The same with the values inside the keys, as the SparseMla layer calls it.
+  sparse("sparse_attention.latent_shared", {1, 5, 1, 41, 24, 16, 4, 16, 6, 8, int64_t(1) << 26, true});
+  sparse("sparse_attention.latent_shared", {2, 4, 2, 37, 13, 8, 3, 10, 8, 7, int64_t(1) << 26, true});
   // T < k: every visible key is kept (k' = T).
   sparse("sparse_attention.short", {2, 4, 2, 5, 12, 10, 3, 8, 8, 2});
   sparse("sparse_attention.short", {1, 3, 1, 7, 11, 11, 2, 6, 7, 64});

@@ -5,7 +5,7 @@
 // length, on one GPU. Prints one JSON line: mixer, tokens, milliseconds per
 // forward+backward (median of the timed iterations), peak allocated GiB.
 //
-//   long_context --mixer gdn|dsa|hybrid --tokens T [--recompute] [--iters N] [--no-warmup]
+//   long_context --mixer gdn|dsa|hybrid --tokens T [--recompute] [--iters N] [--no-warmup] [--profile DIR]
 //   long_context --delta-rule B H T DK DV [--iters N] [--per-channel] [--profile DIR]   (the op alone;
 //      --per-channel: a decay per key channel, Kimi delta attention's)
 //
@@ -143,7 +143,7 @@ template <typename F> std::pair<double, double> measure(F step, int iters) {
 }
 
 int usage() {
-  std::fprintf(stderr, "usage: long_context --mixer gdn|dsa|hybrid --tokens T [--recompute] [--iters N]\n"
+  std::fprintf(stderr, "usage: long_context --mixer gdn|dsa|hybrid --tokens T [--recompute] [--iters N] [--profile DIR]\n"
                        "       long_context --delta-rule B H T DK DV [--iters N] [--per-channel] [--profile DIR]\n");
   return 2;
 }
@@ -246,6 +246,15 @@ int main(int argc, char **argv) {
     h.backward(cot);
   };
   auto [ms, peak] = measure(step, int(iters));
+  if (!profileDir.empty()) { // Kineto over 2 forward + backward steps: DIR/profile/breakdown.md
+    StepProfiler profiler(profileDir, 0, 2, /*cuda=*/true, /*loraRank=*/16, /*vocab=*/0);
+    for (int64_t i = 0; i < 2; ++i) {
+      profiler.beforeStep(i);
+      step();
+      torch::cuda::synchronize();
+      profiler.afterStep(i);
+    }
+  }
   std::printf("{\"mixer\": \"%s\", \"tokens\": %lld, \"recompute\": %s, \"forward_backward_ms\": %.1f, "
               "\"tokens_per_s\": %.0f, \"peak_gib\": %.2f}\n",
               mixer.c_str(), (long long)tokens, recomputeLayers ? "true" : "false", ms, tokens / (ms / 1000.0),
