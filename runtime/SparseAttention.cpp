@@ -13,6 +13,7 @@
 #include "runtime/Errors.h"
 #ifdef ADAPT_WITH_CUDA_KERNELS
 #include "runtime/cuda/IndexerKernel.h"
+#include "runtime/cuda/SparseScatterKernel.h"
 #endif
 
 #include <cmath>
@@ -238,8 +239,24 @@ struct SparseAttentionFunction : torch::autograd::Function<SparseAttentionFuncti
       torch::Tensor dProbs = torch::matmul(dOut, b.values.transpose(-1, -2)).to(torch::kFloat32);
       torch::Tensor dLogits = (probs * (dProbs - rowDot) * scale).to(dtype); // [B, n, KV, G, k']
       dq.narrow(1, start, n).copy_(torch::matmul(dLogits, b.keys).reshape({s.batch, n, s.heads, s.qkDim}));
-      torch::Tensor dKeys = torch::matmul(dLogits.transpose(-1, -2), b.query).to(torch::kFloat32);
+      torch::Tensor dKeys = torch::matmul(dLogits.transpose(-1, -2), b.query); // [B, n, KV, k', Dq]
       torch::Tensor dValues = torch::matmul(probs.to(dtype).transpose(-1, -2), dOut);
+#ifdef ADAPT_WITH_CUDA_KERNELS
+      // One KV head (MLA): the rows are in b.rows' order; one pass per
+      // accumulator reads them in bf16 and adds them with 16-byte atomics.
+      // (Widths of whole 4-element groups, checked first: both scatters run or neither.)
+      if (s.kvHeads == 1 && dk.is_cuda() && s.qkDim % 4 == 0 && s.vDim % 4 == 0) {
+        torch::Tensor dkRows = dk.view({-1, s.qkDim});
+        torch::Tensor keyRows = dKeys.reshape({-1, s.qkDim}), valueRows = dValues.reshape({-1, s.vDim});
+        if (s.valuesInKeys && cuda::scatterAddKeyGradients(dkRows, b.rows, keyRows, valueRows))
+          continue;
+        torch::Tensor dvRows = s.valuesInKeys ? torch::Tensor() : dv.view({-1, s.vDim});
+        if (!s.valuesInKeys && cuda::scatterAddKeyGradients(dkRows, b.rows, keyRows, torch::Tensor()) &&
+            cuda::scatterAddKeyGradients(dvRows, b.rows, valueRows, torch::Tensor()))
+          continue;
+      }
+#endif
+      dKeys = dKeys.to(torch::kFloat32);
       if (s.valuesInKeys)
         dKeys.narrow(-1, 0, s.vDim).add_(dValues);
       dk.index_add_(0, b.rows, dKeys.permute({0, 1, 3, 2, 4}).reshape({-1, s.kvHeads, s.qkDim}));
@@ -410,8 +427,12 @@ torch::Tensor sparseMlaForward(const AttentionLayer &a, const torch::Tensor &x, 
   keyList.push_back(kRot);
   torch::Tensor query = torch::cat(queryParts, -1);
   torch::Tensor key = torch::cat(keyList, -1); // [latents | rotary key]: the values are its first columns
+  // On the GPU the attention takes 256-query blocks at least: a block's
+  // transients are ~2.5 GB there at top-k 2,048, and fewer blocks leave the
+  // GPU less idle between small launches (docs/performance.md).
+  const int64_t attentionBlock = x.is_cuda() ? std::max<int64_t>(d.indexer.queryBlock, 256) : d.indexer.queryBlock;
   torch::Tensor attended = sparseLatentAttention(query, key, int64_t(latents.size()) * rank, selection,
-                                                 a.softmaxScale(), d.indexer.queryBlock);
+                                                 a.softmaxScale(), attentionBlock);
   torch::Tensor out;
   for (size_t i = 0; i < latents.size(); ++i) {
     torch::Tensor part = torch::matmul(attended.narrow(-1, int64_t(i) * rank, rank), valueUps[i]);
