@@ -25,13 +25,14 @@ const Hardware &h200() {
     // caching allocator: ~0.6 GiB in nvidia-smi beyond the allocator peak on
     // the H200 runs (docs/performance.md), 1 GiB with NCCL's channels.
     x.contextBytes = 1.0 * (1ull << 30);
-    // Measured, bench/h200_speed.sh on 2026-12-03 (docs/performance.md):
-    // Qwen3-30B-A3B's widths, 2 x 4096 tokens, LoRA r=16 on attention and
-    // experts: 12.46 ms per MoE layer for 2.81 TFLOP (4 x active matmul
-    // parameters + causal attention, Planner.cpp's count) = 0.29 of 780 TFLOP/s;
-    // the fixed part, 22.5 ms for the 10.2 TFLOP LM head + loss = 0.58.
-    x.layerEfficiency = 0.29;
-    x.headEfficiency = 0.58;
+    // Measured, bench/h200_speed.sh on 2026-12-04 (docs/performance.md,
+    // "Sixth round"): Qwen3-30B-A3B's widths, 2 x 4096 tokens, LoRA r=16 on
+    // attention and experts, one CUDA graph per step: 8.85 ms per MoE layer
+    // for 2.81 TFLOP (4 x active matmul parameters + causal attention,
+    // Planner.cpp's count) = 0.41 of 780 TFLOP/s; the fixed part, 21.9 ms
+    // for the 10.2 TFLOP LM head + loss = 0.59.
+    x.layerEfficiency = 0.41;
+    x.headEfficiency = 0.59;
     // Same runs: allocator peak per extra layer 2.463 GiB, of which 1.160 GiB
     // weights and 0.200 GiB adapter state; 1.103 GiB of activations at 8,192
     // tokens against the planner's count of 1.376 GiB: 0.80.
@@ -47,9 +48,13 @@ const Hardware &h200() {
     // backward in 779 ms (2026-12-04, docs/performance.md "One GDN layer at
     // 512K and 1M tokens"): 5.9 us per token, flat to 1M tokens.
     x.deltaRuleSecondsPerToken = 0.779 / 131072.0;
-    // Same table: one dsa layer at 131,072 tokens took 19.05 s, nearly all of
-    // it the indexer's ~1.1e15 FLOP of fp32 scores: ~58 TFLOP/s.
-    x.indexerFlops = 58e12;
+    // The indexer's quadratic part (bf16 scores per head, the head reduction,
+    // top-k; 2026-12-04, docs/performance.md "Sparse MLA: values inside the
+    // gathered keys"): ~70 ms of the 475 ms DSA layer at 32,768 tokens, for
+    // Planner.cpp's count of 8.8e12 FLOP: ~120 TFLOP/s (the per-head score
+    // tile's memory traffic, not the GEMM, sets it). At 131,072 tokens that
+    // is ~1.2 s of the measured 2.9 s.
+    x.indexerFlops = 120e12;
     return x;
   }();
   return h;
