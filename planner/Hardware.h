@@ -44,7 +44,7 @@ struct Hardware {
   /// forward + backward, projections included: the delta rule runs as a
   /// LibTorch composition, far from its FLOP count.
   double deltaRuleSecondsPerToken = 0;
-  /// FLOP/s the DSA lightning indexer's scoring reaches (fp32 scores).
+  /// FLOP/s the DSA lightning indexer's scoring reaches (bf16 scores, per head, then reduced).
   double indexerFlops = 0;
 };
 

@@ -121,7 +121,6 @@ ModelFacts modelFacts(const ModelSpec &spec, const ParameterCounts &counts, cons
         ++f.sparseLayers;
         f.indexTopK = std::max(f.indexTopK, m.indexTopK);
         f.indexWidth = std::max(f.indexWidth, m.indexHeads * m.indexHeadDim);
-        f.contextSplittable = false;
       } else {
         ++f.softmaxLayers;
       }
@@ -225,13 +224,16 @@ Candidate estimate(const ModelFacts &f, const PlanRequest &r, const Hardware &h,
   double layerSeconds = tokensPerStep * layersPerStage * (denseFlops / l.tp + expertFlops) /
                         (h.bf16Flops * h.layerEfficiency);
   // The two token mixers that run far from their FLOP count today: the
-  // delta rule (a LibTorch composition) and the DSA indexer (fp32 scores
+  // delta rule (a LibTorch composition) and the DSA indexer (bf16 scores
   // over every earlier key, forward only: its weights are frozen).
   const double stageShare = layersPerStage / std::max<double>(f.layers, 1.0);
   layerSeconds += tokensPerStep * f.deltaRuleLayers * stageShare * h.deltaRuleSecondsPerToken *
                   (double(f.deltaValueWidth) / 4096.0);
-  layerSeconds += tokensPerStep * f.sparseLayers * stageShare * 2.0 * (r.seqLen / 2.0) * f.indexWidth /
-                  h.indexerFlops;
+  // The indexer scores every earlier key: seqLen / 2 keys per query on one
+  // GPU; under CP the last rank's queries (the slowest) see seqLen minus
+  // half their own part.
+  const double keysPerQuery = r.seqLen - r.seqLen / (2.0 * l.cp);
+  layerSeconds += tokensPerStep * f.sparseLayers * stageShare * 2.0 * keysPerQuery * f.indexWidth / h.indexerFlops;
   if (l.recompute)
     layerSeconds *= 1.5;
   const double headSeconds = tokensPerStep * 2.0 * 2.0 * f.hidden * f.vocab / (h.bf16Flops * h.headEfficiency);
@@ -283,7 +285,7 @@ Plan rankLayouts(const ModelFacts &f, const PlanRequest &r, const Hardware &h) {
       "TP only inside a node and only when every token mixer is softmax GQA/MHA; TP divides the query and key/value heads",
       "EP divides the routed experts of every MoE layer (1 for dense models)",
       "PP at most the number of decoder layers",
-      "CP divides the sequence length, and is 1 when a layer is DSA sparse attention",
+      "CP divides the sequence length",
       "the data ranks (DP x EP) times the micro-batch divide the global batch",
       "each layout with and without per-layer recomputation"};
   int64_t expertGcd = 0;
@@ -299,7 +301,7 @@ Plan rankLayouts(const ModelFacts &f, const PlanRequest &r, const Hardware &h) {
         if (pp > f.layers)
           continue;
         for (int64_t cp : divisorsOf(r.gpus / (tp * ep * pp))) {
-          if (cp > 1 && (!f.contextSplittable || r.seqLen % cp))
+          if (cp > 1 && r.seqLen % cp)
             continue;
           const int64_t dp = r.gpus / (tp * ep * pp * cp);
           if (globalBatch % (dp * ep * r.microBatch))
@@ -413,9 +415,6 @@ Plan makePlan(const ModelFacts &f, const PlanRequest &r, const Hardware &h) {
                                                    " fits in " + gib(p.candidates[0].memory.total())
                                              : "FP8 frozen weights alone do not fit either");
   }
-  if (!f.contextSplittable && lm.activations >= largest.first)
-    plan.suggestions.push_back("context parallelism for the DSA layers (the runtime does not split them yet): "
-                               "each GPU would keep 1/CP of a sequence's activations");
   if (r.seqLen > 1024) {
     PlanRequest shorter = r;
     shorter.seqLen = r.seqLen / 4;

@@ -100,7 +100,6 @@ struct ModelFacts {
   double embeddingParameters = 0, lmHeadParameters = 0;
   double attentionAdapter = 0, expertAdapter = 0, mlpAdapter = 0; ///< LoRA params per rank 1, whole model.
   bool tensorSplittable = true;  ///< Every mixer is softmax attention (the runtime's TP rule).
-  bool contextSplittable = true; ///< No DSA layer (the runtime's CP rule).
   std::vector<int64_t> expertCounts; ///< Experts of each MoE layer (EP must divide each).
 };
 

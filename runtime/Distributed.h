@@ -61,7 +61,7 @@ struct Layout {
 /// attention heads and the dense/shared MLP widths of layers it can split
 /// (softmax GQA/MHA; other token mixers are refused under TP), PP is at most
 /// the layer count, the data ranks divide the batch, CP divides the sequence
-/// length and every token mixer can be split by it (not DSA, not generated
+/// length and every token mixer can be split by it (not generated
 /// attention or RoPE operators). Throws BadInput naming the flag and the
 /// expectation.
 void checkLayout(const Layout &layout, int worldSize, const ModelDef &def, int64_t batch, int64_t seqLen);

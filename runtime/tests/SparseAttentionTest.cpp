@@ -9,6 +9,7 @@
 
 #include "runtime/SparseAttention.h"
 #include "runtime/tests/Margins.h"
+#include "runtime/tests/SparseMlaLayer.h"
 
 #include <gtest/gtest.h>
 
@@ -18,38 +19,12 @@ using namespace adapt::rt;
 
 namespace {
 
-constexpr int64_t kHidden = 16, kHeads = 3, kNope = 8, kRope = 4, kV = 6, kQRank = 10, kKvRank = 7;
+constexpr int64_t kHidden = 16;
+using adapt::rt::test::kMlaHeads, adapt::rt::test::kMlaNope, adapt::rt::test::kMlaRope;
+using adapt::rt::test::kMlaValue, adapt::rt::test::kMlaKvRank;
+constexpr int64_t kHeads = kMlaHeads, kNope = kMlaNope, kRope = kMlaRope, kV = kMlaValue, kKvRank = kMlaKvRank;
 
-LoraLinear linear(int64_t out, int64_t in) {
-  LoraLinear l;
-  l.weight = torch::randn({out, in}) / std::sqrt(double(in));
-  return l;
-}
-
-AttentionLayer layer(bool indexerPairs) {
-  AttentionLayer a;
-  AttentionDef &d = a.def;
-  d.kind = AttentionKind::SparseMla;
-  d.heads = d.kvHeads = kHeads;
-  d.qkNopeDim = kNope, d.qkRopeDim = kRope, d.headDim = kNope + kRope, d.vHeadDim = kV;
-  d.qLoraRank = kQRank, d.kvLoraRank = kKvRank;
-  d.rope.rotaryDim = kRope, d.rope.interleaved = true;
-  d.indexer.heads = 2, d.indexer.headDim = 8, d.indexer.topK = 5, d.indexer.queryBlock = 4;
-  d.indexer.ropeInterleaved = indexerPairs;
-  a.qA = linear(kQRank, kHidden);
-  a.qANorm = 1 + 0.1 * torch::randn({kQRank});
-  a.qB = linear(kHeads * (kNope + kRope), kQRank);
-  a.kvA = linear(kKvRank + kRope, kHidden);
-  a.kvANorm = 1 + 0.1 * torch::randn({kKvRank});
-  a.kvB = linear(kHeads * (kNope + kV), kKvRank);
-  a.o = linear(kHidden, kHeads * kV);
-  a.indexQ = linear(2 * 8, kQRank);
-  a.indexK = linear(8, kHidden);
-  a.indexKNorm = 1 + 0.1 * torch::randn({8});
-  a.indexKNormBias = 0.1 * torch::randn({8});
-  a.indexWeights = linear(2, kHidden);
-  return a;
-}
+AttentionLayer layer(bool indexerPairs) { return adapt::rt::test::sparseMlaLayer(kHidden, indexerPairs); }
 
 /// transformers' form: per-head keys and values from kv_b_proj (with its
 /// LoRA and dropout), attention masked to the indexer's selection.
@@ -136,7 +111,7 @@ TEST(SparseMla, LatentFormEqualsExpandedMlaWithLoraDropout) {
 TEST(SparseMla, IndexerGetsNoGradient) {
   torch::manual_seed(3);
   AttentionLayer a = layer(false);
-  a.indexQ.loraA = torch::randn({4, kQRank}).requires_grad_(true);
+  a.indexQ.loraA = torch::randn({4, adapt::rt::test::kMlaQRank}).requires_grad_(true);
   a.indexQ.loraB = torch::randn({16, 4}).requires_grad_(true);
   a.indexQ.scale = 1.0;
   torch::Tensor x = torch::randn({1, 9, kHidden}, torch::requires_grad());
