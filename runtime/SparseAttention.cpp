@@ -248,11 +248,12 @@ struct SparseAttentionFunction : torch::autograd::Function<SparseAttentionFuncti
       if (s.kvHeads == 1 && dk.is_cuda() && s.qkDim % 4 == 0 && s.vDim % 4 == 0) {
         torch::Tensor dkRows = dk.view({-1, s.qkDim});
         torch::Tensor keyRows = dKeys.reshape({-1, s.qkDim}), valueRows = dValues.reshape({-1, s.vDim});
-        if (s.valuesInKeys && cuda::scatterAddKeyGradients(dkRows, b.rows, keyRows, valueRows))
-          continue;
         torch::Tensor dvRows = s.valuesInKeys ? torch::Tensor() : dv.view({-1, s.vDim});
-        if (!s.valuesInKeys && cuda::scatterAddKeyGradients(dkRows, b.rows, keyRows, torch::Tensor()) &&
-            cuda::scatterAddKeyGradients(dvRows, b.rows, valueRows, torch::Tensor()))
+        const bool scattered = s.valuesInKeys
+                                   ? cuda::scatterAddKeyGradients(dkRows, b.rows, keyRows, valueRows)
+                                   : cuda::scatterAddKeyGradients(dkRows, b.rows, keyRows, torch::Tensor()) &&
+                                         cuda::scatterAddKeyGradients(dvRows, b.rows, valueRows, torch::Tensor());
+        if (scattered)
           continue;
       }
 #endif
@@ -267,11 +268,9 @@ struct SparseAttentionFunction : torch::autograd::Function<SparseAttentionFuncti
     auto back = [&](const torch::Tensor &g, const torch::Tensor &like) {
       return g.view({s.batch, s.keyLen, like.size(1), like.size(3)}).transpose(1, 2).to(like.scalar_type());
     };
-    if (s.valuesInKeys)
-      return {dq.transpose(1, 2), back(dk, k), torch::Tensor(), torch::Tensor(), torch::Tensor(),
-              torch::Tensor(), torch::Tensor(), torch::Tensor()};
-    return {dq.transpose(1, 2), back(dk, k), back(dv, v), torch::Tensor(), torch::Tensor(),
-            torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    // With the values inside the keys, their gradient is already in dk.
+    return {dq.transpose(1, 2), back(dk, k), s.valuesInKeys ? torch::Tensor() : back(dv, v), torch::Tensor(),
+            torch::Tensor(), torch::Tensor(), torch::Tensor(), torch::Tensor()};
   }
 };
 
