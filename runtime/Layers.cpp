@@ -3,6 +3,7 @@
 #include "runtime/Layers.h"
 #include "runtime/ExpertRows.h"
 #include "runtime/FusedExperts.h"
+#include "runtime/RouterLogits.h"
 #include "runtime/SparseAttention.h"
 
 #include "runtime/LinearAttention.h"
@@ -238,14 +239,31 @@ std::string FfnLayer::blockPath() const {
   return dot == std::string::npos ? router.hfPath : router.hfPath.substr(0, dot);
 }
 
+bool FfnLayer::prepareRouter() {
+  if (!isMoe() || router.hasLora() || router.split != TensorSplit::None || router.weight.requires_grad())
+    return false;
+  routerBf16 = exactBf16Weight(router.weight);
+  return routerBf16.defined();
+}
+
+torch::Tensor FfnLayer::routerLogits(const torch::Tensor &flat, bool training) const {
+  // In fp32, as the references compute it (some from bf16 logits; fp32 is
+  // the more precise of the two). bf16 hidden states take the exact
+  // tensor-core product where the weight allows it (RouterLogits.h).
+  if (routerBf16.defined() && flat.scalar_type() == torch::kBFloat16) {
+    torch::Tensor logits = exactRouterLogits(flat, routerBf16);
+    return router.bias.defined() ? logits + router.bias.to(torch::kFloat32) : logits;
+  }
+  return router.forward(flat.to(torch::kFloat32), training);
+}
+
 torch::Tensor FfnLayer::forward(const torch::Tensor &x, bool training, torch::Tensor *load,
                                 const torch::Tensor &forcedExperts, torch::Tensor *flips) const {
   if (!isMoe())
     return down.forward(torch::silu(gate.forward(x, training)) * up.forward(x, training), training);
   const auto shape = x.sizes().vec();
   torch::Tensor flat = x.reshape({-1, x.size(-1)});
-  // Router in fp32, as the references compute it.
-  torch::Tensor logits = router.forward(flat.to(torch::kFloat32), training);
+  torch::Tensor logits = routerLogits(flat, training);
   Routing routing = route(logits, def, correctionBias);
   if (forcedExperts.defined()) {
     Routing forced = routeForced(logits, def, correctionBias, forcedExperts);

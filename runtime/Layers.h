@@ -111,6 +111,10 @@ struct FfnLayer {
   FfnDef def;
   LoraLinear gate, up, down;             ///< Dense MLP.
   LoraLinear router;
+  /// The router weight in bf16 where it is exactly bf16 and frozen
+  /// (prepareRouter): bf16 hidden states then get their fp32 logits from
+  /// one tensor-core GEMM (RouterLogits.h). Undefined: the fp32 product.
+  torch::Tensor routerBf16;
   torch::Tensor correctionBias;          ///< [E] or undefined.
   ExpertLinear gateUp, expertDown;       ///< Routed experts.
   LoraLinear sharedGate, sharedUp, sharedDown, sharedExpertGate;
@@ -128,6 +132,11 @@ struct FfnLayer {
                         const torch::Tensor &forcedExperts = {}, torch::Tensor *flips = nullptr) const;
   /// The MoE block's module path ("model.layers.3.mlp"): the parent of the router's.
   std::string blockPath() const;
+  /// Sets routerBf16 where the router is frozen (no LoRA), unsplit, and its
+  /// weight exactly bf16; returns whether it did.
+  bool prepareRouter();
+  /// The router's fp32 logits of \p flat [tokens, hidden].
+  torch::Tensor routerLogits(const torch::Tensor &flat, bool training) const;
 };
 
 } // namespace adapt::rt

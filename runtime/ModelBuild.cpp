@@ -482,8 +482,10 @@ void ModelImpl::injectLora() {
           addLora(*x, f.def.experts);
       // On the GPU the experts' LoRA rides inside their grouped GEMMs where
       // the layer allows it; the CPU keeps the composition (the reference).
-      if (options.device.is_cuda())
+      if (options.device.is_cuda()) {
         prepareFusedExperts(f);
+        f.prepareRouter(); // fp32 logits by a bf16 tensor-core GEMM (RouterLogits.h)
+      }
     }
   }
   // Vision blocks: only the modules named (attn.qkv, attn.proj, mlp.linear_fc1/2).

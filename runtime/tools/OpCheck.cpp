@@ -680,6 +680,7 @@ std::vector<Check> registry() {
   addLightningChecks(all);
   addLossChecks(all);
   addFusedExpertChecks(all);
+  addRouterLogitsChecks(all);
   return all;
 }
 

@@ -132,6 +132,9 @@ void addLossChecks(std::vector<Check> &all);
 /// The routed experts' MLP with LoRA folded into the grouped GEMMs
 /// (OpCheckFusedExperts.cpp).
 void addFusedExpertChecks(std::vector<Check> &all);
+/// The MoE router's fp32 logits, by the exact bf16 node where it applies
+/// (OpCheckRouterLogits.cpp).
+void addRouterLogitsChecks(std::vector<Check> &all);
 
 } // namespace adapt::rt::opcheck
 
