@@ -21,6 +21,7 @@
 
 #ifdef ADAPT_WITH_CUDA_KERNELS
 #include "runtime/cuda/ExpertCombineKernel.h"
+#include "runtime/cuda/FactorLayoutKernel.h"
 #include "runtime/cuda/LowRankKernel.h"
 #include "runtime/cuda/SwiGluKernel.h"
 #endif
@@ -102,21 +103,51 @@ PaddedParts partsOf(const torch::Tensor &padded, int64_t rank) {
           padded.narrow(1, n, rank).narrow(2, 0, k)};
 }
 
+/// This step's factors into a buffer's spare rows and columns: A [E*r, K]
+/// (PEFT rows e*r + k) and s*B, B [N, r*E] (PEFT columns k*E + e).
+void writeFactors(const torch::Tensor &padded, const torch::Tensor &a, const torch::Tensor &b, double scale) {
+  torch::NoGradGuard noGrad;
+  const int64_t experts = padded.size(0), rank = a.size(0) / experts;
+  PaddedParts p = partsOf(padded, rank);
+  p.downRows.copy_(a.view({experts, rank, a.size(1)}));
+#ifdef ADAPT_WITH_CUDA_KERNELS
+  if (cuda::factorToExpertColumns(b, scale, p.upColumns))
+    return;
+#endif
+  p.upColumns.copy_(b.view({b.size(0), rank, experts}).permute({2, 0, 1}) * scale);
+}
+
+/// The gradient of B [N, r*E] (PEFT layout, fp32) from that of s*B's
+/// columns [E, N, r].
+torch::Tensor factorGradient(const torch::Tensor &columns, double scale) {
+#ifdef ADAPT_WITH_CUDA_KERNELS
+  if (torch::Tensor g = cuda::expertColumnsToFactor(columns, scale); g.defined())
+    return g;
+#endif
+  const int64_t experts = columns.size(0), rows = columns.size(1), rank = columns.size(2);
+  return (columns.to(torch::kFloat32) * scale).permute({1, 2, 0}).reshape({rows, rank * experts});
+}
+
 /// Rows [R, K] times [E, N, K]^T per expert group: [R, N].
 torch::Tensor groupedTimesT(const torch::Tensor &rows, const torch::Tensor &w, const torch::Tensor &offsets) {
   return at::_grouped_mm(rows, w.transpose(-2, -1), offsets);
 }
 
-/// The node (file comment). Inputs: tokens [T, K]; a1 [E, r, K], b1 [E, 2I,
-/// r] (scaled), a2 [E, r, I], b2 [E, K, r] (scaled); the two weight buffers,
-/// which already hold the same factors (fusedExpertRows writes them).
+/// The node (file comment). Inputs: tokens [T, K]; the adapters' fp32
+/// factors in PEFT's layout, a1 [E*r, K], b1 [2I, r*E], a2 [E*r, I], b2 [K,
+/// r*E], and their scales; the two weight buffers, into whose spare rows
+/// and columns the forward writes the factors (bf16, B scaled).
 struct RoutedExpertsFunction : torch::autograd::Function<RoutedExpertsFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext *ctx, const torch::Tensor &tokens,
                                const torch::Tensor &a1, const torch::Tensor &b1, const torch::Tensor &a2,
                                const torch::Tensor &b2, const torch::Tensor &padded1, const torch::Tensor &padded2,
                                const torch::Tensor &offsets, const torch::Tensor &expertOfRow,
-                               const torch::Tensor &tokenOfRow, const torch::Tensor &rowOfPair, int64_t k) {
-    const int64_t rank = a1.size(1), hidden = tokens.size(1), width = a2.size(2), rows = tokenOfRow.size(0);
+                               const torch::Tensor &tokenOfRow, const torch::Tensor &rowOfPair, int64_t k,
+                               double scale1, double scale2) {
+    const int64_t experts = padded1.size(0), rank = a1.size(0) / experts, hidden = tokens.size(1),
+                  width = a2.size(1), rows = tokenOfRow.size(0);
+    writeFactors(padded1, a1, b1, scale1);
+    writeFactors(padded2, a2, b2, scale2);
     PaddedParts p1 = partsOf(padded1, rank), p2 = partsOf(padded2, rank);
     const auto opts = tokens.options();
     torch::Tensor xCat = torch::empty({rows, hidden + rank}, opts);
@@ -132,6 +163,8 @@ struct RoutedExpertsFunction : torch::autograd::Function<RoutedExpertsFunction> 
     ctx->saved_data["padded2"] = padded2;
     ctx->saved_data["tokens"] = tokens.size(0);
     ctx->saved_data["k"] = k;
+    ctx->saved_data["scale1"] = scale1;
+    ctx->saved_data["scale2"] = scale2;
     return y;
   }
 
@@ -163,7 +196,15 @@ struct RoutedExpertsFunction : torch::autograd::Function<RoutedExpertsFunction> 
     torch::Tensor dA1 = at::_grouped_mm(dLow1.t(), xCat.narrow(1, 0, hidden), offsets); // [E, r, K]
     torch::Tensor dB1 = at::_grouped_mm(dh.t(), xCat.narrow(1, hidden, rank), offsets); // [E, 2I, r]
     torch::Tensor dTokens = sumTokenRows(dx, rowOfPair, tokens, k);
-    return {dTokens, dA1, dB1, dA2, dB2, {}, {}, {}, {}, {}, {}, {}};
+    // Back to the adapters' layout and dtype (fp32, PEFT's).
+    const double scale1 = ctx->saved_data["scale1"].toDouble(), scale2 = ctx->saved_data["scale2"].toDouble();
+    const int64_t expertCount = dA1.size(0);
+    return {dTokens,
+            dA1.reshape({expertCount * rank, hidden}).to(torch::kFloat32),
+            factorGradient(dB1, scale1),
+            dA2.reshape({expertCount * rank, width}).to(torch::kFloat32),
+            factorGradient(dB2, scale2),
+            {}, {}, {}, {}, {}, {}, {}, {}, {}};
   }
 };
 
@@ -216,24 +257,10 @@ bool hasFusedExperts(const FfnLayer &f) { return f.gateUp.padded.defined() && f.
 
 torch::Tensor fusedExpertRows(const FfnLayer &f, const torch::Tensor &tokens, const ExpertGroups &groups) {
   const auto dtype = f.gateUp.weight.scalar_type();
-  auto [a1, b1] = f.gateUp.groupedFactors(dtype);
-  auto [a2, b2] = f.expertDown.groupedFactors(dtype);
-  b1 = b1 * f.gateUp.scale;
-  b2 = b2 * f.expertDown.scale;
-  const int64_t rank = a1.size(1);
-  {
-    // This step's factors into the buffers' spare rows and columns.
-    torch::NoGradGuard noGrad;
-    PaddedParts p1 = partsOf(f.gateUp.padded, rank), p2 = partsOf(f.expertDown.padded, rank);
-    p1.upColumns.copy_(b1);
-    p1.downRows.copy_(a1);
-    p2.upColumns.copy_(b2);
-    p2.downRows.copy_(a2);
-  }
-  return RoutedExpertsFunction::apply(tokens.to(dtype).contiguous(), a1, b1, a2, b2, f.gateUp.padded,
-                                      f.expertDown.padded, groups.offsets,
-                                      groups.expertOfRow, groups.tokenOfRow, groups.rowOfPair,
-                                      groups.pairsPerToken);
+  return RoutedExpertsFunction::apply(tokens.to(dtype).contiguous(), f.gateUp.loraA, f.gateUp.loraB,
+                                      f.expertDown.loraA, f.expertDown.loraB, f.gateUp.padded,
+                                      f.expertDown.padded, groups.offsets, groups.expertOfRow, groups.tokenOfRow,
+                                      groups.rowOfPair, groups.pairsPerToken, f.gateUp.scale, f.expertDown.scale);
 }
 
 } // namespace adapt::rt
