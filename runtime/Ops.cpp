@@ -7,10 +7,12 @@
 #ifdef ADAPT_WITH_CUDA_KERNELS
 #include "runtime/cuda/RmsNormKernel.h"
 #include "runtime/cuda/RopeKernel.h"
+#include "runtime/cuda/RouteKernel.h"
 #include "runtime/cuda/SwiGluKernel.h"
 #endif
 
 #include <ATen/record_function.h>
+#include <optional>
 #include <cmath>
 
 namespace adapt::rt {
@@ -424,11 +426,67 @@ torch::Tensor weighExperts(const torch::Tensor &l, const FfnDef &ffn, const torc
 }
 } // namespace
 
+#ifdef ADAPT_WITH_CUDA_KERNELS
+namespace {
+/// route() for the routers that score every expert, by one CUDA kernel each
+/// way (runtime/cuda/RouteKernel.h): the experts are an output without a
+/// gradient, the weights' gradient comes back to the logits.
+struct FusedRoute : torch::autograd::Function<FusedRoute> {
+  static torch::autograd::tensor_list forward(torch::autograd::AutogradContext *ctx, const torch::Tensor &logits,
+                                              const torch::Tensor &biasOrEmpty, bool sigmoid, int64_t k,
+                                              int64_t groups, int64_t topKGroups, bool norm, double scaling) {
+    const cuda::RouteSpec spec{sigmoid, k, groups, topKGroups, norm, scaling};
+    auto [experts, weights] =
+        cuda::routeForward(logits, biasOrEmpty.numel() > 0 ? biasOrEmpty : torch::Tensor(), spec);
+    ctx->save_for_backward({logits, experts});
+    ctx->mark_non_differentiable({experts});
+    ctx->saved_data["sigmoid"] = sigmoid;
+    ctx->saved_data["k"] = k;
+    ctx->saved_data["groups"] = groups;
+    ctx->saved_data["topKGroups"] = topKGroups;
+    ctx->saved_data["norm"] = norm;
+    ctx->saved_data["scaling"] = scaling;
+    return {experts, weights};
+  }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext *ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const auto &d = ctx->saved_data;
+    const cuda::RouteSpec spec{d.at("sigmoid").toBool(), d.at("k").toInt(), d.at("groups").toInt(),
+                               d.at("topKGroups").toInt(), d.at("norm").toBool(), d.at("scaling").toDouble()};
+    torch::Tensor gradWeights = grads[1].defined() ? grads[1] : torch::zeros_like(saved[1], torch::kFloat32);
+    return {cuda::routeBackward(saved[0], saved[1], gradWeights, spec), {}, {}, {}, {}, {}, {}, {}};
+  }
+};
+
+/// The kernel's form of \p ffn's router, where it has one.
+std::optional<cuda::RouteSpec> kernelRoute(const torch::Tensor &l, const FfnDef &ffn) {
+  if (ffn.router != RouterKind::SoftmaxTopK && ffn.router != RouterKind::SigmoidTopK)
+    return std::nullopt;
+  const bool sigmoid = ffn.router == RouterKind::SigmoidTopK;
+  // The composition limits groups for sigmoid scores only (chooseExperts).
+  const bool grouped = sigmoid && ffn.groups > 1;
+  cuda::RouteSpec spec{sigmoid, ffn.topK, grouped ? ffn.groups : 1, grouped ? ffn.topKGroups : 1, ffn.normTopK,
+                       ffn.routedScaling};
+  if (!cuda::routeKernelFits(l, spec))
+    return std::nullopt;
+  return spec;
+}
+} // namespace
+#endif
+
 Routing route(const torch::Tensor &logits, const FfnDef &ffn, const torch::Tensor &bias) {
   RECORD_FUNCTION("adapt::moe.route", c10::ArrayRef<const c10::IValue>{}); // a --profile scope
   torch::Tensor l = logits.to(torch::kFloat32);
   if (!ffn.generatedRouter.empty())
     return routeGenerated(l, ffn, bias);
+#ifdef ADAPT_WITH_CUDA_KERNELS
+  if (std::optional<cuda::RouteSpec> spec = kernelRoute(l, ffn)) {
+    auto out = FusedRoute::apply(l, bias.defined() ? bias : torch::empty({0}, l.options()), spec->sigmoid,
+                                 spec->topK, spec->groups, spec->topKGroups, spec->normTopK, spec->scaling);
+    return {out[0], out[1]};
+  }
+#endif
   torch::Tensor idx = chooseExperts(l, ffn, bias);
   return {idx, weighExperts(l, ffn, idx)};
 }
