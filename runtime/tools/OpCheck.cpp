@@ -634,7 +634,11 @@ std::vector<Check> registry() {
   };
   const Shapes rs{{13, 8, 2}, {7, 5, 3}};
   router("route.softmax_topk", RouterKind::SoftmaxTopK, false, 1.0, false, 1, rs);
-  router("route.softmax_topk.norm_scaled", RouterKind::SoftmaxTopK, true, 1.5, false, 1, rs);
+  // 128 and 256 experts: several per lane of the GPU's warp-per-token kernel. (Not sigmoid: the
+  // scores of that many separated logits saturate near 1, and their normalised weights' gradient
+  // cancels to ~2e-6 in fp32, too close to the bound.)
+  router("route.softmax_topk.norm_scaled", RouterKind::SoftmaxTopK, true, 1.5, false, 1,
+         {{13, 8, 2}, {7, 5, 3}, {64, 128, 8}, {64, 256, 8}});
   router("route.sigmoid_topk.norm_scaled", RouterKind::SigmoidTopK, true, 2.5, false, 1, rs);
   router("route.sigmoid_topk.bias", RouterKind::SigmoidTopK, false, 1.0, true, 1, rs);
   router("route.sigmoid_topk.bias_groups", RouterKind::SigmoidTopK, true, 2.5, true, 4, {{13, 8, 2}, {7, 12, 3}});
