@@ -6,6 +6,7 @@
 #include "runtime/GeneratedOps.h"
 #ifdef ADAPT_WITH_CUDA_KERNELS
 #include "runtime/cuda/RmsNormKernel.h"
+#include "runtime/cuda/GroupKernel.h"
 #include "runtime/cuda/RopeKernel.h"
 #include "runtime/cuda/RouteKernel.h"
 #include "runtime/cuda/SwiGluKernel.h"
@@ -519,6 +520,15 @@ torch::Tensor routingDifferences(const Routing &a, const Routing &b) {
 ExpertGroups groupByExpert(const Routing &routing, int64_t experts, int64_t align) {
   RECORD_FUNCTION("adapt::moe.permute", c10::ArrayRef<const c10::IValue>{}); // a --profile scope
   const int64_t k = routing.experts.size(1);
+#ifdef ADAPT_WITH_CUDA_KERNELS
+  if (cuda::groupKernelFits(routing.experts, experts)) { // a stable counting sort in three kernels
+    cuda::GroupedPairs p = cuda::groupPairs(routing.experts, routing.weights, experts, align);
+    ExpertGroups g{p.tokenOfRow, p.weightOfRow, p.expertOfRow, p.offsets, p.rowCounts, p.counts, p.rowOfPair, k};
+    if (routing.weights.requires_grad()) // the rows' weights keep their gradient (Llama-4 scales inputs by them)
+      g.weightOfRow = torch::zeros_like(p.weightOfRow).index_copy(0, p.rowOfPair, routing.weights.reshape({-1}));
+    return g;
+  }
+#endif
   torch::Tensor flat = routing.experts.reshape({-1});
   torch::Tensor order = std::get<1>(flat.sort(/*stable=*/true, 0, false));
   ExpertGroups g;
