@@ -111,7 +111,7 @@ void writeFactors(const torch::Tensor &padded, const torch::Tensor &a, const tor
   PaddedParts p = partsOf(padded, rank);
   p.downRows.copy_(a.view({experts, rank, a.size(1)}));
 #ifdef ADAPT_WITH_CUDA_KERNELS
-  if (cuda::factorToExpertColumns(b, scale, p.upColumns))
+  if (uncheckedKernelsEnabled() && cuda::factorToExpertColumns(b, scale, p.upColumns))
     return;
 #endif
   p.upColumns.copy_(b.view({b.size(0), rank, experts}).permute({2, 0, 1}) * scale);
@@ -121,7 +121,8 @@ void writeFactors(const torch::Tensor &padded, const torch::Tensor &a, const tor
 /// columns [E, N, r].
 torch::Tensor factorGradient(const torch::Tensor &columns, double scale) {
 #ifdef ADAPT_WITH_CUDA_KERNELS
-  if (torch::Tensor g = cuda::expertColumnsToFactor(columns, scale); g.defined())
+  if (torch::Tensor g = uncheckedKernelsEnabled() ? cuda::expertColumnsToFactor(columns, scale) : torch::Tensor();
+      g.defined())
     return g;
 #endif
   const int64_t experts = columns.size(0), rows = columns.size(1), rank = columns.size(2);

@@ -13,6 +13,8 @@
 #endif
 
 #include <ATen/record_function.h>
+#include <cstdlib>
+#include <string>
 #include <optional>
 #include <cmath>
 
@@ -482,7 +484,7 @@ Routing route(const torch::Tensor &logits, const FfnDef &ffn, const torch::Tenso
   if (!ffn.generatedRouter.empty())
     return routeGenerated(l, ffn, bias);
 #ifdef ADAPT_WITH_CUDA_KERNELS
-  if (std::optional<cuda::RouteSpec> spec = kernelRoute(l, ffn)) {
+  if (std::optional<cuda::RouteSpec> spec = uncheckedKernelsEnabled() ? kernelRoute(l, ffn) : std::nullopt) {
     auto out = FusedRoute::apply(l, bias.defined() ? bias : torch::empty({0}, l.options()), spec->sigmoid,
                                  spec->topK, spec->groups, spec->topKGroups, spec->normTopK, spec->scaling);
     return {out[0], out[1]};
@@ -521,7 +523,7 @@ ExpertGroups groupByExpert(const Routing &routing, int64_t experts, int64_t alig
   RECORD_FUNCTION("adapt::moe.permute", c10::ArrayRef<const c10::IValue>{}); // a --profile scope
   const int64_t k = routing.experts.size(1);
 #ifdef ADAPT_WITH_CUDA_KERNELS
-  if (cuda::groupKernelFits(routing.experts, experts)) { // a stable counting sort in three kernels
+  if (uncheckedKernelsEnabled() && cuda::groupKernelFits(routing.experts, experts)) { // a stable counting sort
     cuda::GroupedPairs p = cuda::groupPairs(routing.experts, routing.weights, experts, align);
     ExpertGroups g{p.tokenOfRow, p.weightOfRow, p.expertOfRow, p.offsets, p.rowCounts, p.counts, p.rowOfPair, k};
     if (routing.weights.requires_grad()) // the rows' weights keep their gradient (Llama-4 scales inputs by them)
@@ -570,6 +572,14 @@ ExpertGroups groupByExpert(const Routing &routing, int64_t experts, int64_t alig
 }
 
 int64_t groupAlignment(const torch::Device &device) { return device.is_cuda() ? 16 : 1; }
+
+bool uncheckedKernelsEnabled() {
+  static const bool enabled = [] {
+    const char *v = std::getenv("ADAPT_UNCHECKED_KERNELS");
+    return v && std::string(v) == "1";
+  }();
+  return enabled;
+}
 
 namespace {
 
