@@ -485,7 +485,9 @@ Routing route(const torch::Tensor &logits, const FfnDef &ffn, const torch::Tenso
     return routeGenerated(l, ffn, bias);
 #ifdef ADAPT_WITH_CUDA_KERNELS
   if (std::optional<cuda::RouteSpec> spec = uncheckedKernelsEnabled() ? kernelRoute(l, ffn) : std::nullopt) {
-    auto out = FusedRoute::apply(l, bias.defined() ? bias : torch::empty({0}, l.options()), spec->sigmoid,
+    // The composition's softmax router ignores a correction bias (chooseExperts); so does this.
+    const bool biased = bias.defined() && spec->sigmoid;
+    auto out = FusedRoute::apply(l, biased ? bias : torch::empty({0}, l.options()), spec->sigmoid,
                                  spec->topK, spec->groups, spec->topKGroups, spec->normTopK, spec->scaling);
     return {out[0], out[1]};
   }

@@ -55,6 +55,22 @@ __device__ __forceinline__ void warpArgMax(float &value, int &index) {
   }
 }
 
+/// The warp's best (value, index) among the lanes' experts e (slot i) that
+/// \p accept(e, i) takes: larger value, then lower index.
+template <int N, typename Accept>
+__device__ __forceinline__ void warpBest(const float (&value)[N], int lane, int experts, const Accept &accept,
+                                         float &best, int &bestIndex) {
+  best = -INFINITY;
+  bestIndex = INT_MAX;
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const int e = lane + 32 * i;
+    if (e < experts && accept(e, i) && (value[i] > best || (value[i] == best && e < bestIndex)))
+      best = value[i], bestIndex = e;
+  }
+  warpArgMax(best, bestIndex);
+}
+
 /// slot \p s of a register array, \p s warp-uniform.
 template <int N> __device__ __forceinline__ float pick(const float (&a)[N], int s) {
   float r = 0.0f;
@@ -115,24 +131,11 @@ __global__ void routeForwardKernel(const float *__restrict__ logits, const B *__
     unsigned kept = 0;
     float groupScore = -INFINITY; // lane g holds group g's score
     for (int g = 0; g < s.groups; ++g) {
-      float best = -INFINITY;
-      int bestIndex = INT_MAX;
-#pragma unroll
-      for (int i = 0; i < N; ++i) {
-        const int e = lane + 32 * i;
-        if (e / per == g && e < s.experts && (choice[i] > best || (choice[i] == best && e < bestIndex)))
-          best = choice[i], bestIndex = e;
-      }
-      warpArgMax(best, bestIndex);
-      float second = -INFINITY;
-      int secondIndex = INT_MAX;
-#pragma unroll
-      for (int i = 0; i < N; ++i) {
-        const int e = lane + 32 * i;
-        if (e / per == g && e < s.experts && e != bestIndex && (choice[i] > second || (choice[i] == second && e < secondIndex)))
-          second = choice[i], secondIndex = e;
-      }
-      warpArgMax(second, secondIndex);
+      float best, second;
+      int bestIndex, secondIndex;
+      warpBest(choice, lane, s.experts, [&](int e, int) { return e / per == g; }, best, bestIndex);
+      warpBest(choice, lane, s.experts, [&](int e, int) { return e / per == g && e != bestIndex; }, second,
+               secondIndex);
       if (lane == g)
         groupScore = per > 1 ? best + second : best;
     }
@@ -155,15 +158,9 @@ __global__ void routeForwardKernel(const float *__restrict__ logits, const B *__
   int myExpert = 0;
   float myWeight = 0.0f;
   for (int j = 0; j < s.topK; ++j) {
-    float best = -INFINITY;
-    int bestIndex = INT_MAX;
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-      const int e = lane + 32 * i;
-      if (e < s.experts && !((taken >> i) & 1u) && (choice[i] > best || (choice[i] == best && e < bestIndex)))
-        best = choice[i], bestIndex = e;
-    }
-    warpArgMax(best, bestIndex);
+    float best;
+    int bestIndex;
+    warpBest(choice, lane, s.experts, [&](int, int i) { return !((taken >> i) & 1u); }, best, bestIndex);
     const int slot = bestIndex / 32;
     if (lane == bestIndex % 32)
       taken |= 1u << slot;
