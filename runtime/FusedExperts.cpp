@@ -23,6 +23,7 @@
 #include "runtime/cuda/ExpertCombineKernel.h"
 #include "runtime/cuda/FactorLayoutKernel.h"
 #include "runtime/cuda/LowRankKernel.h"
+#include "runtime/cuda/OuterSumKernel.h"
 #include "runtime/cuda/SwiGluKernel.h"
 #endif
 
@@ -129,6 +130,36 @@ torch::Tensor factorGradient(const torch::Tensor &columns, double scale) {
   return (columns.to(torch::kFloat32) * scale).permute({1, 2, 0}).reshape({rows, rank * experts});
 }
 
+/// The gradient of A [E*r, in] (PEFT's layout, fp32): per expert, the sum
+/// over its rows of dLow[i]^T in[i] (\p dLow [R, r], \p in [R, in]).
+torch::Tensor gradientOfA(const torch::Tensor &dLow, const torch::Tensor &in, const torch::Tensor &offsets) {
+  const int64_t experts = offsets.size(0), rank = dLow.size(1), width = in.size(1);
+#ifdef ADAPT_WITH_CUDA_KERNELS
+  if (uncheckedKernelsEnabled()) {
+    torch::Tensor g = torch::empty({experts * rank, width}, in.options().dtype(torch::kFloat32));
+    if (cuda::groupedOuterSum(dLow, in, offsets, 1.0, g, rank * width, width, 1))
+      return g;
+  }
+#endif
+  return at::_grouped_mm(dLow.t(), in, offsets).reshape({experts * rank, width}).to(torch::kFloat32);
+}
+
+/// The gradient of B [out, r*E] (PEFT's layout, fp32) of s*B: per expert,
+/// s times the sum over its rows of dOut[i]^T low[i] (\p dOut [R, out], \p
+/// low [R, r]).
+torch::Tensor gradientOfB(const torch::Tensor &dOut, const torch::Tensor &low, const torch::Tensor &offsets,
+                          double scale) {
+  const int64_t experts = offsets.size(0), rank = low.size(1), width = dOut.size(1);
+#ifdef ADAPT_WITH_CUDA_KERNELS
+  if (uncheckedKernelsEnabled()) {
+    torch::Tensor g = torch::empty({width, rank * experts}, dOut.options().dtype(torch::kFloat32));
+    if (cuda::groupedOuterSum(low, dOut, offsets, scale, g, 1, experts, rank * experts))
+      return g;
+  }
+#endif
+  return factorGradient(at::_grouped_mm(dOut.t(), low, offsets), scale); // [E, out, r] first
+}
+
 /// Rows [R, K] times [E, N, K]^T per expert group: [R, N].
 torch::Tensor groupedTimesT(const torch::Tensor &rows, const torch::Tensor &w, const torch::Tensor &offsets) {
   return at::_grouped_mm(rows, w.transpose(-2, -1), offsets);
@@ -184,8 +215,9 @@ struct RoutedExpertsFunction : torch::autograd::Function<RoutedExpertsFunction> 
     torch::Tensor dActCat = at::_grouped_mm(dy, padded2.narrow(1, 0, hidden), offsets); // [R, I + r]
     torch::Tensor dAct = dActCat.narrow(1, 0, width), dLow2 = dActCat.narrow(1, width, rank);
     addLowRankInto(dAct, dLow2, p2.downRows.transpose(1, 2).contiguous(), experts);
-    torch::Tensor dA2 = at::_grouped_mm(dLow2.t(), actCat.narrow(1, 0, width), offsets); // [E, r, I]
-    torch::Tensor dB2 = at::_grouped_mm(dy.t(), actCat.narrow(1, width, rank), offsets); // [E, K, r]
+    const double scale1 = ctx->saved_data["scale1"].toDouble(), scale2 = ctx->saved_data["scale2"].toDouble();
+    torch::Tensor dA2 = gradientOfA(dLow2, actCat.narrow(1, 0, width), offsets);
+    torch::Tensor dB2 = gradientOfB(dy, actCat.narrow(1, width, rank), offsets, scale2);
 
     // SwiGLU, then gate_up: d x = [dh | dh s B1] [W1 ; A1].
     torch::Tensor dhCat = torch::empty({rows, h.size(1) + rank}, h.options());
@@ -194,18 +226,10 @@ struct RoutedExpertsFunction : torch::autograd::Function<RoutedExpertsFunction> 
     torch::Tensor dLow1 = at::_grouped_mm(dh, p1.upColumns, offsets); // [R, r]
     dhCat.narrow(1, h.size(1), rank).copy_(dLow1);
     torch::Tensor dx = at::_grouped_mm(dhCat, padded1.narrow(2, 0, hidden), offsets); // [R, K]
-    torch::Tensor dA1 = at::_grouped_mm(dLow1.t(), xCat.narrow(1, 0, hidden), offsets); // [E, r, K]
-    torch::Tensor dB1 = at::_grouped_mm(dh.t(), xCat.narrow(1, hidden, rank), offsets); // [E, 2I, r]
+    torch::Tensor dA1 = gradientOfA(dLow1, xCat.narrow(1, 0, hidden), offsets);
+    torch::Tensor dB1 = gradientOfB(dh, xCat.narrow(1, hidden, rank), offsets, scale1);
     torch::Tensor dTokens = sumTokenRows(dx, rowOfPair, tokens, k);
-    // Back to the adapters' layout and dtype (fp32, PEFT's).
-    const double scale1 = ctx->saved_data["scale1"].toDouble(), scale2 = ctx->saved_data["scale2"].toDouble();
-    const int64_t expertCount = dA1.size(0);
-    return {dTokens,
-            dA1.reshape({expertCount * rank, hidden}).to(torch::kFloat32),
-            factorGradient(dB1, scale1),
-            dA2.reshape({expertCount * rank, width}).to(torch::kFloat32),
-            factorGradient(dB2, scale2),
-            {}, {}, {}, {}, {}, {}, {}, {}, {}};
+    return {dTokens, dA1, dB1, dA2, dB2, {}, {}, {}, {}, {}, {}, {}, {}, {}};
   }
 };
 
