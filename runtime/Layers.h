@@ -104,6 +104,11 @@ struct AttentionLayer {
   double softmaxScale() const;
   /// The q/k RMSNorm with \p weight (undefined: weightless), zero-centred when asked.
   torch::Tensor headNorm(const torch::Tensor &x, const torch::Tensor &weight) const;
+  /// Every linear a LoRA adapter can attach to, in the adapters' order.
+  std::vector<LoraLinear *> linears() { return {&q, &k, &v, &o, &qA, &qB, &kvA, &kvB, &indexQ, &indexK, &indexWeights}; }
+  std::vector<const LoraLinear *> linears() const {
+    return {&q, &k, &v, &o, &qA, &qB, &kvA, &kvB, &indexQ, &indexK, &indexWeights};
+  }
 };
 
 /// Dense gated MLP or mixture of experts.
@@ -132,6 +137,14 @@ struct FfnLayer {
                         const torch::Tensor &forcedExperts = {}, torch::Tensor *flips = nullptr) const;
   /// The MoE block's module path ("model.layers.3.mlp"): the parent of the router's.
   std::string blockPath() const;
+  /// Every linear a LoRA adapter can attach to (not the routed experts), in
+  /// the adapters' order.
+  std::vector<LoraLinear *> linears() {
+    return {&router, &gate, &up, &down, &sharedGate, &sharedUp, &sharedDown, &sharedExpertGate};
+  }
+  std::vector<const LoraLinear *> linears() const {
+    return {&router, &gate, &up, &down, &sharedGate, &sharedUp, &sharedDown, &sharedExpertGate};
+  }
   /// Sets routerBf16 where the router is frozen (no LoRA), unsplit, and its
   /// weight exactly bf16; returns whether it did.
   bool prepareRouter();

@@ -132,19 +132,9 @@ std::vector<AdapterTensor> Model::adapters() const {
   for (size_t i = 0; i < impl->layers.size(); ++i) {
     const size_t from = out.size();
     const Layer &layer = impl->layers[i];
-    const AttentionLayer &a = layer.attention;
-    for (const LoraLinear *l : {&a.q, &a.k, &a.v, &a.o, &a.qA, &a.qB, &a.kvA, &a.kvB, &a.indexQ, &a.indexK, &a.indexWeights})
+    for (const LoraLinear *l : layer.linears())
       addLinear(*l);
     const FfnLayer &f = layer.ffn;
-    for (const LoraLinear *l : {&f.router, &f.gate, &f.up, &f.down, &f.sharedGate, &f.sharedUp, &f.sharedDown,
-                                &f.sharedExpertGate})
-      addLinear(*l);
-    for (const LoraLinear *l : layer.lightning.linears())
-      addLinear(*l);
-    for (const LoraLinear *l : layer.kimiDelta.linears())
-      addLinear(*l);
-    for (const LoraLinear *l : layer.deltaNet.linears())
-      addLinear(*l);
     // PEFT nests one ParamWrapper per targeted parameter of the experts
     // module; with both targeted, gate_up_proj is the inner (base_layer) one.
     if (f.gateUp.hasLora() || f.expertDown.hasLora()) {
@@ -181,38 +171,25 @@ std::string Model::peftConfigJson(const std::string &baseModelPath) const {
     const Layer &layer = impl->layers[i];
     const std::string &prefix = impl->def.layers[i].hfPrefix;
     auto rel = [&](const std::string &path) { return path.substr(prefix.size()); };
-    const AttentionLayer &a = layer.attention;
-    for (const LoraLinear *l : {&a.q, &a.k, &a.v, &a.o, &a.qA, &a.qB, &a.kvA, &a.kvB, &a.indexQ, &a.indexK, &a.indexWeights})
-      if (l->hasLora())
-        modules.insert(rel(l->hfPath));
-    for (const LoraLinear *l : layer.lightning.linears())
-      if (l->hasLora())
-        modules.insert(rel(l->hfPath));
-    for (const LoraLinear *l : layer.kimiDelta.linears())
-      if (l->hasLora())
-        modules.insert(rel(l->hfPath));
-    for (const LoraLinear *l : layer.deltaNet.linears())
-      if (l->hasLora())
-        modules.insert(rel(l->hfPath));
     const FfnLayer &f = layer.ffn;
-    for (const LoraLinear *l : {&f.gate, &f.up, &f.down, &f.sharedGate, &f.sharedUp, &f.sharedDown}) {
+    const std::set<const LoraLinear *> mlp = {&f.gate, &f.up, &f.down, &f.sharedGate, &f.sharedUp, &f.sharedDown};
+    for (const LoraLinear *l : layer.linears()) {
       if (!l->hasLora())
         continue;
       // PEFT 0.21 under transformers 5 rewrites target_modules entries whose
       // leaf is a pre-v5 expert name (gate_proj/up_proj/down_proj, w1/w2/w3)
       // into fused-expert targets for MoE families, which would drop the dense
       // and shared MLP adapters. As target_parameters (a 2-D ParamWrapper:
-      // same keys, same function) they load as trained.
+      // same keys, same function) they load as trained; so does the router.
       std::string leaf = l->hfPath.substr(l->hfPath.rfind('.') + 1);
-      bool remapped = leaf == "gate_proj" || leaf == "up_proj" || leaf == "down_proj" || leaf == "w1" ||
-                      leaf == "w2" || leaf == "w3";
+      bool remapped = l == &f.router || (mlp.count(l) && (leaf == "gate_proj" || leaf == "up_proj" ||
+                                                          leaf == "down_proj" || leaf == "w1" || leaf == "w2" ||
+                                                          leaf == "w3"));
       if (remapped)
         parameters.insert(rel(l->hfPath) + ".weight");
       else
         modules.insert(rel(l->hfPath));
     }
-    if (f.router.hasLora())
-      parameters.insert(rel(f.router.hfPath) + ".weight");
     if (f.sharedExpertGate.hasLora())
       modules.insert(rel(f.sharedExpertGate.hfPath));
     for (const ExpertLinear *x : {&f.gateUp, &f.expertDown})
@@ -289,19 +266,8 @@ std::vector<std::pair<std::string, torch::Tensor>> Model::mergedWeights() const 
         emit(l->checkpointName, mergedLinear(*l));
   for (size_t i = 0; i < impl->layers.size(); ++i) {
     const Layer &layer = impl->layers[i];
-    const AttentionLayer &a = layer.attention;
     const FfnLayer &f = layer.ffn;
-    for (const LoraLinear *l : {&a.q, &a.k, &a.v, &a.o, &a.qA, &a.qB, &a.kvA, &a.kvB, &a.indexQ, &a.indexK, &a.indexWeights, &f.router, &f.gate,
-                                &f.up, &f.down, &f.sharedGate, &f.sharedUp, &f.sharedDown, &f.sharedExpertGate})
-      if (l->hasLora())
-        emit(l->checkpointName, mergedLinear(*l));
-    for (const LoraLinear *l : layer.lightning.linears())
-      if (l->hasLora())
-        emit(l->checkpointName, mergedLinear(*l));
-    for (const LoraLinear *l : layer.kimiDelta.linears())
-      if (l->hasLora())
-        emit(l->checkpointName, mergedLinear(*l));
-    for (const LoraLinear *l : layer.deltaNet.linears())
+    for (const LoraLinear *l : layer.linears())
       if (l->hasLora())
         emit(l->checkpointName, mergedLinear(*l));
     const auto &w = f.def.weights;

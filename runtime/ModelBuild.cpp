@@ -461,19 +461,8 @@ void ModelImpl::addLora(ExpertLinear &x, int64_t allExperts) {
 void ModelImpl::injectLora() {
   for (size_t i = 0; i < layers.size(); ++i) {
     const LayerDef &d = def.layers[i];
-    AttentionLayer &a = layers[i].attention;
     FfnLayer &f = layers[i].ffn;
-    for (LoraLinear *l : {&a.q, &a.k, &a.v, &a.o, &a.qA, &a.qB, &a.kvA, &a.kvB, &a.indexQ, &a.indexK, &a.indexWeights, &f.gate, &f.up, &f.down,
-                          &f.sharedGate, &f.sharedUp, &f.sharedDown, &f.router, &f.sharedExpertGate})
-      if (l->weight.defined() && targeted(l->hfPath, d))
-        addLora(*l);
-    for (LoraLinear *l : layers[i].deltaNet.linears())
-      if (l->weight.defined() && targeted(l->hfPath, d))
-        addLora(*l);
-    for (LoraLinear *l : layers[i].lightning.linears())
-      if (l->weight.defined() && targeted(l->hfPath, d))
-        addLora(*l);
-    for (LoraLinear *l : layers[i].kimiDelta.linears())
+    for (LoraLinear *l : layers[i].linears())
       if (l->weight.defined() && targeted(l->hfPath, d))
         addLora(*l);
     if (f.isMoe()) {

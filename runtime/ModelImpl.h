@@ -49,6 +49,19 @@ struct Layer {
   KimiDeltaLayer kimiDelta;      ///< Used instead of attention for AttentionKind::KimiDelta.
   bool isKimiDelta = false;
   FfnLayer ffn;
+
+  /// Every linear of the layer a LoRA adapter can attach to (not the routed
+  /// experts), in one order: the adapters', the merged export's and
+  /// injection's (which draws the adapters' initial values in it).
+  template <typename L, typename Self> static std::vector<L *> linearsOf(Self &self) {
+    std::vector<L *> all = self.attention.linears();
+    for (const auto &part : {self.ffn.linears(), self.lightning.linears(), self.kimiDelta.linears(),
+                             self.deltaNet.linears()})
+      all.insert(all.end(), part.begin(), part.end());
+    return all;
+  }
+  std::vector<LoraLinear *> linears() { return linearsOf<LoraLinear>(*this); }
+  std::vector<const LoraLinear *> linears() const { return linearsOf<const LoraLinear>(*this); }
 };
 
 /// MiniMax's scaled residual alpha * residual + beta * update; a plain sum
