@@ -190,8 +190,6 @@ std::string Model::peftConfigJson(const std::string &baseModelPath) const {
       else
         modules.insert(rel(l->hfPath));
     }
-    if (f.sharedExpertGate.hasLora())
-      modules.insert(rel(f.sharedExpertGate.hfPath));
     for (const ExpertLinear *x : {&f.gateUp, &f.expertDown})
       if (x->hasLora())
         parameters.insert(rel(x->hfParam));

@@ -282,6 +282,33 @@ class Trainer(unittest.TestCase):
                 self.assertEqual(proc.returncode, 2, proc.stderr)
                 self.assertIn(flag, proc.stderr)
 
+    def test_adapted_shared_expert_gate_and_router_reach_the_peft_config(self):
+        # Qwen3-Next's shared_expert_gate ([1, hidden]), a linear the families' test leaves
+        # alone, and the router beside it: each adapter must be listed in the PEFT config
+        # (the gate in target_modules, the router in target_parameters), every key must
+        # load, and PEFT's logits must be ours.
+        model, _ = self.build("qwen3_next")
+        project = os.path.join(self.work, "build-qwen3_next-gate")
+        proc = run(ADAPT, "build", model, "--out", project, "--lora-targets", "q_proj,shared_expert_gate",
+                   "--lora-router")  # adapt counts the gate among the routers
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        out = os.path.join(self.work, "shared-gate")
+        proc = run(os.path.join(project, "train"), "--model", model, "--data", self.data, "--out", out,
+                   "--steps", "3", "--batch", "2", "--seq-len", "32", "--lr", "1e-2", "--log-every", "0",
+                   "--export", out + "/adapter", "--logits-out", out + "/logits.safetensors")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        config = read_json(out + "/adapter/adapter_config.json")
+        self.assertIn("mlp.shared_expert_gate", config["target_modules"])
+        self.assertIn("mlp.gate.weight", config["target_parameters"])
+        if not PYTHON:
+            return
+        proc = run(PYTHON, "-c", REFERENCE, model, out + "/adapter", out + "/logits.safetensors")
+        self.assertEqual(proc.returncode, 0, proc.stderr[-3000:])
+        result = eval(proc.stdout.strip().splitlines()[-1])
+        self.assertEqual(result["unloaded"], [], "adapter keys PEFT did not load")
+        # The same bound as the families' test above (measured <= 2e-6 there).
+        self.assertLess(result["rel"], 1e-4, "logits differ from transformers + PEFT")
+
     def test_eval_set_tensorboard_and_report(self):
         # An eval set: eval_loss every N steps and at the end, the best
         # adapter kept; epochs instead of steps; the scalars in TensorBoard's
