@@ -15,15 +15,70 @@
 
 namespace adapt::rt {
 
+namespace {
+
+/// y = x W^T + b + (x A^T)(s B)^T as one autograd node whose rank-r terms
+/// accumulate in place: forward into the base output, backward into the
+/// base input gradient (addmm_ with beta = 1, one rounding), so neither a
+/// separate [tokens, in] LoRA input gradient nor the add that autograd would
+/// make of the two exists (profiled at ~0.1 ms per MoE layer on the H200 for
+/// q/k/v/o, docs/performance.md, seventh round). The factors come as the
+/// fp32 adapters and get their gradients in fp32; the frozen weight and bias
+/// get none.
+struct LoraLinearFunction : torch::autograd::Function<LoraLinearFunction> {
+  static torch::Tensor forward(torch::autograd::AutogradContext *ctx, const torch::Tensor &x,
+                               const torch::Tensor &loraA, const torch::Tensor &loraB, const torch::Tensor &weight,
+                               const torch::Tensor &biasOrEmpty, double scale) {
+    const auto dtype = x.scalar_type();
+    const torch::Tensor a = loraA.to(dtype), scaledB = (loraB * scale).to(dtype);
+    const torch::Tensor x2 = x.reshape({-1, x.size(-1)});
+    torch::Tensor y = torch::linear(x2, weight, biasOrEmpty.numel() > 0 ? biasOrEmpty : torch::Tensor());
+    const torch::Tensor down = torch::mm(x2, a.t()); // [tokens, r]
+    y.addmm_(down, scaledB.t());
+    ctx->save_for_backward({x2, a, scaledB, weight, down});
+    ctx->saved_data["scale"] = scale;
+    std::vector<int64_t> shape = x.sizes().vec();
+    shape.back() = weight.size(0);
+    return y.view(shape);
+  }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext *ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto v = ctx->get_saved_variables();
+    const torch::Tensor &x2 = v[0], &a = v[1], &scaledB = v[2], &weight = v[3], &down = v[4];
+    const double scale = ctx->saved_data["scale"].toDouble();
+    const torch::Tensor dy = grads[0].reshape({-1, weight.size(0)});
+    const torch::Tensor dDown = torch::mm(dy, scaledB); // [tokens, r]
+    torch::Tensor dx;
+    if (ctx->needs_input_grad(0)) { // not for a first layer's frozen embeddings
+      std::vector<int64_t> shape = grads[0].sizes().vec();
+      shape.back() = weight.size(1);
+      dx = torch::mm(dy, weight).addmm_(dDown, a).view(shape);
+    }
+    torch::Tensor dA = torch::mm(dDown.t(), x2).to(torch::kFloat32);
+    torch::Tensor dB = torch::mm(dy.t(), down).to(torch::kFloat32) * scale;
+    return {dx, dA, dB, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+  }
+};
+
+} // namespace
+
 torch::Tensor LoraLinear::forward(const torch::Tensor &input, bool training) const {
   // Column-parallel: the whole input, whose gradient the group sums.
   const torch::Tensor x = split == TensorSplit::Columns ? copyToTensorRegion(input, *tensorGroup) : input;
   // Row-parallel: the bias joins once, after the partial outputs are summed.
   const bool rows = split == TensorSplit::Rows;
+  const bool dropping = training && dropout > 0.0;
+  // One node with in-place accumulation where the LoRA input is the base
+  // input and the frozen parts are plain (LoraLinearFunction).
+  if (hasLora() && !dropping && split == TensorSplit::None && !weight.requires_grad() &&
+      !(bias.defined() && bias.requires_grad()) && x.dim() >= 1 && x.numel() > 0 &&
+      loraA.scalar_type() == torch::kFloat32 && loraB.scalar_type() == torch::kFloat32)
+    return LoraLinearFunction::apply(x, loraA, loraB, weight, bias.defined() ? bias : torch::empty({0}, x.options()),
+                                     scale);
   torch::Tensor y = torch::linear(x, weight, rows ? torch::Tensor() : bias);
   if (hasLora()) {
     torch::Tensor in = x;
-    if (training && dropout > 0.0)
+    if (dropping)
       in = torch::dropout(in, dropout, /*train=*/true);
     // The scale joins the rank-r factor, not the [tokens, out] product.
     torch::Tensor a = loraA.to(x.scalar_type()), b = (loraB * scale).to(x.scalar_type());

@@ -685,6 +685,7 @@ std::vector<Check> registry() {
   addLossChecks(all);
   addFusedExpertChecks(all);
   addRouterLogitsChecks(all);
+  addLoraLinearChecks(all);
   return all;
 }
 

@@ -135,6 +135,9 @@ void addFusedExpertChecks(std::vector<Check> &all);
 /// The MoE router's fp32 logits, by the exact bf16 node where it applies
 /// (OpCheckRouterLogits.cpp).
 void addRouterLogitsChecks(std::vector<Check> &all);
+/// A frozen linear with its LoRA adapter, as one node and as the
+/// composition (OpCheckLoraLinear.cpp).
+void addLoraLinearChecks(std::vector<Check> &all);
 
 } // namespace adapt::rt::opcheck
 
