@@ -118,18 +118,6 @@ void writeFactors(const torch::Tensor &padded, const torch::Tensor &a, const tor
   p.upColumns.copy_(b.view({b.size(0), rank, experts}).permute({2, 0, 1}) * scale);
 }
 
-/// The gradient of B [N, r*E] (PEFT layout, fp32) from that of s*B's
-/// columns [E, N, r].
-torch::Tensor factorGradient(const torch::Tensor &columns, double scale) {
-#ifdef ADAPT_WITH_CUDA_KERNELS
-  if (torch::Tensor g = uncheckedKernelsEnabled() ? cuda::expertColumnsToFactor(columns, scale) : torch::Tensor();
-      g.defined())
-    return g;
-#endif
-  const int64_t experts = columns.size(0), rows = columns.size(1), rank = columns.size(2);
-  return (columns.to(torch::kFloat32) * scale).permute({1, 2, 0}).reshape({rows, rank * experts});
-}
-
 /// The gradient of A [E*r, in] (PEFT's layout, fp32): per expert, the sum
 /// over its rows of dLow[i]^T in[i] (\p dLow [R, r], \p in [R, in]).
 torch::Tensor gradientOfA(const torch::Tensor &dLow, const torch::Tensor &in, const torch::Tensor &offsets) {
@@ -157,7 +145,8 @@ torch::Tensor gradientOfB(const torch::Tensor &dOut, const torch::Tensor &low, c
       return g;
   }
 #endif
-  return factorGradient(at::_grouped_mm(dOut.t(), low, offsets), scale); // [E, out, r] first
+  const torch::Tensor columns = at::_grouped_mm(dOut.t(), low, offsets); // [E, out, r]
+  return (columns.to(torch::kFloat32) * scale).permute({1, 2, 0}).reshape({width, rank * experts});
 }
 
 /// Rows [R, K] times [E, N, K]^T per expert group: [R, N].

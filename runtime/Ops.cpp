@@ -5,18 +5,19 @@
 #include "runtime/Errors.h"
 #include "runtime/GeneratedOps.h"
 #ifdef ADAPT_WITH_CUDA_KERNELS
-#include "runtime/cuda/RmsNormKernel.h"
 #include "runtime/cuda/GroupKernel.h"
+#include "runtime/cuda/RmsNormKernel.h"
 #include "runtime/cuda/RopeKernel.h"
 #include "runtime/cuda/RouteKernel.h"
 #include "runtime/cuda/SwiGluKernel.h"
 #endif
 
 #include <ATen/record_function.h>
-#include <cstdlib>
-#include <string>
-#include <optional>
+
 #include <cmath>
+#include <cstdlib>
+#include <optional>
+#include <string>
 
 namespace adapt::rt {
 

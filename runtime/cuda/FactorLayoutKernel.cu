@@ -11,7 +11,6 @@
 
 #include <ATen/cuda/CUDAContext.h>
 #include <cuda_bf16.h>
-#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 
@@ -40,26 +39,6 @@ __global__ void toExpertColumnsKernel(const float *__restrict__ factor, __nv_bfl
     *reinterpret_cast<__nv_bfloat162 *>(out + k) = __floats2bfloat162_rn(tile[k][t] * scale, tile[k + 1][t] * scale);
 }
 
-__global__ void toFactorKernel(const __nv_bfloat16 *__restrict__ columns, float *__restrict__ factor, int64_t experts,
-                               int64_t rows, int64_t rank, float scale) {
-  __shared__ float tile[kMaxRank][kExpertsPerBlock];
-  const int64_t n = blockIdx.x, e0 = int64_t(blockIdx.y) * kExpertsPerBlock;
-  const int t = threadIdx.x;
-  if (e0 + t < experts) {
-    const __nv_bfloat16 *in = columns + ((e0 + t) * rows + n) * rank;
-    for (int64_t k = 0; k < rank; k += 2) {
-      const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(in + k));
-      tile[k][t] = v.x;
-      tile[k + 1][t] = v.y;
-    }
-  }
-  __syncthreads();
-  float *row = factor + n * rank * experts;
-  for (int64_t k = 0; k < rank; ++k)
-    if (e0 + t < experts)
-      row[k * experts + e0 + t] = tile[k][t] * scale;
-}
-
 dim3 gridFor(int64_t rows, int64_t experts) {
   return dim3(static_cast<unsigned>(rows), static_cast<unsigned>((experts + kExpertsPerBlock - 1) / kExpertsPerBlock));
 }
@@ -81,21 +60,6 @@ bool factorToExpertColumns(const at::Tensor &factor, double scale, at::Tensor co
       columns.stride(0), columns.stride(1), static_cast<float>(scale));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return true;
-}
-
-at::Tensor expertColumnsToFactor(const at::Tensor &columns, double scale) {
-  if (!columns.is_cuda() || columns.dim() != 3 || columns.scalar_type() != at::kBFloat16 || !columns.is_contiguous())
-    return at::Tensor();
-  const int64_t experts = columns.size(0), rows = columns.size(1), rank = columns.size(2);
-  if (rank % 2 != 0 || rank > kMaxRank || rows == 0 || experts == 0)
-    return at::Tensor();
-  const c10::cuda::CUDAGuard guard(columns.device());
-  at::Tensor factor = at::empty({rows, rank * experts}, columns.options().dtype(at::kFloat));
-  toFactorKernel<<<gridFor(rows, experts), kExpertsPerBlock, 0, at::cuda::getCurrentCUDAStream()>>>(
-      reinterpret_cast<const __nv_bfloat16 *>(columns.data_ptr()), factor.data_ptr<float>(), experts, rows, rank,
-      static_cast<float>(scale));
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return factor;
 }
 
 } // namespace adapt::rt::cuda

@@ -6,10 +6,11 @@
 // copy between the two (r innermost on one side, E on the other) moves 2
 // bytes per scattered access: ~25-30 us per factor and direction at
 // Qwen3-30B-A3B's shapes, ~0.1 ms per MoE layer with the casts and scalings
-// around it. Here one pass each way goes through a [r, 128-expert] tile in
+// around it. Here the forward's copy goes through a [r, 128-expert] tile in
 // shared memory, with the scale and the dtype change folded in. Built where
 // nvcc is (ADAPT_WITH_CUDA_KERNELS); FusedExperts.cpp keeps LibTorch's copy
-// as the CPU path.
+// as the CPU path. (The gradient comes back in PEFT's layout directly:
+// OuterSumKernel.h.)
 //
 //===----------------------------------------------------------------------===//
 #ifndef ADAPT_RUNTIME_CUDA_FACTORLAYOUTKERNEL_H
@@ -24,11 +25,6 @@ namespace adapt::rt::cuda {
 /// over r (the spare columns of a padded weight). Returns false, writing
 /// nothing, where the shapes, dtypes or strides do not fit.
 bool factorToExpertColumns(const at::Tensor &factor, double scale, at::Tensor columns);
-
-/// The inverse, for gradients: factor[n, k*E + e] = scale * columns[e, n, k]
-/// with \p columns [E, N, r] bf16 contiguous; a new fp32 [N, r*E] tensor, or
-/// undefined where the shapes or dtypes do not fit.
-at::Tensor expertColumnsToFactor(const at::Tensor &columns, double scale);
 
 } // namespace adapt::rt::cuda
 
