@@ -20,6 +20,9 @@ enum ExitCode : int {
   kExitBadInput = 2,    ///< Input files are malformed, missing or inconsistent.
   kExitGapsFound = 3,   ///< `gaps`: at least one component is partial/missing.
   kExitCheckFailed = 4, ///< `validate`: a numerical comparison failed.
+  /// `build`: the generated trainer did not compile (the same number as a
+  /// failed check: the command's own work, not its input, went wrong).
+  kExitCompileFailed = 4,
 };
 
 /// One problem with the user's input: which file, which field, what was

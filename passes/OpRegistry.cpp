@@ -101,12 +101,17 @@ Result<OpRegistry> parseOpRegistry(const std::string &text,
   return registry;
 }
 
+const char *builtinOpRegistryText() {
+  static const char *text =
+#include "RegistryData.inc"
+      ;
+  return text;
+}
+
 const OpRegistry &builtinOpRegistry() {
   static const OpRegistry registry = [] {
-    static const char *text =
-#include "RegistryData.inc"
-        ;
-    Result<OpRegistry> parsed = parseOpRegistry(text, "runtime/registry/ops.json");
+    Result<OpRegistry> parsed =
+        parseOpRegistry(builtinOpRegistryText(), "runtime/registry/ops.json");
     return parsed ? parsed.value() : OpRegistry{};
   }();
   return registry;

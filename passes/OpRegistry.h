@@ -65,6 +65,9 @@ Result<OpRegistry> parseOpRegistry(const std::string &json,
                                    const std::string &fileForErrors);
 /// The registry compiled into this binary.
 const OpRegistry &builtinOpRegistry();
+/// builtinOpRegistry()'s JSON text, runtime/registry/ops.json as built in
+/// (`generate` and `review` read entries the parsed form does not keep).
+const char *builtinOpRegistryText();
 /// Reads a registry file (--registry).
 Result<OpRegistry> readOpRegistry(const std::string &path);
 

@@ -23,6 +23,7 @@ enum RuntimeExitCode : int {
   kExitInternal = 1,     ///< A LibTorch failure or a bug (out of memory, ...).
   kExitBadInput = 2,     ///< Missing/truncated shard, shape mismatch, bad
                          ///< dataset, token id >= vocab, bad flag.
+  kExitCheckFailed = 4,  ///< `--validate`, adapt-op-check: a numerical comparison failed.
   kExitDiverged = 5,     ///< Training diverged: NaN/Inf loss or gradient.
   kExitWriteFailed = 6,  ///< An I/O failure while writing (disk full, ...).
   kExitPeerFailed = 7,   ///< Parallel run: another rank failed, or a collective timed out.

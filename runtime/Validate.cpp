@@ -198,7 +198,7 @@ int validateModelStage(Model &model, const std::string &modelDir, const std::str
                   format(c.tolerance).c_str(), c.pass ? "pass" : "FAIL");
   std::printf("%zu checks, %s%s\n", checks.size(), passed ? "all passed" : "FAILED",
               firstDivergence.empty() ? "" : ("; first divergence: " + firstDivergence).c_str());
-  return passed ? 0 : kExitValidationFailed;
+  return passed ? 0 : kExitCheckFailed;
 }
 
 } // namespace adapt::rt

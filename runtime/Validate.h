@@ -12,19 +12,17 @@
 #ifndef ADAPT_RUNTIME_VALIDATE_H
 #define ADAPT_RUNTIME_VALIDATE_H
 
+#include "runtime/Errors.h"
 #include "runtime/Model.h"
 
 #include <string>
 
 namespace adapt::rt {
 
-/// Exit code of a failed comparison (the ladder's "fail"; 2 stays bad input).
-constexpr int kExitValidationFailed = 4;
-
 /// Runs the model stage for \p model (loaded from \p modelDir) against the
 /// fixture folder \p fixtureDir, writes `model-stage.json` and
 /// `model-stage.md` into \p outDir and prints a table. Returns 0 when every
-/// check passed, kExitValidationFailed when one failed; throws RuntimeError
+/// check passed, kExitCheckFailed when one failed; throws RuntimeError
 /// (exit 2) for a missing fixture, a fixture made from other weights, or one
 /// whose adapter does not match the trainer's LoRA targets.
 int validateModelStage(Model &model, const std::string &modelDir, const std::string &fixtureDir,

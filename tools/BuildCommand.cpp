@@ -56,7 +56,6 @@ const char *const kBuildUsage =
 
 namespace {
 
-constexpr int kExitCompileFailed = 4;
 
 int usageError(const std::string &error) {
   std::cerr << "adapt: error: " << error << "\nusage:\n" << kBuildUsage;

@@ -21,6 +21,7 @@
 
 #include "agent/Agent.h"
 #include "ir/AdaptDialect.h"
+#include "passes/OpRegistry.h"
 #include "passes/ReportWriter.h"
 #include "tools/ModelAnalysis.h"
 #include "parser/InputError.h"
@@ -47,10 +48,6 @@ const char *const kGenerateUsage =
 namespace {
 
 using agent::Json;
-
-const char *kBuiltinRegistry =
-#include "RegistryData.inc"
-    ;
 
 struct GenerateOptions {
   std::string path, out, registry, only;
@@ -185,7 +182,7 @@ int runGenerateCommand(int argc, char **argv) {
   std::string error;
 
   // The registry, as JSON.
-  std::string registryText = kBuiltinRegistry;
+  std::string registryText = builtinOpRegistryText();
   if (!o.registry.empty() && !agent::readText(o.registry, registryText)) {
     std::cerr << "adapt: error: " << o.registry << ": cannot read the registry\n";
     return kExitBadInput;

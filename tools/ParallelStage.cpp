@@ -48,7 +48,6 @@ extern char **environ;
 namespace adapt {
 namespace {
 
-constexpr int kExitValidationFailed = 4;
 constexpr double kLossBound = 1e-6, kGradientBound = 1e-6;
 /// TP sums o_proj's and down_proj's products in per-rank partial sums added
 /// by the all-reduce: a reduction order no single-process run reproduces.
@@ -315,7 +314,7 @@ int runParallelStage(const ParallelStageOptions &o) {
   for (auto [dir, fromStart] : {std::pair{start, false}, {single, true}})
     if (std::string problem = launch(train, runArgs(dir, fromStart), 1, dir); !problem.empty()) {
       std::cerr << "adapt: error: the single-process run failed: " << problem << "\n";
-      return kExitValidationFailed;
+      return kExitCheckFailed;
     }
   std::string error;
   auto startAdapter = readF32(start + "/adapter/adapter_model.safetensors", error);
@@ -351,7 +350,7 @@ int runParallelStage(const ParallelStageOptions &o) {
     return &(references[{microBatches, seqLen}] = std::move(r));
   };
   if (!referenceRun(1))
-    return kExitValidationFailed;
+    return kExitCheckFailed;
 
   nlohmann::ordered_json results = nlohmann::ordered_json::array();
   bool allPassed = true;
@@ -394,7 +393,7 @@ int runParallelStage(const ParallelStageOptions &o) {
     const Reference *whole = referenceRun(1, seqLen);
     const Reference *regrouped = dataRanks * micro == 1 && parts > 1 ? referenceRun(2, seqLen) : matching;
     if (!matching || !whole || !regrouped)
-      return kExitValidationFailed;
+      return kExitCheckFailed;
     const auto &singleGradients = matching->gradients;
     const std::vector<double> &singleLosses = matching->losses;
     // Informational: K micro-batches against one batch (accumulation order).
@@ -498,7 +497,7 @@ int runParallelStage(const ParallelStageOptions &o) {
         "bitwise (docs/parallel.md).\n";
   std::cout << "parallel stage: " << (allPassed && ran > 0 ? "passed" : "FAILED") << " (" << o.out
             << "/parallel-stage.md)" << std::endl;
-  return allPassed && ran > 0 ? kExitOk : kExitValidationFailed;
+  return allPassed && ran > 0 ? kExitOk : kExitCheckFailed;
 }
 
 } // namespace adapt

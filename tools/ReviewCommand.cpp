@@ -22,6 +22,7 @@
 #include "agent/Agent.h"
 #include "agent/ReviewKey.h"
 #include "parser/InputError.h"
+#include "passes/OpRegistry.h"
 
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"
@@ -44,10 +45,6 @@ const char *const kReviewUsage =
 namespace {
 
 using agent::Json;
-
-const char *kBuiltinRegistry =
-#include "RegistryData.inc"
-    ;
 
 int usageError(const std::string &message) {
   std::cerr << "adapt: error: " << message << "\nusage:\n" << kReviewUsage;
@@ -337,7 +334,7 @@ int runReviewCommand(int argc, char **argv) {
   if (by.empty())
     by = std::getenv("USER") ? std::getenv("USER") : "unknown";
 
-  std::string registryText = kBuiltinRegistry, error;
+  std::string registryText = builtinOpRegistryText(), error;
   if (registryPath.empty()) {
     // The registry generate compared against (generate.json), if not built in.
     std::string text;

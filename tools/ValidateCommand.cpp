@@ -43,7 +43,6 @@ const char *const kValidateUsage =
 
 namespace {
 
-constexpr int kExitValidationFailed = 4;
 
 struct ValidateOptions {
   std::string path, stage, out, fixture, runtimeDir, layouts, steps;
@@ -152,10 +151,10 @@ int runModelStage(const ValidateOptions &o) {
     return rc;
   std::cout << "== model stage against " << o.fixture << "\n";
   int rc = runProgram({trainerDir + "/train", "--validate", o.fixture, "--out", o.out});
-  if (rc == 0 || rc == kExitValidationFailed || rc == kExitBadInput)
+  if (rc == 0 || rc == kExitCheckFailed || rc == kExitBadInput)
     return rc;
   std::cerr << "adapt: error: the trainer ended with exit code " << rc << "\n";
-  return kExitValidationFailed;
+  return kExitCheckFailed;
 }
 
 } // namespace
@@ -210,7 +209,7 @@ int runValidateCommand(int argc, char **argv) {
   }
   if (o.stage == "op") {
     int rc = runProgram({checker, "--out", o.out});
-    return rc == kExitOk || rc == kExitValidationFailed || rc == kExitBadInput ? rc : kExitValidationFailed;
+    return rc == kExitOk || rc == kExitCheckFailed || rc == kExitBadInput ? rc : kExitCheckFailed;
   }
   return runModelStage(o);
 }

@@ -9,6 +9,8 @@
 #ifndef ADAPT_RUNTIME_TOOLS_OPCHECKHARNESS_H
 #define ADAPT_RUNTIME_TOOLS_OPCHECKHARNESS_H
 
+#include "runtime/Errors.h"
+
 #include <torch/torch.h>
 
 #include <cmath>
@@ -25,7 +27,6 @@ namespace adapt::rt::opcheck {
 
 using torch::Tensor;
 
-constexpr int kExitCheckFailed = 4;
 inline const double kInf = std::numeric_limits<double>::infinity();
 inline const auto f64 = torch::kFloat64;
 inline const auto i64 = torch::kInt64;
