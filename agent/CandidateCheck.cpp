@@ -37,11 +37,14 @@
 //===----------------------------------------------------------------------===//
 
 #include "agent/checks/CheckHarness.h"
+#include "runtime/CommandLine.h"
+#include "runtime/Errors.h"
 #include "runtime/SafetensorsIO.h"
 
 #include <dlfcn.h>
 #include <sys/stat.h>
 
+#include <cmath>
 #include <fstream>
 #include <iostream>
 
@@ -147,56 +150,47 @@ int judgeOutputs(const TaskSpec &spec, const std::vector<CheckCase> &cases, cons
 } // namespace
 
 int main(int argc, char **argv) {
-  std::string task, library, out, emit, judge, deviceName = "cpu";
-  uint64_t seed = 1234;
+  std::string task, library, out, emit, judge, deviceName;
+  uint64_t seed = 0;
   Params params;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    auto next = [&]() -> std::string { return i + 1 < argc ? argv[++i] : ""; };
-    if (arg == "--compile-flags") {
+  try {
+    using namespace adapt::rt;
+    const ParsedFlags flags =
+        parseFlags(argc, argv,
+                   {{"--device", "--task", "--library", "--out", "--emit", "--judge", "--seed", "--param"},
+                    {"--compile-flags", "--cuda-compile-flags", "--cuda-available", "--tasks"},
+                    {"--param"}});
+    if (flags.has("--compile-flags")) {
       std::cout << ADAPT_CANDIDATE_COMPILE_FLAGS << "\n";
       return 0;
-    } else if (arg == "--cuda-compile-flags") {
+    }
+    if (flags.has("--cuda-compile-flags")) {
       std::cout << ADAPT_CANDIDATE_CUDA_COMPILE_FLAGS << "\n";
       return 0;
-    } else if (arg == "--cuda-available") {
+    }
+    if (flags.has("--cuda-available"))
       return torch::cuda::is_available() ? 0 : 1;
-    } else if (arg == "--device") {
-      std::string v = next();
-      if (v != "cpu" && v != "cuda")
-        return usage("--device expects cpu or cuda, found \"" + v + "\"");
-      deviceName = v;
-    } else if (arg == "--tasks") {
+    if (flags.has("--tasks")) {
       for (const TaskSpec &t : allTasks())
         std::cout << t.name << "\n";
       return 0;
-    } else if (arg == "--task") {
-      task = next();
-    } else if (arg == "--library") {
-      library = next();
-    } else if (arg == "--out") {
-      out = next();
-    } else if (arg == "--emit") {
-      emit = next();
-    } else if (arg == "--judge") {
-      judge = next();
-    } else if (arg == "--seed") {
-      std::string v = next();
-      char *end = nullptr;
-      seed = std::strtoull(v.c_str(), &end, 10);
-      if (v.empty() || *end)
-        return usage("--seed expects an integer, found \"" + v + "\"");
-    } else if (arg == "--param") {
-      std::string kv = next();
-      size_t eq = kv.find('=');
-      char *end = nullptr;
-      double value = eq == std::string::npos ? 0 : std::strtod(kv.c_str() + eq + 1, &end);
-      if (eq == std::string::npos || eq == 0 || end == kv.c_str() + eq + 1 || *end)
-        return usage("--param expects key=number, found \"" + kv + "\"");
-      params[kv.substr(0, eq)] = value;
-    } else {
-      return usage("unknown argument " + arg);
     }
+    deviceName = flags.choice("--device", "cpu", {"cpu", "cuda"});
+    task = flags.text("--task");
+    library = flags.text("--library");
+    out = flags.text("--out");
+    emit = flags.text("--emit");
+    judge = flags.text("--judge");
+    seed = uint64_t(flags.integer("--seed", 1234, 0));
+    if (flags.has("--param"))
+      for (const std::string &kv : flags.values.at("--param")) {
+        const size_t eq = kv.find('=');
+        if (eq == std::string::npos || eq == 0)
+          return usage("--param expects key=number, found \"" + kv + "\"");
+        params[kv.substr(0, eq)] = parseNumber("--param " + kv.substr(0, eq), kv.substr(eq + 1), -HUGE_VAL);
+      }
+  } catch (const adapt::rt::RuntimeError &e) {
+    return usage(e.what());
   }
   const TaskSpec *spec = nullptr;
   std::vector<TaskSpec> tasks = allTasks();

@@ -2,6 +2,7 @@
 
 #include "runtime/TrainConfig.h"
 
+#include "runtime/CommandLine.h"
 #include "runtime/Errors.h"
 
 #include <algorithm>
@@ -11,22 +12,6 @@
 namespace adapt::rt {
 
 namespace {
-
-size_t editDistance(const std::string &a, const std::string &b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j)
-    row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
 
 std::string trim(const std::string &s) {
   const size_t first = s.find_first_not_of(" \t\r");
@@ -52,19 +37,6 @@ std::string withoutComment(const std::string &s) {
 }
 
 } // namespace
-
-std::string nearestFlag(const std::string &unknown, const std::set<std::string> &flags) {
-  std::string best;
-  size_t bestDistance = 3;
-  for (const std::string &flag : flags) {
-    const size_t d = editDistance(unknown, flag);
-    if (d < bestDistance || (best.empty() && unknown.size() > 3 && flag.rfind(unknown, 0) == 0)) {
-      best = flag;
-      bestDistance = std::min(d, bestDistance);
-    }
-  }
-  return best;
-}
 
 std::vector<ConfigSetting> readTrainConfig(const std::string &path, const std::set<std::string> &valueFlags,
                                            const std::set<std::string> &boolFlags) {

@@ -33,10 +33,6 @@ struct ConfigSetting {
 std::vector<ConfigSetting> readTrainConfig(const std::string &path, const std::set<std::string> &valueFlags,
                                            const std::set<std::string> &boolFlags);
 
-/// The flag of \p flags nearest to \p unknown by edit distance (at most 2
-/// edits, or the one it starts), or "" when none is that near.
-std::string nearestFlag(const std::string &unknown, const std::set<std::string> &flags);
-
 } // namespace adapt::rt
 
 #endif // ADAPT_RUNTIME_TRAINCONFIG_H

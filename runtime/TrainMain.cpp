@@ -8,6 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 #include "runtime/TrainMain.h"
+#include "runtime/CommandLine.h"
 #include "runtime/Distributed.h"
 #include "runtime/ParallelStep.h"
 #include "runtime/SafetensorsIO.h"
@@ -24,7 +25,6 @@
 
 #include <torch/torch.h>
 
-#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -176,64 +176,6 @@ const std::set<std::string> kValueFlags = {
 const std::set<std::string> kBoolFlags = {"--resume", "--recompute", "--no-recompute", "--rslora", "--no-packing", "--no-cuda-graphs",
                                           "--help", "-h"};
 
-/// The parsed command line: flag -> value ("" for booleans).
-struct Args {
-  std::map<std::string, std::string> values;
-  bool has(const std::string &flag) const { return values.count(flag) != 0; }
-};
-
-Args parseArgs(int argc, char **argv) {
-  Args args;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i], value;
-    bool inlineValue = false;
-    if (size_t eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string::npos) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-      inlineValue = true;
-    }
-    if (kBoolFlags.count(arg)) {
-      if (inlineValue)
-        throw badInput("", arg, "expected no value");
-      args.values[arg] = "";
-    } else if (kValueFlags.count(arg)) {
-      if (!inlineValue) {
-        if (i + 1 >= argc)
-          throw badInput("", arg, "expected a value after the flag");
-        value = argv[++i];
-      }
-      if (args.has(arg))
-        throw badInput("", arg, "expected the flag at most once");
-      args.values[arg] = value;
-    } else {
-      std::set<std::string> all = kValueFlags;
-      all.insert(kBoolFlags.begin(), kBoolFlags.end());
-      const std::string near = nearestFlag(arg, all);
-      throw badInput("", arg, "expected a known flag (see --help)" +
-                                  (near.empty() ? std::string() : "; did you mean " + near + "?"));
-    }
-  }
-  return args;
-}
-
-int64_t parseInt(const std::string &flag, const std::string &text, int64_t min) {
-  int64_t v = 0;
-  auto res = std::from_chars(text.data(), text.data() + text.size(), v);
-  if (res.ec != std::errc() || res.ptr != text.data() + text.size() || v < min)
-    throw badInput("", flag,
-                   "expected an integer >= " + std::to_string(min) + " but got '" + text + "'");
-  return v;
-}
-
-double parseDouble(const std::string &flag, const std::string &text, double min) {
-  char *end = nullptr;
-  double v = text.empty() ? NAN : std::strtod(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size() || !std::isfinite(v) || v < min)
-    throw badInput("", flag,
-                   "expected a number >= " + jsonNumber(min) + " but got '" + text + "'");
-  return v;
-}
-
 torch::ScalarType parseDtype(const std::string &flag, const std::string &text) {
   if (text == "fp32" || text == "float32")
     return torch::kFloat32;
@@ -245,12 +187,11 @@ torch::ScalarType parseDtype(const std::string &flag, const std::string &text) {
 /// Fills \p o from \p args; with \p saved (the checkpoint's options), flags
 /// not given take the saved value, and given ones that differ draw a
 /// warning because the resumed run then departs from the original.
-TrainOptions resolveOptions(const Args &args, const JsonValue &saved,
+TrainOptions resolveOptions(const ParsedFlags &args, const JsonValue &saved,
                             const std::string &defaultModelDir) {
   TrainOptions o;
   auto get = [&](const std::string &flag) -> const std::string * {
-    auto it = args.values.find(flag);
-    return it == args.values.end() ? nullptr : &it->second;
+    return args.find(flag);
   };
   // The saved value of \p key when \p flag is not given, as flag text.
   auto fromSaved = [&](const std::string &flag, const char *key) -> std::string {
@@ -288,7 +229,7 @@ TrainOptions resolveOptions(const Args &args, const JsonValue &saved,
   if (args.has("--epochs") && args.has("--steps"))
     throw badInput("", "--epochs", "expected --epochs or --steps, not both");
   if (std::string s = value("--steps", "steps"); !s.empty())
-    o.steps = parseInt("--steps", s, 0);
+    o.steps = parseInteger("--steps", s, 0);
   else if (!o.dataPath.empty())
     o.steps = 1000; // --epochs replaces it once the data's windows are known
   if (std::string s = value("--schedule", "schedule"); !s.empty()) {
@@ -299,47 +240,47 @@ TrainOptions resolveOptions(const Args &args, const JsonValue &saved,
   if (const std::string *s = get("--eval-data"))
     o.evalDataPath = *s;
   if (const std::string *s = get("--eval-every"))
-    o.evalEvery = parseInt("--eval-every", *s, 0);
+    o.evalEvery = parseInteger("--eval-every", *s, 0);
   if (const std::string *s = get("--eval-batches"))
-    o.evalBatches = parseInt("--eval-batches", *s, 1);
+    o.evalBatches = parseInteger("--eval-batches", *s, 1);
   if ((args.has("--eval-every") || args.has("--eval-batches")) && o.evalDataPath.empty())
     throw badInput("", args.has("--eval-every") ? "--eval-every" : "--eval-batches", "expected --eval-data with it");
   if (std::string s = value("--batch", "batch"); !s.empty())
-    o.batch = parseInt("--batch", s, 1);
+    o.batch = parseInteger("--batch", s, 1);
   if (std::string s = value("--seq-len", "seq_len"); !s.empty())
-    o.seqLen = parseInt("--seq-len", s, 2);
+    o.seqLen = parseInteger("--seq-len", s, 2);
   if (std::string s = value("--lr", "lr"); !s.empty())
-    o.lr = parseDouble("--lr", s, 0);
+    o.lr = parseNumber("--lr", s, 0);
   if (std::string s = value("--weight-decay", "weight_decay"); !s.empty())
-    o.weightDecay = parseDouble("--weight-decay", s, 0);
+    o.weightDecay = parseNumber("--weight-decay", s, 0);
   if (std::string s = value("--warmup", "warmup"); !s.empty())
-    o.warmup = parseInt("--warmup", s, 0);
+    o.warmup = parseInteger("--warmup", s, 0);
   if (std::string s = value("--seed", "seed"); !s.empty())
-    o.seed = static_cast<uint64_t>(parseInt("--seed", s, 0));
+    o.seed = static_cast<uint64_t>(parseInteger("--seed", s, 0));
   // LoRA at train time. The rank fixes the adapter's shapes, so a resumed
   // run keeps the checkpoint's. Given flags are checked strictly.
-  if (const std::string *s = get("--lora-rank"); s && parseInt("--lora-rank", *s, 1) > 65536)
+  if (const std::string *s = get("--lora-rank"); s && parseInteger("--lora-rank", *s, 1) > 65536)
     throw badInput("", "--lora-rank", "expected an integer in 1..65536 but got " + *s);
-  if (const std::string *s = get("--lora-alpha"); s && !(parseDouble("--lora-alpha", *s, 0) > 0))
+  if (const std::string *s = get("--lora-alpha"); s && !(parseNumber("--lora-alpha", *s, 0) > 0))
     throw badInput("", "--lora-alpha", "expected a number > 0 but got " + *s);
-  if (const std::string *s = get("--lora-dropout"); s && !(parseDouble("--lora-dropout", *s, 0) < 1))
+  if (const std::string *s = get("--lora-dropout"); s && !(parseNumber("--lora-dropout", *s, 0) < 1))
     throw badInput("", "--lora-dropout", "expected a number in [0, 1) but got " + *s);
   if (const JsonValue *r = saved.find("lora_rank"); r && r->isNumber() && get("--lora-rank") &&
-                                                    parseInt("--lora-rank", *get("--lora-rank"), 1) != r->asInt())
+                                                    parseInteger("--lora-rank", *get("--lora-rank"), 1) != r->asInt())
     throw badInput("", "--lora-rank",
                    "expected the checkpoint's rank " + r->dump() + " when resuming (the adapter's shape)");
   if (std::string s = value("--lora-rank", "lora_rank"); !s.empty() && std::strtod(s.c_str(), nullptr) > 0) {
-    o.loraRank = parseInt("--lora-rank", s, 1);
+    o.loraRank = parseInteger("--lora-rank", s, 1);
     if (o.loraRank > 65536)
       throw badInput("", "--lora-rank", "expected an integer in 1..65536 but got " + s);
   }
   if (std::string s = value("--lora-alpha", "lora_alpha"); !s.empty() && std::strtod(s.c_str(), nullptr) != 0) {
-    o.loraAlpha = parseDouble("--lora-alpha", s, 0);
+    o.loraAlpha = parseNumber("--lora-alpha", s, 0);
     if (!(o.loraAlpha > 0))
       throw badInput("", "--lora-alpha", "expected a number > 0 but got " + s);
   }
   if (std::string s = value("--lora-dropout", "lora_dropout"); !s.empty() && std::strtod(s.c_str(), nullptr) != -1.0) {
-    o.loraDropout = parseDouble("--lora-dropout", s, 0);
+    o.loraDropout = parseNumber("--lora-dropout", s, 0);
     if (!(o.loraDropout < 1))
       throw badInput("", "--lora-dropout", "expected a number in [0, 1) but got " + s);
   }
@@ -348,17 +289,17 @@ TrainOptions resolveOptions(const Args &args, const JsonValue &saved,
   if (const JsonValue *v = saved.find("packing"); args.has("--no-packing") || (v && v->isBool() && !v->asBool()))
     o.packing = false;
   if (std::string s = value("--grad-clip", "grad_clip"); !s.empty())
-    o.gradClip = parseDouble("--grad-clip", s, 0);
+    o.gradClip = parseNumber("--grad-clip", s, 0);
   if (std::string s = value("--eos", "eos"); !s.empty())
-    o.eos = parseInt("--eos", s, -1);
+    o.eos = parseInteger("--eos", s, -1);
   if (std::string s = value("--checkpoint-every", "checkpoint_every"); !s.empty())
-    o.checkpointEvery = parseInt("--checkpoint-every", s, 0);
+    o.checkpointEvery = parseInteger("--checkpoint-every", s, 0);
   if (const std::string *s = get("--force-routing"))
     o.forceRoutingPath = *s;
   if (std::string s = value("--log-every", "log_every"); !s.empty())
-    o.logEvery = parseInt("--log-every", s, 0);
+    o.logEvery = parseInteger("--log-every", s, 0);
   if (const std::string *s = get("--peak-tflops"))
-    o.peakFlops = parseDouble("--peak-tflops", *s, 0) * 1e12;
+    o.peakFlops = parseNumber("--peak-tflops", *s, 0) * 1e12;
 
   if (const std::string *s = get("--device")) {
     if (*s != "cpu" && s->rfind("cuda", 0) != 0)
@@ -418,7 +359,7 @@ void loadInitialAdapter(Model &model, const std::string &dir, const Distributed 
 }
 
 int run(int argc, char **argv, const ModelDef &def, const std::string &defaultModelDir) {
-  Args args = parseArgs(argc, argv);
+  ParsedFlags args = parseFlags(argc, argv, {kValueFlags, kBoolFlags, {}});
   if (args.has("--help") || args.has("-h")) {
     std::fputs(trainUsage(argc > 0 ? argv[0] : "train", defaultModelDir).c_str(), stdout);
     return kExitSuccess;
@@ -427,12 +368,12 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
     std::set<std::string> valueFlags = kValueFlags,
                           boolFlags = {"--resume", "--recompute", "--no-recompute", "--rslora", "--no-packing", "--no-cuda-graphs"};
     valueFlags.erase("--config");
-    for (const ConfigSetting &c : readTrainConfig(args.values.at("--config"), valueFlags, boolFlags))
-      args.values.emplace(c.flag, c.value);
+    for (const ConfigSetting &c : readTrainConfig(*args.find("--config"), valueFlags, boolFlags))
+      args.values.emplace(c.flag, std::vector<std::string>{c.value});
   }
   if (!args.has("--out"))
     throw badInput("", "--out", "expected the run folder (--out DIR); see --help");
-  const std::string outDir = args.values.at("--out");
+  const std::string outDir = *args.find("--out");
   createDirectories(outDir);
   if (launchFromEnvironment().rank == 0) // Rank 0 alone writes OUT.
     recoverCheckpointFolder(outDir);
@@ -457,12 +398,12 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
   if (opts.steps > 0 && opts.dataPath.empty())
     throw badInput("", "--data", "expected a dataset (JSONL or ADAPTTOK) to train on");
   if (args.has("--dump-gradients"))
-    opts.gradientsPath = args.values.at("--dump-gradients");
+    opts.gradientsPath = *args.find("--dump-gradients");
   if (args.has("--micro-batches"))
-    opts.microBatches = parseInt("--micro-batches", args.values.at("--micro-batches"), 1);
+    opts.microBatches = parseInteger("--micro-batches", *args.find("--micro-batches"), 1);
   opts.cudaGraphs = !args.has("--no-cuda-graphs");
   if (args.has("--profile"))
-    opts.profileSteps = parseInt("--profile", args.values.at("--profile"), 1);
+    opts.profileSteps = parseInteger("--profile", *args.find("--profile"), 1);
   // A parallel run: checked before any weight is read, then the groups formed.
   const LaunchInfo launch = launchFromEnvironment();
   Layout layout;
@@ -470,8 +411,8 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
   for (auto [flag, size] : {std::pair<const char *, int64_t *>{"--tp", &layout.tp},
                             {"--ep", &layout.ep}, {"--pp", &layout.pp}, {"--dp", &layout.dp},
                             {"--cp", &layout.cp}})
-    if (const std::string *text = args.has(flag) ? &args.values.at(flag) : nullptr) {
-      *size = parseInt(flag, *text, 1);
+    if (const std::string *text = args.find(flag)) {
+      *size = parseInteger(flag, *text, 1);
       layoutFlags = true;
     }
   const PlannedLayout &plan = def.plannedLayout;
@@ -516,7 +457,7 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
     if (opts.device.is_cuda())
       opts.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(launch.localRank));
     const int64_t timeout = args.has("--dist-timeout")
-                                ? parseInt("--dist-timeout", args.values.at("--dist-timeout"), 1)
+                                ? parseInteger("--dist-timeout", *args.find("--dist-timeout"), 1)
                                 : 300;
     opts.distributed = Distributed::join(launch, layout, opts.device, std::chrono::seconds(timeout));
     std::fprintf(stderr, "rank %d of %d (%s, %s): data rank %lld, expert rank %lld\n", launch.rank,
@@ -540,7 +481,7 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
     validateOptions.dtype = torch::kFloat32;
     validateOptions.progress = loadProgress();
     Model model(def, opts.modelDir, validateOptions);
-    return validateModelStage(model, opts.modelDir, args.values.at("--validate"), outDir);
+    return validateModelStage(model, opts.modelDir, *args.find("--validate"), outDir);
   }
   if (opts.steps == 0 && opts.exportDir.empty() && opts.mergeDir.empty() && !args.has("--logits-out"))
     throw badInput("", "--steps",
@@ -556,7 +497,7 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
                  (long long)data->streamTokens(), (long long)data->windows(),
                  (long long)opts.seqLen);
     if (args.has("--epochs")) {
-      const int64_t epochs = parseInt("--epochs", args.values.at("--epochs"), 1);
+      const int64_t epochs = parseInteger("--epochs", *args.find("--epochs"), 1);
       opts.steps = (epochs * data->windows() + opts.batch - 1) / opts.batch;
       std::fprintf(stderr, "%lld epochs of %lld windows in batches of %lld: %lld steps\n", (long long)epochs,
                    (long long)data->windows(), (long long)opts.batch, (long long)opts.steps);
@@ -605,7 +546,7 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
     trained.lora.rslora = true;
   Model model(trained, opts.modelDir, modelOptions);
   if (args.has("--init-adapter"))
-    loadInitialAdapter(model, args.values.at("--init-adapter"), opts.distributed.get());
+    loadInitialAdapter(model, *args.find("--init-adapter"), opts.distributed.get());
   if (args.has("--dump-batches") && data) {
     std::vector<std::pair<std::string, torch::Tensor>> batches;
     for (int64_t step = 0; step < opts.steps; ++step) {
@@ -613,7 +554,7 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
       batches.push_back({"ids." + std::to_string(step), b.ids});
       batches.push_back({"labels." + std::to_string(step), b.labels});
     }
-    writeSafetensors(args.values.at("--dump-batches"), batches);
+    writeSafetensors(*args.find("--dump-batches"), batches);
   }
 
   if (opts.steps > 0 || opts.resume) {
@@ -649,7 +590,7 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
     torch::NoGradGuard noGrad;
     torch::Tensor logits = model.logits(first.ids).cpu(); // Every rank: expert exchanges.
     if (launch.rank == 0)
-      writeSafetensors(args.values.at("--logits-out"), {{"input_ids", first.ids}, {"logits", logits}});
+      writeSafetensors(*args.find("--logits-out"), {{"input_ids", first.ids}, {"logits", logits}});
   }
   return kExitSuccess;
 }

@@ -33,6 +33,7 @@
 #include "mlir/IR/MLIRContext.h"
 #include "mlir/IR/Verifier.h"
 #include "mlir/Pass/PassManager.h"
+#include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"
 #include "llvm/Support/Program.h"
@@ -57,78 +58,59 @@ const char *const kBuildUsage =
 namespace {
 
 
-int usageError(const std::string &error) {
-  std::cerr << "adapt: error: " << error << "\nusage:\n" << kBuildUsage;
-  return kExitBadInput;
-}
+namespace cl = llvm::cl;
 
-bool parseNumber(const std::string &text, double &out) {
-  char *end = nullptr;
-  out = std::strtod(text.c_str(), &end);
-  return !text.empty() && end && *end == '\0';
-}
+cl::SubCommand buildCommand("build", "Generate and compile a LoRA trainer for a model");
+cl::opt<std::string> path(cl::Positional, cl::sub(buildCommand), cl::desc("PATH"));
+cl::opt<std::string> out("out", cl::sub(buildCommand), cl::desc("trainer project folder"));
+cl::alias outShort("o", cl::aliasopt(out));
+cl::list<std::string> loraTargets("lora-targets", cl::sub(buildCommand), cl::CommaSeparated,
+                                  cl::desc("module patterns, e.g. q_proj,v_proj or all-linear"));
+cl::opt<int64_t> loraRank("lora-rank", cl::sub(buildCommand), cl::init(8), cl::desc("1..65536"));
+cl::opt<double> loraAlpha("lora-alpha", cl::sub(buildCommand), cl::init(16.0), cl::desc("> 0"));
+cl::opt<double> loraDropout("lora-dropout", cl::sub(buildCommand), cl::init(0.0),
+                            cl::desc("in [0, 1)"));
+cl::opt<bool> rslora("rslora", cl::sub(buildCommand), cl::desc("scale by alpha/sqrt(r)"));
+cl::opt<bool> loraRouter("lora-router", cl::sub(buildCommand),
+                         cl::desc("adapt the MoE routers too"));
+cl::opt<std::string> planPath("plan", cl::sub(buildCommand),
+                              cl::desc("plan.json whose layout becomes the default"));
+cl::opt<bool> noCompile("no-compile", cl::sub(buildCommand), cl::desc("write the project only"));
+cl::opt<std::string> runtimeDir("runtime-dir", cl::sub(buildCommand),
+                                cl::desc("the runtime build to link"));
+cl::opt<bool> allowGaps("allow-gaps", cl::sub(buildCommand),
+                        cl::desc("build although components are not implemented"));
+cl::opt<std::string> registry("registry", cl::sub(buildCommand),
+                              cl::desc("an op registry in place of the built-in one"));
 
-bool parseBuildArgs(int argc, char **argv, BuildOptions &o, std::string &error) {
-  for (int i = 2; i < argc; ++i) {
-    std::string arg = argv[i];
-    auto value = [&](std::string &into) { return takeFlagValue(argc, argv, i, into, error); };
-    std::string text;
-    std::string *into = findFlag<std::string>(arg, {{"--out", &o.out},
-                                                    {"-o", &o.out},
-                                                    {"--runtime-dir", &o.runtimeDir},
-                                                    {"--registry", &o.registry},
-                                                    {"--plan", &o.planPath}});
-    bool *isSet = findFlag<bool>(arg, {{"--rslora", &o.rslora},
-                                       {"--lora-router", &o.router},
-                                       {"--no-compile", &o.noCompile},
-                                       {"--allow-gaps", &o.allowGaps}});
-    if (into) {
-      if (!value(*into))
-        return false;
-    } else if (isSet) {
-      *isSet = true;
-    } else if (arg == "--lora-targets") {
-      if (!value(text))
-        return false;
-      std::stringstream list(text);
-      std::string item;
-      while (std::getline(list, item, ','))
-        if (!item.empty())
-          o.targets.push_back(item);
-      if (o.targets.empty()) {
-        error = "--lora-targets expects a comma-separated list of module "
-                "patterns, e.g. q_proj,v_proj or all-linear";
-        return false;
-      }
-    } else if (arg == "--lora-rank") {
-      if (!value(text))
-        return false;
-      double rank = 0;
-      if (!parseNumber(text, rank) || rank < 1 || rank > 65536 ||
-          rank != (double)(int64_t)rank) {
-        error = "--lora-rank expects an integer in 1..65536, found \"" + text + "\"";
-        return false;
-      }
-      o.rank = (int64_t)rank;
-    } else if (arg == "--lora-alpha") {
-      if (!value(text))
-        return false;
-      if (!parseNumber(text, o.alpha) || !(o.alpha > 0) || o.alpha > 1e9) {
-        error = "--lora-alpha expects a number > 0, found \"" + text + "\"";
-        return false;
-      }
-    } else if (arg == "--lora-dropout") {
-      if (!value(text))
-        return false;
-      if (!parseNumber(text, o.dropout) || !(o.dropout >= 0 && o.dropout < 1)) {
-        error = "--lora-dropout expects a number in [0, 1), found \"" + text + "\"";
-        return false;
-      }
-    } else if (!takePositional(arg, o.path, error)) {
-      return false;
-    }
-  }
-  if (o.path.empty())
+/// The parsed flags as BuildOptions; false with \p error naming the flag
+/// whose value is out of its range.
+bool buildOptionsFromFlags(BuildOptions &o, std::string &error) {
+  o.path = path;
+  o.out = out;
+  o.runtimeDir = runtimeDir;
+  o.registry = registry;
+  o.planPath = planPath;
+  for (const std::string &target : loraTargets)
+    if (!target.empty())
+      o.targets.push_back(target);
+  o.rank = loraRank;
+  o.alpha = loraAlpha;
+  o.dropout = loraDropout;
+  o.rslora = rslora;
+  o.router = loraRouter;
+  o.noCompile = noCompile;
+  o.allowGaps = allowGaps;
+  if (loraTargets.getNumOccurrences() && o.targets.empty())
+    error = "--lora-targets expects a comma-separated list of module patterns, e.g. "
+            "q_proj,v_proj or all-linear";
+  else if (o.rank < 1 || o.rank > 65536)
+    error = "--lora-rank expects an integer in 1..65536, found " + std::to_string(o.rank);
+  else if (!(o.alpha > 0) || o.alpha > 1e9)
+    error = "--lora-alpha expects a number > 0";
+  else if (!(o.dropout >= 0 && o.dropout < 1))
+    error = "--lora-dropout expects a number in [0, 1)";
+  else if (o.path.empty())
     error = "build expects a PATH";
   else if (o.out.empty())
     error = "build expects --out DIR";
@@ -355,11 +337,11 @@ bool collectGeneratedOps(const GapReport &report, const OpRegistry &registry,
 
 } // namespace
 
-int runBuildCommand(int argc, char **argv) {
+int runBuildCommand() {
   BuildOptions o;
   std::string error;
-  if (!parseBuildArgs(argc, argv, o, error))
-    return usageError(error);
+  if (!buildOptionsFromFlags(o, error))
+    return usageError(error, kBuildUsage);
   return buildTrainer(o);
 }
 
@@ -367,7 +349,8 @@ int buildTrainer(const BuildOptions &o) {
   std::string error;
   if (isOnnxPath(o.path))
     return usageError(o.path + ": adapt build needs a Hugging Face model "
-                      "folder (config.json and safetensors), not ONNX");
+                      "folder (config.json and safetensors), not ONNX",
+                      kBuildUsage);
 
   mlir::MLIRContext context;
   context.getOrLoadDialect<AdaptDialect>();

@@ -22,10 +22,11 @@ struct BuildOptions {
 /// Usage lines of `adapt build`, for the CLI's help text.
 extern const char *const kBuildUsage;
 
-/// `adapt build PATH --out DIR [...]`: analyse, inject LoRA, generate the
-/// trainer project and (unless --no-compile) compile it to DIR/train.
-/// Returns the process exit code (0, 2 bad input/usage, 3 gaps, 4 compile).
-int runBuildCommand(int argc, char **argv);
+/// `adapt build PATH --out DIR [...]`, with its flags parsed
+/// (parseCommandLine): analyse, inject LoRA, generate the trainer project and
+/// (unless --no-compile) compile it to DIR/train. Returns the process exit
+/// code (0, 2 bad input/usage, 3 gaps, 4 compile).
+int runBuildCommand();
 
 /// `adapt build` with parsed options: the same steps and exit codes.
 int buildTrainer(const BuildOptions &options);

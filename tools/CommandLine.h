@@ -1,8 +1,9 @@
 //===- CommandLine.h - argument helpers every command shares ----*- C++ -*-===//
 //
-// The commands parse argv by hand (argv[1] is the command, flags follow).
-// These helpers are the two steps all of them take the same way, so that a
-// flag's value and a stray argument read alike in every command.
+// Every command declares its options as llvm::cl options of its own
+// llvm::cl::SubCommand; tools/adapt.cpp parses argv once (parseCommandLine)
+// and runs the chosen command, which reads them. Plus where the programs
+// built beside adapt are found.
 //
 //===----------------------------------------------------------------------===//
 #ifndef ADAPT_TOOLS_COMMANDLINE_H
@@ -12,6 +13,7 @@
 #include <llvm/Support/FileSystem.h>
 #include <llvm/Support/Path.h>
 
+#include <cstdint>
 #include <initializer_list>
 #include <string>
 
@@ -36,59 +38,22 @@ inline std::string besideAdapt(std::initializer_list<const char *> parts) {
   return std::string(path);
 }
 
-/// Stores the argument after the flag at argv[\p i] in \p into and moves \p i
-/// onto it. False, with nothing taken, when the flag is the last argument.
-inline bool takeFlagValue(int argc, char **argv, int &i, std::string &into) {
-  if (i + 1 >= argc)
-    return false;
-  into = argv[++i];
-  return true;
-}
+/// Parses argv (argv[1] names the command) into the options of that command,
+/// declared in its file as llvm::cl options with cl::sub(the command's
+/// llvm::cl::SubCommand). Every command is parsed by this one call, so a
+/// flag's value, `--flag=value`, an unknown flag and a stray argument read
+/// alike everywhere. False after printing "adapt: error: ..." lines and
+/// \p usage (the command's usage lines) on stderr.
+bool parseCommandLine(int argc, char **argv, const char *usage);
 
-/// takeFlagValue that also says what is wrong: "FLAG expects a value" in
-/// \p error when the flag at argv[\p i] is the last argument.
-inline bool takeFlagValue(int argc, char **argv, int &i, std::string &into,
-                          std::string &error) {
-  if (takeFlagValue(argc, argv, i, into))
-    return true;
-  error = std::string(argv[i]) + " expects a value";
-  return false;
-}
+/// "" when \p value lies in \p lo..hi, else the usage error "FLAG expects an
+/// integer in LO..HI, found VALUE" (llvm::cl parses the number; the range is
+/// the command's).
+std::string rangeError(const char *flag, int64_t value, int64_t lo, int64_t hi);
 
-/// Files \p arg, which no flag of the command claimed: the first argument
-/// that is not a flag becomes \p positional. An unknown flag or a second
-/// positional argument is a usage error, described in \p error.
-inline bool takePositional(const std::string &arg, std::string &positional,
-                           std::string &error) {
-  if (!arg.empty() && arg[0] == '-') {
-    error = "unknown option " + arg;
-    return false;
-  }
-  if (!positional.empty()) {
-    error = "unexpected argument " + arg;
-    return false;
-  }
-  positional = arg;
-  return true;
-}
-
-/// A flag of a command and the option it sets: a text flag's value (T is
-/// std::string) or true for a switch (T is bool).
-template <typename T> struct FlagTarget {
-  const char *name; ///< "--out"
-  T *into;
-};
-
-/// The option \p arg sets when it is one of \p flags, else null. Lets a
-/// command list the flags that need no checking as one table:
-/// findFlag<std::string>(arg, {{"--out", &out}, {"--registry", &registry}}).
-template <typename T>
-T *findFlag(const std::string &arg, std::initializer_list<FlagTarget<T>> flags) {
-  for (const FlagTarget<T> &flag : flags)
-    if (arg == flag.name)
-      return flag.into;
-  return nullptr;
-}
+/// Prints "adapt: error: \p message" and \p usage; returns kExitBadInput, the
+/// exit code of a usage error (for the checks a command makes after parsing).
+int usageError(const std::string &message, const char *usage);
 
 } // namespace adapt
 

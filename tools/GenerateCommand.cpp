@@ -26,6 +26,7 @@
 #include "tools/ModelAnalysis.h"
 #include "parser/InputError.h"
 
+#include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"
 #include "mlir/IR/MLIRContext.h"
@@ -63,10 +64,36 @@ std::string envOr(const char *a, const char *b = nullptr) {
   return "";
 }
 
-int usageError(const std::string &message) {
-  std::cerr << "adapt: error: " << message << "\nusage:\n" << kGenerateUsage;
-  return kExitBadInput;
-}
+int usage(const std::string &message) { return usageError(message, kGenerateUsage); }
+
+namespace cl = llvm::cl;
+
+cl::SubCommand generateCommand("generate", "Propose a candidate operator for every gap");
+cl::opt<std::string> pathFlag(cl::Positional, cl::sub(generateCommand),
+                              cl::desc("PATH (a model or a gaps.json)"));
+cl::opt<std::string> outFlag("out", cl::sub(generateCommand), cl::desc("candidates folder"));
+cl::alias outShort("o", cl::aliasopt(outFlag));
+cl::opt<std::string> registryFlag("registry", cl::sub(generateCommand),
+                                  cl::desc("an op registry in place of the built-in one"));
+cl::opt<std::string> endpointFlag("endpoint", cl::sub(generateCommand),
+                                  cl::desc("OpenAI-compatible base URL"));
+cl::opt<std::string> modelFlag("model", cl::sub(generateCommand), cl::desc("the LLM's name"));
+cl::opt<std::string> apiKeyFlag("api-key", cl::sub(generateCommand), cl::desc("the LLM's key"));
+cl::opt<std::string> onlyFlag("only", cl::sub(generateCommand), cl::desc("one gap's id"));
+cl::opt<std::string> targetFlag("target", cl::sub(generateCommand),
+                                cl::desc("libtorch or cuda"));
+cl::opt<int> maxAttemptsFlag("max-attempts", cl::sub(generateCommand),
+                             cl::desc("model turns per candidate, 1..100"));
+cl::opt<int64_t> maxTokensFlag("max-tokens", cl::sub(generateCommand),
+                               cl::desc("tokens per candidate, 1..100000000"));
+cl::opt<int> timeoutFlag("timeout", cl::sub(generateCommand),
+                         cl::desc("seconds per request, 1..3600"));
+cl::opt<int> testTimeoutFlag("test-timeout", cl::sub(generateCommand),
+                             cl::desc("seconds per compile or test run, 1..3600"));
+cl::opt<int> retriesFlag("retries", cl::sub(generateCommand),
+                         cl::desc("per request, 0..20"));
+cl::opt<double> flagSpeedupFlag("flag-speedup", cl::sub(generateCommand),
+                                cl::desc("a measured speedup above this is flagged"));
 
 /// The first IR line of the op whose variant is \p id, or "".
 std::string irLineFor(const std::string &ir, const std::string &id) {
@@ -99,79 +126,47 @@ std::string irAfter(std::string line, const std::string &entryId) {
 
 } // namespace
 
-int runGenerateCommand(int argc, char **argv) {
+int runGenerateCommand() {
   GenerateOptions o;
   o.llm.baseUrl = envOr("ADAPT_LLM_BASE_URL", "OPENAI_BASE_URL");
   o.llm.model = envOr("ADAPT_LLM_MODEL");
   o.llm.apiKey = envOr("ADAPT_LLM_API_KEY", "OPENAI_API_KEY");
   if (std::string b = envOr("ADAPT_LLM_BACKOFF_MS"); !b.empty())
     o.llm.backoffMs = std::atoi(b.c_str());
-  auto number = [](const std::string &flag, const std::string &text, int64_t lo, int64_t hi,
-                   int64_t &into) {
-    char *end = nullptr;
-    long long v = std::strtoll(text.c_str(), &end, 10);
-    if (text.empty() || *end || v < lo || v > hi)
-      return flag + " expects an integer in " + std::to_string(lo) + ".." + std::to_string(hi) +
-             ", found \"" + text + "\"";
-    into = v;
-    return std::string();
+  // A flag replaces the environment's or LlmConfig's default only when given.
+  auto take = [](const auto &flag, auto &into) {
+    if (flag.getNumOccurrences())
+      into = flag;
   };
-  /// An integer flag of type int: the range it accepts and the option it sets.
-  struct IntegerFlag {
-    const char *name;
-    int64_t min, max;
-    int *into;
-  };
-  const IntegerFlag integerFlags[] = {{"--max-attempts", 1, 100, &o.llm.maxAttempts},
-                                      {"--timeout", 1, 3600, &o.llm.requestTimeoutS},
-                                      {"--retries", 0, 20, &o.llm.retries},
-                                      {"--test-timeout", 1, 3600, &o.llm.testTimeoutS}};
-  for (int i = 2; i < argc; ++i) {
-    std::string arg = argv[i];
-    bool takesValue = arg == "--out" || arg == "-o" || arg == "--registry" ||
-                      arg == "--endpoint" || arg == "--model" || arg == "--api-key" ||
-                      arg == "--max-attempts" || arg == "--max-tokens" || arg == "--timeout" ||
-                      arg == "--test-timeout" || arg == "--target" || arg == "--only" ||
-                      arg == "--retries" || arg == "--flag-speedup";
-    if (takesValue && i + 1 >= argc)
-      return usageError(arg + " expects a value");
-    std::string v = takesValue ? argv[++i] : "";
-    int64_t n = 0;
-    std::string err;
-    const IntegerFlag *integer = std::find_if(
-        std::begin(integerFlags), std::end(integerFlags),
-        [&](const IntegerFlag &flag) { return arg == flag.name; });
-    if (std::string *into = findFlag<std::string>(
-            arg, {{"--out", &o.out}, {"-o", &o.out}, {"--registry", &o.registry},
-                  {"--endpoint", &o.llm.baseUrl}, {"--model", &o.llm.model},
-                  {"--api-key", &o.llm.apiKey}, {"--only", &o.only}})) {
-      *into = v;
-    } else if (integer != std::end(integerFlags)) {
-      if (!(err = number(arg, v, integer->min, integer->max, n)).empty())
-        return usageError(err);
-      *integer->into = int(n);
-    } else if (arg == "--target") {
-      if (v != "libtorch" && v != "cuda")
-        return usageError("--target expects libtorch or cuda, found \"" + v + "\"");
-      o.llm.target = v;
-    } else if (arg == "--max-tokens") {
-      if (!(err = number(arg, v, 1, 100000000, n)).empty())
-        return usageError(err);
-      o.llm.maxTokens = n;
-    } else if (arg == "--flag-speedup") {
-      char *end = nullptr;
-      double x = std::strtod(v.c_str(), &end);
-      if (v.empty() || *end || !(x > 0) || !std::isfinite(x))
-        return usageError("--flag-speedup expects a positive number, found \"" + v + "\"");
-      o.llm.flagSpeedup = x;
-    } else if (!takePositional(arg, o.path, err)) {
-      return usageError(err);
-    }
-  }
+  o.path = pathFlag;
+  o.out = outFlag;
+  o.registry = registryFlag;
+  o.only = onlyFlag;
+  take(endpointFlag, o.llm.baseUrl);
+  take(modelFlag, o.llm.model);
+  take(apiKeyFlag, o.llm.apiKey);
+  take(targetFlag, o.llm.target);
+  take(maxAttemptsFlag, o.llm.maxAttempts);
+  take(maxTokensFlag, o.llm.maxTokens);
+  take(timeoutFlag, o.llm.requestTimeoutS);
+  take(testTimeoutFlag, o.llm.testTimeoutS);
+  take(retriesFlag, o.llm.retries);
+  take(flagSpeedupFlag, o.llm.flagSpeedup);
+  for (const std::string &error : {rangeError("--max-attempts", o.llm.maxAttempts, 1, 100),
+                                   rangeError("--timeout", o.llm.requestTimeoutS, 1, 3600),
+                                   rangeError("--retries", o.llm.retries, 0, 20),
+                                   rangeError("--test-timeout", o.llm.testTimeoutS, 1, 3600),
+                                   rangeError("--max-tokens", o.llm.maxTokens, 1, 100000000)})
+    if (!error.empty())
+      return usage(error);
+  if (o.llm.target != "libtorch" && o.llm.target != "cuda")
+    return usage("--target expects libtorch or cuda, found \"" + o.llm.target + "\"");
+  if (!(o.llm.flagSpeedup > 0) || !std::isfinite(o.llm.flagSpeedup))
+    return usage("--flag-speedup expects a positive number");
   if (o.path.empty())
-    return usageError("generate expects a PATH");
+    return usage("generate expects a PATH");
   if (o.out.empty())
-    return usageError("generate expects --out DIR");
+    return usage("generate expects --out DIR");
   if (!o.llm.baseUrl.empty() && o.llm.model.empty())
     o.llm.model = "default";
   if (std::error_code ec = llvm::sys::fs::create_directories(o.out)) {

@@ -10,7 +10,7 @@ extern const char *const kGenerateUsage;
 /// `adapt generate PATH --out DIR [...]`: a candidate for every gap (reuse
 /// rules first, then the LLM loop). Exit 0 every gap has a candidate, 3 some
 /// gap has none (needs an LLM or every attempt failed), 2 bad input.
-int runGenerateCommand(int argc, char **argv);
+int runGenerateCommand();
 
 } // namespace adapt
 

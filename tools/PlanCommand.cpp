@@ -20,6 +20,7 @@
 #include "tools/ModelAnalysis.h"
 
 #include "mlir/IR/MLIRContext.h"
+#include "llvm/Support/CommandLine.h"
 
 #include <cmath>
 #include <cstdio>
@@ -35,18 +36,29 @@ const char *const kPlanUsage =
 
 namespace {
 
-int usageError(const std::string &message) {
-  std::cerr << "adapt: error: " << message << "\nusage:\n" << kPlanUsage;
-  return kExitBadInput;
-}
+int usage(const std::string &message) { return usageError(message, kPlanUsage); }
 
-/// An integer flag in [lo, hi].
-bool parseCount(const std::string &text, int64_t lo, int64_t hi, int64_t &out) {
-  if (text.empty() || text.size() > 18 || text.find_first_not_of("0123456789") != std::string::npos)
-    return false;
-  out = std::stoll(text);
-  return out >= lo && out <= hi;
-}
+namespace cl = llvm::cl;
+
+cl::SubCommand planCommand("plan", "Choose the parallel layout for training on N GPUs");
+cl::opt<std::string> pathFlag(cl::Positional, cl::sub(planCommand),
+                              cl::desc("PATH (a model folder or config.json)"));
+cl::opt<int64_t> gpusFlag("gpus", cl::sub(planCommand), cl::desc("GPUs, 1..1048576"));
+cl::opt<int64_t> gpusPerNodeFlag("gpus-per-node", cl::sub(planCommand), cl::desc("1..1024"));
+cl::opt<std::string> gpuMemoryFlag("gpu-memory", cl::sub(planCommand),
+                                   cl::desc("memory per GPU, e.g. 141GiB or 80GB"));
+cl::opt<int64_t> seqLenFlag("seq-len", cl::sub(planCommand), cl::desc("tokens per sequence"));
+cl::opt<int64_t> globalBatchFlag("global-batch", cl::sub(planCommand),
+                                 cl::desc("sequences per step"));
+cl::opt<int64_t> microBatchFlag("micro-batch", cl::sub(planCommand),
+                                cl::desc("sequences per micro-batch"));
+cl::opt<int64_t> loraRankFlag("lora-rank", cl::sub(planCommand), cl::desc("1..65536"));
+cl::opt<std::string> loraTargetsFlag("lora-targets", cl::sub(planCommand),
+                                     cl::desc("targets, e.g. q_proj,experts or all-linear"));
+cl::opt<std::string> dtypeFlag("dtype", cl::sub(planCommand), cl::desc("bf16 or fp8"));
+cl::opt<std::string> outFlag("out", cl::sub(planCommand), cl::desc("plan folder"));
+cl::opt<std::string> registryFlag("registry", cl::sub(planCommand),
+                                  cl::desc("an op registry in place of the built-in one"));
 
 /// "141GiB", "141GB", "0.5TiB" or bytes.
 bool parseBytes(const std::string &text, double &out) {
@@ -101,68 +113,48 @@ std::string gibText(double bytes) {
 
 } // namespace
 
-int runPlanCommand(int argc, char **argv) {
+int runPlanCommand() {
   plan::PlanRequest request;
-  std::string path, out, registry;
-  bool gpusGiven = false;
-  for (int i = 2; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      std::cout << "usage:\n" << kPlanUsage;
-      return kExitOk;
-    }
-    auto value = [&](std::string &into) { return takeFlagValue(argc, argv, i, into); };
-    std::string text;
-    if (arg.rfind("--", 0) == 0 && arg != "--out" && arg != "--registry" && !value(text))
-      return usageError(arg + " expects a value");
-    if (arg == "--gpus") {
-      if (!parseCount(text, 1, 1 << 20, request.gpus))
-        return usageError("--gpus expects an integer in 1..1048576, found \"" + text + "\"");
-      gpusGiven = true;
-    } else if (arg == "--gpus-per-node") {
-      if (!parseCount(text, 1, 1024, request.gpusPerNode))
-        return usageError("--gpus-per-node expects an integer in 1..1024, found \"" + text + "\"");
-    } else if (arg == "--gpu-memory") {
-      if (!parseBytes(text, request.gpuMemoryBytes))
-        return usageError("--gpu-memory expects a size from 1GiB to 16TiB such as 141GiB or 80GB, found \"" +
-                          text + "\"");
-    } else if (arg == "--seq-len") {
-      if (!parseCount(text, 1, int64_t(1) << 26, request.seqLen))
-        return usageError("--seq-len expects an integer in 1..67108864, found \"" + text + "\"");
-    } else if (arg == "--global-batch") {
-      if (!parseCount(text, 1, int64_t(1) << 30, request.globalBatch))
-        return usageError("--global-batch expects a number of sequences >= 1, found \"" + text + "\"");
-    } else if (arg == "--micro-batch") {
-      if (!parseCount(text, 1, 1 << 20, request.microBatch))
-        return usageError("--micro-batch expects a number of sequences >= 1, found \"" + text + "\"");
-    } else if (arg == "--lora-rank") {
-      if (!parseCount(text, 1, 65536, request.loraRank))
-        return usageError("--lora-rank expects an integer in 1..65536, found \"" + text + "\"");
-    } else if (arg == "--lora-targets") {
-      std::string error;
-      if (!parseTargets(text, request, error))
-        return usageError(error);
-    } else if (arg == "--dtype") {
-      if (text != "bf16" && text != "fp8")
-        return usageError("--dtype expects bf16 or fp8, found \"" + text + "\"");
-      request.fp8Weights = text == "fp8";
-    } else if (arg == "--out" || arg == "--registry") {
-      if (!value(arg == "--out" ? out : registry))
-        return usageError(arg + " expects a value");
-    } else if (arg.rfind("--", 0) == 0) {
-      return usageError("unknown option " + arg);
-    } else if (path.empty()) {
-      path = arg;
-    } else {
-      return usageError("unexpected argument " + arg);
-    }
+  const std::string path = pathFlag, out = outFlag, registry = registryFlag;
+  // A flag replaces PlanRequest's default only when given.
+  auto take = [](const cl::opt<int64_t> &flag, int64_t &into) {
+    if (flag.getNumOccurrences())
+      into = flag;
+  };
+  take(gpusFlag, request.gpus);
+  take(gpusPerNodeFlag, request.gpusPerNode);
+  take(seqLenFlag, request.seqLen);
+  take(globalBatchFlag, request.globalBatch);
+  take(microBatchFlag, request.microBatch);
+  take(loraRankFlag, request.loraRank);
+  for (const std::string &error :
+       {rangeError("--gpus", request.gpus, 1, 1 << 20),
+        rangeError("--gpus-per-node", request.gpusPerNode, 1, 1024),
+        rangeError("--seq-len", request.seqLen, 1, int64_t(1) << 26),
+        globalBatchFlag.getNumOccurrences()
+            ? rangeError("--global-batch", request.globalBatch, 1, int64_t(1) << 30)
+            : "",
+        rangeError("--micro-batch", request.microBatch, 1, 1 << 20),
+        rangeError("--lora-rank", request.loraRank, 1, 65536)})
+    if (!error.empty())
+      return usage(error);
+  if (gpuMemoryFlag.getNumOccurrences() && !parseBytes(gpuMemoryFlag, request.gpuMemoryBytes))
+    return usage("--gpu-memory expects a size from 1GiB to 16TiB such as 141GiB or 80GB, found \"" +
+                 gpuMemoryFlag + "\"");
+  std::string error;
+  if (loraTargetsFlag.getNumOccurrences() && !parseTargets(loraTargetsFlag, request, error))
+    return usage(error);
+  if (dtypeFlag.getNumOccurrences()) {
+    if (dtypeFlag != "bf16" && dtypeFlag != "fp8")
+      return usage("--dtype expects bf16 or fp8, found \"" + dtypeFlag + "\"");
+    request.fp8Weights = dtypeFlag == "fp8";
   }
   if (path.empty())
-    return usageError("plan expects a PATH (a model folder or config.json)");
-  if (!gpusGiven)
-    return usageError("plan expects --gpus N");
+    return usage("plan expects a PATH (a model folder or config.json)");
+  if (!gpusFlag.getNumOccurrences())
+    return usage("plan expects --gpus N");
   if (request.globalBatch > 0 && request.globalBatch % request.microBatch)
-    return usageError("--global-batch must be a multiple of --micro-batch");
+    return usage("--global-batch must be a multiple of --micro-batch");
 
   mlir::MLIRContext context;
   context.getOrLoadDialect<AdaptDialect>();
@@ -170,7 +162,7 @@ int runPlanCommand(int argc, char **argv) {
   if (int code = analyseModel(context, {path, registry, /*runPasses=*/true}, analysed))
     return code;
   if (!analysed.files)
-    return usageError(path + ": plan needs a Hugging Face model folder (config.json), not ONNX");
+    return usage(path + ": plan needs a Hugging Face model folder (config.json), not ONNX");
   const plan::Hardware &hardware = plan::h200();
   plan::ModelFacts facts = plan::modelFacts(analysed.files->spec, analysed.report.parameters, request);
   plan::Plan result = plan::makePlan(facts, request, hardware);

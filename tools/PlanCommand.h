@@ -11,7 +11,7 @@ extern const char *const kPlanUsage;
 /// time for training PATH's LoRA on N GPUs (planner/Planner.h). Exit 0 a
 /// layout fits, 3 none fits (the reason and what would fit are printed),
 /// 2 bad input or usage.
-int runPlanCommand(int argc, char **argv);
+int runPlanCommand();
 
 } // namespace adapt
 

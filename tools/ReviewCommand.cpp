@@ -24,6 +24,7 @@
 #include "parser/InputError.h"
 #include "passes/OpRegistry.h"
 
+#include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/Path.h"
 
@@ -46,10 +47,24 @@ namespace {
 
 using agent::Json;
 
-int usageError(const std::string &message) {
-  std::cerr << "adapt: error: " << message << "\nusage:\n" << kReviewUsage;
-  return kExitBadInput;
-}
+namespace cl = llvm::cl;
+
+cl::SubCommand reviewCommand("review", "Show candidates and record approvals");
+cl::opt<std::string> dirFlag(cl::Positional, cl::sub(reviewCommand),
+                             cl::desc("DIR (the --out of adapt generate)"));
+cl::opt<std::string> approveFlag("approve", cl::sub(reviewCommand), cl::desc("candidate id"));
+cl::opt<std::string> rejectFlag("reject", cl::sub(reviewCommand), cl::desc("candidate id"));
+cl::opt<std::string> reasonFlag("reason", cl::sub(reviewCommand), cl::desc("why rejected"));
+cl::opt<std::string> byFlag("by", cl::sub(reviewCommand), cl::desc("reviewer (default: $USER)"));
+cl::opt<std::string> exportFlag("export", cl::sub(reviewCommand),
+                                cl::desc("registry file of the approved candidates"));
+cl::opt<std::string> registryFlag("registry", cl::sub(reviewCommand),
+                                  cl::desc("the registry generate compared against"));
+cl::opt<std::string> onlyFlag("only", cl::sub(reviewCommand), cl::desc("one candidate's id"));
+cl::opt<bool> approveNonCriticalFlag("approve-noncritical", cl::sub(reviewCommand),
+                                     cl::desc("approve every candidate not flagged critical"));
+
+int usage(const std::string &message) { return usageError(message, kReviewUsage); }
 
 std::vector<std::string> splitLines(const std::string &text) {
   std::vector<std::string> lines;
@@ -308,29 +323,16 @@ Json generatedEntry(const Candidate &c, const Json &registry) {
 
 } // namespace
 
-int runReviewCommand(int argc, char **argv) {
-  std::string dir, approve, reject, reason, by, exportPath, registryPath, only;
-  bool approveNonCritical = false;
-  for (int i = 2; i < argc; ++i) {
-    std::string arg = argv[i], error;
-    if (std::string *into = findFlag<std::string>(
-            arg, {{"--approve", &approve}, {"--reject", &reject}, {"--reason", &reason},
-                  {"--by", &by}, {"--export", &exportPath}, {"--registry", &registryPath},
-                  {"--only", &only}})) {
-      if (!takeFlagValue(argc, argv, i, *into))
-        return usageError(arg + " expects a value");
-    } else if (arg == "--approve-noncritical") {
-      approveNonCritical = true;
-    } else if (!takePositional(arg, dir, error)) {
-      return usageError(error);
-    }
-  }
+int runReviewCommand() {
+  std::string dir = dirFlag, approve = approveFlag, reject = rejectFlag, reason = reasonFlag,
+              by = byFlag, exportPath = exportFlag, registryPath = registryFlag, only = onlyFlag;
+  const bool approveNonCritical = approveNonCriticalFlag;
   if (dir.empty())
-    return usageError("review expects a DIR (the --out of `adapt generate`)");
+    return usage("review expects a DIR (the --out of `adapt generate`)");
   if (int(!approve.empty()) + int(!reject.empty()) + int(approveNonCritical) > 1)
-    return usageError("--approve, --approve-noncritical and --reject exclude each other");
+    return usage("--approve, --approve-noncritical and --reject exclude each other");
   if (!reject.empty() && reason.empty())
-    return usageError("--reject expects --reason TEXT");
+    return usage("--reject expects --reason TEXT");
   if (by.empty())
     by = std::getenv("USER") ? std::getenv("USER") : "unknown";
 

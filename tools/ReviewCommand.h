@@ -10,7 +10,7 @@ extern const char *const kReviewUsage;
 /// `adapt review DIR [--approve ID | --reject ID --reason TEXT] [--by NAME]
 /// [--export FILE]`: shows candidates (diffs, IR before/after, evidence),
 /// records decisions with the hash of what was seen, exports approved ones.
-int runReviewCommand(int argc, char **argv);
+int runReviewCommand();
 
 } // namespace adapt
 

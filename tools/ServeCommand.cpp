@@ -10,6 +10,8 @@
 #include "tools/CommandLine.h"
 #include "agent/mcp/McpServer.h"
 
+#include "llvm/Support/CommandLine.h"
+
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -29,85 +31,98 @@ const char *const kServeUsage =
 
 namespace {
 
-bool parseNumber(const std::string &text, long long low, long long high,
-                 long long &into) {
-  if (text.empty() || text.find_first_not_of("0123456789") != std::string::npos ||
-      text.size() > 12)
-    return false;
-  into = std::stoll(text);
-  return into >= low && into <= high;
-}
+namespace cl = llvm::cl;
 
-int usageError(const std::string &message) {
-  std::cerr << "adapt: error: " << message << "\nusage:\n" << kServeUsage;
-  return 2;
+cl::SubCommand serveCommand("serve", "Serve adapt's tools over the Model Context Protocol");
+cl::opt<int> port("port", cl::sub(serveCommand), cl::init(0),
+                  cl::desc("0..65535; 0 takes any free port"));
+cl::opt<std::string> host("host", cl::sub(serveCommand), cl::init("127.0.0.1"),
+                          cl::desc("address to listen on"));
+cl::opt<std::string> token("token", cl::sub(serveCommand),
+                           cl::desc("bearer token clients must send"));
+cl::list<std::string> allowHosts("allow-host", cl::sub(serveCommand),
+                                 cl::desc("a Host header name to accept"));
+cl::list<std::string> roots("root", cl::sub(serveCommand),
+                            cl::desc("a folder tools may read and write"));
+cl::list<std::string> readRoots("read-root", cl::sub(serveCommand),
+                                cl::desc("a folder tools may only read"));
+cl::opt<uint64_t> maxBody("max-body", cl::sub(serveCommand),
+                          cl::desc("request body limit in bytes, 1024..4294967296"));
+cl::opt<int> maxConnections("max-connections", cl::sub(serveCommand),
+                            cl::desc("open connections, 1..4096"));
+cl::opt<int> requestTimeout("request-timeout", cl::sub(serveCommand),
+                            cl::desc("seconds to receive a request, 1..3600"));
+cl::opt<bool> testMode("test-mode", cl::sub(serveCommand),
+                       cl::desc("also serve the conformance suite's fixtures"));
+
+int usage(const std::string &message) { return usageError(message, kServeUsage); }
+
+/// An empty value among \p values, the flag's usage error; 0 when none.
+int emptyValueError(const cl::list<std::string> &values, const std::string &flag,
+                    const char *expected) {
+  for (const std::string &value : values)
+    if (value.empty())
+      return usage(flag + " expects " + expected);
+  return 0;
 }
 
 } // namespace
 
-int runServeCommand(int argc, char **argv) {
+int runServeCommand() {
   mcp::ServeOptions options;
-  bool testMode = false;
-  std::vector<std::string> roots, readRoots;
-  if (const char *token = std::getenv("ADAPT_MCP_TOKEN"))
+  if (const char *fromEnvironment = std::getenv("ADAPT_MCP_TOKEN"))
+    options.bearerToken = fromEnvironment;
+  if (port < 0 || port > 65535)
+    return usage("--port expects an integer in 0..65535");
+  options.port = port;
+  if (host.empty())
+    return usage("--host expects an address");
+  options.host = host;
+  if (token.getNumOccurrences()) {
+    if (token.empty())
+      return usage("--token expects a value");
     options.bearerToken = token;
-  for (int i = 2; i < argc; ++i) {
-    std::string arg = argv[i];
-    auto value = [&](std::string &into) { return takeFlagValue(argc, argv, i, into); };
-    std::string text;
-    long long number = 0;
-    if (arg == "--port") {
-      if (!value(text) || !parseNumber(text, 0, 65535, number))
-        return usageError("--port expects an integer in 0..65535");
-      options.port = static_cast<int>(number);
-    } else if (arg == "--host") {
-      if (!value(options.host) || options.host.empty())
-        return usageError("--host expects an address");
-    } else if (arg == "--token") {
-      if (!value(options.bearerToken) || options.bearerToken.empty())
-        return usageError("--token expects a value");
-    } else if (arg == "--allow-host") {
-      if (!value(text) || text.empty())
-        return usageError("--allow-host expects a host name");
-      options.allowedHosts.push_back(text);
-    } else if (arg == "--max-body") {
-      if (!value(text) || !parseNumber(text, 1024, 1LL << 32, number))
-        return usageError("--max-body expects a byte count in 1024..4294967296");
-      options.maxBodyBytes = static_cast<size_t>(number);
-    } else if (arg == "--root" || arg == "--read-root") {
-      if (!value(text) || text.empty())
-        return usageError(arg + " expects a folder");
-      (arg == "--root" ? roots : readRoots).push_back(text);
-    } else if (arg == "--max-connections") {
-      if (!value(text) || !parseNumber(text, 1, 4096, number))
-        return usageError("--max-connections expects an integer in 1..4096");
-      options.limits.maxConnections = static_cast<int>(number);
-    } else if (arg == "--request-timeout") {
-      if (!value(text) || !parseNumber(text, 1, 3600, number))
-        return usageError("--request-timeout expects seconds in 1..3600");
-      options.limits.requestTimeout = std::chrono::seconds(number);
-    } else if (arg == "--test-mode") {
-      testMode = true;
-    } else {
-      return usageError("unknown argument " + arg);
-    }
+  }
+  if (int rc = emptyValueError(allowHosts, "--allow-host", "a host name"))
+    return rc;
+  options.allowedHosts.assign(allowHosts.begin(), allowHosts.end());
+  if (maxBody.getNumOccurrences()) {
+    if (maxBody < 1024 || maxBody > (1ULL << 32))
+      return usage("--max-body expects a byte count in 1024..4294967296");
+    options.maxBodyBytes = static_cast<size_t>(maxBody);
+  }
+  if (int rc = emptyValueError(roots, "--root", "a folder"))
+    return rc;
+  if (int rc = emptyValueError(readRoots, "--read-root", "a folder"))
+    return rc;
+  if (maxConnections.getNumOccurrences()) {
+    if (maxConnections < 1 || maxConnections > 4096)
+      return usage("--max-connections expects an integer in 1..4096");
+    options.limits.maxConnections = maxConnections;
+  }
+  if (requestTimeout.getNumOccurrences()) {
+    if (requestTimeout < 1 || requestTimeout > 3600)
+      return usage("--request-timeout expects seconds in 1..3600");
+    options.limits.requestTimeout = std::chrono::seconds(requestTimeout);
   }
   const bool loopback = options.host == "127.0.0.1" || options.host == "localhost" ||
                         options.host == "::1";
   // The Host check stops DNS rebinding, not other users or machines: any
   // address but loopback serves only with a bearer token.
   if (!loopback && options.bearerToken.empty())
-    return usageError("--host " + options.host +
+    return usage("--host " + options.host +
                       " is reachable from other machines: give --token (or ADAPT_MCP_TOKEN)");
   if (!loopback)
     options.allowedHosts.push_back(options.host);
   // Tools reach only these folders; by default the working folder.
-  if (roots.empty())
-    roots.push_back(".");
+  std::vector<std::string> writable(roots.begin(), roots.end());
+  if (writable.empty())
+    writable.push_back(".");
   std::string error;
-  std::optional<mcp::Workspace> workspace = mcp::Workspace::create(roots, readRoots, error);
+  std::optional<mcp::Workspace> workspace = mcp::Workspace::create(
+      writable, std::vector<std::string>(readRoots.begin(), readRoots.end()), error);
   if (!workspace)
-    return usageError(error);
+    return usage(error);
   // Every connection gets a worker, so the cap must leave workers free.
   options.threads = std::max(options.threads, options.limits.maxConnections + 8);
   mcp::Registry registry;

@@ -11,7 +11,7 @@ extern const char *const kServeUsage;
 /// [--max-body BYTES] [--test-mode]`: an MCP server on http://H:N/mcp until
 /// SIGINT/SIGTERM. Returns 0 after a clean stop, 2 on bad usage or when the
 /// port cannot be bound.
-int runServeCommand(int argc, char **argv);
+int runServeCommand();
 
 } // namespace adapt
 

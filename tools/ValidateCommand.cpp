@@ -20,6 +20,7 @@
 #include "tools/CommandLine.h"
 #include "tools/ParallelStage.h"
 
+#include "llvm/Support/CommandLine.h"
 #include "llvm/Support/FileSystem.h"
 #include "llvm/Support/MemoryBuffer.h"
 #include "llvm/Support/Path.h"
@@ -44,14 +45,27 @@ const char *const kValidateUsage =
 namespace {
 
 
+namespace cl = llvm::cl;
+
+cl::SubCommand validateCommand("validate", "Run a stage of the validation ladder");
+cl::opt<std::string> pathFlag(cl::Positional, cl::sub(validateCommand), cl::desc("PATH"));
+cl::opt<std::string> stageFlag("stage", cl::sub(validateCommand),
+                               cl::desc("op, model, parallel or full"));
+cl::opt<std::string> outFlag("out", cl::sub(validateCommand), cl::desc("record folder"));
+cl::opt<std::string> fixtureFlag("fixture", cl::sub(validateCommand),
+                                 cl::desc("reference fixture folder (model stage)"));
+cl::opt<std::string> runtimeDirFlag("runtime-dir", cl::sub(validateCommand),
+                                    cl::desc("the runtime build"));
+cl::list<std::string> layoutsFlag("layouts", cl::sub(validateCommand), cl::CommaSeparated,
+                                  cl::desc("parallel stage: the layouts to run"));
+cl::opt<int> stepsFlag("steps", cl::sub(validateCommand), cl::init(6),
+                       cl::desc("parallel stage: training steps, 1..1000"));
+
 struct ValidateOptions {
-  std::string path, stage, out, fixture, runtimeDir, layouts, steps;
+  std::string path, stage, out, fixture, runtimeDir;
 };
 
-int usage(const std::string &error) {
-  std::cerr << "adapt: error: " << error << "\nusage:\n" << kValidateUsage;
-  return kExitBadInput;
-}
+int usage(const std::string &error) { return usageError(error, kValidateUsage); }
 
 /// SHA-256 of a file as hex, "" when unreadable.
 std::string sha256Of(const std::string &path) {
@@ -159,23 +173,8 @@ int runModelStage(const ValidateOptions &o) {
 
 } // namespace
 
-int runValidateCommand(int argc, char **argv) {
-  ValidateOptions o;
-  for (int i = 2; i < argc; ++i) {
-    std::string arg = argv[i];
-    std::string error;
-    if (std::string *into = findFlag<std::string>(arg, {{"--stage", &o.stage},
-                                                        {"--out", &o.out},
-                                                        {"--fixture", &o.fixture},
-                                                        {"--runtime-dir", &o.runtimeDir},
-                                                        {"--layouts", &o.layouts},
-                                                        {"--steps", &o.steps}})) {
-      if (!takeFlagValue(argc, argv, i, *into))
-        return usage(arg + " expects a value");
-    } else if (!takePositional(arg, o.path, error)) {
-      return usage(error);
-    }
-  }
+int runValidateCommand() {
+  ValidateOptions o{pathFlag, stageFlag, outFlag, fixtureFlag, runtimeDirFlag};
   if (o.path.empty() || o.out.empty() || o.stage.empty())
     return usage("validate expects PATH, --stage and --out DIR");
   if (!llvm::sys::fs::exists(o.path)) {
@@ -186,16 +185,12 @@ int runValidateCommand(int argc, char **argv) {
     o.runtimeDir = besideAdapt({"..", "runtime"});
   }
   if (o.stage == "parallel") {
-    ParallelStageOptions parallel{o.path, o.out, o.runtimeDir, {}, 6};
-    std::stringstream list(o.layouts);
-    for (std::string layout; std::getline(list, layout, ',');)
+    ParallelStageOptions parallel{o.path, o.out, o.runtimeDir, {}, stepsFlag};
+    for (const std::string &layout : layoutsFlag)
       if (!layout.empty())
         parallel.layouts.push_back(layout);
-    if (!o.steps.empty()) {
-      parallel.steps = std::atoi(o.steps.c_str());
-      if (parallel.steps < 1 || parallel.steps > 1000 || o.steps.find_first_not_of("0123456789") != std::string::npos)
-        return usage("--steps expects an integer in 1..1000");
-    }
+    if (parallel.steps < 1 || parallel.steps > 1000)
+      return usage("--steps expects an integer in 1..1000");
     return runParallelStage(parallel);
   }
   if (o.stage == "full")

@@ -10,7 +10,7 @@ extern const char *const kValidateUsage;
 /// `adapt validate PATH --stage op|model|parallel|full --out DIR [...]`: one
 /// stage of the validation ladder, records in DIR. Exit 0 every check passed
 /// (or the stage is not run yet), 4 a check failed, 2 bad input.
-int runValidateCommand(int argc, char **argv);
+int runValidateCommand();
 
 } // namespace adapt
 

@@ -21,8 +21,6 @@
 #include "tools/BuildCommand.h"
 #include "tools/CommandLine.h"
 #include "tools/DataCommand.h"
-
-#include "llvm/ADT/StringRef.h"
 #include "tools/GenerateCommand.h"
 #include "tools/ModelAnalysis.h"
 #include "tools/PlanCommand.h"
@@ -31,6 +29,8 @@
 #include "tools/ValidateCommand.h"
 
 #include "mlir/IR/MLIRContext.h"
+#include "llvm/ADT/StringRef.h"
+#include "llvm/Support/CommandLine.h"
 #include "llvm/Support/raw_ostream.h"
 
 #include <algorithm>
@@ -43,10 +43,12 @@
 #include <map>
 #include <unordered_set>
 
-
 using namespace adapt;
 
 namespace {
+
+/// What `adapt --version` says.
+constexpr const char *kVersion = "adapt 0.1.0 (gaps schema 1)";
 
 /// What `adapt --help` says after the usage lines of every command.
 constexpr const char *kUsageNotes = R"(
@@ -86,10 +88,42 @@ exit codes: 0 success (gaps: nothing missing), 2 bad input or usage,
 /// Every command's usage lines, then kUsageNotes (defined with the command table).
 std::string usageText();
 
-/// Parsed command line.
-struct Options {
-  std::string command, path, out, emit = "summary", registry;
-};
+namespace cl = llvm::cl;
+
+constexpr const char *kInspectUsage =
+    "  adapt inspect PATH [--emit summary|mlir|analysed] [--registry FILE]\n";
+constexpr const char *kGapsUsage = "  adapt gaps PATH --out DIR [--registry FILE]\n";
+constexpr const char *kTinyUsage =
+    "  adapt tiny FAMILY --out DIR [--seed N] [--layers N] [--quant fp8|mxfp4]\n"
+    "             [--config RELEASED_CONFIG.json [--manifest-only]]\n";
+
+/// `inspect`'s and `gaps`' options (runInspect, runGaps).
+cl::SubCommand inspectCommand("inspect", "Summarise or print the IR of a model");
+cl::SubCommand gapsCommand("gaps", "Write the gap report of a model");
+cl::opt<std::string> inspectPath(cl::Positional, cl::sub(inspectCommand), cl::desc("PATH"));
+cl::opt<std::string> inspectEmit("emit", cl::sub(inspectCommand), cl::init("summary"),
+                                 cl::desc("summary, mlir or analysed"));
+cl::opt<std::string> inspectRegistry("registry", cl::sub(inspectCommand),
+                                     cl::desc("an op registry in place of the built-in one"));
+cl::opt<std::string> gapsPath(cl::Positional, cl::sub(gapsCommand), cl::desc("PATH"));
+cl::opt<std::string> gapsOut("out", cl::sub(gapsCommand), cl::desc("report folder"));
+cl::alias gapsOutShort("o", cl::aliasopt(gapsOut));
+cl::opt<std::string> gapsRegistry("registry", cl::sub(gapsCommand),
+                                  cl::desc("an op registry in place of the built-in one"));
+
+/// `tiny`'s options (runTiny).
+cl::SubCommand tinyCommand("tiny", "Write a tiny random-weight model of a family");
+cl::opt<std::string> tinyFamily(cl::Positional, cl::sub(tinyCommand), cl::desc("FAMILY"));
+cl::opt<std::string> tinyOut("out", cl::sub(tinyCommand), cl::desc("output folder"));
+cl::alias tinyOutShort("o", cl::aliasopt(tinyOut));
+cl::opt<uint64_t> tinySeed("seed", cl::sub(tinyCommand), cl::init(0), cl::desc("random seed"));
+cl::opt<uint64_t> tinyLayers("layers", cl::sub(tinyCommand), cl::init(0),
+                             cl::desc("decoder layers, 2..64 (default: the family's)"));
+cl::opt<std::string> tinyQuant("quant", cl::sub(tinyCommand), cl::desc("fp8 or mxfp4"));
+cl::opt<std::string> tinyConfig("config", cl::sub(tinyCommand),
+                                cl::desc("a released config.json to shrink"));
+cl::opt<bool> tinyManifestOnly("manifest-only", cl::sub(tinyCommand),
+                               cl::desc("with --config: the index and shard headers only"));
 
 /// An InputError as the one line users see.
 int reportInputError(const InputError &error) {
@@ -97,90 +131,29 @@ int reportInputError(const InputError &error) {
   return kExitBadInput;
 }
 
-bool parseArgs(int argc, char **argv, Options &opts, std::string &error) {
-  if (argc < 2) {
-    error = "expected a command";
-    return false;
-  }
-  opts.command = argv[1];
-  for (int i = 2; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (std::string *into = findFlag<std::string>(arg, {{"--out", &opts.out},
-                                                        {"-o", &opts.out},
-                                                        {"--emit", &opts.emit},
-                                                        {"--registry", &opts.registry}})) {
-      if (!takeFlagValue(argc, argv, i, *into, error))
-        return false;
-    } else if (!takePositional(arg, opts.path, error)) {
-      return false;
-    }
-  }
-  if (opts.path.empty())
-    error = "expected a PATH";
-  else if (opts.command == "gaps" && opts.out.empty())
-    error = "gaps expects --out DIR";
-  else if (opts.emit != "summary" && opts.emit != "mlir" && opts.emit != "analysed")
-    error = "--emit expects summary, mlir or analysed";
-  return error.empty();
-}
-
 /// `adapt tiny FAMILY --out DIR [--seed N] [--layers N] [--quant Q]`.
-int runTiny(int argc, char **argv) {
+int runTiny() {
   TinyModelOptions options;
-  std::string error;
-  auto number = [&](const std::string &flag, const char *text,
-                    uint64_t &into) {
-    std::string s = text;
-    errno = 0;
-    char *end = nullptr;
-    unsigned long long value = std::strtoull(s.c_str(), &end, 10);
-    if (s.empty() || s.find_first_not_of("0123456789") != std::string::npos ||
-        *end != '\0' || errno == ERANGE) {
-      error = flag + " expects an integer in 0.." +
-              std::to_string(UINT64_MAX) + ", found \"" + s + "\"";
-      return false;
-    }
-    into = value;
-    return true;
-  };
-  for (int i = 2; i < argc && error.empty(); ++i) {
-    std::string arg = argv[i];
-    bool hasValue = i + 1 < argc;
-    if ((arg == "--out" || arg == "-o" || arg == "--seed" ||
-         arg == "--layers" || arg == "--quant" || arg == "--config") &&
-        !hasValue) {
-      error = arg + " expects a value";
-    } else if (arg == "--out" || arg == "-o") {
-      options.outDir = argv[++i];
-    } else if (arg == "--seed") {
-      number(arg, argv[++i], options.seed);
-    } else if (arg == "--layers") {
-      uint64_t layers = 0;
-      if (number(arg, argv[++i], layers)) {
-        if (layers < 2 || layers > 64)
-          error = "--layers expects 2..64, found " + std::to_string(layers);
-        options.layers = int64_t(layers);
-      }
-    } else if (arg == "--config") {
-      options.configFile = argv[++i];
-    } else if (arg == "--manifest-only") {
-      options.manifestOnly = true;
-    } else if (arg == "--quant") {
-      options.quant = argv[++i];
-      if (options.quant != "fp8" && options.quant != "mxfp4")
-        error = "--quant expects fp8 or mxfp4, found \"" + options.quant + "\"";
-    } else {
-      takePositional(arg, options.family, error);
-    }
+  options.family = tinyFamily;
+  options.outDir = tinyOut;
+  options.configFile = tinyConfig;
+  options.manifestOnly = tinyManifestOnly;
+  options.seed = tinySeed;
+  if (tinyLayers.getNumOccurrences()) {
+    if (tinyLayers < 2 || tinyLayers > 64)
+      return usageError("--layers expects 2..64, found " + std::to_string(tinyLayers), kTinyUsage);
+    options.layers = int64_t(tinyLayers);
   }
-  if (error.empty() && options.family.empty())
-    error = "tiny expects a FAMILY";
-  if (error.empty() && options.outDir.empty())
-    error = "tiny expects --out DIR";
-  if (!error.empty()) {
-    std::cerr << "adapt: error: " << error << "\n" << usageText();
-    return kExitBadInput;
+  if (tinyQuant.getNumOccurrences()) {
+    options.quant = tinyQuant;
+    if (options.quant != "fp8" && options.quant != "mxfp4")
+      return usageError("--quant expects fp8 or mxfp4, found \"" + options.quant + "\"",
+                        kTinyUsage);
   }
+  if (options.family.empty())
+    return usageError("tiny expects a FAMILY", kTinyUsage);
+  if (options.outDir.empty())
+    return usageError("tiny expects --out DIR", kTinyUsage);
   const std::vector<std::string> &families = tinyModelFamilies();
   if (std::find(families.begin(), families.end(), options.family) ==
       families.end()) {
@@ -253,26 +226,71 @@ void printSummary(const Analysis &a) {
   std::cout << "status       " << r.summary << "\n";
 }
 
-/// One command: its name, usage lines and entry point (null: inspect/gaps,
-/// which run() handles itself).
+/// `adapt inspect PATH`: the summary, the imported IR or the analysed IR.
+int runInspect() {
+  const std::string emit = inspectEmit;
+  if (inspectPath.empty())
+    return usageError("inspect expects a PATH", kInspectUsage);
+  if (emit != "summary" && emit != "mlir" && emit != "analysed")
+    return usageError("--emit expects summary, mlir or analysed", kInspectUsage);
+  mlir::MLIRContext context;
+  context.getOrLoadDialect<AdaptDialect>();
+  Analysis analysis;
+  if (int code = analyseModel(context, {inspectPath, inspectRegistry, emit != "mlir"}, analysis))
+    return code;
+  if (emit == "summary")
+    printSummary(analysis);
+  else
+    analysis.module->print(llvm::outs());
+  return kExitOk;
+}
+
+/// `adapt gaps PATH --out DIR`: gaps.json, gaps.md and gaps.html; exit 3
+/// when a component is missing or partial.
+int runGaps() {
+  if (gapsPath.empty())
+    return usageError("gaps expects a PATH", kGapsUsage);
+  if (gapsOut.empty())
+    return usageError("gaps expects --out DIR", kGapsUsage);
+  mlir::MLIRContext context;
+  context.getOrLoadDialect<AdaptDialect>();
+  Analysis analysis;
+  if (int code = analyseModel(context, {gapsPath, gapsRegistry, true}, analysis))
+    return code;
+  std::string error;
+  if (!writeGapReport(analysis.report, gapsOut, error)) {
+    std::cerr << "adapt: error: " << gapsOut << ": " << error << "\n";
+    return kExitBadInput;
+  }
+  std::cout << analysis.report.summary << "\n"
+            << "wrote " << gapsOut << "/gaps.json, gaps.md, gaps.html\n";
+  if (const ManifestIssue *issue = contradictingManifestIssue(analysis.report)) {
+    printManifestContradiction(analysis.report, *issue);
+    return kExitBadInput;
+  }
+  return analysis.report.hasGaps() ? kExitGapsFound : kExitOk;
+}
+
+/// One command: its name, usage lines and entry point, which reads the
+/// command's llvm::cl options (null for `data`, which hands its arguments
+/// to its script unparsed).
 struct Command {
   const char *name;
   const char *usage;
-  int (*run)(int, char **);
+  int (*run)();
 };
 
 const Command kCommands[] = {
-    {"inspect", "  adapt inspect PATH [--emit summary|mlir|analysed] [--registry FILE]\n", nullptr},
-    {"gaps", "  adapt gaps PATH --out DIR [--registry FILE]\n", nullptr},
-    {"tiny", "  adapt tiny FAMILY --out DIR [--seed N] [--layers N] [--quant fp8|mxfp4]\n"
-             "             [--config RELEASED_CONFIG.json [--manifest-only]]\n", runTiny},
+    {"inspect", kInspectUsage, runInspect},
+    {"gaps", kGapsUsage, runGaps},
+    {"tiny", kTinyUsage, runTiny},
     {"build", kBuildUsage, runBuildCommand},
     {"validate", kValidateUsage, runValidateCommand},
     {"serve", kServeUsage, runServeCommand},
     {"generate", kGenerateUsage, runGenerateCommand},
     {"review", kReviewUsage, runReviewCommand},
     {"plan", kPlanUsage, runPlanCommand},
-    {"data", kDataUsage, runDataCommand},
+    {"data", kDataUsage, nullptr},
 };
 
 /// The usage lines of every command, then the notes.
@@ -314,45 +332,21 @@ int run(int argc, char **argv) {
       std::cout << "usage:\n" << command->usage;
       return kExitOk;
     }
-  if (command && command->run)
-    return command->run(argc, argv);
   if (argc >= 2 && !std::strcmp(argv[1], "--version")) {
-    std::cout << "adapt 0.1.0 (gaps schema 1)\n";
+    std::cout << kVersion << "\n";
     return kExitOk;
   }
-  Options opts;
-  std::string error;
-  if (!parseArgs(argc, argv, opts, error) ||
-      (opts.command != "inspect" && opts.command != "gaps")) {
-    if (error.empty())
-      error = "unknown command '" + opts.command + "'";
-    std::cerr << "adapt: error: " << error << "\n" << usageText();
+  cl::SetVersionPrinter([](llvm::raw_ostream &os) { os << kVersion << "\n"; });
+  if (!command) {
+    std::cerr << "adapt: error: expected a command\n" << usageText();
     return kExitBadInput;
   }
-  mlir::MLIRContext context;
-  context.getOrLoadDialect<AdaptDialect>();
-  Analysis analysis;
-  const bool emitRaw = opts.command == "inspect" && opts.emit == "mlir";
-  if (int code = analyseModel(context, {opts.path, opts.registry, !emitRaw}, analysis))
-    return code;
-  if (opts.command == "inspect") {
-    if (opts.emit == "summary")
-      printSummary(analysis);
-    else
-      analysis.module->print(llvm::outs());
-    return kExitOk;
-  }
-  if (!writeGapReport(analysis.report, opts.out, error)) {
-    std::cerr << "adapt: error: " << opts.out << ": " << error << "\n";
+  // The data step's options are its script's (scripts/adapt_data.py).
+  if (!command->run)
+    return runDataCommand(argc, argv);
+  if (!parseCommandLine(argc, argv, command->usage))
     return kExitBadInput;
-  }
-  std::cout << analysis.report.summary << "\n"
-            << "wrote " << opts.out << "/gaps.json, gaps.md, gaps.html\n";
-  if (const ManifestIssue *issue = contradictingManifestIssue(analysis.report)) {
-    printManifestContradiction(analysis.report, *issue);
-    return kExitBadInput;
-  }
-  return analysis.report.hasGaps() ? kExitGapsFound : kExitOk;
+  return command->run();
 }
 
 } // namespace

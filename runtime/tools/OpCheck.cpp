@@ -16,6 +16,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "runtime/CommandLine.h"
 #include "runtime/ExpertRows.h"
 #include "runtime/FileSystem.h"
 #include "runtime/Json.h"
@@ -723,42 +724,27 @@ int selfTest(torch::Device device, int64_t seeds) {
 } // namespace
 
 int main(int argc, char **argv) {
-  std::string outDir, only, deviceName = "cpu";
-  int64_t seeds = 5;
+  std::string outDir, only, deviceName;
+  int64_t seeds = 0;
   bool self = false;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    const bool hasValue = i + 1 < argc;
-    if (a == "--self-test") {
-      self = true;
-    } else if (a == "--help" || a == "-h") {
+  try {
+    const ParsedFlags flags = parseFlags(
+        argc, argv, {{"--out", "--only", "--device", "--seeds"}, {"--self-test", "--help", "-h"}, {}});
+    if (flags.has("--help") || flags.has("-h")) {
       std::printf("adapt-op-check --out DIR [--seeds N] [--device cpu|cuda] [--only SUBSTRING] | --self-test\n"
                   "Checks every op of runtime/Ops.h against float64 references (float32 and bfloat16, forward\n"
                   "and backward); writes DIR/op-stage.json and DIR/op-stage.md.\n"
                   "Exit codes: 0 all passed, 4 a check failed, 2 bad usage, 1 internal error.\n");
       return 0;
-    } else if (a != "--out" && a != "--only" && a != "--device" && a != "--seeds") {
-      return usage("unknown flag " + a);
-    } else if (!hasValue) {
-      return usage(a + " needs a value");
-    } else {
-      const std::string v = argv[++i];
-      if (a == "--out")
-        outDir = v;
-      else if (a == "--only")
-        only = v;
-      else if (a == "--device")
-        deviceName = v;
-      else {
-        char *end = nullptr;
-        seeds = std::strtoll(v.c_str(), &end, 10);
-        if (v.empty() || *end != '\0' || seeds < 1 || seeds > 1000)
-          return usage("--seeds expects an integer from 1 to 1000, not " + v);
-      }
     }
+    self = flags.has("--self-test");
+    outDir = flags.text("--out");
+    only = flags.text("--only");
+    deviceName = flags.choice("--device", "cpu", {"cpu", "cuda"});
+    seeds = flags.integer("--seeds", 5, 1, 1000);
+  } catch (const RuntimeError &e) {
+    return usage(e.what());
   }
-  if (deviceName != "cpu" && deviceName != "cuda")
-    return usage("--device expects cpu or cuda, not " + deviceName);
   if (outDir.empty() && !self)
     return usage("--out DIR is required");
   try {

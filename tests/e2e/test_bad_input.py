@@ -180,6 +180,36 @@ class BadInput(unittest.TestCase):
         proc = subprocess.run([ADAPT, "frobnicate", self.model], capture_output=True, text=True)
         self.assertEqual(proc.returncode, 2)
 
+    def test_flag_errors_name_the_flag_and_exit_2(self):
+        """Every command parses its flags the same way (llvm::cl): a missing
+        value, a value of the wrong type, an unknown flag and a value out of
+        range are each one "adapt: error:" naming the flag, exit 2."""
+        cases = [(["gaps", self.model, "--out"], "--out"),
+                 (["tiny", "qwen3_moe", "--out", self.out, "--seed", "x"], "--seed"),
+                 (["build", self.model, "--out", self.out, "--lora-rank", "0"], "--lora-rank"),
+                 (["plan", self.model, "--gpus", "many"], "--gpus"),
+                 (["validate", self.model, "--frobnicate"], "--frobnicate"),
+                 (["generate", self.model, "--out", self.out, "--retries", "99"], "--retries")]
+        for args, flag in cases:
+            proc = subprocess.run([ADAPT, *args], capture_output=True, text=True)
+            self.assertEqual(proc.returncode, 2, args)
+            self.assertIn("adapt: error:", proc.stderr, args)
+            self.assertIn(flag, proc.stderr, args)
+
+    def test_at_arguments_are_not_read_as_response_files(self):
+        """llvm::cl would expand "@FILE" into FILE's words and echo them in its
+        errors; a client of `adapt serve` could name any readable file so."""
+        secret = os.path.join(self.tmp, "secret.txt")
+        with open(secret, "w") as f:
+            f.write("TOPSECRET --frobnicate\n")
+        for args in (["gaps", "@" + secret, "--out", self.out],
+                     ["build", self.model, "--out", self.out, "@" + secret]):
+            proc = subprocess.run([ADAPT, *args], capture_output=True, text=True)
+            self.assertEqual(proc.returncode, 2, args)
+            self.assertIn("response file", proc.stderr)
+            self.assertNotIn("TOPSECRET", proc.stdout + proc.stderr)
+            self.assertNotIn("frobnicate", proc.stdout + proc.stderr)
+
 
 if __name__ == "__main__":
     unittest.main(argv=[sys.argv[0]], verbosity=2)
