@@ -10,6 +10,7 @@
 #include "codegen/EmitTrainer.h"
 #include "ir/AdaptDialect.h"
 #include "models/LoraTargets.h"
+#include "runtime/ModelDef.h"
 
 #include <algorithm>
 #include <cctype>
@@ -19,6 +20,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <type_traits>
 
 using namespace mlir;
 
@@ -193,6 +195,35 @@ private:
   void setTrue(const std::string &field, bool value) {
     if (value)
       set(field, "true");
+  }
+
+  /// The settings of \p Def (runtime/ModelDef.h, visitSettings) that \p op
+  /// carries with a value other than the field's default, as
+  /// "VAR.field = value;" in the runtime's order. An attribute the op does
+  /// not carry keeps the field's default.
+  template <typename Def> void writeSettings(Operation *op, const std::string &var) {
+    Def defaults;
+    rt::visitSettings(defaults, [&](const char *attribute, const char *field, const auto &fallback) {
+      using T = std::decay_t<decltype(fallback)>;
+      const std::string target = var + "." + field;
+      Attribute attr = op->getAttr(attribute);
+      if constexpr (std::is_same_v<T, bool>) {
+        // A unit attribute: present means true.
+        if ((attr != nullptr) != fallback)
+          set(target, attr ? "true" : "false");
+      } else if constexpr (std::is_same_v<T, int64_t>) {
+        if (auto value = llvm::dyn_cast_or_null<IntegerAttr>(attr); value && value.getInt() != fallback)
+          setInt(target, value.getInt());
+      } else if constexpr (std::is_same_v<T, double>) {
+        if (auto value = llvm::dyn_cast_or_null<FloatAttr>(attr);
+            value && value.getValueAsDouble() != fallback)
+          setDouble(target, value.getValueAsDouble());
+      } else {
+        static_assert(std::is_same_v<T, std::string>, "a setting is a flag, a number or text");
+        if (auto value = llvm::dyn_cast_or_null<StringAttr>(attr); value && value.str() != fallback)
+          set(target, quote(value.str()));
+      }
+    });
   }
 
   /// The YaRN fields of a.rope with scaling \p factor, from \p rope (the
@@ -474,8 +505,6 @@ private:
     setInt("a.vHeadDim", a.getVHeadDim());
     if (a.getQkNorm())
       set("a.qkNorm", quote(stringifyQkNormKind(a.getQkNormKind()).str()));
-    setTrue("a.qkvBias", a.getQkvBias());
-    setTrue("a.outputGate", a.getOutputGate());
     Weights weights;
     if (!collectWeights(a, "layer " + std::to_string(layer.index) + ": attention", attentionRole,
                         weights, error))
@@ -483,20 +512,12 @@ private:
     bool oBias = a.getOutBias() || hasRole(weights, "o_proj.bias");
     noteHfAttention(weights);
     setTrue("a.outBias", oBias);
-    setTrue("a.sinks", a.getSinks());
+    writeSettings<rt::AttentionDef>(a, "a");
     WindowKind window = a.getWindow();
     if (window == WindowKind::Sliding)
       setInt("a.slidingWindow", a.getWindowSize());
     else if (window == WindowKind::Chunked)
       setInt("a.chunkSize", a.getWindowSize());
-    double scale = a.getSoftmaxScale().convertToDouble();
-    if (scale != 0)
-      setDouble("a.softmaxScale", scale);
-    if (a.getTemperatureTuning()) {
-      setTrue("a.temperatureTuning", true);
-      setDouble("a.floorScale", a.getFloorScale().convertToDouble());
-      setDouble("a.attnScale", a.getAttnScale().convertToDouble());
-    }
     if (mla) {
       setInt("a.qLoraRank", a.getQLoraRank());
       setInt("a.kvLoraRank", a.getKvLoraRank());
@@ -624,23 +645,13 @@ private:
     setInt("f.topK", m.getTopK());
     setInt("f.intermediate", m.getExpertIntermediate());
     set("f.router", "rt::RouterKind::" + router);
-    setTrue("f.normTopK", m.getNormTopk());
-    double scaling = m.getRoutedScaling().convertToDouble();
-    if (scaling != 1.0)
-      setDouble("f.routedScaling", scaling);
-    setTrue("f.correctionBias", m.getBiasCorrection());
-    if (m.getNumGroups() > 1) {
-      setInt("f.groups", m.getNumGroups());
-      setInt("f.topKGroups", m.getTopkGroups());
-    }
-    setTrue("f.routerBias", m.getRouterBias());
+    writeSettings<rt::FfnDef>(m, "f");
     double limit = m.getSwigluLimit().convertToDouble();
     if (limit > 0) {
       set("f.act", "rt::ExpertAct::ClampedSwiGLU");
       setDouble("f.swigluAlpha", m.getSwigluAlpha().convertToDouble());
       setDouble("f.swigluLimit", limit);
     }
-    setTrue("f.expertBias", m.getExpertBias());
     if (m.getFusedLayout() != FusedLayout::None)
       set("f.fusedLayout", quote(stringifyFusedLayout(m.getFusedLayout()).str()));
     if (!collect(m))

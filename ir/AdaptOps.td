@@ -117,16 +117,19 @@ def Adapt_AttentionOp : Adapt_ComponentOp<"attention", (ins
     Adapt_RopeAttr:$rope, DefaultValuedAttr<F64Attr, "1.0">:$rope_partial,
     DefaultValuedAttr<Adapt_WindowKindAttr, "::adapt::WindowKind::None">:$window,
     DefaultValuedAttr<NonNegativeI64Attr, "0">:$window_size,
-    UnitAttr:$sinks, UnitAttr:$output_gate, UnitAttr:$qk_norm,
-    UnitAttr:$qkv_bias,
+    UnitAttr:$qk_norm,
     DefaultValuedAttr<Adapt_QkNormKindAttr, "::adapt::QkNormKind::Head">:$qk_norm_kind,
+    // M-RoPE (rope's scaling mrope): frequencies per position axis (t, h, w).
+    OptionalAttr<DenseI64ArrayAttr>:$mrope_section,
+    // Settings (parser/ModelSpec.h, visitSettings): copied from the config
+    // as they are; they stay last, so that a new one leaves the builder's
+    // required parameters alone.
+    UnitAttr:$qkv_bias, UnitAttr:$output_gate, UnitAttr:$sinks,
     UnitAttr:$out_bias,
     DefaultValuedAttr<F64Attr, "0.0">:$softmax_scale,
     UnitAttr:$temperature_tuning,
     DefaultValuedAttr<F64Attr, "8192.0">:$floor_scale,
-    DefaultValuedAttr<F64Attr, "0.1">:$attn_scale,
-    // M-RoPE (rope's scaling mrope): frequencies per position axis (t, h, w).
-    OptionalAttr<DenseI64ArrayAttr>:$mrope_section)> {
+    DefaultValuedAttr<F64Attr, "0.1">:$attn_scale)> {
   let summary = "Softmax attention: MHA, GQA or MLA";
   let description = [{
     `kind` is `mha`, `gqa` or `mla`. GQA: q_proj is
@@ -201,18 +204,18 @@ def Adapt_MoEOp : Adapt_ComponentOp<"moe", (ins
     PositiveI64Attr:$expert_intermediate,
     DefaultValuedAttr<NonNegativeI64Attr, "0">:$num_shared,
     DefaultValuedAttr<NonNegativeI64Attr, "0">:$shared_intermediate,
-    StrAttr:$scoring,
+    StrAttr:$scoring, StrAttr:$activation,
+    DefaultValuedAttr<Adapt_RoutingAttr, "::adapt::Routing::ScoreTopK">:$routing,
+    DefaultValuedAttr<Adapt_FusedLayoutAttr, "::adapt::FusedLayout::None">:$fused_layout,
+    // Settings (parser/ModelSpec.h, visitSettings), last as adapt.attention's.
+    UnitAttr:$norm_topk,
+    DefaultValuedAttr<F64Attr, "1.0">:$routed_scaling,
+    UnitAttr:$bias_correction,
     DefaultValuedAttr<PositiveI64Attr, "1">:$num_groups,
     DefaultValuedAttr<PositiveI64Attr, "1">:$topk_groups,
-    UnitAttr:$bias_correction, UnitAttr:$norm_topk, UnitAttr:$router_bias,
-    UnitAttr:$shared_gate,
-    DefaultValuedAttr<F64Attr, "1.0">:$routed_scaling,
+    UnitAttr:$router_bias, UnitAttr:$expert_bias, UnitAttr:$shared_gate,
     DefaultValuedAttr<F64Attr, "0.0">:$swiglu_limit,
-    StrAttr:$activation,
-    DefaultValuedAttr<Adapt_RoutingAttr, "::adapt::Routing::ScoreTopK">:$routing,
-    DefaultValuedAttr<F64Attr, "1.702">:$swiglu_alpha,
-    UnitAttr:$expert_bias,
-    DefaultValuedAttr<Adapt_FusedLayoutAttr, "::adapt::FusedLayout::None">:$fused_layout)> {
+    DefaultValuedAttr<F64Attr, "1.702">:$swiglu_alpha)> {
   let summary = "Mixture of experts: router, routed experts, shared experts";
   let description = [{
     y = sum_{e in topk(score(W_r x))} w_e * E_e(x) + S(x), with `scoring`

@@ -9,6 +9,7 @@
 #include "llvm/Support/ErrorHandling.h"
 
 #include <algorithm>
+#include <type_traits>
 
 using namespace mlir;
 
@@ -126,19 +127,29 @@ private:
                            : m.numKvHeads == m.numHeads ? AttentionKind::Mha
                                                         : AttentionKind::Gqa;
       const RopeSpec &r = m.rope;
-      auto f64 = [](double v) { return llvm::APFloat(v); };
-      return builder.create<AttentionOp>(
-          loc, x.getType(), ValueRange{x}, c.layer, allRefs(c), kind,
-          m.numHeads, m.numKvHeads, m.headDim, m.vHeadDim, m.qLoraRank,
-          m.kvLoraRank, m.qkRopeDim, rope(r), f64(r.partialFactor),
-          knownSpelling(symbolizeWindowKind(m.window), "window"), m.windowSize, flag(m.sinks), flag(m.outputGate),
-          flag(m.qkNorm), flag(m.qkvBias),
-          knownSpelling(symbolizeQkNormKind(m.qkNormKind), "qkNormKind"),
-          flag(m.outBias), f64(m.softmaxScale), flag(m.temperatureTuning),
-          f64(m.floorScale), f64(m.attnScale),
-          r.mropeSection.empty()
-              ? DenseI64ArrayAttr()
-              : builder.getDenseI64ArrayAttr(r.mropeSection));
+      NamedAttrList attributes = component(c);
+      attributes.append("kind", AttentionKindAttr::get(&context, kind));
+      attributes.append("num_heads", i64(m.numHeads));
+      attributes.append("num_kv_heads", i64(m.numKvHeads));
+      attributes.append("head_dim", i64(m.headDim));
+      attributes.append("v_head_dim", i64(m.vHeadDim));
+      attributes.append("q_lora_rank", i64(m.qLoraRank));
+      attributes.append("kv_lora_rank", i64(m.kvLoraRank));
+      attributes.append("qk_rope_head_dim", i64(m.qkRopeDim));
+      attributes.append("rope", rope(r));
+      attributes.append("rope_partial", builder.getF64FloatAttr(r.partialFactor));
+      attributes.append("window", WindowKindAttr::get(
+                                      &context, knownSpelling(symbolizeWindowKind(m.window), "window")));
+      attributes.append("window_size", i64(m.windowSize));
+      if (m.qkNorm)
+        attributes.append("qk_norm", builder.getUnitAttr());
+      attributes.append("qk_norm_kind",
+                        QkNormKindAttr::get(&context, knownSpelling(symbolizeQkNormKind(m.qkNormKind),
+                                                                    "qkNormKind")));
+      if (!r.mropeSection.empty())
+        attributes.append("mrope_section", builder.getDenseI64ArrayAttr(r.mropeSection));
+      appendSettings(attributes, m);
+      return builder.create<AttentionOp>(loc, TypeRange{x.getType()}, ValueRange{x}, attributes);
     }
     if (c.kind == "mla")
       return sparseAttention(x, c, m);
@@ -155,6 +166,38 @@ private:
         loc, x.getType(), ValueRange{x}, c.layer, allRefs(c), kind, keyHeads,
         valueHeads, keyDim, valueDim, m.convKernel, flag(m.outputGate),
         m.kind == MixerKind::Lightning ? m.blockSize : 0, split);
+  }
+
+  /// An i64 attribute of \p value.
+  IntegerAttr i64(int64_t value) { return builder.getI64IntegerAttr(value); }
+
+  /// The attributes every component op has: its layer and its weights.
+  NamedAttrList component(const ComponentDecl &c) {
+    NamedAttrList attributes;
+    attributes.append("layer", i64(c.layer));
+    attributes.append("weights", allRefs(c));
+    return attributes;
+  }
+
+  /// \p attributes with the settings of \p spec (a MixerSpec or FfnSpec; see
+  /// visitSettings in parser/ModelSpec.h) under their names: a true flag as
+  /// a unit attribute (a false one left out), numbers as i64/f64, text as a
+  /// string. The op's verifier checks each against its ODS declaration.
+  template <typename Spec> void appendSettings(NamedAttrList &attributes, const Spec &spec) {
+    visitSettings(spec, [&](const char *name, const auto &value) {
+      using T = std::decay_t<decltype(value)>;
+      if constexpr (std::is_same_v<T, bool>) {
+        if (value)
+          attributes.append(name, builder.getUnitAttr());
+      } else if constexpr (std::is_same_v<T, double>) {
+        attributes.append(name, builder.getF64FloatAttr(value));
+      } else if constexpr (std::is_same_v<T, int64_t>) {
+        attributes.append(name, i64(value));
+      } else {
+        static_assert(std::is_same_v<T, std::string>, "a setting is a flag, a number or text");
+        attributes.append(name, builder.getStringAttr(value));
+      }
+    });
   }
 
   /// \p v's op carries the unseen enumerated values that decide it as its
@@ -189,21 +232,26 @@ private:
 
   Value ffn(Value x, const ComponentDecl &c) {
     const FfnSpec &f = layerSpec(c.layer)->ffn;
-    auto flag = [](bool b) { return b; };
     if (c.kind == "mlp")
       return builder.create<MLPOp>(loc, x.getType(), ValueRange{x}, c.layer,
                                    allRefs(c), f.intermediate, f.activation);
-    return builder.create<MoEOp>(
-        loc, x.getType(), ValueRange{x}, c.layer, allRefs(c), f.numExperts,
-        f.topK, f.expertIntermediate, f.numShared, f.sharedIntermediate,
-        f.scoring, f.numGroups, f.topKGroups, flag(f.biasCorrection),
-        flag(f.normTopK), flag(f.routerBias), flag(f.sharedGate),
-        llvm::APFloat(f.routedScaling),
-        llvm::APFloat(f.swigluLimit), f.activation,
-        knownSpelling(symbolizeRouting(f.routing), "routing"),
-        llvm::APFloat(f.swigluAlpha), flag(f.expertBias),
-        f.fusedLayout.empty() ? FusedLayout::None
-                              : knownSpelling(symbolizeFusedLayout(f.fusedLayout), "fusedLayout"));
+    NamedAttrList attributes = component(c);
+    attributes.append("num_experts", i64(f.numExperts));
+    attributes.append("top_k", i64(f.topK));
+    attributes.append("expert_intermediate", i64(f.expertIntermediate));
+    attributes.append("num_shared", i64(f.numShared));
+    attributes.append("shared_intermediate", i64(f.sharedIntermediate));
+    attributes.append("scoring", builder.getStringAttr(f.scoring));
+    attributes.append("activation", builder.getStringAttr(f.activation));
+    attributes.append("routing",
+                      RoutingAttr::get(&context, knownSpelling(symbolizeRouting(f.routing), "routing")));
+    attributes.append("fused_layout",
+                      FusedLayoutAttr::get(&context, f.fusedLayout.empty()
+                                                         ? FusedLayout::None
+                                                         : knownSpelling(symbolizeFusedLayout(f.fusedLayout),
+                                                                         "fusedLayout")));
+    appendSettings(attributes, f);
+    return builder.create<MoEOp>(loc, TypeRange{x.getType()}, ValueRange{x}, attributes);
   }
 
   /// The residual add after a sublayer: x + update, or MiniMax's

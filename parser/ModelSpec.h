@@ -131,6 +131,38 @@ struct FfnSpec {
   std::string activation = "silu";
 };
 
+/// Settings: config values that reach the runtime op unchanged. Each is
+/// visited as (the dialect's attribute name, the value); the importer
+/// copies them onto the component's op (ir/ImportModel.cpp), and codegen
+/// prints each into the runtime's field of the same attribute name
+/// (runtime/ModelDef.h, visitSettings there). So a new config key of this
+/// kind touches the reader, this list, the op's ODS and the runtime only.
+/// Values that need translating (kinds, windows, RoPE) are not settings.
+template <typename Visitor> void visitSettings(const MixerSpec &m, Visitor &&visit) {
+  visit("qkv_bias", m.qkvBias);
+  visit("output_gate", m.outputGate);
+  visit("sinks", m.sinks);
+  visit("out_bias", m.outBias);
+  visit("softmax_scale", m.softmaxScale);
+  visit("temperature_tuning", m.temperatureTuning);
+  visit("floor_scale", m.floorScale);
+  visit("attn_scale", m.attnScale);
+}
+
+/// The settings of an FFN (see the MixerSpec overload).
+template <typename Visitor> void visitSettings(const FfnSpec &f, Visitor &&visit) {
+  visit("norm_topk", f.normTopK);
+  visit("routed_scaling", f.routedScaling);
+  visit("bias_correction", f.biasCorrection);
+  visit("num_groups", f.numGroups);
+  visit("topk_groups", f.topKGroups);
+  visit("router_bias", f.routerBias);
+  visit("expert_bias", f.expertBias);
+  visit("shared_gate", f.sharedGate);
+  visit("swiglu_limit", f.swigluLimit);
+  visit("swiglu_alpha", f.swigluAlpha);
+}
+
 /// One decoder layer.
 struct LayerSpec {
   int64_t index = 0;

@@ -174,6 +174,35 @@ struct FfnDef {
   std::map<std::string, std::string> weights;
 };
 
+/// The settings of an attention layer: fields that take a config value as
+/// it is, visited as (the adapt dialect's attribute name, this field's name,
+/// the field). Code generation prints each one whose attribute on the
+/// adapt.attention op differs from the field's default (codegen/EmitLayer.cpp),
+/// so a new setting needs no code there: its config key is read by the parser
+/// (parser/ModelSpec.h, visitSettings), declared on the op (ir/AdaptOps.td)
+/// and listed here beside the field the runtime uses.
+template <typename Visitor> void visitSettings(AttentionDef &a, Visitor &&visit) {
+  visit("qkv_bias", "qkvBias", a.qkvBias);
+  visit("output_gate", "outputGate", a.outputGate);
+  visit("sinks", "sinks", a.sinks);
+  visit("softmax_scale", "softmaxScale", a.softmaxScale);
+  visit("temperature_tuning", "temperatureTuning", a.temperatureTuning);
+  visit("floor_scale", "floorScale", a.floorScale);
+  visit("attn_scale", "attnScale", a.attnScale);
+}
+
+/// The settings of an FFN, printed from the adapt.moe op (see the
+/// AttentionDef overload).
+template <typename Visitor> void visitSettings(FfnDef &f, Visitor &&visit) {
+  visit("norm_topk", "normTopK", f.normTopK);
+  visit("routed_scaling", "routedScaling", f.routedScaling);
+  visit("bias_correction", "correctionBias", f.correctionBias);
+  visit("num_groups", "groups", f.groups);
+  visit("topk_groups", "topKGroups", f.topKGroups);
+  visit("router_bias", "routerBias", f.routerBias);
+  visit("expert_bias", "expertBias", f.expertBias);
+}
+
 /// One decoder layer: pre-norm attention and pre-norm FFN, residuals.
 struct LayerDef {
   int64_t index = 0;
