@@ -124,10 +124,9 @@ std::string irAfter(std::string line, const std::string &entryId) {
   return line + "  // registry entry " + entryId;
 }
 
-} // namespace
-
-int runGenerateCommand() {
-  GenerateOptions o;
+/// The options from the flags and the environment (ADAPT_LLM_*); a usage
+/// error's exit code in \p rc when one is out of range or missing.
+bool optionsFromFlags(GenerateOptions &o, int &rc) {
   o.llm.baseUrl = envOr("ADAPT_LLM_BASE_URL", "OPENAI_BASE_URL");
   o.llm.model = envOr("ADAPT_LLM_MODEL");
   o.llm.apiKey = envOr("ADAPT_LLM_API_KEY", "OPENAI_API_KEY");
@@ -152,48 +151,56 @@ int runGenerateCommand() {
   take(testTimeoutFlag, o.llm.testTimeoutS);
   take(retriesFlag, o.llm.retries);
   take(flagSpeedupFlag, o.llm.flagSpeedup);
-  for (const std::string &error : {rangeError("--max-attempts", o.llm.maxAttempts, 1, 100),
+  std::string error;
+  for (const std::string &range : {rangeError("--max-attempts", o.llm.maxAttempts, 1, 100),
                                    rangeError("--timeout", o.llm.requestTimeoutS, 1, 3600),
                                    rangeError("--retries", o.llm.retries, 0, 20),
                                    rangeError("--test-timeout", o.llm.testTimeoutS, 1, 3600),
                                    rangeError("--max-tokens", o.llm.maxTokens, 1, 100000000)})
-    if (!error.empty())
-      return usage(error);
-  if (o.llm.target != "libtorch" && o.llm.target != "cuda")
-    return usage("--target expects libtorch or cuda, found \"" + o.llm.target + "\"");
-  if (!(o.llm.flagSpeedup > 0) || !std::isfinite(o.llm.flagSpeedup))
-    return usage("--flag-speedup expects a positive number");
-  if (o.path.empty())
-    return usage("generate expects a PATH");
-  if (o.out.empty())
-    return usage("generate expects --out DIR");
+    if (error.empty())
+      error = range;
+  if (error.empty() && o.llm.target != "libtorch" && o.llm.target != "cuda")
+    error = "--target expects libtorch or cuda, found \"" + o.llm.target + "\"";
+  if (error.empty() && (!(o.llm.flagSpeedup > 0) || !std::isfinite(o.llm.flagSpeedup)))
+    error = "--flag-speedup expects a positive number";
+  if (error.empty() && o.path.empty())
+    error = "generate expects a PATH";
+  if (error.empty() && o.out.empty())
+    error = "generate expects --out DIR";
+  if (!error.empty()) {
+    rc = usage(error);
+    return false;
+  }
   if (!o.llm.baseUrl.empty() && o.llm.model.empty())
     o.llm.model = "default";
-  if (std::error_code ec = llvm::sys::fs::create_directories(o.out)) {
-    std::cerr << "adapt: error: " << o.out << ": cannot create the folder: " << ec.message()
-              << "\n";
-    return kExitBadInput;
-  }
-  std::string error;
+  return true;
+}
 
-  // The registry, as JSON.
+/// The registry the gaps are matched against (--registry, else the built-in
+/// one), as JSON; false after printing why it is not one.
+bool loadRegistry(const GenerateOptions &o, Json &registry) {
   std::string registryText = builtinOpRegistryText();
   if (!o.registry.empty() && !agent::readText(o.registry, registryText)) {
     std::cerr << "adapt: error: " << o.registry << ": cannot read the registry\n";
-    return kExitBadInput;
+    return false;
   }
-  Json registry = Json::parse(registryText, nullptr, false);
+  registry = Json::parse(registryText, nullptr, false);
   if (registry.is_discarded() || !registry.contains("ops")) {
     std::cerr << "adapt: error: " << (o.registry.empty() ? "built-in registry" : o.registry)
               << ": not a registry (JSON with \"ops\")\n";
-    return kExitBadInput;
+    return false;
   }
+  return true;
+}
 
-  // The gap report: given, or made here.
-  std::string gapsPath;
+/// The gap report of PATH: a gaps.json given (or a folder holding one), or
+/// made here in-process as `adapt gaps` makes it, with the analysed IR the
+/// candidates' records quote in \p ir (and OUT/ir-before.mlir). Returns the
+/// exit code (0: \p gapsPath and \p report are set).
+int loadGapReport(const GenerateOptions &o, std::string &gapsPath, Json &report, std::string &ir) {
+  std::string error;
   bool isJson = llvm::StringRef(o.path).ends_with(".json") &&
                 llvm::sys::path::filename(o.path) != "config.json";
-  std::string ir;
   if (isJson) {
     gapsPath = o.path;
   } else if (llvm::sys::fs::exists(o.path + "/gaps.json") &&
@@ -225,23 +232,121 @@ int runGenerateCommand() {
     }
   }
   std::string gapsText;
-  Json report;
   if (!agent::readText(gapsPath, gapsText) ||
       (report = Json::parse(gapsText, nullptr, false)).is_discarded() ||
       !report.contains("components") || !report["components"].is_array()) {
     std::cerr << "adapt: error: " << gapsPath << ": not a gap report (gaps.json)\n";
     return kExitBadInput;
   }
+  return kExitOk;
+}
 
+/// The checker LLM candidates are judged by: ADAPT_CANDIDATE_CHECK, else the
+/// runtime build's adapt-candidate-check beside this binary.
+agent::CandidateTools candidateTools() {
   agent::CandidateTools tools;
-  {
-    const std::string checker = besideAdapt({"..", "runtime", "adapt-candidate-check"});
-    if (const char *env = std::getenv("ADAPT_CANDIDATE_CHECK"))
-      tools.checker = env;
-    else if (llvm::sys::fs::exists(checker))
-      tools.checker = std::string(checker);
-  }
+  const std::string checker = besideAdapt({"..", "runtime", "adapt-candidate-check"});
+  if (const char *env = std::getenv("ADAPT_CANDIDATE_CHECK"))
+    tools.checker = env;
+  else if (llvm::sys::fs::exists(checker))
+    tools.checker = std::string(checker);
+  return tools;
+}
 
+/// The candidate record of the gap \p c: a reuse rule's, else "needs_llm"
+/// (no task can validate one, or no endpoint), else the LLM loop's, its files
+/// written under \p dir. Counts it in \p summary and sets \p covered when it
+/// has a candidate; false after printing a write error.
+bool candidateFor(const Json &c, const std::string &id, const std::string &dir, const std::string &irLine,
+                  const Json &registry, const GenerateOptions &o, const agent::CandidateTools &tools,
+                  Json &summary, Json &record, bool &covered) {
+  std::string error;
+  agent::ReuseMatch match;
+  agent::CandidateTask task;
+  covered = false;
+  if (agent::matchReuseRules(c, registry, match)) {
+    std::string entryId = match.registryEntry.value("id", "");
+    record = {{"id", id},
+              {"component", id},
+              {"op", c.value("op", "")},
+              {"features", c.value("features", Json::object())},
+              {"kind", "reuse"},
+              {"rule", match.rule},
+              {"explanation", match.explanation},
+              {"critical", agent::isCriticalCandidate(c.value("op", ""), match.rule)},
+              {"status", "proposed"},
+              {"reason", "reuse rule " + match.rule + " matched"},
+              {"registry_entry_id", entryId},
+              {"files", Json::array({"registry-entry.json", "adapter.txt"})},
+              {"ir_before", irLine},
+              {"ir_after", irLine.empty() ? "" : irAfter(irLine, entryId)},
+              {"tokens", {{"prompt", 0}, {"completion", 0}, {"total", 0}}},
+              {"flags", Json::array()}};
+    if (!agent::writeText(dir + "/registry-entry.json", match.registryEntry.dump(2) + "\n",
+                          error) ||
+        !agent::writeText(dir + "/adapter.txt", match.adapter, error)) {
+      std::cerr << "adapt: error: " << error << "\n";
+      return false;
+    }
+    std::cout << "reuse     " << id << ": rule " << match.rule << " -> " << entryId << "\n";
+    covered = true;
+  } else if ((task = agent::chooseCandidateTask(c, registry, irLine)).name.empty()) {
+    record = {{"id", id}, {"component", id}, {"op", c.value("op", "")},
+              {"features", c.value("features", Json::object())}, {"kind", "llm"},
+              {"rule", nullptr}, {"critical", agent::isCriticalOp(c.value("op", ""))},
+              {"status", "needs_llm"}, {"files", Json::array()}, {"ir_before", irLine},
+              {"task", nullptr},
+              {"reason", "no reuse rule covers it; " + task.reason +
+                             ": a candidate could not be validated, so none is asked for"}};
+    summary["needs_llm"].push_back(id);
+    std::cout << "needs LLM " << id << ": no reuse rule; " << task.reason << "\n";
+  } else if (o.llm.baseUrl.empty()) {
+    record = {{"id", id}, {"component", id}, {"op", c.value("op", "")},
+              {"features", c.value("features", Json::object())}, {"kind", "llm"},
+              {"rule", nullptr}, {"critical", agent::isCriticalOp(c.value("op", ""))},
+              {"status", "needs_llm"}, {"files", Json::array()}, {"ir_before", irLine},
+              {"task", task.name}, {"task_feature", task.feature},
+              {"reason", "no reuse rule covers it; an LLM candidate needs an endpoint "
+                         "(--endpoint or ADAPT_LLM_BASE_URL)"}};
+    summary["needs_llm"].push_back(id);
+    std::cout << "needs LLM " << id << ": no reuse rule; no endpoint configured\n";
+  } else {
+    std::cout << "llm       " << id << ": task " << task.name << " (" << task.feature
+              << "), asking " << o.llm.model << " at " << o.llm.baseUrl << std::endl;
+    record = agent::generateCandidate(c, task, irLine, o.llm, tools, dir);
+    record["ir_before"] = irLine;
+    if (record["status"] == "validated") {
+      record["ir_after"] = irLine.empty() ? "" : irAfter(irLine, "candidate " + id);
+      covered = true;
+    } else {
+      summary["failed"].push_back(id);
+    }
+    summary["tokens"] = summary["tokens"].get<int64_t>() + record["tokens"].value("total", 0);
+    std::cout << "          " << record.value("status", "") << ": " << record.value("reason", "")
+              << "\n";
+  }
+  return true;
+}
+
+} // namespace
+
+int runGenerateCommand() {
+  GenerateOptions o;
+  int rc = kExitOk;
+  if (!optionsFromFlags(o, rc))
+    return rc;
+  if (std::error_code ec = llvm::sys::fs::create_directories(o.out)) {
+    std::cerr << "adapt: error: " << o.out << ": cannot create the folder: " << ec.message()
+              << "\n";
+    return kExitBadInput;
+  }
+  Json registry, report;
+  std::string gapsPath, ir, error;
+  if (!loadRegistry(o, registry))
+    return kExitBadInput;
+  if (int code = loadGapReport(o, gapsPath, report, ir))
+    return code;
+  const agent::CandidateTools tools = candidateTools();
   llvm::SmallString<256> absRegistry(o.registry);
   if (!o.registry.empty())
     llvm::sys::fs::make_absolute(absRegistry);
@@ -263,72 +368,12 @@ int runGenerateCommand() {
     if (!o.only.empty() && id != o.only)
       continue;
     ++gaps;
-    std::string dir = o.out + "/candidates/" + id;
-    std::string irLine = irLineFor(ir, id);
-    agent::ReuseMatch match;
+    const std::string dir = o.out + "/candidates/" + id;
     Json record;
-    agent::CandidateTask task;
-    if (agent::matchReuseRules(c, registry, match)) {
-      std::string entryId = match.registryEntry.value("id", "");
-      record = {{"id", id},
-                {"component", id},
-                {"op", c.value("op", "")},
-                {"features", c.value("features", Json::object())},
-                {"kind", "reuse"},
-                {"rule", match.rule},
-                {"explanation", match.explanation},
-                {"critical", agent::isCriticalCandidate(c.value("op", ""), match.rule)},
-                {"status", "proposed"},
-                {"reason", "reuse rule " + match.rule + " matched"},
-                {"registry_entry_id", entryId},
-                {"files", Json::array({"registry-entry.json", "adapter.txt"})},
-                {"ir_before", irLine},
-                {"ir_after", irLine.empty() ? "" : irAfter(irLine, entryId)},
-                {"tokens", {{"prompt", 0}, {"completion", 0}, {"total", 0}}},
-                {"flags", Json::array()}};
-      if (!agent::writeText(dir + "/registry-entry.json", match.registryEntry.dump(2) + "\n",
-                            error) ||
-          !agent::writeText(dir + "/adapter.txt", match.adapter, error)) {
-        std::cerr << "adapt: error: " << error << "\n";
-        return kExitBadInput;
-      }
-      std::cout << "reuse     " << id << ": rule " << match.rule << " -> " << entryId << "\n";
-      ++covered;
-    } else if ((task = agent::chooseCandidateTask(c, registry, irLine)).name.empty()) {
-      record = {{"id", id}, {"component", id}, {"op", c.value("op", "")},
-                {"features", c.value("features", Json::object())}, {"kind", "llm"},
-                {"rule", nullptr}, {"critical", agent::isCriticalOp(c.value("op", ""))},
-                {"status", "needs_llm"}, {"files", Json::array()}, {"ir_before", irLine},
-                {"task", nullptr},
-                {"reason", "no reuse rule covers it; " + task.reason +
-                               ": a candidate could not be validated, so none is asked for"}};
-      summary["needs_llm"].push_back(id);
-      std::cout << "needs LLM " << id << ": no reuse rule; " << task.reason << "\n";
-    } else if (o.llm.baseUrl.empty()) {
-      record = {{"id", id}, {"component", id}, {"op", c.value("op", "")},
-                {"features", c.value("features", Json::object())}, {"kind", "llm"},
-                {"rule", nullptr}, {"critical", agent::isCriticalOp(c.value("op", ""))},
-                {"status", "needs_llm"}, {"files", Json::array()}, {"ir_before", irLine},
-                {"task", task.name}, {"task_feature", task.feature},
-                {"reason", "no reuse rule covers it; an LLM candidate needs an endpoint "
-                           "(--endpoint or ADAPT_LLM_BASE_URL)"}};
-      summary["needs_llm"].push_back(id);
-      std::cout << "needs LLM " << id << ": no reuse rule; no endpoint configured\n";
-    } else {
-      std::cout << "llm       " << id << ": task " << task.name << " (" << task.feature
-                << "), asking " << o.llm.model << " at " << o.llm.baseUrl << std::endl;
-      record = agent::generateCandidate(c, task, irLine, o.llm, tools, dir);
-      record["ir_before"] = irLine;
-      if (record["status"] == "validated") {
-        record["ir_after"] = irLine.empty() ? "" : irAfter(irLine, "candidate " + id);
-        ++covered;
-      } else {
-        summary["failed"].push_back(id);
-      }
-      summary["tokens"] = summary["tokens"].get<int64_t>() + record["tokens"].value("total", 0);
-      std::cout << "          " << record.value("status", "") << ": " << record.value("reason", "")
-                << "\n";
-    }
+    bool hasCandidate = false;
+    if (!candidateFor(c, id, dir, irLineFor(ir, id), registry, o, tools, summary, record, hasCandidate))
+      return kExitBadInput;
+    covered += hasCandidate;
     record["gap_reasons"] = c.value("reasons", Json::array());
     record["content_sha256"] = agent::candidateContentHash(dir, record);
     if (!agent::writeText(dir + "/candidate.json", record.dump(2) + "\n", error)) {
