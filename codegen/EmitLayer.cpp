@@ -197,12 +197,12 @@ private:
       set(field, "true");
   }
 
-  /// The settings of \p Def (runtime/ModelDef.h, visitSettings) that \p op
-  /// carries with a value other than the field's default, as
+  /// The settings (runtime/ModelDef.h, visitSettings) of \p Settings that
+  /// \p op carries with a value other than the field's default, as
   /// "VAR.field = value;" in the runtime's order. An attribute the op does
   /// not carry keeps the field's default.
-  template <typename Def> void writeSettings(Operation *op, const std::string &var) {
-    Def defaults;
+  template <typename Settings> void writeSettings(Operation *op, const std::string &var) {
+    const Settings defaults;
     rt::visitSettings(defaults, [&](const char *attribute, const char *field, const auto &fallback) {
       using T = std::decay_t<decltype(fallback)>;
       const std::string target = var + "." + field;
@@ -512,7 +512,7 @@ private:
     bool oBias = a.getOutBias() || hasRole(weights, "o_proj.bias");
     noteHfAttention(weights);
     setTrue("a.outBias", oBias);
-    writeSettings<rt::AttentionDef>(a, "a");
+    writeSettings<rt::AttentionSettings>(a, "a");
     WindowKind window = a.getWindow();
     if (window == WindowKind::Sliding)
       setInt("a.slidingWindow", a.getWindowSize());
@@ -645,7 +645,7 @@ private:
     setInt("f.topK", m.getTopK());
     setInt("f.intermediate", m.getExpertIntermediate());
     set("f.router", "rt::RouterKind::" + router);
-    writeSettings<rt::FfnDef>(m, "f");
+    writeSettings<rt::FfnSettings>(m, "f");
     double limit = m.getSwigluLimit().convertToDouble();
     if (limit > 0) {
       set("f.act", "rt::ExpertAct::ClampedSwiGLU");

@@ -121,11 +121,11 @@ def Adapt_AttentionOp : Adapt_ComponentOp<"attention", (ins
     DefaultValuedAttr<Adapt_QkNormKindAttr, "::adapt::QkNormKind::Head">:$qk_norm_kind,
     // M-RoPE (rope's scaling mrope): frequencies per position axis (t, h, w).
     OptionalAttr<DenseI64ArrayAttr>:$mrope_section,
-    // Settings (parser/ModelSpec.h, visitSettings): copied from the config
-    // as they are; they stay last, so that a new one leaves the builder's
-    // required parameters alone.
-    UnitAttr:$qkv_bias, UnitAttr:$output_gate, UnitAttr:$sinks,
     UnitAttr:$out_bias,
+    // Settings (runtime/ModelDef.h, AttentionSettings and visitSettings):
+    // copied from the config as they are, by that list, in the importer and
+    // in codegen. A new one is declared here with the runtime's default.
+    UnitAttr:$qkv_bias, UnitAttr:$output_gate, UnitAttr:$sinks,
     DefaultValuedAttr<F64Attr, "0.0">:$softmax_scale,
     UnitAttr:$temperature_tuning,
     DefaultValuedAttr<F64Attr, "8192.0">:$floor_scale,
@@ -207,15 +207,16 @@ def Adapt_MoEOp : Adapt_ComponentOp<"moe", (ins
     StrAttr:$scoring, StrAttr:$activation,
     DefaultValuedAttr<Adapt_RoutingAttr, "::adapt::Routing::ScoreTopK">:$routing,
     DefaultValuedAttr<Adapt_FusedLayoutAttr, "::adapt::FusedLayout::None">:$fused_layout,
-    // Settings (parser/ModelSpec.h, visitSettings), last as adapt.attention's.
+    UnitAttr:$shared_gate,
+    DefaultValuedAttr<F64Attr, "0.0">:$swiglu_limit,
+    DefaultValuedAttr<F64Attr, "1.702">:$swiglu_alpha,
+    // Settings (runtime/ModelDef.h, FfnSettings), as adapt.attention's.
     UnitAttr:$norm_topk,
     DefaultValuedAttr<F64Attr, "1.0">:$routed_scaling,
     UnitAttr:$bias_correction,
     DefaultValuedAttr<PositiveI64Attr, "1">:$num_groups,
     DefaultValuedAttr<PositiveI64Attr, "1">:$topk_groups,
-    UnitAttr:$router_bias, UnitAttr:$expert_bias, UnitAttr:$shared_gate,
-    DefaultValuedAttr<F64Attr, "0.0">:$swiglu_limit,
-    DefaultValuedAttr<F64Attr, "1.702">:$swiglu_alpha)> {
+    UnitAttr:$router_bias, UnitAttr:$expert_bias)> {
   let summary = "Mixture of experts: router, routed experts, shared experts";
   let description = [{
     y = sum_{e in topk(score(W_r x))} w_e * E_e(x) + S(x), with `scoring`

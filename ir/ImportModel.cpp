@@ -148,7 +148,9 @@ private:
                                                                     "qkNormKind")));
       if (!r.mropeSection.empty())
         attributes.append("mrope_section", builder.getDenseI64ArrayAttr(r.mropeSection));
-      appendSettings(attributes, m);
+      if (m.outBias)
+        attributes.append("out_bias", builder.getUnitAttr());
+      appendSettings(attributes, static_cast<const rt::AttentionSettings &>(m));
       return builder.create<AttentionOp>(loc, TypeRange{x.getType()}, ValueRange{x}, attributes);
     }
     if (c.kind == "mla")
@@ -179,12 +181,13 @@ private:
     return attributes;
   }
 
-  /// \p attributes with the settings of \p spec (a MixerSpec or FfnSpec; see
-  /// visitSettings in parser/ModelSpec.h) under their names: a true flag as
-  /// a unit attribute (a false one left out), numbers as i64/f64, text as a
-  /// string. The op's verifier checks each against its ODS declaration.
-  template <typename Spec> void appendSettings(NamedAttrList &attributes, const Spec &spec) {
-    visitSettings(spec, [&](const char *name, const auto &value) {
+  /// \p attributes with \p settings (rt::AttentionSettings or FfnSettings,
+  /// runtime/ModelDef.h) under the attribute names visitSettings gives them:
+  /// a true flag as a unit attribute (a false one left out), numbers as
+  /// i64/f64, text as a string. The op's verifier checks each against its
+  /// ODS declaration.
+  template <typename Settings> void appendSettings(NamedAttrList &attributes, const Settings &settings) {
+    rt::visitSettings(settings, [&](const char *name, const char *, const auto &value) {
       using T = std::decay_t<decltype(value)>;
       if constexpr (std::is_same_v<T, bool>) {
         if (value)
@@ -250,7 +253,11 @@ private:
                                                          ? FusedLayout::None
                                                          : knownSpelling(symbolizeFusedLayout(f.fusedLayout),
                                                                          "fusedLayout")));
-    appendSettings(attributes, f);
+    if (f.sharedGate)
+      attributes.append("shared_gate", builder.getUnitAttr());
+    attributes.append("swiglu_limit", builder.getF64FloatAttr(f.swigluLimit));
+    attributes.append("swiglu_alpha", builder.getF64FloatAttr(f.swigluAlpha));
+    appendSettings(attributes, static_cast<const rt::FfnSettings &>(f));
     return builder.create<MoEOp>(loc, TypeRange{x.getType()}, ValueRange{x}, attributes);
   }
 

@@ -10,18 +10,17 @@
 #include "models/TinyModel.h"
 
 #include "models/WeightSchema.h"
+#include "parser/AtomicFile.h"
 #include "parser/ConfigReader.h"
 #include "parser/Strings.h"
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <fstream>
 #include <map>
-#include <sys/stat.h>
 
 namespace adapt {
 
@@ -336,18 +335,6 @@ int dtypeAlignment(const std::string &dtype) {
   return 1;
 }
 
-bool writeFile(const std::string &path, const std::string &bytes,
-               std::string &error) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (out)
-    out.write(bytes.data(), std::streamsize(bytes.size()));
-  if (!out) {
-    error = std::strerror(errno);
-    return false;
-  }
-  return true;
-}
-
 /// A safetensors file: 8-byte little-endian header length, the JSON header
 /// padded with spaces to a multiple of 8, then the tensor bytes. Tensors are
 /// laid out widest dtype first, then by name, so every one is aligned.
@@ -376,27 +363,6 @@ std::string safetensorsFile(std::vector<const TensorData *> tensors) {
   for (const TensorData *t : tensors)
     file += t->bytes;
   return file;
-}
-
-bool makeDirectories(const std::string &path, std::string &error) {
-  std::string partial;
-  size_t pos = 0;
-  while (pos != std::string::npos) {
-    pos = path.find('/', pos + 1);
-    partial = path.substr(0, pos);
-    if (partial.empty())
-      continue;
-    if (mkdir(partial.c_str(), 0755) != 0 && errno != EEXIST) {
-      error = std::strerror(errno);
-      return false;
-    }
-  }
-  struct stat st;
-  if (stat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    error = "not a directory";
-    return false;
-  }
-  return true;
 }
 
 /// models/tiny/tokenizer.json (scripts/make_tiny_tokenizer.py): ids 0-4 are
@@ -544,12 +510,12 @@ writeTinyModel(const TinyModelOptions &options) {
   index["weight_map"] = weightMap;
 
   std::string error;
-  if (!makeDirectories(dir, error))
-    return InputError{dir, "", "expected a writable directory: " + error};
   std::vector<std::string> files;
+  // One file at a time (a shard at a real model's widths is large), each
+  // replaced whole or not at all.
   auto write = [&](const std::string &name, const std::string &bytes) {
     std::string path = dir + "/" + name;
-    if (!writeFile(path, bytes, error))
+    if (!writeFileAtomically(path, bytes, error))
       return false;
     files.push_back(path);
     return true;

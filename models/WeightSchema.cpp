@@ -224,7 +224,7 @@ void declareMoe(const ModelSpec &spec, const FfnSpec &f, ComponentBuilder &b) {
   bool mixtralNames = isFamily(spec, {"mixtral", "minimax_m1", "minimax_m2", "kimi_linear"});
   b.add("gate", spec.family == "hunyuan" ? "gate.wg.weight" : "gate.weight",
         {e, h}, true);
-  if (f.biasCorrection)
+  if (f.correctionBias)
     b.add("e_score_correction_bias",
           spec.family == "minimax_m2" ? "e_score_correction_bias"
                                       : "gate.e_score_correction_bias",

@@ -347,9 +347,9 @@ FfnSpec readMoe(ConfigObject &cfg, int64_t numExperts) {
   // Any other scoring is kept: no registry variant matches it, so the
   // report calls the MoE missing and names the value.
 
-  f.numGroups = cfg.getInt({"n_group", "num_expert_group"}).value_or(1);
-  f.topKGroups = cfg.getInt({"topk_group"}).value_or(f.numGroups);
-  if (f.numGroups < 1 || numExperts % f.numGroups != 0)
+  f.groups = cfg.getInt({"n_group", "num_expert_group"}).value_or(1);
+  f.topKGroups = cfg.getInt({"topk_group"}).value_or(f.groups);
+  if (f.groups < 1 || numExperts % f.groups != 0)
     cfg.fail("n_group", "expected a divisor of the expert count " +
                             std::to_string(numExperts));
   // Configs that copy DeepSeek-V3's router keys (n_routed_experts, n_group,
@@ -367,7 +367,7 @@ FfnSpec readMoe(ConfigObject &cfg, int64_t numExperts) {
   static const std::set<std::string> knownTopkMethods = {"", "greedy", "group_limited_greedy", "noaux_tc"};
   if (!knownTopkMethods.count(topkMethod))
     f.unseen.push_back("topk_method = \"" + printable(topkMethod, 80) + "\"");
-  f.biasCorrection = topkMethod == "noaux_tc" ||
+  f.correctionBias = topkMethod == "noaux_tc" ||
                      cfg.getBool({"use_routing_bias"}).value_or(false) ||
                      cfg.getBool({"use_moe_router_bias"}).value_or(false) ||
                      cfg.getBool({"use_expert_bias"}).value_or(false);
@@ -811,9 +811,9 @@ void applyFamilyFeatures(ModelSpec &spec) {
     // e_score_correction_bias for selection; its shared experts are
     // num_shared_experts experts of moe_intermediate_size.
     if (spec.family == "kimi_linear" && layer.ffn.isMoe) {
-      if (!layer.ffn.biasCorrection)
+      if (!layer.ffn.correctionBias)
         assume(spec, "router score-correction bias", i, "block_sparse_moe.gate.e_score_correction_bias");
-      layer.ffn.biasCorrection = true;
+      layer.ffn.correctionBias = true;
       if (layer.ffn.numShared > 0 && layer.ffn.sharedIntermediate == 0)
         layer.ffn.sharedIntermediate = layer.ffn.expertIntermediate;
     }

@@ -440,12 +440,8 @@ Result<Manifest> parseManifest(std::string_view json,
     if (std::optional<InputError> err = finishManifest(m, "weight_map."))
       return *err;
     return m;
-  } catch (const std::bad_alloc &) {
-    return InputError{fileForErrors, "JSON",
-                      "expected an index that fits in memory"};
-  } catch (const std::exception &ex) {
-    return InputError{fileForErrors, "JSON",
-                      "expected valid JSON: " + jsonErrorText(ex)};
+  } catch (...) {
+    return InputError{fileForErrors, "JSON", parseFailureText("an index")};
   }
 }
 

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <new>
 #include <string>
 #include <string_view>
 
@@ -71,6 +72,21 @@ inline std::string jsonErrorText(const std::exception &ex) {
       what.remove_prefix(close + 2);
   }
   return printable(withoutQuotedInput(what), 300, /*asciiOnly=*/true);
+}
+
+/// What a reader reports when parsing \p what ("an index", "a header")
+/// threw; call it inside the reader's catch (...) block. Too large for
+/// memory, or nlohmann's reason without the input bytes it quotes.
+inline std::string parseFailureText(const char *what) {
+  try {
+    throw;
+  } catch (const std::bad_alloc &) {
+    return std::string("expected ") + what + " that fits in memory";
+  } catch (const std::exception &ex) {
+    return "expected valid JSON: " + jsonErrorText(ex);
+  } catch (...) {
+    return "expected valid JSON";
+  }
 }
 
 /// What a streaming (SAX) JSON reader reports for malformed input: the byte

@@ -3,11 +3,15 @@
 // The config reader turns any `config.json` (whatever its family spells a key)
 // into this one normalised description; the IR importer turns it into the
 // `adapt` dialect. Plain data with no MLIR in it, so parsers and their fuzz
-// targets build fast.
+// targets build fast. The settings structs are the runtime's
+// (runtime/ModelDef.h, plain data too): one description of those values
+// from the config to the generated trainer.
 //
 //===----------------------------------------------------------------------===//
 #ifndef ADAPT_PARSER_MODELSPEC_H
 #define ADAPT_PARSER_MODELSPEC_H
+
+#include "runtime/ModelDef.h"
 
 #include <cstdint>
 #include <string>
@@ -43,7 +47,10 @@ struct RopeSpec {
 };
 
 /// Everything needed to know the shape and semantics of one token mixer.
-struct MixerSpec {
+/// Its settings (qkvBias, outputGate, sinks, softmaxScale, temperature
+/// tuning) are the runtime's own struct, filled here and copied through the
+/// IR unchanged (runtime/ModelDef.h, AttentionSettings).
+struct MixerSpec : rt::AttentionSettings {
   MixerKind kind = MixerKind::Attention;
   /// Enumerated config values adapt has never seen that decide this
   /// component (`layer_types[3] = "mamba2"`): the gap report calls it
@@ -66,18 +73,10 @@ struct MixerSpec {
   // Windowing: "none", "sliding" or "chunked".
   std::string window = "none";
   int64_t windowSize = 0;
-  bool sinks = false;         ///< Learned per-head attention sinks (gpt-oss).
-  bool outputGate = false;    ///< Sigmoid output gate (Qwen3-Next, MiniMax-M1).
   bool qkNorm = false;        ///< RMSNorm on q and k.
   /// "head": RMSNorm per head (Qwen3, GLM, Hunyuan), "full": over all heads'
   /// width (MiniMax-M2), "l2": weightless L2 norm (Llama-4).
   std::string qkNormKind = "head";
-  double softmaxScale = 0.0;  ///< 0: 1/sqrt(head_dim); else as given (DeepSeek YaRN).
-  /// Llama-4 NoPE layers scale q by log1p(floor((pos+1)/floorScale))*attnScale+1.
-  bool temperatureTuning = false;
-  double floorScale = 8192.0;
-  double attnScale = 0.1;
-  bool qkvBias = false;
   bool outBias = false;
   // Linear attention.
   int64_t linearKeyHeads = 0;
@@ -96,8 +95,10 @@ struct MixerSpec {
   RopeSpec rope;
 };
 
-/// Feed-forward part of a layer: dense MLP or mixture of experts.
-struct FfnSpec {
+/// Feed-forward part of a layer: dense MLP or mixture of experts. Its
+/// settings (normTopK, routedScaling, correctionBias, groups, topKGroups,
+/// routerBias, expertBias) are the runtime's FfnSettings.
+struct FfnSpec : rt::FfnSettings {
   bool isMoe = false;
   std::vector<std::string> unseen; ///< As MixerSpec::unseen.
   int64_t intermediate = 0;        ///< Dense MLP width.
@@ -113,12 +114,6 @@ struct FfnSpec {
   /// "topk_score_input": like topk_score, the score scales the expert's
   /// input instead of its output (Llama-4).
   std::string routing = "score_topk";
-  int64_t numGroups = 1;           ///< Group-limited top-k: expert groups.
-  int64_t topKGroups = 1;          ///< Groups kept per token.
-  bool biasCorrection = false;     ///< e_score_correction_bias (aux-loss-free).
-  bool routerBias = false;         ///< Router linear has a bias (gpt-oss).
-  bool normTopK = false;           ///< Renormalise the top-k weights.
-  double routedScaling = 1.0;
   double swigluLimit = 0.0;        ///< gpt-oss clamped SwiGLU; 0 when plain.
   double swigluAlpha = 1.702;      ///< Clamped SwiGLU's sigmoid slope.
   /// How a fused gate_up tensor is stored: "" per-expert split tensors,
@@ -127,41 +122,8 @@ struct FfnSpec {
   /// "concat_in_out_converted" the same on disk, [E, 2I, H] in transformers
   /// after its load-time transpose (Qwen3-VL-MoE).
   std::string fusedLayout;
-  bool expertBias = false;         ///< Expert linears have biases (gpt-oss).
   std::string activation = "silu";
 };
-
-/// Settings: config values that reach the runtime op unchanged. Each is
-/// visited as (the dialect's attribute name, the value); the importer
-/// copies them onto the component's op (ir/ImportModel.cpp), and codegen
-/// prints each into the runtime's field of the same attribute name
-/// (runtime/ModelDef.h, visitSettings there). So a new config key of this
-/// kind touches the reader, this list, the op's ODS and the runtime only.
-/// Values that need translating (kinds, windows, RoPE) are not settings.
-template <typename Visitor> void visitSettings(const MixerSpec &m, Visitor &&visit) {
-  visit("qkv_bias", m.qkvBias);
-  visit("output_gate", m.outputGate);
-  visit("sinks", m.sinks);
-  visit("out_bias", m.outBias);
-  visit("softmax_scale", m.softmaxScale);
-  visit("temperature_tuning", m.temperatureTuning);
-  visit("floor_scale", m.floorScale);
-  visit("attn_scale", m.attnScale);
-}
-
-/// The settings of an FFN (see the MixerSpec overload).
-template <typename Visitor> void visitSettings(const FfnSpec &f, Visitor &&visit) {
-  visit("norm_topk", f.normTopK);
-  visit("routed_scaling", f.routedScaling);
-  visit("bias_correction", f.biasCorrection);
-  visit("num_groups", f.numGroups);
-  visit("topk_groups", f.topKGroups);
-  visit("router_bias", f.routerBias);
-  visit("expert_bias", f.expertBias);
-  visit("shared_gate", f.sharedGate);
-  visit("swiglu_limit", f.swigluLimit);
-  visit("swiglu_alpha", f.swigluAlpha);
-}
 
 /// One decoder layer.
 struct LayerSpec {

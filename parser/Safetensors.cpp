@@ -495,12 +495,8 @@ Result<ShardHeader> parseSafetensorsHeader(std::string_view headerJson,
                                    fileSize - 8 - headerBytes))
       return *err;
     return std::move(handler.shard);
-  } catch (const std::bad_alloc &) {
-    return InputError{fileForErrors, "header",
-                      "expected a header that fits in memory"};
-  } catch (const std::exception &ex) {
-    return InputError{fileForErrors, "header JSON",
-                      "expected valid JSON: " + jsonErrorText(ex)};
+  } catch (...) {
+    return InputError{fileForErrors, "header JSON", parseFailureText("a header")};
   }
 }
 

@@ -84,23 +84,25 @@ inline RuntimeError badInput(std::string file, std::string field,
                       kExitBadInput);
 }
 
+/// A failed \p operation ("write", "fsync", "open", ...) on \p path with
+/// the errno \p err: \p expectation then the system's reason, exit \p code.
+inline RuntimeError ioError(std::string path, std::string operation, const char *expectation, int err,
+                           int code) {
+  return RuntimeError(std::move(path), std::move(operation), std::string(expectation) + std::strerror(err),
+                      code);
+}
+
 /// A failed write of \p path during \p operation ("write", "fsync",
 /// "rename", ...) with the errno \p err; exit code 6.
-inline RuntimeError writeError(std::string path, std::string operation,
-                               int err) {
-  return RuntimeError(std::move(path), std::move(operation),
-                      std::string("expected the write to succeed but it failed: ") +
-                          std::strerror(err),
-                      kExitWriteFailed);
+inline RuntimeError writeError(std::string path, std::string operation, int err) {
+  return ioError(std::move(path), std::move(operation),
+                 "expected the write to succeed but it failed: ", err, kExitWriteFailed);
 }
 
 /// A failed open/read of \p path (errno \p err) while reading input; exit 2.
-inline RuntimeError readError(std::string path, std::string operation,
-                              int err) {
-  return RuntimeError(std::move(path), std::move(operation),
-                      std::string("expected a readable file but: ") +
-                          std::strerror(err),
-                      kExitBadInput);
+inline RuntimeError readError(std::string path, std::string operation, int err) {
+  return ioError(std::move(path), std::move(operation), "expected a readable file but: ", err,
+                 kExitBadInput);
 }
 
 } // namespace adapt::rt

@@ -91,9 +91,41 @@ struct SparseIndexerDef {
   /// indexer.wk, indexer.k_norm, indexer.k_norm.bias, indexer.weights_proj.
 };
 
+/// Settings: the fields of a layer that take a config value as it is (a
+/// flag, a number). The parser fills these very structs (parser/ModelSpec.h's
+/// MixerSpec and FfnSpec derive from them), the importer copies each onto its
+/// op as the attribute visitSettings names, and codegen prints each from that
+/// attribute (codegen/EmitLayer.cpp). So a new setting is a field here, its
+/// line in visitSettings, its attribute in ir/AdaptOps.td, the config key the
+/// parser reads, and the op that uses it: neither the importer nor codegen
+/// changes. tests/unit/SettingsTest.cpp checks the names against the ODS.
+struct AttentionSettings {
+  bool qkvBias = false;
+  /// Sigmoid output gate: Qwen3-Next's q_proj also yields a per-head gate,
+  /// out *= sigmoid(gate); MiniMax-M1's lightning attention has its own.
+  bool outputGate = false;
+  bool sinks = false;         ///< Learned per-head sink logits (gpt-oss).
+  double softmaxScale = 0.0;  ///< 0: 1/sqrt(headDim).
+  /// Llama-4 NoPE layers: q scaled by log1p(floor((pos+1)/floorScale))*attnScale+1.
+  bool temperatureTuning = false;
+  double floorScale = 8192.0, attnScale = 0.1;
+};
+
+/// Each setting of \p s as (its adapt.attention attribute, its field's name,
+/// its value), in the order codegen prints them.
+template <typename Visitor> void visitSettings(const AttentionSettings &s, Visitor &&visit) {
+  visit("qkv_bias", "qkvBias", s.qkvBias);
+  visit("output_gate", "outputGate", s.outputGate);
+  visit("sinks", "sinks", s.sinks);
+  visit("softmax_scale", "softmaxScale", s.softmaxScale);
+  visit("temperature_tuning", "temperatureTuning", s.temperatureTuning);
+  visit("floor_scale", "floorScale", s.floorScale);
+  visit("attn_scale", "attnScale", s.attnScale);
+}
+
 /// One attention layer: GQA/MHA (with QK-norm, biases, sinks, windows) or
 /// DeepSeek's multi-head latent attention.
-struct AttentionDef {
+struct AttentionDef : AttentionSettings {
   AttentionKind kind = AttentionKind::Gqa;
   int64_t heads = 0, kvHeads = 0;
   int64_t headDim = 0;        ///< q/k head dim (MLA: nope + rope).
@@ -102,25 +134,18 @@ struct AttentionDef {
   /// over all heads' width before the split (MiniMax-M2), "l2": weightless L2
   /// norm after RoPE (Llama-4).
   std::string qkNorm;
-  bool qkvBias = false, outBias = false;
-  bool sinks = false;         ///< Learned per-head sink logits (gpt-oss).
+  bool outBias = false;
   int64_t slidingWindow = 0;  ///< >0: attend to the last N positions only.
   int64_t chunkSize = 0;      ///< >0: attend within fixed chunks (Llama-4).
-  double softmaxScale = 0.0;  ///< 0: 1/sqrt(headDim).
   /// An approved generated attention core (task attention_core: softmax over
   /// causal, windowed keys with optional sinks; runtime/GeneratedOps.h);
   /// "" = the library's attention().
   std::string generatedCore;
   /// An approved generated rotary embedding (task rope); "" = applyRope().
   std::string generatedRope;
-  /// Llama-4 NoPE layers: q scaled by log1p(floor((pos+1)/floorScale))*attnScale+1.
-  bool temperatureTuning = false;
-  double floorScale = 8192.0, attnScale = 0.1;
   // MLA.
   int64_t qLoraRank = 0, kvLoraRank = 0, qkNopeDim = 0, qkRopeDim = 0;
   RopeDef rope;
-  /// Qwen3-Next: q_proj also yields a per-head gate; out *= sigmoid(gate).
-  bool outputGate = false;
   LinearAttentionDef linear;  ///< GatedDeltaNet, KimiDelta, Lightning.
   SparseIndexerDef indexer;   ///< SparseMla.
   /// Role -> checkpoint name: q_proj, k_proj, v_proj, o_proj (+ ".bias"),
@@ -140,19 +165,34 @@ enum class RouterKind {
 /// Expert activation.
 enum class ExpertAct { SwiGLU, ClampedSwiGLU };
 
-/// Mixture of experts, or (experts == 0) a dense gated MLP.
-struct FfnDef {
-  int64_t experts = 0, topK = 0;
-  int64_t intermediate = 0;       ///< Per-expert width, or the dense MLP's.
-  RouterKind router = RouterKind::SoftmaxTopK;
+/// The settings of an FFN (see AttentionSettings).
+struct FfnSettings {
   bool normTopK = false;
   double routedScaling = 1.0;
   bool correctionBias = false;    ///< e_score_correction_bias used for selection.
-  int64_t groups = 1, topKGroups = 1;
+  int64_t groups = 1, topKGroups = 1; ///< Group-limited top-k: expert groups, groups kept.
   bool routerBias = false;
+  bool expertBias = false;
+};
+
+/// Each setting of \p s as (its adapt.moe attribute, its field's name, its value).
+template <typename Visitor> void visitSettings(const FfnSettings &s, Visitor &&visit) {
+  visit("norm_topk", "normTopK", s.normTopK);
+  visit("routed_scaling", "routedScaling", s.routedScaling);
+  visit("bias_correction", "correctionBias", s.correctionBias);
+  visit("num_groups", "groups", s.groups);
+  visit("topk_groups", "topKGroups", s.topKGroups);
+  visit("router_bias", "routerBias", s.routerBias);
+  visit("expert_bias", "expertBias", s.expertBias);
+}
+
+/// Mixture of experts, or (experts == 0) a dense gated MLP.
+struct FfnDef : FfnSettings {
+  int64_t experts = 0, topK = 0;
+  int64_t intermediate = 0;       ///< Per-expert width, or the dense MLP's.
+  RouterKind router = RouterKind::SoftmaxTopK;
   ExpertAct act = ExpertAct::SwiGLU;
   double swigluAlpha = 1.702, swigluLimit = 7.0; ///< ClampedSwiGLU.
-  bool expertBias = false;
   /// Checkpoint stores fused gate_up: "" per-expert split tensors,
   /// "concat_out_in" [E, 2I, H] gate then up, "interleaved_in_out" [E, H, 2I]
   /// gate/up alternating (gpt-oss), "concat_in_out" [E, H, 2I] (Llama-4),
@@ -173,35 +213,6 @@ struct FfnDef {
   /// shared.up_proj, shared.down_proj, shared_gate.
   std::map<std::string, std::string> weights;
 };
-
-/// The settings of an attention layer: fields that take a config value as
-/// it is, visited as (the adapt dialect's attribute name, this field's name,
-/// the field). Code generation prints each one whose attribute on the
-/// adapt.attention op differs from the field's default (codegen/EmitLayer.cpp),
-/// so a new setting needs no code there: its config key is read by the parser
-/// (parser/ModelSpec.h, visitSettings), declared on the op (ir/AdaptOps.td)
-/// and listed here beside the field the runtime uses.
-template <typename Visitor> void visitSettings(AttentionDef &a, Visitor &&visit) {
-  visit("qkv_bias", "qkvBias", a.qkvBias);
-  visit("output_gate", "outputGate", a.outputGate);
-  visit("sinks", "sinks", a.sinks);
-  visit("softmax_scale", "softmaxScale", a.softmaxScale);
-  visit("temperature_tuning", "temperatureTuning", a.temperatureTuning);
-  visit("floor_scale", "floorScale", a.floorScale);
-  visit("attn_scale", "attnScale", a.attnScale);
-}
-
-/// The settings of an FFN, printed from the adapt.moe op (see the
-/// AttentionDef overload).
-template <typename Visitor> void visitSettings(FfnDef &f, Visitor &&visit) {
-  visit("norm_topk", "normTopK", f.normTopK);
-  visit("routed_scaling", "routedScaling", f.routedScaling);
-  visit("bias_correction", "correctionBias", f.correctionBias);
-  visit("num_groups", "groups", f.groups);
-  visit("topk_groups", "topKGroups", f.topKGroups);
-  visit("router_bias", "routerBias", f.routerBias);
-  visit("expert_bias", "expertBias", f.expertBias);
-}
 
 /// One decoder layer: pre-norm attention and pre-norm FFN, residuals.
 struct LayerDef {

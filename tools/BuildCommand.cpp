@@ -58,49 +58,45 @@ const char *const kBuildUsage =
 namespace {
 
 
-namespace cl = llvm::cl;
-
 cl::SubCommand buildCommand("build", "Generate and compile a LoRA trainer for a model");
-cl::opt<std::string> path(cl::Positional, cl::sub(buildCommand), cl::desc("PATH"));
-cl::opt<std::string> out("out", cl::sub(buildCommand), cl::desc("trainer project folder"));
+/// The flags, parsed straight into the options (cl::location); BuildOptions'
+/// member defaults are the flags' defaults.
+BuildOptions flags;
+cl::opt<std::string, true> path(cl::Positional, cl::sub(buildCommand), cl::location(flags.path),
+                                cl::desc("PATH"));
+cl::opt<std::string, true> out("out", cl::sub(buildCommand), cl::location(flags.out),
+                               cl::desc("trainer project folder"));
 cl::alias outShort("o", cl::aliasopt(out));
 cl::list<std::string> loraTargets("lora-targets", cl::sub(buildCommand), cl::CommaSeparated,
                                   cl::desc("module patterns, e.g. q_proj,v_proj or all-linear"));
-cl::opt<int64_t> loraRank("lora-rank", cl::sub(buildCommand), cl::init(8), cl::desc("1..65536"));
-cl::opt<double> loraAlpha("lora-alpha", cl::sub(buildCommand), cl::init(16.0), cl::desc("> 0"));
-cl::opt<double> loraDropout("lora-dropout", cl::sub(buildCommand), cl::init(0.0),
-                            cl::desc("in [0, 1)"));
-cl::opt<bool> rslora("rslora", cl::sub(buildCommand), cl::desc("scale by alpha/sqrt(r)"));
-cl::opt<bool> loraRouter("lora-router", cl::sub(buildCommand),
-                         cl::desc("adapt the MoE routers too"));
-cl::opt<std::string> planPath("plan", cl::sub(buildCommand),
-                              cl::desc("plan.json whose layout becomes the default"));
-cl::opt<bool> noCompile("no-compile", cl::sub(buildCommand), cl::desc("write the project only"));
-cl::opt<std::string> runtimeDir("runtime-dir", cl::sub(buildCommand),
-                                cl::desc("the runtime build to link"));
-cl::opt<bool> allowGaps("allow-gaps", cl::sub(buildCommand),
-                        cl::desc("build although components are not implemented"));
-cl::opt<std::string> registry("registry", cl::sub(buildCommand),
-                              cl::desc("an op registry in place of the built-in one"));
+cl::opt<int64_t, true> loraRank("lora-rank", cl::sub(buildCommand), cl::location(flags.rank),
+                                cl::desc("1..65536"));
+cl::opt<double, true> loraAlpha("lora-alpha", cl::sub(buildCommand), cl::location(flags.alpha),
+                                cl::desc("> 0"));
+cl::opt<double, true> loraDropout("lora-dropout", cl::sub(buildCommand), cl::location(flags.dropout),
+                                  cl::desc("in [0, 1)"));
+cl::opt<bool, true> rslora("rslora", cl::sub(buildCommand), cl::location(flags.rslora),
+                           cl::desc("scale by alpha/sqrt(r)"));
+cl::opt<bool, true> loraRouter("lora-router", cl::sub(buildCommand), cl::location(flags.router),
+                               cl::desc("adapt the MoE routers too"));
+cl::opt<std::string, true> planPath("plan", cl::sub(buildCommand), cl::location(flags.planPath),
+                                    cl::desc("plan.json whose layout becomes the default"));
+cl::opt<bool, true> noCompile("no-compile", cl::sub(buildCommand), cl::location(flags.noCompile),
+                              cl::desc("write the project only"));
+cl::opt<std::string, true> runtimeDir("runtime-dir", cl::sub(buildCommand),
+                                      cl::location(flags.runtimeDir), cl::desc("the runtime build to link"));
+cl::opt<bool, true> allowGaps("allow-gaps", cl::sub(buildCommand), cl::location(flags.allowGaps),
+                              cl::desc("build although components are not implemented"));
+cl::opt<std::string, true> registry("registry", cl::sub(buildCommand), cl::location(flags.registry),
+                                    cl::desc("an op registry in place of the built-in one"));
 
 /// The parsed flags as BuildOptions; false with \p error naming the flag
 /// whose value is out of its range.
 bool buildOptionsFromFlags(BuildOptions &o, std::string &error) {
-  o.path = path;
-  o.out = out;
-  o.runtimeDir = runtimeDir;
-  o.registry = registry;
-  o.planPath = planPath;
+  o = flags;
   for (const std::string &target : loraTargets)
     if (!target.empty())
       o.targets.push_back(target);
-  o.rank = loraRank;
-  o.alpha = loraAlpha;
-  o.dropout = loraDropout;
-  o.rslora = rslora;
-  o.router = loraRouter;
-  o.noCompile = noCompile;
-  o.allowGaps = allowGaps;
   if (loraTargets.getNumOccurrences() && o.targets.empty())
     error = "--lora-targets expects a comma-separated list of module patterns, e.g. "
             "q_proj,v_proj or all-linear";

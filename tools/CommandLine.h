@@ -10,6 +10,7 @@
 #define ADAPT_TOOLS_COMMANDLINE_H
 
 #include <llvm/ADT/SmallString.h>
+#include <llvm/Support/CommandLine.h>
 #include <llvm/Support/FileSystem.h>
 #include <llvm/Support/Path.h>
 
@@ -18,6 +19,9 @@
 #include <string>
 
 namespace adapt {
+
+/// The commands declare their options with llvm::cl (cl::opt, cl::sub, ...).
+namespace cl = llvm::cl;
 
 /// The path of the running adapt binary: the programs built beside it (the
 /// runtime's build, the candidate checker, the venv) are found from there,

@@ -66,34 +66,42 @@ std::string envOr(const char *a, const char *b = nullptr) {
 
 int usage(const std::string &message) { return usageError(message, kGenerateUsage); }
 
-namespace cl = llvm::cl;
-
 cl::SubCommand generateCommand("generate", "Propose a candidate operator for every gap");
-cl::opt<std::string> pathFlag(cl::Positional, cl::sub(generateCommand),
-                              cl::desc("PATH (a model or a gaps.json)"));
-cl::opt<std::string> outFlag("out", cl::sub(generateCommand), cl::desc("candidates folder"));
+/// The flags, parsed straight into the options (cl::location): LlmConfig's
+/// member defaults are theirs; optionsFromFlags adds the environment's.
+GenerateOptions flags;
+cl::opt<std::string, true> pathFlag(cl::Positional, cl::sub(generateCommand), cl::location(flags.path),
+                                    cl::desc("PATH (a model or a gaps.json)"));
+cl::opt<std::string, true> outFlag("out", cl::sub(generateCommand), cl::location(flags.out),
+                                   cl::desc("candidates folder"));
 cl::alias outShort("o", cl::aliasopt(outFlag));
-cl::opt<std::string> registryFlag("registry", cl::sub(generateCommand),
-                                  cl::desc("an op registry in place of the built-in one"));
-cl::opt<std::string> endpointFlag("endpoint", cl::sub(generateCommand),
-                                  cl::desc("OpenAI-compatible base URL"));
-cl::opt<std::string> modelFlag("model", cl::sub(generateCommand), cl::desc("the LLM's name"));
-cl::opt<std::string> apiKeyFlag("api-key", cl::sub(generateCommand), cl::desc("the LLM's key"));
-cl::opt<std::string> onlyFlag("only", cl::sub(generateCommand), cl::desc("one gap's id"));
-cl::opt<std::string> targetFlag("target", cl::sub(generateCommand),
-                                cl::desc("libtorch or cuda"));
-cl::opt<int> maxAttemptsFlag("max-attempts", cl::sub(generateCommand),
-                             cl::desc("model turns per candidate, 1..100"));
-cl::opt<int64_t> maxTokensFlag("max-tokens", cl::sub(generateCommand),
-                               cl::desc("tokens per candidate, 1..100000000"));
-cl::opt<int> timeoutFlag("timeout", cl::sub(generateCommand),
-                         cl::desc("seconds per request, 1..3600"));
-cl::opt<int> testTimeoutFlag("test-timeout", cl::sub(generateCommand),
-                             cl::desc("seconds per compile or test run, 1..3600"));
-cl::opt<int> retriesFlag("retries", cl::sub(generateCommand),
-                         cl::desc("per request, 0..20"));
-cl::opt<double> flagSpeedupFlag("flag-speedup", cl::sub(generateCommand),
-                                cl::desc("a measured speedup above this is flagged"));
+cl::opt<std::string, true> registryFlag("registry", cl::sub(generateCommand), cl::location(flags.registry),
+                                        cl::desc("an op registry in place of the built-in one"));
+cl::opt<std::string, true> endpointFlag("endpoint", cl::sub(generateCommand),
+                                        cl::location(flags.llm.baseUrl), cl::desc("OpenAI-compatible base URL"));
+cl::opt<std::string, true> modelFlag("model", cl::sub(generateCommand), cl::location(flags.llm.model),
+                                     cl::desc("the LLM's name"));
+cl::opt<std::string, true> apiKeyFlag("api-key", cl::sub(generateCommand), cl::location(flags.llm.apiKey),
+                                      cl::desc("the LLM's key"));
+cl::opt<std::string, true> onlyFlag("only", cl::sub(generateCommand), cl::location(flags.only),
+                                    cl::desc("one gap's id"));
+cl::opt<std::string, true> targetFlag("target", cl::sub(generateCommand), cl::location(flags.llm.target),
+                                      cl::desc("libtorch or cuda"));
+cl::opt<int, true> maxAttemptsFlag("max-attempts", cl::sub(generateCommand),
+                                   cl::location(flags.llm.maxAttempts),
+                                   cl::desc("model turns per candidate, 1..100"));
+cl::opt<int64_t, true> maxTokensFlag("max-tokens", cl::sub(generateCommand), cl::location(flags.llm.maxTokens),
+                                     cl::desc("tokens per candidate, 1..100000000"));
+cl::opt<int, true> timeoutFlag("timeout", cl::sub(generateCommand), cl::location(flags.llm.requestTimeoutS),
+                               cl::desc("seconds per request, 1..3600"));
+cl::opt<int, true> testTimeoutFlag("test-timeout", cl::sub(generateCommand),
+                                   cl::location(flags.llm.testTimeoutS),
+                                   cl::desc("seconds per compile or test run, 1..3600"));
+cl::opt<int, true> retriesFlag("retries", cl::sub(generateCommand), cl::location(flags.llm.retries),
+                               cl::desc("per request, 0..20"));
+cl::opt<double, true> flagSpeedupFlag("flag-speedup", cl::sub(generateCommand),
+                                      cl::location(flags.llm.flagSpeedup),
+                                      cl::desc("a measured speedup above this is flagged"));
 
 /// The first IR line of the op whose variant is \p id, or "".
 std::string irLineFor(const std::string &ir, const std::string &id) {
@@ -127,30 +135,18 @@ std::string irAfter(std::string line, const std::string &entryId) {
 /// The options from the flags and the environment (ADAPT_LLM_*); a usage
 /// error's exit code in \p rc when one is out of range or missing.
 bool optionsFromFlags(GenerateOptions &o, int &rc) {
-  o.llm.baseUrl = envOr("ADAPT_LLM_BASE_URL", "OPENAI_BASE_URL");
-  o.llm.model = envOr("ADAPT_LLM_MODEL");
-  o.llm.apiKey = envOr("ADAPT_LLM_API_KEY", "OPENAI_API_KEY");
+  o = flags;
+  // The environment's endpoint, model and key where no flag gives them.
+  auto fromEnvironment = [](const cl::opt<std::string, true> &flag, std::string &into, const char *name,
+                            const char *fallback = nullptr) {
+    if (!flag.getNumOccurrences())
+      into = envOr(name, fallback);
+  };
+  fromEnvironment(endpointFlag, o.llm.baseUrl, "ADAPT_LLM_BASE_URL", "OPENAI_BASE_URL");
+  fromEnvironment(modelFlag, o.llm.model, "ADAPT_LLM_MODEL");
+  fromEnvironment(apiKeyFlag, o.llm.apiKey, "ADAPT_LLM_API_KEY", "OPENAI_API_KEY");
   if (std::string b = envOr("ADAPT_LLM_BACKOFF_MS"); !b.empty())
     o.llm.backoffMs = std::atoi(b.c_str());
-  // A flag replaces the environment's or LlmConfig's default only when given.
-  auto take = [](const auto &flag, auto &into) {
-    if (flag.getNumOccurrences())
-      into = flag;
-  };
-  o.path = pathFlag;
-  o.out = outFlag;
-  o.registry = registryFlag;
-  o.only = onlyFlag;
-  take(endpointFlag, o.llm.baseUrl);
-  take(modelFlag, o.llm.model);
-  take(apiKeyFlag, o.llm.apiKey);
-  take(targetFlag, o.llm.target);
-  take(maxAttemptsFlag, o.llm.maxAttempts);
-  take(maxTokensFlag, o.llm.maxTokens);
-  take(timeoutFlag, o.llm.requestTimeoutS);
-  take(testTimeoutFlag, o.llm.testTimeoutS);
-  take(retriesFlag, o.llm.retries);
-  take(flagSpeedupFlag, o.llm.flagSpeedup);
   std::string error;
   for (const std::string &range : {rangeError("--max-attempts", o.llm.maxAttempts, 1, 100),
                                    rangeError("--timeout", o.llm.requestTimeoutS, 1, 3600),

@@ -38,8 +38,6 @@ namespace {
 
 int usage(const std::string &message) { return usageError(message, kPlanUsage); }
 
-namespace cl = llvm::cl;
-
 cl::SubCommand planCommand("plan", "Choose the parallel layout for training on N GPUs");
 cl::opt<std::string> pathFlag(cl::Positional, cl::sub(planCommand),
                               cl::desc("PATH (a model folder or config.json)"));

@@ -47,8 +47,6 @@ namespace {
 
 using agent::Json;
 
-namespace cl = llvm::cl;
-
 cl::SubCommand reviewCommand("review", "Show candidates and record approvals");
 cl::opt<std::string> dirFlag(cl::Positional, cl::sub(reviewCommand),
                              cl::desc("DIR (the --out of adapt generate)"));

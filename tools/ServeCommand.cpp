@@ -31,8 +31,6 @@ const char *const kServeUsage =
 
 namespace {
 
-namespace cl = llvm::cl;
-
 cl::SubCommand serveCommand("serve", "Serve adapt's tools over the Model Context Protocol");
 cl::opt<int> port("port", cl::sub(serveCommand), cl::init(0),
                   cl::desc("0..65535; 0 takes any free port"));

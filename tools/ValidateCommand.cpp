@@ -45,8 +45,6 @@ const char *const kValidateUsage =
 namespace {
 
 
-namespace cl = llvm::cl;
-
 cl::SubCommand validateCommand("validate", "Run a stage of the validation ladder");
 cl::opt<std::string> pathFlag(cl::Positional, cl::sub(validateCommand), cl::desc("PATH"));
 cl::opt<std::string> stageFlag("stage", cl::sub(validateCommand),

@@ -88,8 +88,6 @@ exit codes: 0 success (gaps: nothing missing), 2 bad input or usage,
 /// Every command's usage lines, then kUsageNotes (defined with the command table).
 std::string usageText();
 
-namespace cl = llvm::cl;
-
 constexpr const char *kInspectUsage =
     "  adapt inspect PATH [--emit summary|mlir|analysed] [--registry FILE]\n";
 constexpr const char *kGapsUsage = "  adapt gaps PATH --out DIR [--registry FILE]\n";
@@ -111,19 +109,25 @@ cl::alias gapsOutShort("o", cl::aliasopt(gapsOut));
 cl::opt<std::string> gapsRegistry("registry", cl::sub(gapsCommand),
                                   cl::desc("an op registry in place of the built-in one"));
 
-/// `tiny`'s options (runTiny).
+/// `tiny`'s options (runTiny), parsed straight into TinyModelOptions.
 cl::SubCommand tinyCommand("tiny", "Write a tiny random-weight model of a family");
-cl::opt<std::string> tinyFamily(cl::Positional, cl::sub(tinyCommand), cl::desc("FAMILY"));
-cl::opt<std::string> tinyOut("out", cl::sub(tinyCommand), cl::desc("output folder"));
+TinyModelOptions tinyOptions;
+cl::opt<std::string, true> tinyFamily(cl::Positional, cl::sub(tinyCommand),
+                                      cl::location(tinyOptions.family), cl::desc("FAMILY"));
+cl::opt<std::string, true> tinyOut("out", cl::sub(tinyCommand), cl::location(tinyOptions.outDir),
+                                   cl::desc("output folder"));
 cl::alias tinyOutShort("o", cl::aliasopt(tinyOut));
-cl::opt<uint64_t> tinySeed("seed", cl::sub(tinyCommand), cl::init(0), cl::desc("random seed"));
-cl::opt<uint64_t> tinyLayers("layers", cl::sub(tinyCommand), cl::init(0),
-                             cl::desc("decoder layers, 2..64 (default: the family's)"));
-cl::opt<std::string> tinyQuant("quant", cl::sub(tinyCommand), cl::desc("fp8 or mxfp4"));
-cl::opt<std::string> tinyConfig("config", cl::sub(tinyCommand),
-                                cl::desc("a released config.json to shrink"));
-cl::opt<bool> tinyManifestOnly("manifest-only", cl::sub(tinyCommand),
-                               cl::desc("with --config: the index and shard headers only"));
+cl::opt<uint64_t, true> tinySeed("seed", cl::sub(tinyCommand), cl::location(tinyOptions.seed),
+                                 cl::desc("random seed"));
+cl::opt<int64_t, true> tinyLayers("layers", cl::sub(tinyCommand), cl::location(tinyOptions.layers),
+                                  cl::desc("decoder layers, 2..64 (default: the family's)"));
+cl::opt<std::string, true> tinyQuant("quant", cl::sub(tinyCommand), cl::location(tinyOptions.quant),
+                                     cl::desc("fp8 or mxfp4"));
+cl::opt<std::string, true> tinyConfig("config", cl::sub(tinyCommand), cl::location(tinyOptions.configFile),
+                                      cl::desc("a released config.json to shrink"));
+cl::opt<bool, true> tinyManifestOnly("manifest-only", cl::sub(tinyCommand),
+                                     cl::location(tinyOptions.manifestOnly),
+                                     cl::desc("with --config: the index and shard headers only"));
 
 /// An InputError as the one line users see.
 int reportInputError(const InputError &error) {
@@ -133,23 +137,11 @@ int reportInputError(const InputError &error) {
 
 /// `adapt tiny FAMILY --out DIR [--seed N] [--layers N] [--quant Q]`.
 int runTiny() {
-  TinyModelOptions options;
-  options.family = tinyFamily;
-  options.outDir = tinyOut;
-  options.configFile = tinyConfig;
-  options.manifestOnly = tinyManifestOnly;
-  options.seed = tinySeed;
-  if (tinyLayers.getNumOccurrences()) {
-    if (tinyLayers < 2 || tinyLayers > 64)
-      return usageError("--layers expects 2..64, found " + std::to_string(tinyLayers), kTinyUsage);
-    options.layers = int64_t(tinyLayers);
-  }
-  if (tinyQuant.getNumOccurrences()) {
-    options.quant = tinyQuant;
-    if (options.quant != "fp8" && options.quant != "mxfp4")
-      return usageError("--quant expects fp8 or mxfp4, found \"" + options.quant + "\"",
-                        kTinyUsage);
-  }
+  const TinyModelOptions &options = tinyOptions;
+  if (tinyLayers.getNumOccurrences() && (options.layers < 2 || options.layers > 64))
+    return usageError("--layers expects 2..64, found " + std::to_string(options.layers), kTinyUsage);
+  if (tinyQuant.getNumOccurrences() && options.quant != "fp8" && options.quant != "mxfp4")
+    return usageError("--quant expects fp8 or mxfp4, found \"" + options.quant + "\"", kTinyUsage);
   if (options.family.empty())
     return usageError("tiny expects a FAMILY", kTinyUsage);
   if (options.outDir.empty())
@@ -202,8 +194,8 @@ void printSummary(const Analysis &a) {
         std::cout << "experts      " << l.ffn.numExperts << " routed, top-"
                   << l.ffn.topK << ", " << l.ffn.numShared << " shared, "
                   << l.ffn.scoring << " router"
-                  << (l.ffn.numGroups > 1 ? ", group-limited" : "")
-                  << (l.ffn.biasCorrection ? ", bias correction" : "") << "\n";
+                  << (l.ffn.groups > 1 ? ", group-limited" : "")
+                  << (l.ffn.correctionBias ? ", bias correction" : "") << "\n";
         break;
       }
     if (s.numMtpLayers)

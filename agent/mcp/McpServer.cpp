@@ -65,18 +65,25 @@ static bool callDeclaresTasks(CallContext &context) {
           declaresTasks(meta[kMetaCapabilities]));
 }
 
+/// \p tool's handler on \p arguments: its result, or a tool error (isError)
+/// carrying what it threw. JSON-RPC errors pass through: they answer the
+/// request itself, not the tool call.
+static json runHandler(const ToolDef &tool, const json &arguments, CallContext &context) {
+  try {
+    return tool.handler(arguments, context);
+  } catch (const RpcError &) {
+    throw;
+  } catch (const std::exception &error) {
+    return toolError(error.what());
+  }
+}
+
 json McpServer::startTask(const ToolDef &tool, const json &arguments,
                           const json &params, RequestContext &context,
                           Session *session) {
   const ToolDef *def = &tool;
   auto work = [def, arguments](CallContext &taskContext) -> json {
-    try {
-      return def->handler(arguments, taskContext);
-    } catch (const RpcError &) {
-      throw;
-    } catch (const std::exception &error) {
-      return toolError(error.what());
-    }
+    return runHandler(*def, arguments, taskContext);
   };
   // The task inherits the call's params without the transport's _meta keys
   // it does not need, and keeps the capabilities it was started with.
@@ -114,13 +121,7 @@ json McpServer::callTool(const json &params, RequestContext &context,
     if (tool->taskSupport == "required")
       throw tasksNotNegotiated("tool " + name);
   }
-  try {
-    return tool->handler(arguments, context);
-  } catch (const RpcError &) {
-    throw;
-  } catch (const std::exception &error) {
-    return toolError(error.what());
-  }
+  return runHandler(*tool, arguments, context);
 }
 
 json McpServer::readResource(const json &params, bool stateless) {

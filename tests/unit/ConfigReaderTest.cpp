@@ -33,8 +33,8 @@ TEST(ConfigReader, DeepSeekV32HasMlaSparseAttentionAndDenseLead) {
   EXPECT_TRUE(s.layers[3].ffn.isMoe);
   EXPECT_EQ(s.layers[3].mixer.kind, MixerKind::MLA);
   EXPECT_EQ(s.layers[3].mixer.indexTopK, 2048);
-  EXPECT_EQ(s.layers[3].ffn.numGroups, 8);
-  EXPECT_TRUE(s.layers[3].ffn.biasCorrection);
+  EXPECT_EQ(s.layers[3].ffn.groups, 8);
+  EXPECT_TRUE(s.layers[3].ffn.correctionBias);
   EXPECT_EQ(s.layers[3].mixer.rope.type, "yarn");
   EXPECT_EQ(s.quant.method, "fp8");
   EXPECT_EQ(s.numMtpLayers, 1);

@@ -19,6 +19,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <iostream>
+#include <string>
+#include <utility>
+#include <vector>
 
 using namespace adapt;
 
@@ -44,6 +47,15 @@ std::string errorOf(const std::string &json) {
 /// Whether \p haystack contains \p needle (for readable assertions).
 bool has(const std::string &haystack, const std::string &needle) {
   return haystack.find(needle) != std::string::npos;
+}
+
+/// Each (index JSON, message part) of \p cases: parsing the JSON fails with
+/// an error containing the part.
+void expectErrors(const std::vector<std::pair<std::string, std::string>> &cases) {
+  for (const auto &[json, part] : cases) {
+    const std::string message = errorOf(json);
+    EXPECT_TRUE(has(message, part)) << json << " -> " << message << "\n(expected: " << part << ")";
+  }
 }
 
 /// The counts every real-index test checks.
@@ -169,57 +181,54 @@ TEST(ManifestParse, RejectsInvalidJsonWithPosition) {
 }
 
 TEST(ManifestParse, RejectsMissingOrMistypedWeightMap) {
-  EXPECT_TRUE(has(errorOf("{\"metadata\":{}}"),
-                  "weight_map: expected an object mapping tensor names to "
-                  "shard files but the key is missing"));
-  EXPECT_TRUE(has(errorOf("{\"weight_map\":[]}"),
-                  "weight_map: expected an object mapping tensor names to "
-                  "shard files but found an array"));
-  EXPECT_TRUE(has(errorOf("{\"weight_map\":\"x\"}"), "weight_map: expected"));
-  EXPECT_TRUE(has(errorOf("{\"weight_map\":{},\"weight_map\":{}}"),
-                  "weight_map: expected the key once"));
-  EXPECT_TRUE(has(errorOf("[{\"weight_map\":{}}]"),
-                  "JSON: expected a JSON object but found an array"));
-  EXPECT_TRUE(has(errorOf("{\"metadata\":[],\"weight_map\":{}}"),
-                  "metadata: expected an object"));
+  expectErrors({
+      {"{\"metadata\":{}}",
+       "weight_map: expected an object mapping tensor names to shard files but the key is missing"},
+      {"{\"weight_map\":[]}",
+       "weight_map: expected an object mapping tensor names to shard files but found an array"},
+      {"{\"weight_map\":\"x\"}",
+       "weight_map: expected"},
+      {"{\"weight_map\":{},\"weight_map\":{}}",
+       "weight_map: expected the key once"},
+      {"[{\"weight_map\":{}}]",
+       "JSON: expected a JSON object but found an array"},
+      {"{\"metadata\":[],\"weight_map\":{}}",
+       "metadata: expected an object"},
+  });
 }
 
 TEST(ManifestParse, RejectsBadEntries) {
-  EXPECT_TRUE(has(errorOf("{\"weight_map\":{\"w\":3}}"),
-                  "weight_map.w: expected a shard file name string but found "
-                  "the number 3"));
-  EXPECT_TRUE(has(errorOf("{\"weight_map\":{\"w\":null}}"),
-                  "weight_map.w: expected a shard file name string"));
-  EXPECT_TRUE(has(errorOf("{\"weight_map\":{\"w\":[\"a\"]}}"),
-                  "weight_map.w: expected a shard file name string but found "
-                  "an array"));
-  EXPECT_TRUE(has(errorOf("{\"weight_map\":{\"\":\"a.safetensors\"}}"),
-                  "weight_map: expected non-empty tensor names"));
-  EXPECT_TRUE(has(errorOf("{\"weight_map\":{\"w\":\"a.safetensors\",\"w\":"
-                          "\"a.safetensors\"}}"),
-                  "weight_map.w: expected each tensor once"));
-  EXPECT_TRUE(has(errorOf("{\"weight_map\":{\"w\":\"\"}}"),
-                  "weight_map.w: expected a shard file name but found an "
-                  "empty string"));
-  EXPECT_TRUE(has(errorOf("{\"metadata\":{\"total_size\":-1},"
-                          "\"weight_map\":{}}"),
-                  "metadata.total_size: expected a non-negative integer"));
-  EXPECT_TRUE(has(errorOf("{\"metadata\":{\"total_size\":\"12\"},"
-                          "\"weight_map\":{}}"),
-                  "metadata.total_size: expected a non-negative integer"));
+  expectErrors({
+      {"{\"weight_map\":{\"w\":3}}",
+       "weight_map.w: expected a shard file name string but found the number 3"},
+      {"{\"weight_map\":{\"w\":null}}",
+       "weight_map.w: expected a shard file name string"},
+      {"{\"weight_map\":{\"w\":[\"a\"]}}",
+       "weight_map.w: expected a shard file name string but found an array"},
+      {"{\"weight_map\":{\"\":\"a.safetensors\"}}",
+       "weight_map: expected non-empty tensor names"},
+      {"{\"weight_map\":{\"w\":\"a.safetensors\",\"w\":\"a.safetensors\"}}",
+       "weight_map.w: expected each tensor once"},
+      {"{\"weight_map\":{\"w\":\"\"}}",
+       "weight_map.w: expected a shard file name but found an empty string"},
+      {"{\"metadata\":{\"total_size\":-1},\"weight_map\":{}}",
+       "metadata.total_size: expected a non-negative integer"},
+      {"{\"metadata\":{\"total_size\":\"12\"},\"weight_map\":{}}",
+       "metadata.total_size: expected a non-negative integer"},
+  });
 }
 
 TEST(ManifestParse, RejectsShardNamesThatAreNotPlainFiles) {
-  EXPECT_TRUE(has(errorOf("{\"weight_map\":{\"w\":\"../x.safetensors\"}}"),
-                  "weight_map.w: expected a plain file name but "
-                  "\"../x.safetensors\" contains a path separator"));
-  EXPECT_TRUE(has(errorOf("{\"weight_map\":{\"w\":\"sub\\\\x.safetensors\"}}"),
-                  "contains a path separator"));
-  EXPECT_TRUE(has(errorOf("{\"weight_map\":{\"w\":\"..\"}}"),
-                  "contains \"..\""));
-  EXPECT_TRUE(has(errorOf("{\"weight_map\":{\"v\":\"ok.safetensors\",\"w\":"
-                          "\"/etc/passwd\"}}"),
-                  "weight_map.w: expected a plain file name"));
+  expectErrors({
+      {"{\"weight_map\":{\"w\":\"../x.safetensors\"}}",
+       "weight_map.w: expected a plain file name but \"../x.safetensors\" contains a path separator"},
+      {"{\"weight_map\":{\"w\":\"sub\\\\x.safetensors\"}}",
+       "contains a path separator"},
+      {"{\"weight_map\":{\"w\":\"..\"}}",
+       "contains \"..\""},
+      {"{\"weight_map\":{\"v\":\"ok.safetensors\",\"w\":\"/etc/passwd\"}}",
+       "weight_map.w: expected a plain file name"},
+  });
 }
 
 TEST(ManifestParse, RejectsInconsistentShardNumbering) {
