@@ -155,6 +155,7 @@ Exit codes:
   1    internal failure (LibTorch error, out of memory)
   2    bad input: flags, missing/truncated shard, shape mismatch, bad dataset,
        token id >= vocabulary size, a checkpoint in --out without --resume
+  4    --validate: a comparison with the reference fixture failed
   5    training diverged: loss or gradient norm NaN/Inf; the last good
        checkpoint is kept
   6    write failure (disk full, ...); the previous checkpoint is intact
