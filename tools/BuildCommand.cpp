@@ -341,28 +341,17 @@ int runBuildCommand() {
   return buildTrainer(o);
 }
 
-int buildTrainer(const BuildOptions &o) {
-  std::string error;
-  if (isOnnxPath(o.path))
-    return usageError(o.path + ": adapt build needs a Hugging Face model "
-                      "folder (config.json and safetensors), not ONNX",
-                      kBuildUsage);
+namespace {
 
-  mlir::MLIRContext context;
-  context.getOrLoadDialect<AdaptDialect>();
-  mlir::ScopedDiagnosticHandler handler(&context, [](mlir::Diagnostic &d) {
-    printDiagnostic(d);
-    return mlir::success();
-  });
-
-  // Read, import and analyse, as `gaps` does.
+/// Reads, imports and analyses PATH as `gaps` does into \p analysed; a
+/// contradicting manifest is bad input, and (without --allow-gaps) a
+/// component the runtime cannot run is a gap (exit 3). Returns the exit code.
+int analyseForTraining(const BuildOptions &o, mlir::MLIRContext &context, Analysis &analysed) {
   std::cout << "== analysing " << o.path << std::endl;
-  Analysis analysed;
   if (int code = analyseModel(context, {o.path, o.registry, /*runPasses=*/true}, analysed))
     return code;
   const OpRegistry &registry = analysed.opRegistry();
-  GapReport &report = analysed.report;
-  mlir::OwningOpRef<mlir::ModuleOp> &module = analysed.module;
+  const GapReport &report = analysed.report;
   if (const ManifestIssue *issue = contradictingManifestIssue(report)) {
     printManifestContradiction(report, *issue);
     return kExitBadInput;
@@ -384,7 +373,12 @@ int buildTrainer(const BuildOptions &o) {
       return kExitGapsFound;
     }
   }
+  return kExitOk;
+}
 
+/// Marks the LoRA weights (adapt-inject-lora) and, with --plan, records the
+/// plan's layout checked against this model. Returns the exit code.
+int applyLoraAndPlan(const BuildOptions &o, mlir::MLIRContext &context, Analysis &analysed) {
   // LoRA.
   {
     InjectLoraPassOptions lora;
@@ -396,31 +390,38 @@ int buildTrainer(const BuildOptions &o) {
     lora.router = o.router;
     mlir::PassManager pm(&context);
     populateLoraPipeline(pm, lora);
-    if (mlir::failed(pm.run(*module)))
+    if (mlir::failed(pm.run(*analysed.module)))
       return kExitBadInput; // The pass printed why.
   }
 
   // The plan's layout, checked against this model and recorded in the IR.
   if (!o.planPath.empty()) {
     ApplyPlanPassOptions plan;
+    std::string error;
     if (!readPlanLayout(o.planPath, analysed, plan, error)) {
       std::cerr << "adapt: error: " << o.planPath << ": " << error << "\n";
       return kExitBadInput;
     }
     mlir::PassManager pm(&context);
     populatePlanPipeline(pm, plan);
-    if (mlir::failed(pm.run(*module)))
+    if (mlir::failed(pm.run(*analysed.module)))
       return kExitBadInput; // The pass printed why.
     std::cout << "== planned layout TP" << plan.tp << " EP" << plan.ep << " PP" << plan.pp << " CP" << plan.cp
               << " DP" << plan.dp << (plan.recompute ? " recompute" : "") << " (the trainer's default)"
               << std::endl;
   }
+  return kExitOk;
+}
 
-  // Generate.
+/// Writes the trainer project (model.cpp, CMakeLists.txt, README.md and any
+/// approved generated operators) into OUT; \p wroteOps receives how many
+/// generated operators it holds. Returns the exit code.
+int writeProject(const BuildOptions &o, const Analysis &analysed, size_t &wroteOps) {
   std::cout << "== generating " << o.out << std::endl;
+  std::string error;
   TrainerOptions trainer;
   trainer.modelDir = relativePath(lexicalAbsolute(o.out), lexicalAbsolute(modelFolder(o.path)));
-  if (!collectGeneratedOps(report, registry, trainer.generatedOps, error)) {
+  if (!collectGeneratedOps(analysed.report, analysed.opRegistry(), trainer.generatedOps, error)) {
     std::cerr << "adapt: error: " << error << "\n";
     return kExitBadInput;
   }
@@ -429,7 +430,7 @@ int buildTrainer(const BuildOptions &o) {
               << ", approved by " << use.approvedBy << ", sha256 "
               << use.sha256.substr(0, 12) << ")" << std::endl;
   std::vector<GeneratedFile> generated;
-  if (!emitTrainer(*module, trainer, generated, error)) {
+  if (!emitTrainer(*analysed.module, trainer, generated, error)) {
     std::cerr << "adapt: error: " << o.path << ": " << error << "\n";
     return kExitGapsFound;
   }
@@ -443,17 +444,15 @@ int buildTrainer(const BuildOptions &o) {
       std::cerr << "adapt: error: " << error << "\n";
       return kExitBadInput;
     }
-  if (o.noCompile) {
-    std::cout << "wrote " << o.out << "/model.cpp, CMakeLists.txt, README.md"
-              << (trainer.generatedOps.empty()
-                      ? std::string()
-                      : ", generated_ops.cpp, " + std::to_string(trainer.generatedOps.size()) +
-                            " approved source(s) in candidates/")
-              << "\n";
-    return kExitOk;
-  }
+  wroteOps = trainer.generatedOps.size();
+  return kExitOk;
+}
 
-  // Compile against the runtime's build.
+/// Configures and builds OUT against the runtime's build (--runtime-dir, else
+/// the one beside adapt) and installs the binary as OUT/train. Returns the
+/// exit code (4: it did not compile, with the log's last lines).
+int compileProject(const BuildOptions &o) {
+  std::string error;
   std::string runtimeDir = o.runtimeDir;
   if (runtimeDir.empty()) {
     runtimeDir = besideAdapt({"..", "runtime"});
@@ -505,6 +504,38 @@ int buildTrainer(const BuildOptions &o) {
   }
   std::cout << "== built " << target << "\n";
   return kExitOk;
+}
+
+} // namespace
+
+int buildTrainer(const BuildOptions &o) {
+  if (isOnnxPath(o.path))
+    return usageError(o.path + ": adapt build needs a Hugging Face model "
+                      "folder (config.json and safetensors), not ONNX",
+                      kBuildUsage);
+  mlir::MLIRContext context;
+  context.getOrLoadDialect<AdaptDialect>();
+  mlir::ScopedDiagnosticHandler handler(&context, [](mlir::Diagnostic &d) {
+    printDiagnostic(d);
+    return mlir::success();
+  });
+  Analysis analysed;
+  if (int code = analyseForTraining(o, context, analysed))
+    return code;
+  if (int code = applyLoraAndPlan(o, context, analysed))
+    return code;
+  size_t generatedOps = 0;
+  if (int code = writeProject(o, analysed, generatedOps))
+    return code;
+  if (o.noCompile) {
+    std::cout << "wrote " << o.out << "/model.cpp, CMakeLists.txt, README.md"
+              << (generatedOps == 0 ? std::string()
+                                    : ", generated_ops.cpp, " + std::to_string(generatedOps) +
+                                          " approved source(s) in candidates/")
+              << "\n";
+    return kExitOk;
+  }
+  return compileProject(o);
 }
 
 } // namespace adapt
