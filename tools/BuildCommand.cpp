@@ -100,15 +100,15 @@ bool buildOptionsFromFlags(BuildOptions &o, std::string &error) {
   if (loraTargets.getNumOccurrences() && o.targets.empty())
     error = "--lora-targets expects a comma-separated list of module patterns, e.g. "
             "q_proj,v_proj or all-linear";
-  else if (o.rank < 1 || o.rank > 65536)
-    error = "--lora-rank expects an integer in 1..65536, found " + std::to_string(o.rank);
-  else if (!(o.alpha > 0) || o.alpha > 1e9)
+  if (error.empty())
+    error = rangeError("--lora-rank", o.rank, 1, 65536);
+  if (error.empty() && (!(o.alpha > 0) || o.alpha > 1e9))
     error = "--lora-alpha expects a number > 0";
-  else if (!(o.dropout >= 0 && o.dropout < 1))
+  if (error.empty() && !(o.dropout >= 0 && o.dropout < 1))
     error = "--lora-dropout expects a number in [0, 1)";
-  else if (o.path.empty())
+  if (error.empty() && o.path.empty())
     error = "build expects a PATH";
-  else if (o.out.empty())
+  if (error.empty() && o.out.empty())
     error = "build expects --out DIR";
   return error.empty();
 }

@@ -41,16 +41,23 @@ int usage(const std::string &message) { return usageError(message, kPlanUsage); 
 cl::SubCommand planCommand("plan", "Choose the parallel layout for training on N GPUs");
 cl::opt<std::string> pathFlag(cl::Positional, cl::sub(planCommand),
                               cl::desc("PATH (a model folder or config.json)"));
-cl::opt<int64_t> gpusFlag("gpus", cl::sub(planCommand), cl::desc("GPUs, 1..1048576"));
-cl::opt<int64_t> gpusPerNodeFlag("gpus-per-node", cl::sub(planCommand), cl::desc("1..1024"));
+/// The numeric flags, parsed straight into a request (cl::location):
+/// PlanRequest's member defaults are theirs.
+plan::PlanRequest requestFlags;
+cl::opt<int64_t, true> gpusFlag("gpus", cl::sub(planCommand), cl::location(requestFlags.gpus),
+                                cl::desc("GPUs, 1..1048576"));
+cl::opt<int64_t, true> gpusPerNodeFlag("gpus-per-node", cl::sub(planCommand), cl::location(requestFlags.gpusPerNode),
+                                       cl::desc("1..1024"));
 cl::opt<std::string> gpuMemoryFlag("gpu-memory", cl::sub(planCommand),
                                    cl::desc("memory per GPU, e.g. 141GiB or 80GB"));
-cl::opt<int64_t> seqLenFlag("seq-len", cl::sub(planCommand), cl::desc("tokens per sequence"));
-cl::opt<int64_t> globalBatchFlag("global-batch", cl::sub(planCommand),
-                                 cl::desc("sequences per step"));
-cl::opt<int64_t> microBatchFlag("micro-batch", cl::sub(planCommand),
-                                cl::desc("sequences per micro-batch"));
-cl::opt<int64_t> loraRankFlag("lora-rank", cl::sub(planCommand), cl::desc("1..65536"));
+cl::opt<int64_t, true> seqLenFlag("seq-len", cl::sub(planCommand), cl::location(requestFlags.seqLen),
+                                  cl::desc("tokens per sequence"));
+cl::opt<int64_t, true> globalBatchFlag("global-batch", cl::sub(planCommand), cl::location(requestFlags.globalBatch),
+                                       cl::desc("sequences per step"));
+cl::opt<int64_t, true> microBatchFlag("micro-batch", cl::sub(planCommand), cl::location(requestFlags.microBatch),
+                                      cl::desc("sequences per micro-batch"));
+cl::opt<int64_t, true> loraRankFlag("lora-rank", cl::sub(planCommand), cl::location(requestFlags.loraRank),
+                                    cl::desc("1..65536"));
 cl::opt<std::string> loraTargetsFlag("lora-targets", cl::sub(planCommand),
                                      cl::desc("targets, e.g. q_proj,experts or all-linear"));
 cl::opt<std::string> dtypeFlag("dtype", cl::sub(planCommand), cl::desc("bf16 or fp8"));
@@ -112,19 +119,8 @@ std::string gibText(double bytes) {
 } // namespace
 
 int runPlanCommand() {
-  plan::PlanRequest request;
+  plan::PlanRequest request = requestFlags;
   const std::string path = pathFlag, out = outFlag, registry = registryFlag;
-  // A flag replaces PlanRequest's default only when given.
-  auto take = [](const cl::opt<int64_t> &flag, int64_t &into) {
-    if (flag.getNumOccurrences())
-      into = flag;
-  };
-  take(gpusFlag, request.gpus);
-  take(gpusPerNodeFlag, request.gpusPerNode);
-  take(seqLenFlag, request.seqLen);
-  take(globalBatchFlag, request.globalBatch);
-  take(microBatchFlag, request.microBatch);
-  take(loraRankFlag, request.loraRank);
   for (const std::string &error :
        {rangeError("--gpus", request.gpus, 1, 1 << 20),
         rangeError("--gpus-per-node", request.gpusPerNode, 1, 1024),

@@ -70,8 +70,8 @@ int runServeCommand() {
   mcp::ServeOptions options;
   if (const char *fromEnvironment = std::getenv("ADAPT_MCP_TOKEN"))
     options.bearerToken = fromEnvironment;
-  if (port < 0 || port > 65535)
-    return usage("--port expects an integer in 0..65535");
+  if (std::string range = rangeError("--port", port, 0, 65535); !range.empty())
+    return usage(range);
   options.port = port;
   if (host.empty())
     return usage("--host expects an address");
@@ -85,8 +85,10 @@ int runServeCommand() {
     return rc;
   options.allowedHosts.assign(allowHosts.begin(), allowHosts.end());
   if (maxBody.getNumOccurrences()) {
-    if (maxBody < 1024 || maxBody > (1ULL << 32))
-      return usage("--max-body expects a byte count in 1024..4294967296");
+    if (std::string range = rangeError("--max-body", int64_t(std::min<uint64_t>(maxBody, INT64_MAX)), 1024,
+                                       int64_t(1) << 32);
+        !range.empty())
+      return usage(range);
     options.maxBodyBytes = static_cast<size_t>(maxBody);
   }
   if (int rc = emptyValueError(roots, "--root", "a folder"))
@@ -94,13 +96,13 @@ int runServeCommand() {
   if (int rc = emptyValueError(readRoots, "--read-root", "a folder"))
     return rc;
   if (maxConnections.getNumOccurrences()) {
-    if (maxConnections < 1 || maxConnections > 4096)
-      return usage("--max-connections expects an integer in 1..4096");
+    if (std::string range = rangeError("--max-connections", maxConnections, 1, 4096); !range.empty())
+      return usage(range);
     options.limits.maxConnections = maxConnections;
   }
   if (requestTimeout.getNumOccurrences()) {
-    if (requestTimeout < 1 || requestTimeout > 3600)
-      return usage("--request-timeout expects seconds in 1..3600");
+    if (std::string range = rangeError("--request-timeout", requestTimeout, 1, 3600); !range.empty())
+      return usage(range);
     options.limits.requestTimeout = std::chrono::seconds(requestTimeout);
   }
   const bool loopback = options.host == "127.0.0.1" || options.host == "localhost" ||

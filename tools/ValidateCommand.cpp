@@ -187,8 +187,8 @@ int runValidateCommand() {
     for (const std::string &layout : layoutsFlag)
       if (!layout.empty())
         parallel.layouts.push_back(layout);
-    if (parallel.steps < 1 || parallel.steps > 1000)
-      return usage("--steps expects an integer in 1..1000");
+    if (std::string range = rangeError("--steps", parallel.steps, 1, 1000); !range.empty())
+      return usage(range);
     return runParallelStage(parallel);
   }
   if (o.stage == "full")

@@ -138,8 +138,9 @@ int reportInputError(const InputError &error) {
 /// `adapt tiny FAMILY --out DIR [--seed N] [--layers N] [--quant Q]`.
 int runTiny() {
   const TinyModelOptions &options = tinyOptions;
-  if (tinyLayers.getNumOccurrences() && (options.layers < 2 || options.layers > 64))
-    return usageError("--layers expects 2..64, found " + std::to_string(options.layers), kTinyUsage);
+  if (tinyLayers.getNumOccurrences())
+    if (std::string range = rangeError("--layers", options.layers, 2, 64); !range.empty())
+      return usageError(range, kTinyUsage);
   if (tinyQuant.getNumOccurrences() && options.quant != "fp8" && options.quant != "mxfp4")
     return usageError("--quant expects fp8 or mxfp4, found \"" + options.quant + "\"", kTinyUsage);
   if (options.family.empty())

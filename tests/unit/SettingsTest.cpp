@@ -22,6 +22,11 @@
 
 using namespace adapt;
 
+// One description: the fields the parser fills are the runtime's own, with
+// one default each (a compile error, not a test failure, if that changes).
+static_assert(std::is_base_of_v<rt::AttentionSettings, MixerSpec>);
+static_assert(std::is_base_of_v<rt::FfnSettings, FfnSpec>);
+
 namespace {
 
 /// The attribute names \p Op declares in ODS.
@@ -52,16 +57,6 @@ TEST(Settings, AttentionSettingsAreDeclaredByTheOp) {
 
 TEST(Settings, FfnSettingsAreDeclaredByTheOp) {
   EXPECT_GE((expectDeclared<MoEOp, rt::FfnSettings>()), 5u);
-}
-
-TEST(Settings, TheParserFillsTheRuntimesStructs) {
-  // One description: a config value the parser reads is the field the
-  // generated trainer sets, with one default.
-  static_assert(std::is_base_of_v<rt::AttentionSettings, MixerSpec>);
-  static_assert(std::is_base_of_v<rt::FfnSettings, FfnSpec>);
-  MixerSpec mixer;
-  mixer.sinks = true;
-  EXPECT_TRUE(static_cast<const rt::AttentionSettings &>(mixer).sinks);
 }
 
 } // namespace
