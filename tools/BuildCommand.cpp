@@ -90,8 +90,8 @@ cl::opt<bool, true> allowGaps("allow-gaps", cl::sub(buildCommand), cl::location(
 cl::opt<std::string, true> registry("registry", cl::sub(buildCommand), cl::location(flags.registry),
                                     cl::desc("an op registry in place of the built-in one"));
 
-/// The parsed flags as BuildOptions; false with \p error naming the flag
-/// whose value is out of its range.
+/// The parsed flags as BuildOptions; false with \p error when --lora-targets
+/// was given an empty list (buildTrainer checks the rest).
 bool buildOptionsFromFlags(BuildOptions &o, std::string &error) {
   o = flags;
   for (const std::string &target : loraTargets)
@@ -100,8 +100,13 @@ bool buildOptionsFromFlags(BuildOptions &o, std::string &error) {
   if (loraTargets.getNumOccurrences() && o.targets.empty())
     error = "--lora-targets expects a comma-separated list of module patterns, e.g. "
             "q_proj,v_proj or all-linear";
-  if (error.empty())
-    error = rangeError("--lora-rank", o.rank, 1, 65536);
+  return error.empty();
+}
+
+/// "" when \p o can be built, else the usage error naming the flag whose
+/// value is out of its range or missing.
+std::string buildOptionsError(const BuildOptions &o) {
+  std::string error = rangeError("--lora-rank", o.rank, 1, 65536);
   if (error.empty() && (!(o.alpha > 0) || o.alpha > 1e9))
     error = "--lora-alpha expects a number > 0";
   if (error.empty() && !(o.dropout >= 0 && o.dropout < 1))
@@ -110,7 +115,7 @@ bool buildOptionsFromFlags(BuildOptions &o, std::string &error) {
     error = "build expects a PATH";
   if (error.empty() && o.out.empty())
     error = "build expects --out DIR";
-  return error.empty();
+  return error;
 }
 
 /// Diagnostics as the CLI's one-line messages.
@@ -509,6 +514,8 @@ int compileProject(const BuildOptions &o) {
 } // namespace
 
 int buildTrainer(const BuildOptions &o) {
+  if (std::string error = buildOptionsError(o); !error.empty())
+    return usageError(error, kBuildUsage);
   if (isOnnxPath(o.path))
     return usageError(o.path + ": adapt build needs a Hugging Face model "
                       "folder (config.json and safetensors), not ONNX",

@@ -72,4 +72,18 @@ int usageError(const std::string &message, const char *usage) {
   return kExitBadInput;
 }
 
+int runReportingFailures(const std::function<int()> &command) {
+  int code = kExitBadInput;
+  try {
+    code = command();
+  } catch (const std::exception &e) {
+    std::cerr << "adapt: error: " << e.what() << "\n";
+  } catch (...) {
+    std::cerr << "adapt: error: unexpected failure\n";
+  }
+  std::cout.flush();
+  llvm::outs().flush();
+  return code;
+}
+
 } // namespace adapt

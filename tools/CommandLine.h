@@ -15,6 +15,7 @@
 #include <llvm/Support/Path.h>
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <string>
 
@@ -24,8 +25,7 @@ namespace adapt {
 namespace cl = llvm::cl;
 
 /// The path of the running adapt binary: the programs built beside it (the
-/// runtime's build, the candidate checker, the venv) are found from there,
-/// and the MCP tools run it as a child.
+/// runtime's build, the candidate checker, the venv) are found from there.
 inline std::string adaptExecutable() {
   static const int anchor = 0;
   return llvm::sys::fs::getMainExecutable("adapt", const_cast<int *>(&anchor));
@@ -58,6 +58,11 @@ std::string rangeError(const char *flag, int64_t value, int64_t lo, int64_t hi);
 /// Prints "adapt: error: \p message" and \p usage; returns kExitBadInput, the
 /// exit code of a usage error (for the checks a command makes after parsing).
 int usageError(const std::string &message, const char *usage);
+
+/// Runs \p command and returns its exit code; an exception escaping it is
+/// reported as one "adapt: error: ..." line and exit 2, as on the command
+/// line (main) and in the MCP tools (tools/McpCommands.cpp) alike.
+int runReportingFailures(const std::function<int()> &command);
 
 } // namespace adapt
 

@@ -50,11 +50,6 @@ namespace {
 
 using agent::Json;
 
-struct GenerateOptions {
-  std::string path, out, registry, only;
-  agent::LlmConfig llm;
-};
-
 std::string envOr(const char *a, const char *b = nullptr) {
   if (const char *v = std::getenv(a))
     return v;
@@ -132,21 +127,25 @@ std::string irAfter(std::string line, const std::string &entryId) {
   return line + "  // registry entry " + entryId;
 }
 
-/// The options from the flags and the environment (ADAPT_LLM_*); a usage
-/// error's exit code in \p rc when one is out of range or missing.
-bool optionsFromFlags(GenerateOptions &o, int &rc) {
-  o = flags;
-  // The environment's endpoint, model and key where no flag gives them.
-  auto fromEnvironment = [](const cl::opt<std::string, true> &flag, std::string &into, const char *name,
-                            const char *fallback = nullptr) {
-    if (!flag.getNumOccurrences())
-      into = envOr(name, fallback);
-  };
-  fromEnvironment(endpointFlag, o.llm.baseUrl, "ADAPT_LLM_BASE_URL", "OPENAI_BASE_URL");
-  fromEnvironment(modelFlag, o.llm.model, "ADAPT_LLM_MODEL");
-  fromEnvironment(apiKeyFlag, o.llm.apiKey, "ADAPT_LLM_API_KEY", "OPENAI_API_KEY");
-  if (std::string b = envOr("ADAPT_LLM_BACKOFF_MS"); !b.empty())
-    o.llm.backoffMs = std::atoi(b.c_str());
+/// The options from the flags, and from the environment (llmFromEnvironment)
+/// where no flag gives the endpoint, model or key.
+GenerateOptions optionsFromFlags() {
+  GenerateOptions o = flags;
+  agent::LlmConfig environment = flags.llm;
+  llmFromEnvironment(environment);
+  if (!endpointFlag.getNumOccurrences())
+    o.llm.baseUrl = environment.baseUrl;
+  if (!modelFlag.getNumOccurrences())
+    o.llm.model = environment.model;
+  if (!apiKeyFlag.getNumOccurrences())
+    o.llm.apiKey = environment.apiKey;
+  o.llm.backoffMs = environment.backoffMs;
+  return o;
+}
+
+/// "" when \p o can run, else the usage error naming the flag whose value is
+/// out of its range or missing.
+std::string optionsError(const GenerateOptions &o) {
   std::string error;
   for (const std::string &range : {rangeError("--max-attempts", o.llm.maxAttempts, 1, 100),
                                    rangeError("--timeout", o.llm.requestTimeoutS, 1, 3600),
@@ -163,13 +162,7 @@ bool optionsFromFlags(GenerateOptions &o, int &rc) {
     error = "generate expects a PATH";
   if (error.empty() && o.out.empty())
     error = "generate expects --out DIR";
-  if (!error.empty()) {
-    rc = usage(error);
-    return false;
-  }
-  if (!o.llm.baseUrl.empty() && o.llm.model.empty())
-    o.llm.model = "default";
-  return true;
+  return error;
 }
 
 /// The registry the gaps are matched against (--registry, else the built-in
@@ -326,11 +319,21 @@ bool candidateFor(const Json &c, const std::string &id, const std::string &dir, 
 
 } // namespace
 
-int runGenerateCommand() {
-  GenerateOptions o;
-  int rc = kExitOk;
-  if (!optionsFromFlags(o, rc))
-    return rc;
+void llmFromEnvironment(agent::LlmConfig &llm) {
+  llm.baseUrl = envOr("ADAPT_LLM_BASE_URL", "OPENAI_BASE_URL");
+  llm.model = envOr("ADAPT_LLM_MODEL");
+  llm.apiKey = envOr("ADAPT_LLM_API_KEY", "OPENAI_API_KEY");
+  if (std::string b = envOr("ADAPT_LLM_BACKOFF_MS"); !b.empty())
+    llm.backoffMs = std::atoi(b.c_str());
+}
+
+int runGenerateCommand() { return generateCandidates(optionsFromFlags()); }
+
+int generateCandidates(GenerateOptions o) {
+  if (std::string error = optionsError(o); !error.empty())
+    return usage(error);
+  if (!o.llm.baseUrl.empty() && o.llm.model.empty())
+    o.llm.model = "default";
   if (std::error_code ec = llvm::sys::fs::create_directories(o.out)) {
     std::cerr << "adapt: error: " << o.out << ": cannot create the folder: " << ec.message()
               << "\n";

@@ -9,6 +9,7 @@
 #include "tools/ServeCommand.h"
 #include "tools/CommandLine.h"
 #include "agent/mcp/McpServer.h"
+#include "tools/McpCommands.h"
 
 #include "llvm/Support/CommandLine.h"
 
@@ -126,7 +127,7 @@ int runServeCommand() {
   // Every connection gets a worker, so the cap must leave workers free.
   options.threads = std::max(options.threads, options.limits.maxConnections + 8);
   mcp::Registry registry;
-  mcp::addAdaptTools(registry, adaptExecutable(), *workspace);
+  mcp::addAdaptTools(registry, adaptCommandsForMcp(), *workspace);
   if (testMode)
     mcp::addConformanceFixtures(registry);
   return mcp::serve(options, registry);

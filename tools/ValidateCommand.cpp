@@ -46,22 +46,23 @@ namespace {
 
 
 cl::SubCommand validateCommand("validate", "Run a stage of the validation ladder");
-cl::opt<std::string> pathFlag(cl::Positional, cl::sub(validateCommand), cl::desc("PATH"));
-cl::opt<std::string> stageFlag("stage", cl::sub(validateCommand),
-                               cl::desc("op, model, parallel or full"));
-cl::opt<std::string> outFlag("out", cl::sub(validateCommand), cl::desc("record folder"));
-cl::opt<std::string> fixtureFlag("fixture", cl::sub(validateCommand),
-                                 cl::desc("reference fixture folder (model stage)"));
-cl::opt<std::string> runtimeDirFlag("runtime-dir", cl::sub(validateCommand),
-                                    cl::desc("the runtime build"));
+/// The flags, parsed straight into the options (cl::location); --layouts is
+/// copied in by runValidateCommand.
+ValidateOptions flags;
+cl::opt<std::string, true> pathFlag(cl::Positional, cl::sub(validateCommand), cl::location(flags.path),
+                                    cl::desc("PATH"));
+cl::opt<std::string, true> stageFlag("stage", cl::sub(validateCommand), cl::location(flags.stage),
+                                     cl::desc("op, model, parallel or full"));
+cl::opt<std::string, true> outFlag("out", cl::sub(validateCommand), cl::location(flags.out),
+                                   cl::desc("record folder"));
+cl::opt<std::string, true> fixtureFlag("fixture", cl::sub(validateCommand), cl::location(flags.fixture),
+                                       cl::desc("reference fixture folder (model stage)"));
+cl::opt<std::string, true> runtimeDirFlag("runtime-dir", cl::sub(validateCommand),
+                                          cl::location(flags.runtimeDir), cl::desc("the runtime build"));
 cl::list<std::string> layoutsFlag("layouts", cl::sub(validateCommand), cl::CommaSeparated,
                                   cl::desc("parallel stage: the layouts to run"));
-cl::opt<int> stepsFlag("steps", cl::sub(validateCommand), cl::init(6),
-                       cl::desc("parallel stage: training steps, 1..1000"));
-
-struct ValidateOptions {
-  std::string path, stage, out, fixture, runtimeDir;
-};
+cl::opt<int, true> stepsFlag("steps", cl::sub(validateCommand), cl::location(flags.steps),
+                             cl::desc("parallel stage: training steps, 1..1000"));
 
 int usage(const std::string &error) { return usageError(error, kValidateUsage); }
 
@@ -172,7 +173,14 @@ int runModelStage(const ValidateOptions &o) {
 } // namespace
 
 int runValidateCommand() {
-  ValidateOptions o{pathFlag, stageFlag, outFlag, fixtureFlag, runtimeDirFlag};
+  ValidateOptions o = flags;
+  for (const std::string &layout : layoutsFlag)
+    if (!layout.empty())
+      o.layouts.push_back(layout);
+  return validateModel(std::move(o));
+}
+
+int validateModel(ValidateOptions o) {
   if (o.path.empty() || o.out.empty() || o.stage.empty())
     return usage("validate expects PATH, --stage and --out DIR");
   if (!llvm::sys::fs::exists(o.path)) {
@@ -183,10 +191,7 @@ int runValidateCommand() {
     o.runtimeDir = besideAdapt({"..", "runtime"});
   }
   if (o.stage == "parallel") {
-    ParallelStageOptions parallel{o.path, o.out, o.runtimeDir, {}, stepsFlag};
-    for (const std::string &layout : layoutsFlag)
-      if (!layout.empty())
-        parallel.layouts.push_back(layout);
+    ParallelStageOptions parallel{o.path, o.out, o.runtimeDir, o.layouts, o.steps};
     if (std::string range = rangeError("--steps", parallel.steps, 1, 1000); !range.empty())
       return usage(range);
     return runParallelStage(parallel);

@@ -10,25 +10,17 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "ir/AdaptDialect.h"
-#include "ir/ImportModel.h"
 #include "models/TinyModel.h"
-#include "models/WeightSchema.h"
-#include "parser/ConfigReader.h"
-#include "parser/ModelFolder.h"
-#include "passes/Passes.h"
-#include "passes/ReportWriter.h"
 #include "tools/BuildCommand.h"
 #include "tools/CommandLine.h"
 #include "tools/DataCommand.h"
 #include "tools/GenerateCommand.h"
-#include "tools/ModelAnalysis.h"
+#include "tools/InspectCommand.h"
 #include "tools/PlanCommand.h"
 #include "tools/ReviewCommand.h"
 #include "tools/ServeCommand.h"
 #include "tools/ValidateCommand.h"
 
-#include "mlir/IR/MLIRContext.h"
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/raw_ostream.h"
@@ -88,26 +80,9 @@ exit codes: 0 success (gaps: nothing missing), 2 bad input or usage,
 /// Every command's usage lines, then kUsageNotes (defined with the command table).
 std::string usageText();
 
-constexpr const char *kInspectUsage =
-    "  adapt inspect PATH [--emit summary|mlir|analysed] [--registry FILE]\n";
-constexpr const char *kGapsUsage = "  adapt gaps PATH --out DIR [--registry FILE]\n";
 constexpr const char *kTinyUsage =
     "  adapt tiny FAMILY --out DIR [--seed N] [--layers N] [--quant fp8|mxfp4]\n"
     "             [--config RELEASED_CONFIG.json [--manifest-only]]\n";
-
-/// `inspect`'s and `gaps`' options (runInspect, runGaps).
-cl::SubCommand inspectCommand("inspect", "Summarise or print the IR of a model");
-cl::SubCommand gapsCommand("gaps", "Write the gap report of a model");
-cl::opt<std::string> inspectPath(cl::Positional, cl::sub(inspectCommand), cl::desc("PATH"));
-cl::opt<std::string> inspectEmit("emit", cl::sub(inspectCommand), cl::init("summary"),
-                                 cl::desc("summary, mlir or analysed"));
-cl::opt<std::string> inspectRegistry("registry", cl::sub(inspectCommand),
-                                     cl::desc("an op registry in place of the built-in one"));
-cl::opt<std::string> gapsPath(cl::Positional, cl::sub(gapsCommand), cl::desc("PATH"));
-cl::opt<std::string> gapsOut("out", cl::sub(gapsCommand), cl::desc("report folder"));
-cl::alias gapsOutShort("o", cl::aliasopt(gapsOut));
-cl::opt<std::string> gapsRegistry("registry", cl::sub(gapsCommand),
-                                  cl::desc("an op registry in place of the built-in one"));
 
 /// `tiny`'s options (runTiny), parsed straight into TinyModelOptions.
 cl::SubCommand tinyCommand("tiny", "Write a tiny random-weight model of a family");
@@ -165,105 +140,6 @@ int runTiny() {
   return kExitOk;
 }
 
-/// The human summary of `inspect`.
-void printSummary(const Analysis &a) {
-  const GapReport &r = a.report;
-  const ParameterCounts &p = r.parameters;
-  std::cout << "model        " << (r.modelType.empty() ? "(no model_type)" : r.modelType)
-            << "  [" << r.architecture << "]\n";
-  std::cout << "layout       " << r.family << " (recognised by its config keys)\n";
-  if (a.files) {
-    const ModelSpec &s = a.files->spec;
-    std::map<std::string, std::vector<int64_t>> mixers, ffns;
-    for (const LayerSpec &l : s.layers) {
-      std::string mixer = mixerKindName(l.mixer.kind);
-      if (l.mixer.indexTopK > 0)
-        mixer = "sparse_mla(top-" + std::to_string(l.mixer.indexTopK) + ")";
-      if (l.mixer.window != "none")
-        mixer += "/" + l.mixer.window + "(" + std::to_string(l.mixer.windowSize) + ")";
-      mixers[mixer].push_back(l.index);
-      ffns[l.ffn.isMoe ? "moe" : "dense"].push_back(l.index);
-    }
-    std::cout << "layers       " << s.layers.size() << " decoder layers, hidden "
-              << s.hidden << ", vocab " << s.vocab << "\n";
-    for (const auto &[kind, layers] : mixers)
-      std::cout << "  mixer      " << kind << ": " << formatLayerRanges(layers) << "\n";
-    for (const auto &[kind, layers] : ffns)
-      std::cout << "  ffn        " << kind << ": " << formatLayerRanges(layers) << "\n";
-    for (const LayerSpec &l : s.layers)
-      if (l.ffn.isMoe) {
-        std::cout << "experts      " << l.ffn.numExperts << " routed, top-"
-                  << l.ffn.topK << ", " << l.ffn.numShared << " shared, "
-                  << l.ffn.scoring << " router"
-                  << (l.ffn.groups > 1 ? ", group-limited" : "")
-                  << (l.ffn.correctionBias ? ", bias correction" : "") << "\n";
-        break;
-      }
-    if (s.numMtpLayers)
-      std::cout << "mtp          " << s.numMtpLayers << " layer(s)\n";
-    for (const EncoderSpec &e : s.encoders)
-      std::cout << "encoder      " << e.modality << " (" << e.type << "), depth "
-                << e.depth << ", width " << e.hidden << "\n";
-    if (!s.quant.method.empty())
-      std::cout << "quantized    " << s.quant.method << "\n";
-  }
-  std::cout << "parameters   total " << formatParameterCount(p.total) << " (decoder "
-            << formatParameterCount(p.decoder) << ", mtp " << formatParameterCount(p.mtp)
-            << ", encoders " << formatParameterCount(p.encoders) << ")\n";
-  std::cout << "             active " << formatParameterCount(p.active)
-            << " per token (without embedding " << formatParameterCount(p.activeWithoutEmbedding)
-            << ", non-embedding " << formatParameterCount(p.activeNonEmbedding) << ")\n";
-  if (!r.unknownConfigKeys.empty())
-    std::cout << "unknown keys " << r.unknownConfigKeys.size()
-              << " (listed by `adapt gaps`)\n";
-  std::cout << "status       " << r.summary << "\n";
-}
-
-/// `adapt inspect PATH`: the summary, the imported IR or the analysed IR.
-int runInspect() {
-  const std::string emit = inspectEmit;
-  if (inspectPath.empty())
-    return usageError("inspect expects a PATH", kInspectUsage);
-  if (emit != "summary" && emit != "mlir" && emit != "analysed")
-    return usageError("--emit expects summary, mlir or analysed", kInspectUsage);
-  mlir::MLIRContext context;
-  context.getOrLoadDialect<AdaptDialect>();
-  Analysis analysis;
-  if (int code = analyseModel(context, {inspectPath, inspectRegistry, emit != "mlir"}, analysis))
-    return code;
-  if (emit == "summary")
-    printSummary(analysis);
-  else
-    analysis.module->print(llvm::outs());
-  return kExitOk;
-}
-
-/// `adapt gaps PATH --out DIR`: gaps.json, gaps.md and gaps.html; exit 3
-/// when a component is missing or partial.
-int runGaps() {
-  if (gapsPath.empty())
-    return usageError("gaps expects a PATH", kGapsUsage);
-  if (gapsOut.empty())
-    return usageError("gaps expects --out DIR", kGapsUsage);
-  mlir::MLIRContext context;
-  context.getOrLoadDialect<AdaptDialect>();
-  Analysis analysis;
-  if (int code = analyseModel(context, {gapsPath, gapsRegistry, true}, analysis))
-    return code;
-  std::string error;
-  if (!writeGapReport(analysis.report, gapsOut, error)) {
-    std::cerr << "adapt: error: " << gapsOut << ": " << error << "\n";
-    return kExitBadInput;
-  }
-  std::cout << analysis.report.summary << "\n"
-            << "wrote " << gapsOut << "/gaps.json, gaps.md, gaps.html\n";
-  if (const ManifestIssue *issue = contradictingManifestIssue(analysis.report)) {
-    printManifestContradiction(analysis.report, *issue);
-    return kExitBadInput;
-  }
-  return analysis.report.hasGaps() ? kExitGapsFound : kExitOk;
-}
-
 /// One command: its name, usage lines and entry point, which reads the
 /// command's llvm::cl options (null for `data`, which hands its arguments
 /// to its script unparsed).
@@ -274,8 +150,8 @@ struct Command {
 };
 
 const Command kCommands[] = {
-    {"inspect", kInspectUsage, runInspect},
-    {"gaps", kGapsUsage, runGaps},
+    {"inspect", kInspectUsage, runInspectCommand},
+    {"gaps", kGapsUsage, runGapsCommand},
     {"tiny", kTinyUsage, runTiny},
     {"build", kBuildUsage, runBuildCommand},
     {"validate", kValidateUsage, runValidateCommand},
@@ -345,12 +221,5 @@ int run(int argc, char **argv) {
 } // namespace
 
 int main(int argc, char **argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception &e) {
-    std::cerr << "adapt: error: " << e.what() << "\n";
-  } catch (...) {
-    std::cerr << "adapt: error: unexpected failure\n";
-  }
-  return kExitBadInput;
+  return runReportingFailures([&] { return run(argc, argv); });
 }

@@ -1,124 +1,25 @@
 //===- AdaptTools.cpp - the adapt commands as MCP tools ------------------===//
 //
-// Each tool runs the adapt binary itself as a child process (the same code
-// path as the command line, and a crash in a command cannot take the server
-// down), streams a progress heartbeat while it runs, kills it when the client
-// cancels, and returns the exit code and output as structured content.
+// Each tool calls its adapt command in-process (AdaptCommands: the same
+// functions the command line calls, with the same checks and messages), in a
+// child forked for the call (Isolated.h: a crash cannot take the server down,
+// and a cancel stops it), streams a progress heartbeat while it runs, and
+// returns the exit code and output as structured content.
 // Exit codes follow README.md: 0 ok, 2 bad input, 3 gaps, 4 check failed.
 //
 //===----------------------------------------------------------------------===//
 
+#include "agent/mcp/Isolated.h"
 #include "agent/mcp/McpRegistry.h"
 
-#include <cerrno>
-#include <chrono>
-#include <csignal>
-#include <cstring>
 #include <dirent.h>
-#include <fcntl.h>
 #include <fstream>
 #include <functional>
-#include <poll.h>
-#include <spawn.h>
 #include <sstream>
 #include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-extern char **environ;
 
 namespace adapt::mcp {
 namespace {
-
-/// What a finished child process left behind.
-struct ChildResult {
-  int exitCode = -1;
-  std::string stdoutText, stderrText;
-  bool cancelled = false;
-};
-
-/// Keeps at most this much of each stream (the tail), so a chatty build
-/// cannot exhaust memory.
-constexpr size_t kMaxOutput = 256 * 1024;
-
-void appendBounded(std::string &into, const char *data, size_t size) {
-  into.append(data, size);
-  if (into.size() > kMaxOutput)
-    into.erase(0, into.size() - kMaxOutput);
-}
-
-/// Runs EXE ARGS, reporting a heartbeat through CONTEXT every second.
-ChildResult runChild(const std::string &exe, const std::vector<std::string> &args,
-                     CallContext &context, const std::string &label) {
-  int outPipe[2], errPipe[2];
-  if (pipe2(outPipe, O_CLOEXEC) != 0 || pipe2(errPipe, O_CLOEXEC) != 0)
-    throw std::runtime_error("cannot create pipes: " + std::string(strerror(errno)));
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, outPipe[1], 1);
-  posix_spawn_file_actions_adddup2(&actions, errPipe[1], 2);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  std::vector<std::string> argvStore = {exe};
-  argvStore.insert(argvStore.end(), args.begin(), args.end());
-  std::vector<char *> argv;
-  for (std::string &arg : argvStore)
-    argv.push_back(arg.data());
-  argv.push_back(nullptr);
-  pid_t pid = 0;
-  int spawned = posix_spawn(&pid, exe.c_str(), &actions, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&actions);
-  close(outPipe[1]);
-  close(errPipe[1]);
-  if (spawned != 0) {
-    close(outPipe[0]);
-    close(errPipe[0]);
-    throw std::runtime_error("cannot run " + exe + ": " + strerror(spawned));
-  }
-  ChildResult result;
-  pollfd fds[2] = {{outPipe[0], POLLIN, 0}, {errPipe[0], POLLIN, 0}};
-  int open = 2;
-  auto start = std::chrono::steady_clock::now();
-  int lastBeat = -1;
-  context.progress(0, std::nullopt, label + ": started");
-  while (open > 0) {
-    int ready = poll(fds, 2, 200);
-    if (ready < 0 && errno != EINTR)
-      break;
-    for (int i = 0; i < 2; ++i) {
-      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR)))
-        continue;
-      char buffer[8192];
-      ssize_t got = read(fds[i].fd, buffer, sizeof buffer);
-      if (got > 0) {
-        appendBounded(i == 0 ? result.stdoutText : result.stderrText, buffer, got);
-      } else if (got == 0 || errno != EINTR) {
-        close(fds[i].fd);
-        fds[i].fd = -1;
-        --open;
-      }
-    }
-    int seconds = static_cast<int>(std::chrono::duration_cast<std::chrono::seconds>(
-                                       std::chrono::steady_clock::now() - start)
-                                       .count());
-    if (seconds != lastBeat && seconds > 0) {
-      lastBeat = seconds;
-      context.progress(seconds, std::nullopt,
-                       label + ": running for " + std::to_string(seconds) + " s");
-    }
-    if (context.cancelled() && !result.cancelled) {
-      result.cancelled = true;
-      kill(pid, SIGTERM);
-    }
-  }
-  for (pollfd &fd : fds)
-    if (fd.fd >= 0)
-      close(fd.fd);
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  result.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return result;
-}
 
 json stringProperty(const std::string &description) {
   return json{{"type", "string"}, {"description", description}};
@@ -163,13 +64,6 @@ json modelToFolderSchema(const char *outDescription, json more) {
   return objectSchema(std::move(more), {"path", "out"});
 }
 
-/// `adapt COMMAND PATH --out OUT`, from the tool's `path` and `out`: how
-/// every tool that writes into a folder starts its command line.
-std::vector<std::string> writingCommand(const char *command, const json &arguments) {
-  return {command, arguments["path"].get<std::string>(), "--out",
-          arguments["out"].get<std::string>()};
-}
-
 /// The output schema shared by the command-running tools.
 json commandOutputSchema(json extra = json::object()) {
   json properties = {{"exitCode", {{"type", "integer"}}},
@@ -201,12 +95,16 @@ bool safeId(const std::string &id) {
          id.find('/') == std::string::npos && id.find('\0') == std::string::npos;
 }
 
-/// Runs `adapt ARGS` and shapes the result: exit codes in OK_CODES are
-/// successes; any other is an isError result carrying the same structure.
-json runCommand(const std::string &exe, const std::vector<std::string> &args,
+/// Calls COMMAND on the tool's ARGUMENTS (runIsolated) and shapes the
+/// result: exit codes in OK_CODES are successes; any other is an isError
+/// result carrying the same structure. A command this build lacks is a tool
+/// error.
+json runCommand(const AdaptCommands::Command &command, const json &arguments,
                 CallContext &context, const std::string &label,
                 std::initializer_list<int> okCodes, json extra = json::object()) {
-  ChildResult child = runChild(exe, args, context, label);
+  if (!command)
+    return toolError(label + " is not available in this build of adapt");
+  IsolatedResult child = runIsolated([&] { return command(arguments); }, context, label);
   if (child.cancelled)
     return toolError(label + " was cancelled");
   json structured = {{"exitCode", child.exitCode},
@@ -224,43 +122,6 @@ json runCommand(const std::string &exe, const std::vector<std::string> &args,
           {"text", "adapt " + label + " failed (exit " + std::to_string(child.exitCode) +
                        "): " + (child.stderrText.empty() ? child.stdoutText : child.stderrText)}}});
   return result;
-}
-
-/// Which `adapt` flag an optional tool argument becomes, and how its value is
-/// written on the command line.
-struct ForwardedArgument {
-  enum Form {
-    Text,   ///< a string argument, passed as it is
-    Number, ///< a JSON number, passed in its JSON spelling
-    Switch  ///< a boolean: the flag alone when true, nothing when false
-  };
-  const char *key;  ///< the tool argument's name
-  const char *flag; ///< the `adapt` flag it becomes
-  Form form = Text;
-};
-
-/// Appends to ARGS the flag of every FORWARDED argument present in ARGUMENTS,
-/// so each tool lists its optional arguments once instead of one `if` each.
-void forwardArguments(const json &arguments,
-                      std::initializer_list<ForwardedArgument> forwarded,
-                      std::vector<std::string> &args) {
-  for (const ForwardedArgument &argument : forwarded) {
-    if (!arguments.contains(argument.key))
-      continue;
-    const json &value = arguments[argument.key];
-    switch (argument.form) {
-    case ForwardedArgument::Text:
-      args.insert(args.end(), {argument.flag, value.get<std::string>()});
-      break;
-    case ForwardedArgument::Number:
-      args.insert(args.end(), {argument.flag, value.dump()});
-      break;
-    case ForwardedArgument::Switch:
-      if (value.get<bool>())
-        args.push_back(argument.flag);
-      break;
-    }
-  }
 }
 
 /// For commands whose "check failed" exit code is a result, not a tool
@@ -282,7 +143,7 @@ json withOutcome(json result, const char *field,
   return result;
 }
 
-ToolDef inspectTool(const std::string &exe) {
+ToolDef inspectTool(const AdaptCommands &commands) {
   ToolDef tool = describedTool(
       "inspect", "Inspect a model",
       "Reads a model folder (config.json + weight manifest) or an .onnx "
@@ -294,16 +155,13 @@ ToolDef inspectTool(const std::string &exe) {
        {"registry", stringProperty("operator registry (ops.json) to match against")}},
       {"path"});
   tool.outputSchema = commandOutputSchema();
-  tool.handler = [exe](const json &arguments, CallContext &context) {
-    std::vector<std::string> args = {"inspect", arguments["path"],
-                                     "--emit", arguments.value("emit", "summary")};
-    forwardArguments(arguments, {{"registry", "--registry"}}, args);
-    return runCommand(exe, args, context, "inspect", {0});
+  tool.handler = [run = commands.inspect](const json &arguments, CallContext &context) {
+    return runCommand(run, arguments, context, "inspect", {0});
   };
   return tool;
 }
 
-ToolDef gapsTool(const std::string &exe) {
+ToolDef gapsTool(const AdaptCommands &commands) {
   ToolDef tool = describedTool("gaps", "Gap report",
                                "Lists the model's components the operator library lacks "
                                "(`adapt gaps`); writes gaps.json and gaps.md to `out`. "
@@ -313,11 +171,9 @@ ToolDef gapsTool(const std::string &exe) {
       modelToFolderSchema("folder for gaps.json and gaps.md", {{"registry", registryProperty()}});
   tool.outputSchema = commandOutputSchema(
       {{"complete", {{"type", "boolean"}}}, {"report", {{"type", "object"}}}});
-  tool.handler = [exe](const json &arguments, CallContext &context) {
+  tool.handler = [run = commands.gaps](const json &arguments, CallContext &context) {
     std::string out = arguments["out"];
-    std::vector<std::string> args = writingCommand("gaps", arguments);
-    forwardArguments(arguments, {{"registry", "--registry"}}, args);
-    return withOutcome(runCommand(exe, args, context, "gaps", {0, 3}), "complete",
+    return withOutcome(runCommand(run, arguments, context, "gaps", {0, 3}), "complete",
                        [&](json &structured) {
                          bool ok = false;
                          std::string report = readFile(out + "/gaps.json", ok);
@@ -330,7 +186,7 @@ ToolDef gapsTool(const std::string &exe) {
   return tool;
 }
 
-ToolDef buildTool(const std::string &exe) {
+ToolDef buildTool(const AdaptCommands &commands) {
   ToolDef tool = describedTool("build", "Build a LoRA trainer",
                                "Generates (and unless noCompile, compiles) the C++ LoRA "
                                "training program for a model into `out` (`adapt build`). "
@@ -338,9 +194,9 @@ ToolDef buildTool(const std::string &exe) {
                                Duration::Long);
   tool.inputSchema = modelToFolderSchema(
       "output folder of the trainer project",
-      {{"loraTargets", {{"type", "array"}, {"items", {{"type", "string"}}}}},
-       {"loraRank", {{"type", "integer"}, {"minimum", 1}}},
-       {"loraAlpha", {{"type", "number"}}},
+      {{"loraTargets", {{"type", "array"}, {"items", {{"type", "string"}}}, {"minItems", 1}}},
+       {"loraRank", {{"type", "integer"}, {"minimum", 1}, {"maximum", 65536}}},
+       {"loraAlpha", {{"type", "number"}, {"exclusiveMinimum", 0}, {"maximum", 1e9}}},
        {"loraDropout", {{"type", "number"}, {"minimum", 0}, {"maximum", 1}}},
        {"rslora", {{"type", "boolean"}}},
        {"loraRouter", {{"type", "boolean"}}},
@@ -349,33 +205,13 @@ ToolDef buildTool(const std::string &exe) {
        {"runtimeDir", stringProperty("runtime source folder")},
        {"registry", registryProperty()}});
   tool.outputSchema = commandOutputSchema({{"out", {{"type", "string"}}}});
-  tool.handler = [exe](const json &arguments, CallContext &context) {
-    std::string out = arguments["out"];
-    std::vector<std::string> args = writingCommand("build", arguments);
-    if (arguments.contains("loraTargets")) {
-      std::string joined;
-      for (const json &target : arguments["loraTargets"])
-        joined += (joined.empty() ? "" : ",") + target.get<std::string>();
-      args.insert(args.end(), {"--lora-targets", joined});
-    }
-    using Form = ForwardedArgument::Form;
-    forwardArguments(arguments,
-                     {{"loraRank", "--lora-rank", Form::Number},
-                      {"loraAlpha", "--lora-alpha", Form::Number},
-                      {"loraDropout", "--lora-dropout", Form::Number},
-                      {"rslora", "--rslora", Form::Switch},
-                      {"loraRouter", "--lora-router", Form::Switch},
-                      {"noCompile", "--no-compile", Form::Switch},
-                      {"allowGaps", "--allow-gaps", Form::Switch},
-                      {"runtimeDir", "--runtime-dir"},
-                      {"registry", "--registry"}},
-                     args);
-    return runCommand(exe, args, context, "build", {0}, json{{"out", out}});
+  tool.handler = [run = commands.build](const json &arguments, CallContext &context) {
+    return runCommand(run, arguments, context, "build", {0}, json{{"out", arguments["out"]}});
   };
   return tool;
 }
 
-ToolDef validateTool(const std::string &exe) {
+ToolDef validateTool(const AdaptCommands &commands) {
   ToolDef tool = describedTool("validate", "Validate against the reference",
                                "Runs a stage of the validation ladder (`adapt validate`). "
                                "`passed` is false when a check failed (exit 4): a result, "
@@ -389,12 +225,8 @@ ToolDef validateTool(const std::string &exe) {
        {"runtimeDir", stringProperty("runtime source folder")}},
       {"path", "stage", "out"});
   tool.outputSchema = commandOutputSchema({{"passed", {{"type", "boolean"}}}});
-  tool.handler = [exe](const json &arguments, CallContext &context) {
-    std::vector<std::string> args = {"validate", arguments["path"], "--stage",
-                                     arguments["stage"], "--out", arguments["out"]};
-    forwardArguments(arguments,
-                     {{"fixture", "--fixture"}, {"runtimeDir", "--runtime-dir"}}, args);
-    return withOutcome(runCommand(exe, args, context, "validate", {0, 4}), "passed");
+  tool.handler = [run = commands.validate](const json &arguments, CallContext &context) {
+    return withOutcome(runCommand(run, arguments, context, "validate", {0, 4}), "passed");
   };
   return tool;
 }
@@ -491,9 +323,8 @@ ToolDef showCandidateTool() {
 /// The LLM's endpoint, model and key are the server's configuration only
 /// (ADAPT_LLM_BASE_URL, ADAPT_LLM_MODEL, ADAPT_LLM_API_KEY in its environment
 /// at start): no tool argument can send the key, or ask for code, elsewhere
-/// (the schema has no such property and refuses unknown ones). Built without tools/GenerateCommand.cpp, the tool
-/// answers isError "not available".
-ToolDef generateTool(const std::string &exe) {
+/// (the schema has no such property and refuses unknown ones).
+ToolDef generateTool(const AdaptCommands &commands) {
   ToolDef tool = describedTool("generate", "Generate operator candidates",
                                "Proposes a candidate implementation for every gap of a model "
                                "(reuse rules, then an LLM) into out/candidates for human review "
@@ -504,7 +335,7 @@ ToolDef generateTool(const std::string &exe) {
       {{"path", stringProperty("model folder or a gaps.json")},
        {"out", stringProperty("output folder; candidates land in out/candidates")},
        {"registry", registryProperty()},
-       {"maxAttempts", {{"type", "integer"}, {"minimum", 1}}},
+       {"maxAttempts", {{"type", "integer"}, {"minimum", 1}, {"maximum", 100}}},
        {"target", {{"type", "string"}, {"enum", {"libtorch", "cuda"}}}},
        {"flagSpeedup",
         {{"type", "number"},
@@ -515,31 +346,15 @@ ToolDef generateTool(const std::string &exe) {
   tool.outputSchema = commandOutputSchema({{"out", {{"type", "string"}}},
                                            {"complete", {{"type", "boolean"}}},
                                            {"summary", {{"type", "object"}}}});
-  tool.handler = [exe](const json &arguments, CallContext &context) -> json {
-#ifdef ADAPT_WITH_GENERATE
+  tool.handler = [run = commands.generate](const json &arguments, CallContext &context) {
     std::string out = arguments["out"];
-    std::vector<std::string> args = writingCommand("generate", arguments);
-    using Form = ForwardedArgument::Form;
-    forwardArguments(arguments,
-                     {{"registry", "--registry"},
-                      {"target", "--target"},
-                      {"only", "--only"},
-                      {"maxAttempts", "--max-attempts", Form::Number},
-                      {"flagSpeedup", "--flag-speedup", Form::Number}},
-                     args);
-    json result = runCommand(exe, args, context, "generate", {0, 3}, json{{"out", out}});
+    json result = runCommand(run, arguments, context, "generate", {0, 3}, json{{"out", out}});
     return withOutcome(std::move(result), "complete", [&](json &structured) {
       bool ok = false;
       json summary = json::parse(readFile(out + "/generate.json", ok), nullptr, false);
       if (ok && summary.is_object())
         structured["summary"] = summary;
     });
-#else
-    (void)exe;
-    (void)arguments;
-    (void)context;
-    return toolError("generate is not available in this build of adapt");
-#endif
   };
   return tool;
 }
@@ -570,20 +385,20 @@ ToolDef confined(ToolDef tool, const Workspace &workspace,
 
 } // namespace
 
-void addAdaptTools(Registry &registry, const std::string &adaptExe,
+void addAdaptTools(Registry &registry, const AdaptCommands &commands,
                    const Workspace &workspace) {
   constexpr PathAccess R = PathAccess::Read, W = PathAccess::Write;
-  registry.tools.push_back(confined(inspectTool(adaptExe), workspace,
+  registry.tools.push_back(confined(inspectTool(commands), workspace,
                                     {{"path", R}, {"registry", R}}));
-  registry.tools.push_back(confined(gapsTool(adaptExe), workspace,
+  registry.tools.push_back(confined(gapsTool(commands), workspace,
                                     {{"path", R}, {"out", W}, {"registry", R}}));
-  registry.tools.push_back(confined(buildTool(adaptExe), workspace,
+  registry.tools.push_back(confined(buildTool(commands), workspace,
                                     {{"path", R}, {"out", W}, {"runtimeDir", R},
                                      {"registry", R}}));
-  registry.tools.push_back(confined(validateTool(adaptExe), workspace,
+  registry.tools.push_back(confined(validateTool(commands), workspace,
                                     {{"path", R}, {"out", W}, {"fixture", R},
                                      {"runtimeDir", R}}));
-  registry.tools.push_back(confined(generateTool(adaptExe), workspace,
+  registry.tools.push_back(confined(generateTool(commands), workspace,
                                     {{"path", R}, {"out", W}, {"registry", R}}));
   registry.tools.push_back(confined(listCandidatesTool(), workspace, {{"dir", R}}));
   registry.tools.push_back(confined(showCandidateTool(), workspace, {{"dir", R}}));

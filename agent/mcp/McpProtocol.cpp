@@ -9,6 +9,7 @@
 
 #include "agent/mcp/McpProtocol.h"
 
+#include <cmath>
 #include <climits>
 #include <random>
 #include <stdexcept>
@@ -129,8 +130,37 @@ bool matchesType(const json &value, const json &type) {
   return true;
 }
 
+/// Checks one argument KEY = VALUE against its PROPERTY's bounds ("minimum",
+/// "maximum", "exclusiveMinimum" for numbers; "minItems" and the items'
+/// "type" for arrays), so a command never sees a number it cannot hold or a
+/// list of the wrong things; returns a message or "".
+std::string checkBounds(const std::string &key, const json &value, const json &property) {
+  auto bound = [&](const char *name) {
+    return property.contains(name) && property[name].is_number() ? property[name].get<double>()
+                                                                   : std::nan("");
+  };
+  if (value.is_number()) {
+    const double number = value.get<double>(), minimum = bound("minimum"),
+                 maximum = bound("maximum"), above = bound("exclusiveMinimum");
+    if (!std::isfinite(number) || number < minimum || number > maximum || !(number > above || std::isnan(above)))
+      return "argument \"" + key + "\" must be a number" +
+             (std::isnan(minimum) ? "" : " >= " + property["minimum"].dump()) +
+             (std::isnan(above) ? "" : " > " + property["exclusiveMinimum"].dump()) +
+             (std::isnan(maximum) ? "" : " <= " + property["maximum"].dump());
+  }
+  if (value.is_array()) {
+    if (value.size() < bound("minItems"))
+      return "argument \"" + key + "\" must have at least " + property["minItems"].dump() + " item(s)";
+    if (property.contains("items") && property["items"].contains("type"))
+      for (const json &item : value)
+        if (!matchesType(item, property["items"]["type"]))
+          return "argument \"" + key + "\" must hold items of type " + property["items"]["type"].dump();
+  }
+  return "";
+}
+
 /// Checks ARGUMENTS against a tool's input schema (required keys, top-level
-/// types, enums, additionalProperties: false); returns a message or "".
+/// types, bounds, enums, additionalProperties: false); returns a message or "".
 std::string checkArguments(const json &schema, const json &arguments) {
   if (!arguments.is_object())
     return "arguments must be an object";
@@ -149,6 +179,8 @@ std::string checkArguments(const json &schema, const json &arguments) {
     if (property.contains("type") && !matchesType(*it, property["type"]))
       return "argument \"" + it.key() + "\" must be of type " +
              property["type"].dump();
+    if (std::string bound = checkBounds(it.key(), *it, property); !bound.empty())
+      return bound;
     if (property.contains("enum") && property["enum"].is_array()) {
       bool found = false;
       for (const json &allowed : property["enum"])

@@ -139,10 +139,22 @@ json toolError(const std::string &message);
 /// A CallToolResult whose text is STRUCTURED serialised, plus structuredContent.
 json toolStructured(const json &structured, bool isError = false);
 
+/// The adapt commands the tools call, in-process: each takes its tool's
+/// arguments (checked against the tool's input schema and confined to the
+/// workspace) and returns the command's exit code, printing what the command
+/// line prints. tools/McpCommands.cpp binds them to the commands' functions,
+/// so agent/ does not depend on tools/. A tool whose command is empty answers
+/// "not available".
+struct AdaptCommands {
+  using Command = std::function<int(const json &arguments)>;
+  Command inspect, gaps, build, validate, generate;
+};
+
 /// Adds the adapt tools (inspect, gaps, build, validate, generate, list and
-/// show review candidates). ADAPT_EXE is the binary the tools run; every
-/// path argument is confined to WORKSPACE before a command sees it.
-void addAdaptTools(Registry &registry, const std::string &adaptExe,
+/// show review candidates), each calling its command in COMMANDS in a forked
+/// child (Isolated.h); every path argument is confined to WORKSPACE before a
+/// command sees it.
+void addAdaptTools(Registry &registry, const AdaptCommands &commands,
                    const Workspace &workspace);
 
 /// Adds the tools, resources and prompts the MCP conformance suite expects

@@ -243,6 +243,27 @@ class Tools(unittest.TestCase):
         result = self.session.tool("inspect", {"path": TINY, "emit": "pdf"})[-1]["result"]
         self.assertTrue(result["isError"])
 
+    def test_out_of_bounds_arguments_are_refused_before_the_command_runs(self):
+        """The tools fill the commands' options from their arguments, so the
+        schema's bounds and item types are what stands between a client and a
+        number the command cannot hold."""
+        out = os.path.join(self.tmp, "bounds")
+        for bad, named in (({"loraRank": 0}, ">= 1"), ({"loraRank": 10 ** 12}, "<= 65536"),
+                           ({"loraAlpha": 0}, "> 0"), ({"loraAlpha": 1e300}, "<= 1"),
+                           ({"loraTargets": []}, "at least 1"), ({"loraTargets": ["q_proj", 7]}, "items")):
+            result = self.session.tool("build", {"path": TINY, "out": out, "noCompile": True, **bad})[-1]["result"]
+            self.assertTrue(result["isError"], bad)
+            text = result["content"][0]["text"]
+            self.assertIn('"%s"' % next(iter(bad)), text)
+            self.assertIn(named, text)
+        result = self.session.tool("generate", {"path": TINY, "out": out, "maxAttempts": 1e9})[-1]["result"]
+        self.assertTrue(result["isError"])
+        self.assertFalse(os.path.exists(out), "a command ran with an argument out of bounds")
+        # In bounds, the same call builds: the bounds are the command's own.
+        result = self.session.tool("build", {"path": TINY, "out": out, "noCompile": True, "loraRank": 65536,
+                                             "loraTargets": ["q_proj"]})[-1]["result"]
+        self.assertEqual(result["structuredContent"]["exitCode"], 0, result)
+
     def test_unknown_tool_is_protocol_error(self):
         status, msgs = self.session.call("tools/call", {"name": "nope", "arguments": {}})
         self.assertEqual(msgs[0]["error"]["code"], -32602)
@@ -482,18 +503,28 @@ def stateless_call(port, method, params, name=None, caps=None, ident=1, headers=
     return post(port, body, {**stateless_headers(method, name), **(headers or {})})
 
 
-def adapt_processes(*needles):
-    """Pids of running `adapt` processes whose arguments include every NEEDLE."""
+def process_stats():
+    """(pid, parent pid, process group) of every running process."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            with open("/proc/%s/cmdline" % pid, "rb") as f:
-                args = f.read().decode(errors="replace").split("\0")
-        except OSError:
+            with open("/proc/%s/stat" % pid) as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
             continue
-        if args and args[0] == ADAPT and all(n in args for n in needles):
-            found.append(int(pid))
+        if fields[0] != "Z":  # a zombie has ended; its parent has not reaped it yet
+            found.append((int(pid), int(fields[1]), int(fields[2])))
     return found
+
+
+def tool_calls(server_pid):
+    """Pids of the children the server forked to run its tools' commands."""
+    return [pid for pid, parent, _ in process_stats() if parent == server_pid]
+
+
+def process_group(group):
+    """Pids of the running processes in process group GROUP."""
+    return [pid for pid, _, pgid in process_stats() if pgid == group]
 
 
 class GetStream:
@@ -615,21 +646,23 @@ class Tasks(unittest.TestCase):
             self.assertIn(key, created)
         _, _, msgs = stateless_call(self.server.port, "tasks/get", {"taskId": task_id}, task_id)
         self.assertEqual(msgs[0]["result"]["status"], "working")
-        deadline = time.monotonic() + 10  # the command really runs
-        while not adapt_processes("build", out) and time.monotonic() < deadline:
+        deadline = time.monotonic() + 10  # the command really runs, in a child of its own
+        while not tool_calls(self.server.proc.pid) and time.monotonic() < deadline:
             time.sleep(0.02)
-        self.assertTrue(adapt_processes("build", out))
+        calls = tool_calls(self.server.proc.pid)
+        self.assertEqual(len(calls), 1)
+        self.assertIn(calls[0], process_group(calls[0]))  # it leads a process group of its own
         _, _, msgs = stateless_call(self.server.port, "tasks/cancel", {"taskId": task_id}, task_id)
         self.assertEqual(msgs[0]["result"], {"resultType": "complete"})
         _, _, msgs = stateless_call(self.server.port, "tasks/get", {"taskId": task_id}, task_id)
         task = msgs[0]["result"]
         self.assertEqual(task["status"], "cancelled")
         self.assertNotIn("result", task)
-        # The `adapt build` child is stopped, and the task stays cancelled.
+        # The build's child and all it started are stopped, and the task stays cancelled.
         deadline = time.monotonic() + 10
-        while adapt_processes("build", out) and time.monotonic() < deadline:
+        while process_group(calls[0]) and time.monotonic() < deadline:
             time.sleep(0.1)
-        self.assertEqual(adapt_processes("build", out), [])
+        self.assertEqual(process_group(calls[0]), [])
         time.sleep(0.3)
         _, _, msgs = stateless_call(self.server.port, "tasks/cancel", {"taskId": task_id}, task_id)
         self.assertEqual(msgs[0]["result"], {"resultType": "complete"})  # idempotent
