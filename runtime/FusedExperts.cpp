@@ -23,7 +23,6 @@
 #include "runtime/cuda/ExpertCombineKernel.h"
 #include "runtime/cuda/FactorLayoutKernel.h"
 #include "runtime/cuda/LowRankKernel.h"
-#include "runtime/cuda/OuterSumKernel.h"
 #include "runtime/cuda/SwiGluKernel.h"
 #endif
 
@@ -112,7 +111,7 @@ void writeFactors(const torch::Tensor &padded, const torch::Tensor &a, const tor
   PaddedParts p = partsOf(padded, rank);
   p.downRows.copy_(a.view({experts, rank, a.size(1)}));
 #ifdef ADAPT_WITH_CUDA_KERNELS
-  if (uncheckedKernelsEnabled() && cuda::factorToExpertColumns(b, scale, p.upColumns))
+  if (cuda::factorToExpertColumns(b, scale, p.upColumns))
     return;
 #endif
   p.upColumns.copy_(b.view({b.size(0), rank, experts}).permute({2, 0, 1}) * scale);
@@ -122,13 +121,6 @@ void writeFactors(const torch::Tensor &padded, const torch::Tensor &a, const tor
 /// over its rows of dLow[i]^T in[i] (\p dLow [R, r], \p in [R, in]).
 torch::Tensor gradientOfA(const torch::Tensor &dLow, const torch::Tensor &in, const torch::Tensor &offsets) {
   const int64_t experts = offsets.size(0), rank = dLow.size(1), width = in.size(1);
-#ifdef ADAPT_WITH_CUDA_KERNELS
-  if (uncheckedKernelsEnabled()) {
-    torch::Tensor g = torch::empty({experts * rank, width}, in.options().dtype(torch::kFloat32));
-    if (cuda::groupedOuterSum(dLow, in, offsets, 1.0, g, rank * width, width, 1))
-      return g;
-  }
-#endif
   return at::_grouped_mm(dLow.t(), in, offsets).reshape({experts * rank, width}).to(torch::kFloat32);
 }
 
@@ -138,13 +130,6 @@ torch::Tensor gradientOfA(const torch::Tensor &dLow, const torch::Tensor &in, co
 torch::Tensor gradientOfB(const torch::Tensor &dOut, const torch::Tensor &low, const torch::Tensor &offsets,
                           double scale) {
   const int64_t experts = offsets.size(0), rank = low.size(1), width = dOut.size(1);
-#ifdef ADAPT_WITH_CUDA_KERNELS
-  if (uncheckedKernelsEnabled()) {
-    torch::Tensor g = torch::empty({width, rank * experts}, dOut.options().dtype(torch::kFloat32));
-    if (cuda::groupedOuterSum(low, dOut, offsets, scale, g, 1, experts, rank * experts))
-      return g;
-  }
-#endif
   const torch::Tensor columns = at::_grouped_mm(dOut.t(), low, offsets); // [E, out, r]
   return (columns.to(torch::kFloat32) * scale).permute({1, 2, 0}).reshape({width, rank * experts});
 }

@@ -473,8 +473,7 @@ void ModelImpl::injectLora() {
       // the layer allows it; the CPU keeps the composition (the reference).
       if (options.device.is_cuda()) {
         prepareFusedExperts(f);
-        if (uncheckedKernelsEnabled())
-          f.prepareRouter(); // fp32 logits by a bf16 tensor-core GEMM (RouterLogits.h)
+        f.prepareRouter(); // fp32 logits by a bf16 tensor-core GEMM (RouterLogits.h)
       }
     }
   }

@@ -485,7 +485,7 @@ Routing route(const torch::Tensor &logits, const FfnDef &ffn, const torch::Tenso
   if (!ffn.generatedRouter.empty())
     return routeGenerated(l, ffn, bias);
 #ifdef ADAPT_WITH_CUDA_KERNELS
-  if (std::optional<cuda::RouteSpec> spec = uncheckedKernelsEnabled() ? kernelRoute(l, ffn) : std::nullopt) {
+  if (std::optional<cuda::RouteSpec> spec = kernelRoute(l, ffn)) {
     // The composition's softmax router ignores a correction bias (chooseExperts); so does this.
     const bool biased = bias.defined() && spec->sigmoid;
     auto out = FusedRoute::apply(l, biased ? bias : torch::empty({0}, l.options()), spec->sigmoid,
@@ -526,7 +526,7 @@ ExpertGroups groupByExpert(const Routing &routing, int64_t experts, int64_t alig
   RECORD_FUNCTION("adapt::moe.permute", c10::ArrayRef<const c10::IValue>{}); // a --profile scope
   const int64_t k = routing.experts.size(1);
 #ifdef ADAPT_WITH_CUDA_KERNELS
-  if (uncheckedKernelsEnabled() && cuda::groupKernelFits(routing.experts, experts)) { // a stable counting sort
+  if (cuda::groupKernelFits(routing.experts, experts)) { // a stable counting sort
     cuda::GroupedPairs p = cuda::groupPairs(routing.experts, routing.weights, experts, align);
     ExpertGroups g{p.tokenOfRow, p.weightOfRow, p.expertOfRow, p.offsets, p.rowCounts, p.counts, p.rowOfPair, k};
     if (routing.weights.requires_grad()) // the rows' weights keep their gradient (Llama-4 scales inputs by them)
@@ -575,14 +575,6 @@ ExpertGroups groupByExpert(const Routing &routing, int64_t experts, int64_t alig
 }
 
 int64_t groupAlignment(const torch::Device &device) { return device.is_cuda() ? 16 : 1; }
-
-bool uncheckedKernelsEnabled() {
-  static const bool enabled = [] {
-    const char *v = std::getenv("ADAPT_UNCHECKED_KERNELS");
-    return v && std::string(v) == "1";
-  }();
-  return enabled;
-}
 
 namespace {
 

@@ -130,13 +130,6 @@ ExpertGroups groupByExpert(const Routing &routing, int64_t experts, int64_t alig
 /// Hopper kernels' tile/TMA alignment), none elsewhere.
 int64_t groupAlignment(const torch::Device &device);
 
-/// Whether the GPU kernels still awaiting their H200 checks run: the
-/// router's tensor-core logits (RouterLogits.h), the route and grouping
-/// kernels, and the expert factors' layout kernel were written in a session
-/// that got no H200 to run the op checks and loss alignments on. Until those
-/// pass they run only with ADAPT_UNCHECKED_KERNELS=1 (set it for the H200
-/// runs that judge them); everyone else keeps the checked compositions.
-bool uncheckedKernelsEnabled();
 
 /// Whether LibTorch has a grouped-GEMM kernel for \p x [R, K] times \p w
 /// [E, N, K]: fp32 or bf16 on CPU, bf16 on CUDA, and both N and K rows a

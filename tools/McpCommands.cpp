@@ -15,15 +15,24 @@
 #include "tools/InspectCommand.h"
 #include "tools/ValidateCommand.h"
 
+#include <type_traits>
+#include <variant>
+
 namespace adapt {
 namespace {
 
 using mcp::json;
 
-/// Sets \p into to ARGUMENTS[KEY] when the tool was given it.
-template <typename T> void optional(const json &arguments, const char *key, T &into) {
-  if (arguments.contains(key))
-    into = arguments[key].get<T>();
+/// Where one tool argument goes in its command's options.
+using Field = std::variant<std::string *, std::vector<std::string> *, int64_t *, int *, double *, bool *>;
+
+/// Copies each argument the tool was given into its field (the schema check
+/// has made sure of its type and bounds; a required one is always there).
+void fill(const json &arguments, std::initializer_list<std::pair<const char *, Field>> fields) {
+  for (const auto &[key, field] : fields)
+    if (arguments.contains(key))
+      std::visit([&](auto *into) { *into = arguments[key].get<std::remove_pointer_t<decltype(into)>>(); },
+                 field);
 }
 
 /// \p command run as main runs it (runReportingFailures).
@@ -35,44 +44,29 @@ mcp::AdaptCommands::Command reporting(std::function<int(const json &)> command) 
 
 int inspect(const json &arguments) {
   InspectOptions o;
-  o.path = arguments["path"];
-  optional(arguments, "emit", o.emit);
-  optional(arguments, "registry", o.registry);
+  fill(arguments, {{"path", &o.path}, {"emit", &o.emit}, {"registry", &o.registry}});
   return inspectModel(o);
 }
 
 int gaps(const json &arguments) {
   GapsOptions o;
-  o.path = arguments["path"];
-  o.out = arguments["out"];
-  optional(arguments, "registry", o.registry);
+  fill(arguments, {{"path", &o.path}, {"out", &o.out}, {"registry", &o.registry}});
   return writeGaps(o);
 }
 
 int build(const json &arguments) {
   BuildOptions o;
-  o.path = arguments["path"];
-  o.out = arguments["out"];
-  optional(arguments, "loraTargets", o.targets);
-  optional(arguments, "loraRank", o.rank);
-  optional(arguments, "loraAlpha", o.alpha);
-  optional(arguments, "loraDropout", o.dropout);
-  optional(arguments, "rslora", o.rslora);
-  optional(arguments, "loraRouter", o.router);
-  optional(arguments, "noCompile", o.noCompile);
-  optional(arguments, "allowGaps", o.allowGaps);
-  optional(arguments, "runtimeDir", o.runtimeDir);
-  optional(arguments, "registry", o.registry);
+  fill(arguments, {{"path", &o.path}, {"out", &o.out}, {"loraTargets", &o.targets}, {"loraRank", &o.rank},
+                   {"loraAlpha", &o.alpha}, {"loraDropout", &o.dropout}, {"rslora", &o.rslora},
+                   {"loraRouter", &o.router}, {"noCompile", &o.noCompile}, {"allowGaps", &o.allowGaps},
+                   {"runtimeDir", &o.runtimeDir}, {"registry", &o.registry}});
   return buildTrainer(o);
 }
 
 int validate(const json &arguments) {
   ValidateOptions o;
-  o.path = arguments["path"];
-  o.stage = arguments["stage"];
-  o.out = arguments["out"];
-  optional(arguments, "fixture", o.fixture);
-  optional(arguments, "runtimeDir", o.runtimeDir);
+  fill(arguments, {{"path", &o.path}, {"stage", &o.stage}, {"out", &o.out}, {"fixture", &o.fixture},
+                   {"runtimeDir", &o.runtimeDir}});
   return validateModel(std::move(o));
 }
 
@@ -80,14 +74,10 @@ int validate(const json &arguments) {
 /// tool argument names them (the schema refuses unknown arguments).
 int generate(const json &arguments) {
   GenerateOptions o;
-  o.path = arguments["path"];
-  o.out = arguments["out"];
   llmFromEnvironment(o.llm);
-  optional(arguments, "registry", o.registry);
-  optional(arguments, "maxAttempts", o.llm.maxAttempts);
-  optional(arguments, "target", o.llm.target);
-  optional(arguments, "flagSpeedup", o.llm.flagSpeedup);
-  optional(arguments, "only", o.only);
+  fill(arguments, {{"path", &o.path}, {"out", &o.out}, {"registry", &o.registry},
+                   {"maxAttempts", &o.llm.maxAttempts}, {"target", &o.llm.target},
+                   {"flagSpeedup", &o.llm.flagSpeedup}, {"only", &o.only}});
   return generateCandidates(std::move(o));
 }
 

@@ -24,6 +24,11 @@ void appendBounded(std::string &into, const char *data, size_t size) {
     into.erase(0, into.size() - kMaxIsolatedOutput);
 }
 
+/// Calls \p body in the child. noexcept: an exception escaping it ends the
+/// child right here (std::terminate prints its what(), then SIGABRT) instead
+/// of unwinding into the server's code that forked it.
+int callEndingOnException(const std::function<int()> &body) noexcept { return body(); }
+
 /// The child's side: its own process group and descriptors, then the body.
 [[noreturn]] void runChild(const std::function<int()> &body, int outFd, int errFd) {
   setpgid(0, 0);
@@ -36,14 +41,7 @@ void appendBounded(std::string &into, const char *data, size_t size) {
   // The server's sockets and files are not the command's to hold open.
   close_range(3, ~0U, 0);
   signal(SIGPIPE, SIG_DFL);
-  int code = 70;
-  try {
-    code = body();
-  } catch (const std::exception &e) {
-    std::cerr << "adapt: error: internal: " << e.what() << "\n";
-  } catch (...) {
-    std::cerr << "adapt: error: internal: an unknown exception\n";
-  }
+  int code = callEndingOnException(body);
   std::cout.flush();
   std::cerr.flush();
   std::fflush(nullptr);

@@ -34,9 +34,11 @@ constexpr size_t kMaxIsolatedOutput = 256 * 1024;
 /// forked child with its own process group, stdin from /dev/null and no
 /// descriptor of the server's. Reports a heartbeat through \p context every
 /// second, labelled \p label; when the client cancels, the child's whole
-/// process group gets SIGTERM. An exception escaping \p body is printed and
-/// ends the child with exit code 70 (EX_SOFTWARE). Throws std::runtime_error
-/// when no child can be started.
+/// process group gets SIGTERM. An exception escaping \p body ends the child as
+/// a crash does (std::terminate: SIGABRT, its what() on stderr); the adapt
+/// tools' commands report theirs as the command line does
+/// (tools/McpCommands.cpp). Throws std::runtime_error when no child can be
+/// started.
 IsolatedResult runIsolated(const std::function<int()> &body, CallContext &context,
                            const std::string &label);
 

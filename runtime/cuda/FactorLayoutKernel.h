@@ -9,8 +9,8 @@
 // around it. Here the forward's copy goes through a [r, 128-expert] tile in
 // shared memory, with the scale and the dtype change folded in. Built where
 // nvcc is (ADAPT_WITH_CUDA_KERNELS); FusedExperts.cpp keeps LibTorch's copy
-// as the CPU path. (The gradient comes back in PEFT's layout directly:
-// OuterSumKernel.h.)
+// as the CPU path. (The factors' gradients come from K-grouped GEMMs in
+// FusedExperts.cpp.)
 //
 //===----------------------------------------------------------------------===//
 #ifndef ADAPT_RUNTIME_CUDA_FACTORLAYOUTKERNEL_H

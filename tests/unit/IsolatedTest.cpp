@@ -67,11 +67,11 @@ TEST(Isolated, ACrashEndsTheCallNotTheCaller) {
   EXPECT_EQ(runIsolated([] { return 0; }, context, "test").exitCode, 0);
 }
 
-TEST(Isolated, AnEscapingExceptionIsReportedAsExit70) {
+TEST(Isolated, AnEscapingExceptionEndsTheCallAsACrashDoes) {
   TestContext context;
   IsolatedResult r =
       runIsolated([]() -> int { throw std::runtime_error("boom"); }, context, "test");
-  EXPECT_EQ(r.exitCode, 70);
+  EXPECT_EQ(r.exitCode, 128 + SIGABRT);
   EXPECT_NE(r.stderrText.find("boom"), std::string::npos) << r.stderrText;
 }
 
