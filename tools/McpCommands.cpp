@@ -66,7 +66,7 @@ int build(const json &arguments) {
 int validate(const json &arguments) {
   ValidateOptions o;
   fill(arguments, {{"path", &o.path}, {"stage", &o.stage}, {"out", &o.out}, {"fixture", &o.fixture},
-                   {"runtimeDir", &o.runtimeDir}});
+                   {"runtimeDir", &o.runtimeDir}, {"layouts", &o.layouts}, {"steps", &o.steps}});
   return validateModel(std::move(o));
 }
 

@@ -222,7 +222,14 @@ ToolDef validateTool(const AdaptCommands &commands) {
        {"stage", {{"type", "string"}, {"enum", {"op", "model", "parallel", "full"}}}},
        {"out", stringProperty("folder for the validation record")},
        {"fixture", stringProperty("reference fixture folder (model stage)")},
-       {"runtimeDir", stringProperty("runtime source folder")}},
+       {"runtimeDir", stringProperty("runtime source folder")},
+       {"layouts",
+        {{"type", "array"},
+         {"items", {{"type", "string"}}},
+         {"minItems", 1},
+         {"description", "parallel stage: the layouts to run, e.g. EP2, DP2xEP2 (default: every one)"}}},
+       {"steps", {{"type", "integer"}, {"minimum", 1}, {"maximum", 1000},
+                  {"description", "parallel stage: training steps (6)"}}}},
       {"path", "stage", "out"});
   tool.outputSchema = commandOutputSchema({{"passed", {{"type", "boolean"}}}});
   tool.handler = [run = commands.validate](const json &arguments, CallContext &context) {

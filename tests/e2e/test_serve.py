@@ -264,6 +264,17 @@ class Tools(unittest.TestCase):
                                              "loraTargets": ["q_proj"]})[-1]["result"]
         self.assertEqual(result["structuredContent"]["exitCode"], 0, result)
 
+    def test_validate_takes_the_parallel_stage_layouts(self):
+        """The parallel stage's layouts reach the command: a layout it cannot
+        parse is its own exit 2, naming the layout, before anything is built."""
+        out = os.path.join(self.tmp, "parallel")
+        result = self.session.tool("validate", {"path": TINY, "stage": "parallel", "out": out,
+                                                "layouts": ["EP2", "XP9"], "steps": 1})[-1]["result"]
+        self.assertTrue(result["isError"])
+        self.assertEqual(result["structuredContent"]["exitCode"], 2)
+        self.assertIn("'XP9'", result["structuredContent"]["stderr"])
+        self.assertFalse(os.path.exists(os.path.join(out, "parallel", "trainer")))
+
     def test_unknown_tool_is_protocol_error(self):
         status, msgs = self.session.call("tools/call", {"name": "nope", "arguments": {}})
         self.assertEqual(msgs[0]["error"]["code"], -32602)
