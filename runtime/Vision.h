@@ -17,7 +17,7 @@
 // those positions; image tokens get 3-D (t, h, w) M-RoPE positions.
 //
 // The stateless ops come first (each checked against float64 references in
-// runtime/tools/OpCheckVision.cpp), then the module with weights.
+// validation/opcheck/OpCheckVision.cpp), then the module with weights.
 //
 //===----------------------------------------------------------------------===//
 #ifndef ADAPT_RUNTIME_VISION_H

@@ -12,7 +12,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/Lightning.h"
-#include "runtime/tools/OpCheckHarness.h"
+#include "validation/opcheck/OpCheckHarness.h"
 
 namespace adapt::rt::opcheck {
 

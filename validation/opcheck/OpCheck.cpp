@@ -23,7 +23,7 @@
 #include "runtime/Layers.h"
 #include "runtime/Ops.h"
 #include "runtime/Sha256.h"
-#include "runtime/tools/OpCheckHarness.h"
+#include "validation/opcheck/OpCheckHarness.h"
 
 #include <torch/torch.h>
 #include <torch/version.h>

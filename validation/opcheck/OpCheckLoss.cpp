@@ -10,7 +10,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/LinearCrossEntropy.h"
-#include "runtime/tools/OpCheckHarness.h"
+#include "validation/opcheck/OpCheckHarness.h"
 
 namespace adapt::rt::opcheck {
 

@@ -7,7 +7,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "runtime/tools/OpCheckHarness.h"
+#include "validation/opcheck/OpCheckHarness.h"
 
 #include "runtime/LinearAttention.h"
 

@@ -12,7 +12,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "runtime/tools/OpCheckHarness.h"
+#include "validation/opcheck/OpCheckHarness.h"
 
 #include "runtime/SparseAttention.h"
 

@@ -8,7 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 
-#include "runtime/tools/OpCheckHarness.h"
+#include "validation/opcheck/OpCheckHarness.h"
 
 #include "runtime/Vision.h"
 
