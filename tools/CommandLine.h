@@ -61,7 +61,9 @@ int usageError(const std::string &message, const char *usage);
 
 /// Runs \p command and returns its exit code; an exception escaping it is
 /// reported as one "adapt: error: ..." line and exit 2, as on the command
-/// line (main) and in the MCP tools (tools/McpCommands.cpp) alike.
+/// line (main) and in the MCP tools (tools/McpCommands.cpp) alike. Flushes
+/// std::cout and llvm::outs() after, so the output is out even when the
+/// caller ends with _exit (a forked MCP call, agent/mcp/Isolated.h).
 int runReportingFailures(const std::function<int()> &command);
 
 } // namespace adapt

@@ -122,7 +122,6 @@ int inspectModel(const InspectOptions &options) {
     printSummary(analysis);
   else
     analysis.module->print(llvm::outs());
-  llvm::outs().flush(); // out before the command returns, so a forked caller sees it (Isolated.h)
   return kExitOk;
 }
 

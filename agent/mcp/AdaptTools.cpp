@@ -97,13 +97,10 @@ bool safeId(const std::string &id) {
 
 /// Calls COMMAND on the tool's ARGUMENTS (runIsolated) and shapes the
 /// result: exit codes in OK_CODES are successes; any other is an isError
-/// result carrying the same structure. A command this build lacks is a tool
-/// error.
+/// result carrying the same structure.
 json runCommand(const AdaptCommands::Command &command, const json &arguments,
                 CallContext &context, const std::string &label,
                 std::initializer_list<int> okCodes, json extra = json::object()) {
-  if (!command)
-    return toolError(label + " is not available in this build of adapt");
   IsolatedResult child = runIsolated([&] { return command(arguments); }, context, label);
   if (child.cancelled)
     return toolError(label + " was cancelled");

@@ -134,7 +134,7 @@ bool matchesType(const json &value, const json &type) {
 /// "maximum", "exclusiveMinimum" for numbers; "minItems" and the items'
 /// "type" for arrays), so a command never sees a number it cannot hold or a
 /// list of the wrong things; returns a message or "".
-std::string checkBounds(const std::string &key, const json &value, const json &property) {
+static std::string checkBounds(const std::string &key, const json &value, const json &property) {
   auto bound = [&](const char *name) {
     return property.contains(name) && property[name].is_number() ? property[name].get<double>()
                                                                    : std::nan("");
@@ -146,7 +146,8 @@ std::string checkBounds(const std::string &key, const json &value, const json &p
       return "argument \"" + key + "\" must be a number" +
              (std::isnan(minimum) ? "" : " >= " + property["minimum"].dump()) +
              (std::isnan(above) ? "" : " > " + property["exclusiveMinimum"].dump()) +
-             (std::isnan(maximum) ? "" : " <= " + property["maximum"].dump());
+             (std::isnan(maximum) ? "" : (std::isnan(minimum) && std::isnan(above) ? " <= " : " and <= ") +
+                                             property["maximum"].dump());
   }
   if (value.is_array()) {
     if (value.size() < bound("minItems"))

@@ -143,8 +143,7 @@ json toolStructured(const json &structured, bool isError = false);
 /// arguments (checked against the tool's input schema and confined to the
 /// workspace) and returns the command's exit code, printing what the command
 /// line prints. tools/McpCommands.cpp binds them to the commands' functions,
-/// so agent/ does not depend on tools/. A tool whose command is empty answers
-/// "not available".
+/// so agent/ does not depend on tools/.
 struct AdaptCommands {
   using Command = std::function<int(const json &arguments)>;
   Command inspect, gaps, build, validate, generate;
