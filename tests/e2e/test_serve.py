@@ -275,6 +275,16 @@ class Tools(unittest.TestCase):
         self.assertIn("'XP9'", result["structuredContent"]["stderr"])
         self.assertFalse(os.path.exists(os.path.join(out, "parallel", "trainer")))
 
+    def test_inspect_mlir_comes_back_whole(self):
+        """The IR is printed through LLVM's buffered stream in a forked child
+        that ends with _exit: all of it must reach the result."""
+        result = self.session.tool("inspect", {"path": TINY, "emit": "mlir"})[-1]["result"]
+        stdout = result["structuredContent"]["stdout"]
+        self.assertEqual(result["structuredContent"]["exitCode"], 0, result)
+        self.assertTrue(stdout.startswith("module {"), stdout[:200])
+        self.assertIn("adapt.model @", stdout)
+        self.assertEqual(stdout.rstrip().splitlines()[-1], "}")
+
     def test_unknown_tool_is_protocol_error(self):
         status, msgs = self.session.call("tools/call", {"name": "nope", "arguments": {}})
         self.assertEqual(msgs[0]["error"]["code"], -32602)
