@@ -48,19 +48,16 @@ void ConfigObject::fail(const std::string &key,
 
 std::optional<int64_t>
 ConfigObject::getInt(std::initializer_list<const char *> names) {
-  std::string name;
-  const json *value = find(names, name);
-  if (!value)
-    return std::nullopt;
-  if (value->is_number_integer())
-    return value->get<int64_t>();
-  if (value->is_number_float()) {
-    double d = value->get<double>();
-    if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15)
-      return static_cast<int64_t>(d);
-  }
-  fail(name, "expected an integer, found " + typeName(*value) + " " +
-                 abbreviateJson(*value));
+  return lookup(names, [&](const json &value, const std::string &name) -> int64_t {
+    if (value.is_number_integer())
+      return value.get<int64_t>();
+    if (value.is_number_float()) {
+      double d = value.get<double>();
+      if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15)
+        return static_cast<int64_t>(d);
+    }
+    fail(name, "expected an integer, found " + typeName(value) + " " + abbreviateJson(value));
+  });
 }
 
 int64_t ConfigObject::requireInt(std::initializer_list<const char *> names,
@@ -82,81 +79,74 @@ int64_t ConfigObject::requireInt(std::initializer_list<const char *> names,
 
 std::optional<double>
 ConfigObject::getDouble(std::initializer_list<const char *> names) {
-  std::string name;
-  const json *value = find(names, name);
-  if (!value)
-    return std::nullopt;
-  if (!value->is_number())
-    fail(name, "expected a number, found " + typeName(*value));
-  return value->get<double>();
+  return lookup(names, [&](const json &value, const std::string &name) {
+    if (!value.is_number())
+      fail(name, "expected a number, found " + typeName(value));
+    return value.get<double>();
+  });
 }
 
 std::optional<bool>
 ConfigObject::getBool(std::initializer_list<const char *> names) {
-  std::string name;
-  const json *value = find(names, name);
-  if (!value)
-    return std::nullopt;
-  if (value->is_boolean())
-    return value->get<bool>();
-  if (value->is_number_integer())
-    return value->get<int64_t>() != 0;
-  fail(name, "expected true or false, found " + typeName(*value));
+  return lookup(names, [&](const json &value, const std::string &name) {
+    if (value.is_boolean())
+      return value.get<bool>();
+    if (value.is_number_integer())
+      return value.get<int64_t>() != 0;
+    fail(name, "expected true or false, found " + typeName(value));
+  });
 }
 
 std::optional<std::string>
 ConfigObject::getString(std::initializer_list<const char *> names) {
-  std::string name;
-  const json *value = find(names, name);
-  if (!value)
-    return std::nullopt;
-  if (!value->is_string())
-    fail(name, "expected a string, found " + typeName(*value));
-  return value->get<std::string>();
+  return lookup(names, [&](const json &value, const std::string &name) {
+    if (!value.is_string())
+      fail(name, "expected a string, found " + typeName(value));
+    return value.get<std::string>();
+  });
 }
+
+namespace {
+
+/// The items of the list \p value (of \p plural, each \p item: "integers",
+/// "an integer"), each checked by \p isItem; \p fail names a bad item by its
+/// index.
+template <typename T, typename IsItem, typename Fail>
+std::vector<T> listItems(const json &value, const std::string &name, const char *plural, const char *what,
+                         IsItem isItem, Fail fail) {
+  if (!value.is_array())
+    fail(name, std::string("expected a list of ") + plural + ", found " + typeName(value));
+  std::vector<T> out;
+  for (size_t i = 0; i < value.size(); ++i) {
+    if (!isItem(value[i]))
+      fail(name + "[" + std::to_string(i) + "]", std::string("expected ") + what + ", found " + typeName(value[i]));
+    out.push_back(value[i].template get<T>());
+  }
+  return out;
+}
+
+} // namespace
 
 std::optional<std::vector<int64_t>>
 ConfigObject::getIntList(std::initializer_list<const char *> names,
                          int64_t count) {
-  std::string name;
-  const json *value = find(names, name);
-  if (!value)
-    return std::nullopt;
-  if (value->is_number_integer()) {
-    if (count <= 0)
-      fail(name, "expected a list of integers, found a single integer");
-    return std::vector<int64_t>(count, value->get<int64_t>());
-  }
-  if (!value->is_array())
-    fail(name, "expected a list of integers, found " + typeName(*value));
-  std::vector<int64_t> out;
-  for (size_t i = 0; i < value->size(); ++i) {
-    const json &item = (*value)[i];
-    if (!item.is_number_integer())
-      fail(name + "[" + std::to_string(i) + "]",
-           "expected an integer, found " + typeName(item));
-    out.push_back(item.get<int64_t>());
-  }
-  return out;
+  auto fail = [this](const std::string &key, const std::string &expected) { this->fail(key, expected); };
+  return lookup(names, [&](const json &value, const std::string &name) {
+    if (value.is_number_integer()) {
+      if (count <= 0)
+        fail(name, "expected a list of integers, found a single integer");
+      return std::vector<int64_t>(count, value.get<int64_t>());
+    }
+    return listItems<int64_t>(value, name, "integers", "an integer", [](const json &v) { return v.is_number_integer(); }, fail);
+  });
 }
 
 std::optional<std::vector<std::string>>
 ConfigObject::getStringList(std::initializer_list<const char *> names) {
-  std::string name;
-  const json *value = find(names, name);
-  if (!value)
-    return std::nullopt;
-  if (!value->is_array())
-    fail(name, "expected a list of strings, found " + typeName(*value));
-  std::vector<std::string> out;
-  for (size_t i = 0; i < value->size(); ++i) {
-    const json &item = (*value)[i];
-    if (!item.is_string())
-      fail(name + "[" + std::to_string(i) + "]",
-           "expected a string, found " + typeName(item));
-    out.push_back(item.get<std::string>());
-  }
-  return out;
+  auto fail = [this](const std::string &key, const std::string &expected) { this->fail(key, expected); };
+  return lookup(names, [&](const json &value, const std::string &name) {
+    return listItems<std::string>(value, name, "strings", "a string", [](const json &v) { return v.is_string(); }, fail);
+  });
 }
 
 std::optional<ConfigObject> ConfigObject::getObject(const char *name) {

@@ -85,6 +85,17 @@ private:
   }
   const nlohmann::json *find(std::initializer_list<const char *> names,
                              std::string &foundName);
+  /// \p convert (value, key name) applied to the first non-null spelling of
+  /// \p names; nullopt when none is there. Every getter reads through this.
+  template <typename Convert>
+  auto lookup(std::initializer_list<const char *> names, Convert convert)
+      -> std::optional<decltype(convert(std::declval<const nlohmann::json &>(), std::string()))> {
+    std::string name;
+    const nlohmann::json *value = find(names, name);
+    if (!value)
+      return std::nullopt;
+    return convert(*value, name);
+  }
 
   const nlohmann::json *object;
   std::string path;

@@ -27,9 +27,8 @@ struct ApplyPlanPass : impl::ApplyPlanPassBase<ApplyPlanPass> {
   using ApplyPlanPassBase::ApplyPlanPassBase;
 
   void runOnOperation() override {
-    for (ModelOp model : getOperation().getOps<ModelOp>())
-      if (failed(apply(model)))
-        return signalPassFailure();
+    if (failed(apply(getOperation())))
+      signalPassFailure();
   }
 
   LogicalResult apply(ModelOp model) {

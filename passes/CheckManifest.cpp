@@ -64,8 +64,7 @@ struct CheckManifestPass : impl::CheckManifestPassBase<CheckManifestPass> {
       return signalPassFailure();
     if (!*manifest)
       return; // Nothing to compare against.
-    for (ModelOp model : getOperation().getOps<ModelOp>())
-      check(model, **manifest);
+    check(getOperation(), **manifest);
   }
 
   void check(ModelOp model, const Manifest &manifest) {

@@ -78,10 +78,7 @@ struct CountParametersPass
   CountParametersPass() = default;
   explicit CountParametersPass(AnalysisContext context) : context(context) {}
 
-  void runOnOperation() override {
-    for (ModelOp model : getOperation().getOps<ModelOp>())
-      countModel(model);
-  }
+  void runOnOperation() override { countModel(getOperation()); }
 
   void countModel(ModelOp model) {
     SymbolTable symbols(model);

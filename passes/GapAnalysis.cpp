@@ -128,9 +128,7 @@ struct GapAnalysisPass : impl::GapAnalysisPassBase<GapAnalysisPass> {
         passInput(context.registry, registryPath, owned, readOpRegistry, getOperation());
     if (mlir::failed(registry))
       return signalPassFailure();
-    const OpRegistry &used = *registry ? **registry : builtinOpRegistry();
-    for (ModelOp model : getOperation().getOps<ModelOp>())
-      analyse(model, used);
+    analyse(getOperation(), *registry ? **registry : builtinOpRegistry());
   }
 
   void analyse(ModelOp model, const OpRegistry &registry) {

@@ -22,9 +22,8 @@ struct InjectLoraPass : impl::InjectLoraPassBase<InjectLoraPass> {
   using InjectLoraPassBase::InjectLoraPassBase;
 
   void runOnOperation() override {
-    for (ModelOp model : getOperation().getOps<ModelOp>())
-      if (failed(inject(model)))
-        return signalPassFailure();
+    if (failed(inject(getOperation())))
+      signalPassFailure();
   }
 
   LogicalResult inject(ModelOp model) {

@@ -19,7 +19,9 @@ namespace adapt {
 
 /// What the CLI hands the passes and where they put their findings. In
 /// adapt-opt everything is null: passes read their options' files and
-/// report through attributes and diagnostics only.
+/// report through attributes and diagnostics only. A report is one model's:
+/// the importer builds a module of one adapt.model, and the passes, anchored
+/// on adapt.model, would write one report from several threads otherwise.
 struct AnalysisContext {
   const Manifest *manifest = nullptr;             ///< Parsed index, if any.
   const std::vector<ShardHeader> *headers = nullptr; ///< Shard headers read.

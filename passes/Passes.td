@@ -8,7 +8,7 @@ include "mlir/Pass/PassBase.td"
 // Checks of the files
 //===----------------------------------------------------------------------===//
 
-def CheckManifestPass : Pass<"adapt-check-manifest", "::mlir::ModuleOp"> {
+def CheckManifestPass : Pass<"adapt-check-manifest", "::adapt::ModelOp"> {
   let summary = "Compare the weights the config implies with the manifest";
   let description = [{
     For every adapt.weight, expands it to its on-disk tensors (per expert,
@@ -28,7 +28,7 @@ def CheckManifestPass : Pass<"adapt-check-manifest", "::mlir::ModuleOp"> {
 // Accounting and gaps
 //===----------------------------------------------------------------------===//
 
-def CountParametersPass : Pass<"adapt-count-parameters", "::mlir::ModuleOp"> {
+def CountParametersPass : Pass<"adapt-count-parameters", "::adapt::ModelOp"> {
   let summary = "Count total and per-token active parameters per component";
   let description = [{
     params(op) = sum over its weights of numel; active(moe) = params -
@@ -38,7 +38,7 @@ def CountParametersPass : Pass<"adapt-count-parameters", "::mlir::ModuleOp"> {
   }];
 }
 
-def GapAnalysisPass : Pass<"adapt-gap-analysis", "::mlir::ModuleOp"> {
+def GapAnalysisPass : Pass<"adapt-gap-analysis", "::adapt::ModelOp"> {
   let summary = "Match every component against the operator library registry";
   let description = [{
     status(op) = supported if a registry entry for the op covers all its
@@ -55,7 +55,7 @@ def GapAnalysisPass : Pass<"adapt-gap-analysis", "::mlir::ModuleOp"> {
 // Training
 //===----------------------------------------------------------------------===//
 
-def ApplyPlanPass : Pass<"adapt-apply-plan", "::mlir::ModuleOp"> {
+def ApplyPlanPass : Pass<"adapt-apply-plan", "::adapt::ModelOp"> {
   let summary = "Record a parallel layout (adapt plan's choice) on the model";
   let description = [{
     Checks the layout against the model as the runtime will (TP only over
@@ -75,7 +75,7 @@ def ApplyPlanPass : Pass<"adapt-apply-plan", "::mlir::ModuleOp"> {
   ];
 }
 
-def InjectLoraPass : Pass<"adapt-inject-lora", "::mlir::ModuleOp"> {
+def InjectLoraPass : Pass<"adapt-inject-lora", "::adapt::ModelOp"> {
   let summary = "Mark the linear weights that get LoRA adapters";
   let description = [{
     PEFT-style targets: a pattern matches a linear weight whose Hugging Face

@@ -6,6 +6,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "ir/AdaptDialect.h"
 #include "passes/Passes.h"
 
 #include "mlir/Pass/PassRegistry.h"
@@ -14,22 +15,26 @@ using namespace mlir;
 
 namespace adapt {
 
+// Every pass works on one adapt.model (IsolatedFromAbove), nested under the
+// module the importer builds.
+
 void populateGapPipeline(OpPassManager &pm, const AnalysisContext &context) {
+  OpPassManager &model = pm.nest<ModelOp>();
   // Facts about the files first, so later passes can cite shards.
   if (context.manifest)
-    pm.addPass(createCheckManifestPass(context));
+    model.addPass(createCheckManifestPass(context));
   // Counts feed the gap report's per-component parameter figures.
-  pm.addPass(createCountParametersPass(context));
+  model.addPass(createCountParametersPass(context));
   // Last: status per component, grouped into the report.
-  pm.addPass(createGapAnalysisPass(context));
+  model.addPass(createGapAnalysisPass(context));
 }
 
 void populateLoraPipeline(OpPassManager &pm, const InjectLoraPassOptions &options) {
-  pm.addPass(createInjectLoraPass(options));
+  pm.nest<ModelOp>().addPass(createInjectLoraPass(options));
 }
 
 void populatePlanPipeline(OpPassManager &pm, const ApplyPlanPassOptions &options) {
-  pm.addPass(createApplyPlanPass(options));
+  pm.nest<ModelOp>().addPass(createApplyPlanPass(options));
 }
 
 void registerAdaptPassesAndPipelines() {

@@ -1,6 +1,7 @@
 //===- ConfigReaderTest.cpp - config recognition and weight schema --------===//
 
 #include "models/WeightSchema.h"
+#include "parser/ConfigKeys.h"
 #include "parser/ConfigReader.h"
 #include "tests/unit/SharedModels.h"
 
@@ -189,6 +190,37 @@ TEST(ConfigReader, BadValuesNameFileAndField) {
     "intermediate_size": 8})", "z/config.json");
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().field.find("num_key_value_heads"), std::string::npos);
+}
+
+/// The message a getter of \p object's key throws, "" when it reads.
+template <typename Get> std::string configErrorOf(Get get) {
+  try {
+    get();
+  } catch (const ConfigError &e) {
+    return e.error.message();
+  }
+  return "";
+}
+
+TEST(ConfigKeys, TypedGettersNameTheKeyTheItemAndTheExpectation) {
+  const nlohmann::json config = nlohmann::json::parse(R"({"layers": [1, "two", 3], "names": ["a", 7],
+    "flag": "yes", "width": 4.5, "scale": "x", "kind": 3, "ratio": 2, "window": 8, "alias": null})");
+  ConfigObject o(config, "text_config.", "m/config.json");
+  EXPECT_EQ(configErrorOf([&] { o.getIntList({"layers"}); }),
+            "m/config.json: text_config.layers[1]: expected an integer, found string");
+  EXPECT_EQ(configErrorOf([&] { o.getStringList({"names"}); }),
+            "m/config.json: text_config.names[1]: expected a string, found number");
+  EXPECT_EQ(configErrorOf([&] { o.getStringList({"kind"}); }),
+            "m/config.json: text_config.kind: expected a list of strings, found number");
+  EXPECT_EQ(configErrorOf([&] { o.getBool({"flag"}); }), "m/config.json: text_config.flag: expected true or false, found string");
+  EXPECT_EQ(configErrorOf([&] { o.getInt({"width"}); }), "m/config.json: text_config.width: expected an integer, found number 4.5");
+  EXPECT_EQ(configErrorOf([&] { o.getDouble({"scale"}); }), "m/config.json: text_config.scale: expected a number, found string");
+  EXPECT_EQ(configErrorOf([&] { o.getString({"kind"}); }), "m/config.json: text_config.kind: expected a string, found number");
+  // What reads: an integer stands for a list of `count`, the first non-null
+  // spelling wins, an absent key is nullopt.
+  EXPECT_EQ(o.getIntList({"window"}, 3), (std::vector<int64_t>{8, 8, 8}));
+  EXPECT_EQ(o.getInt({"alias", "ratio"}), 2);
+  EXPECT_EQ(o.getDouble({"missing"}), std::nullopt);
 }
 
 TEST(WeightSchema, Qwen35ManifestParameterTotalMatchesItsMetadataExactly) {
