@@ -116,8 +116,19 @@ public:
     return name;
   }
 
-  /// Declares a graph input or output of element type `type` and `dims`
-  /// (a name in `symbols` position makes that dimension symbolic).
+  /// Declares graph input `name` of element type `type` and `dims` (a name
+  /// in `symbols` position makes that dimension symbolic).
+  void input(const std::string &name, int type, const std::vector<int64_t> &dims,
+             const std::vector<std::string> &symbols = {}) {
+    valueInfo(*graph.add_input(), name, type, dims, symbols);
+  }
+
+  /// Declares graph output `name`, as input().
+  void output(const std::string &name, int type, const std::vector<int64_t> &dims,
+              const std::vector<std::string> &symbols = {}) {
+    valueInfo(*graph.add_output(), name, type, dims, symbols);
+  }
+
   static void valueInfo(onnx::ValueInfoProto &v, const std::string &name,
                         int type, const std::vector<int64_t> &dims,
                         const std::vector<std::string> &symbols = {}) {
@@ -219,10 +230,8 @@ bool writeTinyDecoder(const std::string &dir) {
   initModel(model, "tiny-decoder");
   onnx::GraphProto &g = *model.mutable_graph();
   GraphBuilder b(g, "tiny-decoder.onnx.data");
-  GraphBuilder::valueInfo(*g.add_input(), "input_ids",
-                          onnx::TensorProto::INT64, {0, 0}, {"batch", "seq"});
-  GraphBuilder::valueInfo(*g.add_output(), "logits", onnx::TensorProto::FLOAT,
-                          {0, 0, vocab}, {"batch", "seq"});
+  b.input("input_ids", onnx::TensorProto::INT64, {0, 0}, {"batch", "seq"});
+  b.output("logits", onnx::TensorProto::FLOAT, {0, 0, vocab}, {"batch", "seq"});
 
   std::string embedW = b.weight("model.embed_tokens.weight", {vocab, hidden});
   std::string h0 =
@@ -304,10 +313,8 @@ bool writeUnknownOp(const std::string &dir) {
   custom->set_version(1);
   onnx::GraphProto &g = *model.mutable_graph();
   GraphBuilder b(g, "");
-  GraphBuilder::valueInfo(*g.add_input(), "x", onnx::TensorProto::FLOAT,
-                          {1, 4});
-  GraphBuilder::valueInfo(*g.add_output(), "mixed/out",
-                          onnx::TensorProto::FLOAT, {1, 4});
+  b.input("x", onnx::TensorProto::FLOAT, {1, 4});
+  b.output("mixed/out", onnx::TensorProto::FLOAT, {1, 4});
   std::string y = b.node("MatMul", "proj", {"x", b.weight("proj.weight",
                                                           {4, 4}, false)});
   b.node("FancyMixer", "mixed", {y}, "com.example");
@@ -320,10 +327,8 @@ bool writeBadExternal(const std::string &dir) {
   initModel(model, "bad-external");
   onnx::GraphProto &g = *model.mutable_graph();
   GraphBuilder b(g, "bad-external.onnx.data");
-  GraphBuilder::valueInfo(*g.add_input(), "x", onnx::TensorProto::FLOAT,
-                          {1, 4});
-  GraphBuilder::valueInfo(*g.add_output(), "proj/out",
-                          onnx::TensorProto::FLOAT, {1, 4});
+  b.input("x", onnx::TensorProto::FLOAT, {1, 4});
+  b.output("proj/out", onnx::TensorProto::FLOAT, {1, 4});
   onnx::TensorProto *w = g.add_initializer();
   w->set_name("proj.weight");
   w->set_data_type(onnx::TensorProto::FLOAT);

@@ -27,11 +27,15 @@ using namespace adapt;
 
 namespace {
 
-/// Path of \p model's index; skips the test when it is not there.
-#define INDEX_OR_SKIP(var, model)                                              \
-  std::string var = sharedModelsDir() + "/" model "/model.safetensors.index.json";   \
-  if (!std::filesystem::exists(var))                                           \
-  GTEST_SKIP() << var << " not found; set ADAPT_SHARED_MODELS"
+/// Reads the shared \p model's index into \p r (a Result<Manifest>), its path
+/// into \p path; skips the test when the shared models are not there, fails
+/// it when the index does not read.
+#define READ_INDEX_OR_SKIP(r, path, model)                                     \
+  std::string path = sharedModelsDir() + "/" model "/model.safetensors.index.json"; \
+  if (!std::filesystem::exists(path))                                          \
+    GTEST_SKIP() << path << " not found; set ADAPT_SHARED_MODELS";             \
+  Result<Manifest> r = readManifest(path);                                     \
+  ASSERT_TRUE(r.ok()) << r.error().message()
 
 /// Parses \p json expecting failure; returns the message.
 std::string errorOf(const std::string &json) {
@@ -76,9 +80,7 @@ void expectCounts(const Manifest &m, const IndexCounts &expected) {
 }
 
 TEST(ManifestReal, MiniMaxM1WeightMapFirstZeroBased) {
-  INDEX_OR_SKIP(path, "MiniMax-M1");
-  Result<Manifest> r = readManifest(path);
-  ASSERT_TRUE(r.ok()) << r.error().message();
+  READ_INDEX_OR_SKIP(r, path, "MiniMax-M1");
   EXPECT_EQ(r->file, path);
   expectCounts(*r, {8243, 413, 0, 413, 912210767872});
   EXPECT_TRUE(r->hasTotalSize);
@@ -92,9 +94,7 @@ TEST(ManifestReal, MiniMaxM1WeightMapFirstZeroBased) {
 }
 
 TEST(ManifestReal, Qwen35ExtraMetadata) {
-  INDEX_OR_SKIP(path, "Qwen3.5-25B-REAP-A3B");
-  Result<Manifest> r = readManifest(path);
-  ASSERT_TRUE(r.ok()) << r.error().message();
+  READ_INDEX_OR_SKIP(r, path, "Qwen3.5-25B-REAP-A3B");
   expectCounts(*r, {22213, 10, 1, 10, 50182743296});
   using Field = std::pair<std::string, std::string>;
   EXPECT_EQ(r->metadata, (std::vector<Field>{
@@ -105,17 +105,13 @@ TEST(ManifestReal, Qwen35ExtraMetadata) {
 }
 
 TEST(ManifestReal, WizardLMOneBased) {
-  INDEX_OR_SKIP(path, "WizardLM-2-8x22B");
-  Result<Manifest> r = readManifest(path);
-  ASSERT_TRUE(r.ok()) << r.error().message();
+  READ_INDEX_OR_SKIP(r, path, "WizardLM-2-8x22B");
   expectCounts(*r, {1739, 59, 1, 59, 281241268224});
   EXPECT_EQ(r->tensors.front().second, "model-00059-of-00059.safetensors");
 }
 
 TEST(ManifestReal, GptOss20bOneLineZeroBased) {
-  INDEX_OR_SKIP(path, "gpt-oss-20b");
-  Result<Manifest> r = readManifest(path);
-  ASSERT_TRUE(r.ok()) << r.error().message();
+  READ_INDEX_OR_SKIP(r, path, "gpt-oss-20b");
   // Numbered 00000..00002 "of 00002": three files, the count is the last.
   expectCounts(*r, {459, 3, 0, 2, 13761264768});
   EXPECT_EQ(r->tensors.front().first, "model.layers.0.input_layernorm.weight");
