@@ -280,7 +280,12 @@ private:
   void handlePost(const httplib::Request &request, httplib::Response &response);
   void handleDelete(const httplib::Request &request,
                     httplib::Response &response);
-  std::shared_ptr<Session> findSession(const std::string &id);
+  /// The session \p id (a request's Mcp-Session-Id) names, its idle clock
+  /// reset, or null after answering: \p missingStatus with \p missingMessage
+  /// for JSON-RPC request \p requestId when \p id is empty, 404 (-32001)
+  /// when the session is unknown or expired. \p take: removed (DELETE).
+  std::shared_ptr<Session> sessionFor(const std::string &id, httplib::Response &response, const json &requestId,
+                                      int missingStatus, const std::string &missingMessage, bool take = false);
   /// Drops sessions idle for kSessionIdleSeconds (clients that never DELETE).
   void forgetIdleSessions();
   void answer(const httplib::Request &request, httplib::Response &response,
@@ -301,16 +306,6 @@ inline void putUnlessEmpty(json &entry, const char *key, const T &value) {
     entry[key] = value;
 }
 
-/// False, after answering 404 with JSON-RPC error -32001 for request
-/// \p requestId, when \p session is null (an unknown or expired
-/// Mcp-Session-Id): every handler that needs a session stops there.
-inline bool sessionFound(const std::shared_ptr<Session> &session, httplib::Response &response,
-                  const json &requestId = nullptr) {
-  if (session)
-    return true;
-  sendJson(response, 404, rpcError(requestId, -32001, "Session not found"));
-  return false;
-}
 
 } // namespace adapt::mcp
 

@@ -34,17 +34,10 @@ void McpServer::sendToSession(const std::string &sessionId,
 
 void McpServer::handleGet(const httplib::Request &request,
                           httplib::Response &response) {
-  std::string id = request.get_header_value("Mcp-Session-Id");
-  if (id.empty()) {
-    response.set_header("Allow", "POST, DELETE");
-    sendJson(response, 405,
-             rpcError(nullptr, kInvalidRequest,
-                      "Method Not Allowed: the standalone stream belongs to a "
-                      "session (2025-11-25); send Mcp-Session-Id"));
-    return;
-  }
-  std::shared_ptr<Session> session = findSession(id);
-  if (!sessionFound(session, response))
+  std::shared_ptr<Session> session =
+      sessionFor(request.get_header_value("Mcp-Session-Id"), response, nullptr, 405,
+                 "Method Not Allowed: the standalone stream belongs to a session (2025-11-25); send Mcp-Session-Id");
+  if (!session)
     return;
   if (request.get_header_value("Accept").find("text/event-stream") ==
       std::string::npos) {
@@ -169,13 +162,29 @@ bool McpServer::checkAccess(const httplib::Request &request,
   return true;
 }
 
-std::shared_ptr<Session> McpServer::findSession(const std::string &id) {
-  std::lock_guard<std::mutex> lock(sessionsMutex);
-  auto it = sessions.find(id);
-  if (it == sessions.end())
+std::shared_ptr<Session> McpServer::sessionFor(const std::string &id, httplib::Response &response,
+                                               const json &requestId, int missingStatus,
+                                               const std::string &missingMessage, bool take) {
+  if (id.empty()) {
+    if (missingStatus == 405) // RFC 9110: a 405 names the methods allowed.
+      response.set_header("Allow", "POST, DELETE");
+    sendJson(response, missingStatus, rpcError(requestId, kInvalidRequest, missingMessage));
     return nullptr;
-  it->second->lastUsedSeconds = nowSeconds();
-  return it->second;
+  }
+  std::shared_ptr<Session> session;
+  {
+    std::lock_guard<std::mutex> lock(sessionsMutex);
+    auto it = sessions.find(id);
+    if (it != sessions.end()) {
+      session = it->second;
+      session->lastUsedSeconds = nowSeconds();
+      if (take)
+        sessions.erase(it);
+    }
+  }
+  if (!session)
+    sendJson(response, 404, rpcError(requestId, -32001, "Session not found"));
+  return session;
 }
 
 void McpServer::forgetIdleSessions() {
@@ -197,22 +206,9 @@ void McpServer::forgetIdleSessions() {
 
 void McpServer::handleDelete(const httplib::Request &request,
                              httplib::Response &response) {
-  std::string id = request.get_header_value("Mcp-Session-Id");
-  if (id.empty()) {
-    sendJson(response, 400,
-             rpcError(nullptr, kInvalidRequest, "Bad Request: Mcp-Session-Id required"));
-    return;
-  }
-  std::shared_ptr<Session> session;
-  {
-    std::lock_guard<std::mutex> lock(sessionsMutex);
-    auto it = sessions.find(id);
-    if (it != sessions.end()) {
-      session = it->second;
-      sessions.erase(it);
-    }
-  }
-  if (!sessionFound(session, response))
+  std::shared_ptr<Session> session = sessionFor(request.get_header_value("Mcp-Session-Id"), response, nullptr, 400,
+                                                "Bad Request: Mcp-Session-Id required", /*take=*/true);
+  if (!session)
     return;
   {
     std::lock_guard<std::mutex> lock(session->mutex);
@@ -415,15 +411,9 @@ void McpServer::handlePost(const httplib::Request &request,
     sendJson(response, 200, rpcResult(id, result));
     return;
   }
-  if (sessionId.empty()) {
-    sendJson(response, 400,
-             rpcError(id, kInvalidRequest,
-                      "Bad Request: Mcp-Session-Id required (send initialize "
-                      "first)"));
-    return;
-  }
-  std::shared_ptr<Session> session = findSession(sessionId);
-  if (!sessionFound(session, response, id))
+  std::shared_ptr<Session> session =
+      sessionFor(sessionId, response, id, 400, "Bad Request: Mcp-Session-Id required (send initialize first)");
+  if (!session)
     return;
   if (!versionHeader.empty()) {
     bool known = false;

@@ -736,8 +736,11 @@ class Streams(unittest.TestCase):
             while not stream.lines and time.monotonic() < deadline:
                 time.sleep(0.05)
             self.assertEqual(stream.lines[:1], [": stream open"])  # opened at once
-            self.assertEqual(GetStream(port, None).status, 405)  # no session
-            self.assertEqual(GetStream(port, "unknown").status, 404)
+            no_session = GetStream(port, None)
+            self.assertEqual(no_session.status, 405)
+            self.assertEqual(no_session.response.getheader("Allow"), "POST, DELETE")  # RFC 9110
+            unknown = GetStream(port, "unknown")
+            self.assertEqual((unknown.status, unknown.body["error"]["code"]), (404, -32001))
             self.assertEqual(GetStream(port, session.id, "application/json").status, 406)
             self.assertEqual(session.call("ping")[0], 200)  # POST still works meanwhile
             self.assertEqual(delete_session(port, session.id), 200)
