@@ -62,33 +62,24 @@ cl::SubCommand buildCommand("build", "Generate and compile a LoRA trainer for a 
 /// The flags, parsed straight into the options (cl::location); BuildOptions'
 /// member defaults are the flags' defaults.
 BuildOptions flags;
-cl::opt<std::string, true> path(cl::Positional, cl::sub(buildCommand), cl::location(flags.path),
-                                cl::desc("PATH"));
-cl::opt<std::string, true> out("out", cl::sub(buildCommand), cl::location(flags.out),
-                               cl::desc("trainer project folder"));
+PositionalField<std::string> path(buildCommand, flags.path, "PATH");
+FieldFlag<std::string> out("out", buildCommand, flags.out, "trainer project folder");
 cl::alias outShort("o", cl::aliasopt(out));
 cl::list<std::string> loraTargets("lora-targets", cl::sub(buildCommand), cl::CommaSeparated,
                                   cl::desc("module patterns, e.g. q_proj,v_proj or all-linear"));
-cl::opt<int64_t, true> loraRank("lora-rank", cl::sub(buildCommand), cl::location(flags.rank),
-                                cl::desc("1..65536"));
-cl::opt<double, true> loraAlpha("lora-alpha", cl::sub(buildCommand), cl::location(flags.alpha),
-                                cl::desc("> 0"));
-cl::opt<double, true> loraDropout("lora-dropout", cl::sub(buildCommand), cl::location(flags.dropout),
-                                  cl::desc("in [0, 1)"));
-cl::opt<bool, true> rslora("rslora", cl::sub(buildCommand), cl::location(flags.rslora),
-                           cl::desc("scale by alpha/sqrt(r)"));
-cl::opt<bool, true> loraRouter("lora-router", cl::sub(buildCommand), cl::location(flags.router),
-                               cl::desc("adapt the MoE routers too"));
-cl::opt<std::string, true> planPath("plan", cl::sub(buildCommand), cl::location(flags.planPath),
-                                    cl::desc("plan.json whose layout becomes the default"));
-cl::opt<bool, true> noCompile("no-compile", cl::sub(buildCommand), cl::location(flags.noCompile),
-                              cl::desc("write the project only"));
-cl::opt<std::string, true> runtimeDir("runtime-dir", cl::sub(buildCommand),
-                                      cl::location(flags.runtimeDir), cl::desc("the runtime build to link"));
-cl::opt<bool, true> allowGaps("allow-gaps", cl::sub(buildCommand), cl::location(flags.allowGaps),
-                              cl::desc("build although components are not implemented"));
-cl::opt<std::string, true> registry("registry", cl::sub(buildCommand), cl::location(flags.registry),
-                                    cl::desc("an op registry in place of the built-in one"));
+FieldFlag<int64_t> loraRank("lora-rank", buildCommand, flags.rank, "1..65536");
+FieldFlag<double> loraAlpha("lora-alpha", buildCommand, flags.alpha, "> 0");
+FieldFlag<double> loraDropout("lora-dropout", buildCommand, flags.dropout, "in [0, 1)");
+FieldFlag<bool> rslora("rslora", buildCommand, flags.rslora, "scale by alpha/sqrt(r)");
+FieldFlag<bool> loraRouter("lora-router", buildCommand, flags.router, "adapt the MoE routers too");
+FieldFlag<std::string> planPath("plan", buildCommand, flags.planPath,
+    "plan.json whose layout becomes the default");
+FieldFlag<bool> noCompile("no-compile", buildCommand, flags.noCompile, "write the project only");
+FieldFlag<std::string> runtimeDir("runtime-dir", buildCommand, flags.runtimeDir, "the runtime build to link");
+FieldFlag<bool> allowGaps("allow-gaps", buildCommand, flags.allowGaps,
+    "build although components are not implemented");
+FieldFlag<std::string> registry("registry", buildCommand, flags.registry,
+    "an op registry in place of the built-in one");
 
 /// The parsed flags as BuildOptions; false with \p error when --lora-targets
 /// was given an empty list (buildTrainer checks the rest).

@@ -24,6 +24,20 @@ namespace adapt {
 /// The commands declare their options with llvm::cl (cl::opt, cl::sub, ...).
 namespace cl = llvm::cl;
 
+/// A flag of \p command parsed straight into \p field (cl::location): the
+/// command's options struct holds the flags' defaults and their values, and
+/// a flag is declared in one line.
+template <typename T> struct FieldFlag : cl::opt<T, true> {
+  FieldFlag(llvm::StringRef name, cl::SubCommand &command, T &field, const char *help)
+      : cl::opt<T, true>(name, cl::sub(command), cl::location(field), cl::desc(help)) {}
+};
+
+/// The positional argument of \p command (its PATH), parsed into \p field.
+template <typename T> struct PositionalField : cl::opt<T, true> {
+  PositionalField(cl::SubCommand &command, T &field, const char *help)
+      : cl::opt<T, true>(cl::Positional, cl::sub(command), cl::location(field), cl::desc(help)) {}
+};
+
 /// The path of the running adapt binary: the programs built beside it (the
 /// runtime's build, the candidate checker, the venv) are found from there.
 inline std::string adaptExecutable() {

@@ -65,38 +65,26 @@ cl::SubCommand generateCommand("generate", "Propose a candidate operator for eve
 /// The flags, parsed straight into the options (cl::location): LlmConfig's
 /// member defaults are theirs; optionsFromFlags adds the environment's.
 GenerateOptions flags;
-cl::opt<std::string, true> pathFlag(cl::Positional, cl::sub(generateCommand), cl::location(flags.path),
-                                    cl::desc("PATH (a model or a gaps.json)"));
-cl::opt<std::string, true> outFlag("out", cl::sub(generateCommand), cl::location(flags.out),
-                                   cl::desc("candidates folder"));
+PositionalField<std::string> pathFlag(generateCommand, flags.path, "PATH (a model or a gaps.json)");
+FieldFlag<std::string> outFlag("out", generateCommand, flags.out, "candidates folder");
 cl::alias outShort("o", cl::aliasopt(outFlag));
-cl::opt<std::string, true> registryFlag("registry", cl::sub(generateCommand), cl::location(flags.registry),
-                                        cl::desc("an op registry in place of the built-in one"));
-cl::opt<std::string, true> endpointFlag("endpoint", cl::sub(generateCommand),
-                                        cl::location(flags.llm.baseUrl), cl::desc("OpenAI-compatible base URL"));
-cl::opt<std::string, true> modelFlag("model", cl::sub(generateCommand), cl::location(flags.llm.model),
-                                     cl::desc("the LLM's name"));
-cl::opt<std::string, true> apiKeyFlag("api-key", cl::sub(generateCommand), cl::location(flags.llm.apiKey),
-                                      cl::desc("the LLM's key"));
-cl::opt<std::string, true> onlyFlag("only", cl::sub(generateCommand), cl::location(flags.only),
-                                    cl::desc("one gap's id"));
-cl::opt<std::string, true> targetFlag("target", cl::sub(generateCommand), cl::location(flags.llm.target),
-                                      cl::desc("libtorch or cuda"));
-cl::opt<int, true> maxAttemptsFlag("max-attempts", cl::sub(generateCommand),
-                                   cl::location(flags.llm.maxAttempts),
-                                   cl::desc("model turns per candidate, 1..100"));
-cl::opt<int64_t, true> maxTokensFlag("max-tokens", cl::sub(generateCommand), cl::location(flags.llm.maxTokens),
-                                     cl::desc("tokens per candidate, 1..100000000"));
-cl::opt<int, true> timeoutFlag("timeout", cl::sub(generateCommand), cl::location(flags.llm.requestTimeoutS),
-                               cl::desc("seconds per request, 1..3600"));
-cl::opt<int, true> testTimeoutFlag("test-timeout", cl::sub(generateCommand),
-                                   cl::location(flags.llm.testTimeoutS),
-                                   cl::desc("seconds per compile or test run, 1..3600"));
-cl::opt<int, true> retriesFlag("retries", cl::sub(generateCommand), cl::location(flags.llm.retries),
-                               cl::desc("per request, 0..20"));
-cl::opt<double, true> flagSpeedupFlag("flag-speedup", cl::sub(generateCommand),
-                                      cl::location(flags.llm.flagSpeedup),
-                                      cl::desc("a measured speedup above this is flagged"));
+FieldFlag<std::string> registryFlag("registry", generateCommand, flags.registry,
+    "an op registry in place of the built-in one");
+FieldFlag<std::string> endpointFlag("endpoint", generateCommand, flags.llm.baseUrl, "OpenAI-compatible base URL");
+FieldFlag<std::string> modelFlag("model", generateCommand, flags.llm.model, "the LLM's name");
+FieldFlag<std::string> apiKeyFlag("api-key", generateCommand, flags.llm.apiKey, "the LLM's key");
+FieldFlag<std::string> onlyFlag("only", generateCommand, flags.only, "one gap's id");
+FieldFlag<std::string> targetFlag("target", generateCommand, flags.llm.target, "libtorch or cuda");
+FieldFlag<int> maxAttemptsFlag("max-attempts", generateCommand, flags.llm.maxAttempts,
+    "model turns per candidate, 1..100");
+FieldFlag<int64_t> maxTokensFlag("max-tokens", generateCommand, flags.llm.maxTokens,
+    "tokens per candidate, 1..100000000");
+FieldFlag<int> timeoutFlag("timeout", generateCommand, flags.llm.requestTimeoutS, "seconds per request, 1..3600");
+FieldFlag<int> testTimeoutFlag("test-timeout", generateCommand, flags.llm.testTimeoutS,
+    "seconds per compile or test run, 1..3600");
+FieldFlag<int> retriesFlag("retries", generateCommand, flags.llm.retries, "per request, 0..20");
+FieldFlag<double> flagSpeedupFlag("flag-speedup", generateCommand, flags.llm.flagSpeedup,
+    "a measured speedup above this is flagged");
 
 /// The first IR line of the op whose variant is \p id, or "".
 std::string irLineFor(const std::string &ir, const std::string &id) {

@@ -33,20 +33,15 @@ InspectOptions inspectFlags;
 GapsOptions gapsFlags;
 cl::SubCommand inspectCommand("inspect", "Summarise or print the IR of a model");
 cl::SubCommand gapsCommand("gaps", "Write the gap report of a model");
-cl::opt<std::string, true> inspectPath(cl::Positional, cl::sub(inspectCommand),
-                                       cl::location(inspectFlags.path), cl::desc("PATH"));
-cl::opt<std::string, true> inspectEmit("emit", cl::sub(inspectCommand), cl::location(inspectFlags.emit),
-                                       cl::desc("summary, mlir or analysed"));
-cl::opt<std::string, true> inspectRegistry("registry", cl::sub(inspectCommand),
-                                           cl::location(inspectFlags.registry),
-                                           cl::desc("an op registry in place of the built-in one"));
-cl::opt<std::string, true> gapsPath(cl::Positional, cl::sub(gapsCommand), cl::location(gapsFlags.path),
-                                    cl::desc("PATH"));
-cl::opt<std::string, true> gapsOut("out", cl::sub(gapsCommand), cl::location(gapsFlags.out),
-                                   cl::desc("report folder"));
+PositionalField<std::string> inspectPath(inspectCommand, inspectFlags.path, "PATH");
+FieldFlag<std::string> inspectEmit("emit", inspectCommand, inspectFlags.emit, "summary, mlir or analysed");
+FieldFlag<std::string> inspectRegistry("registry", inspectCommand, inspectFlags.registry,
+    "an op registry in place of the built-in one");
+PositionalField<std::string> gapsPath(gapsCommand, gapsFlags.path, "PATH");
+FieldFlag<std::string> gapsOut("out", gapsCommand, gapsFlags.out, "report folder");
 cl::alias gapsOutShort("o", cl::aliasopt(gapsOut));
-cl::opt<std::string, true> gapsRegistry("registry", cl::sub(gapsCommand), cl::location(gapsFlags.registry),
-                                        cl::desc("an op registry in place of the built-in one"));
+FieldFlag<std::string> gapsRegistry("registry", gapsCommand, gapsFlags.registry,
+    "an op registry in place of the built-in one");
 
 /// The human summary of `inspect`.
 void printSummary(const Analysis &a) {

@@ -44,20 +44,15 @@ cl::opt<std::string> pathFlag(cl::Positional, cl::sub(planCommand),
 /// The numeric flags, parsed straight into a request (cl::location):
 /// PlanRequest's member defaults are theirs.
 plan::PlanRequest requestFlags;
-cl::opt<int64_t, true> gpusFlag("gpus", cl::sub(planCommand), cl::location(requestFlags.gpus),
-                                cl::desc("GPUs, 1..1048576"));
-cl::opt<int64_t, true> gpusPerNodeFlag("gpus-per-node", cl::sub(planCommand), cl::location(requestFlags.gpusPerNode),
-                                       cl::desc("1..1024"));
+FieldFlag<int64_t> gpusFlag("gpus", planCommand, requestFlags.gpus, "GPUs, 1..1048576");
+FieldFlag<int64_t> gpusPerNodeFlag("gpus-per-node", planCommand, requestFlags.gpusPerNode, "1..1024");
 cl::opt<std::string> gpuMemoryFlag("gpu-memory", cl::sub(planCommand),
                                    cl::desc("memory per GPU, e.g. 141GiB or 80GB"));
-cl::opt<int64_t, true> seqLenFlag("seq-len", cl::sub(planCommand), cl::location(requestFlags.seqLen),
-                                  cl::desc("tokens per sequence"));
-cl::opt<int64_t, true> globalBatchFlag("global-batch", cl::sub(planCommand), cl::location(requestFlags.globalBatch),
-                                       cl::desc("sequences per step"));
-cl::opt<int64_t, true> microBatchFlag("micro-batch", cl::sub(planCommand), cl::location(requestFlags.microBatch),
-                                      cl::desc("sequences per micro-batch"));
-cl::opt<int64_t, true> loraRankFlag("lora-rank", cl::sub(planCommand), cl::location(requestFlags.loraRank),
-                                    cl::desc("1..65536"));
+FieldFlag<int64_t> seqLenFlag("seq-len", planCommand, requestFlags.seqLen, "tokens per sequence");
+FieldFlag<int64_t> globalBatchFlag("global-batch", planCommand, requestFlags.globalBatch, "sequences per step");
+FieldFlag<int64_t> microBatchFlag("micro-batch", planCommand, requestFlags.microBatch,
+    "sequences per micro-batch");
+FieldFlag<int64_t> loraRankFlag("lora-rank", planCommand, requestFlags.loraRank, "1..65536");
 cl::opt<std::string> loraTargetsFlag("lora-targets", cl::sub(planCommand),
                                      cl::desc("targets, e.g. q_proj,experts or all-linear"));
 cl::opt<std::string> dtypeFlag("dtype", cl::sub(planCommand), cl::desc("bf16 or fp8"));

@@ -49,20 +49,15 @@ cl::SubCommand validateCommand("validate", "Run a stage of the validation ladder
 /// The flags, parsed straight into the options (cl::location); --layouts is
 /// copied in by runValidateCommand.
 ValidateOptions flags;
-cl::opt<std::string, true> pathFlag(cl::Positional, cl::sub(validateCommand), cl::location(flags.path),
-                                    cl::desc("PATH"));
-cl::opt<std::string, true> stageFlag("stage", cl::sub(validateCommand), cl::location(flags.stage),
-                                     cl::desc("op, model, parallel or full"));
-cl::opt<std::string, true> outFlag("out", cl::sub(validateCommand), cl::location(flags.out),
-                                   cl::desc("record folder"));
-cl::opt<std::string, true> fixtureFlag("fixture", cl::sub(validateCommand), cl::location(flags.fixture),
-                                       cl::desc("reference fixture folder (model stage)"));
-cl::opt<std::string, true> runtimeDirFlag("runtime-dir", cl::sub(validateCommand),
-                                          cl::location(flags.runtimeDir), cl::desc("the runtime build"));
+PositionalField<std::string> pathFlag(validateCommand, flags.path, "PATH");
+FieldFlag<std::string> stageFlag("stage", validateCommand, flags.stage, "op, model, parallel or full");
+FieldFlag<std::string> outFlag("out", validateCommand, flags.out, "record folder");
+FieldFlag<std::string> fixtureFlag("fixture", validateCommand, flags.fixture,
+    "reference fixture folder (model stage)");
+FieldFlag<std::string> runtimeDirFlag("runtime-dir", validateCommand, flags.runtimeDir, "the runtime build");
 cl::list<std::string> layoutsFlag("layouts", cl::sub(validateCommand), cl::CommaSeparated,
                                   cl::desc("parallel stage: the layouts to run"));
-cl::opt<int, true> stepsFlag("steps", cl::sub(validateCommand), cl::location(flags.steps),
-                             cl::desc("parallel stage: training steps, 1..1000"));
+FieldFlag<int> stepsFlag("steps", validateCommand, flags.steps, "parallel stage: training steps, 1..1000");
 
 int usage(const std::string &error) { return usageError(error, kValidateUsage); }
 

@@ -87,22 +87,17 @@ constexpr const char *kTinyUsage =
 /// `tiny`'s options (runTiny), parsed straight into TinyModelOptions.
 cl::SubCommand tinyCommand("tiny", "Write a tiny random-weight model of a family");
 TinyModelOptions tinyOptions;
-cl::opt<std::string, true> tinyFamily(cl::Positional, cl::sub(tinyCommand),
-                                      cl::location(tinyOptions.family), cl::desc("FAMILY"));
-cl::opt<std::string, true> tinyOut("out", cl::sub(tinyCommand), cl::location(tinyOptions.outDir),
-                                   cl::desc("output folder"));
+PositionalField<std::string> tinyFamily(tinyCommand, tinyOptions.family, "FAMILY");
+FieldFlag<std::string> tinyOut("out", tinyCommand, tinyOptions.outDir, "output folder");
 cl::alias tinyOutShort("o", cl::aliasopt(tinyOut));
-cl::opt<uint64_t, true> tinySeed("seed", cl::sub(tinyCommand), cl::location(tinyOptions.seed),
-                                 cl::desc("random seed"));
-cl::opt<int64_t, true> tinyLayers("layers", cl::sub(tinyCommand), cl::location(tinyOptions.layers),
-                                  cl::desc("decoder layers, 2..64 (default: the family's)"));
-cl::opt<std::string, true> tinyQuant("quant", cl::sub(tinyCommand), cl::location(tinyOptions.quant),
-                                     cl::desc("fp8 or mxfp4"));
-cl::opt<std::string, true> tinyConfig("config", cl::sub(tinyCommand), cl::location(tinyOptions.configFile),
-                                      cl::desc("a released config.json to shrink"));
-cl::opt<bool, true> tinyManifestOnly("manifest-only", cl::sub(tinyCommand),
-                                     cl::location(tinyOptions.manifestOnly),
-                                     cl::desc("with --config: the index and shard headers only"));
+FieldFlag<uint64_t> tinySeed("seed", tinyCommand, tinyOptions.seed, "random seed");
+FieldFlag<int64_t> tinyLayers("layers", tinyCommand, tinyOptions.layers,
+    "decoder layers, 2..64 (default: the family's)");
+FieldFlag<std::string> tinyQuant("quant", tinyCommand, tinyOptions.quant, "fp8 or mxfp4");
+FieldFlag<std::string> tinyConfig("config", tinyCommand, tinyOptions.configFile,
+    "a released config.json to shrink");
+FieldFlag<bool> tinyManifestOnly("manifest-only", tinyCommand, tinyOptions.manifestOnly,
+    "with --config: the index and shard headers only");
 
 /// An InputError as the one line users see.
 int reportInputError(const InputError &error) {
