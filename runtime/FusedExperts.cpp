@@ -4,9 +4,18 @@
 //   xCat  [R, K + r]    the gathered token rows | x A1^T
 //   h     [R, 2I]       gate_up's output (SwiGLU's input)
 //   actCat [R, I + r]   SwiGLU's output | act A2^T
-// and of the backward:
-//   dActCat [R, I + r]  dy [W2 | s B2] = the activation's gradient | dy s B2
+//   y     [R, K]        the expert rows, combined into the [T, K] output
+//                       and freed: the backward does not need them
+// and of the backward, g [R, K] being each row's token's output gradient
+// unweighted (zero on padding rows):
+//   dActCat [R, I + r]  g [W2 | s B2], whose row dot with actCat is the
+//                       routing weight's gradient g . y (y = actCat [W2 |
+//                       s B2]^T), then scaled by the row's weight: the
+//                       activation's gradient | dy s B2
 //   dhCat [R, 2I + r]   SwiGLU's input gradient | dh s B1
+// So the node keeps ~(K + 2I + I) values per row, not the K more of y that
+// a combine after it would keep for the weights' gradient (Qwen3-30B-A3B:
+// 4 KB less per row, 33 KB per token and MoE layer at top-8).
 // The weight buffers are [E, N + r, K + r] (FusedExperts.h). Their spare
 // rows and columns receive this step's factors at every forward; they are
 // kept in the node's saved data, not saved for backward, because a later
@@ -91,6 +100,32 @@ torch::Tensor sumTokenRows(const torch::Tensor &gradRows, const torch::Tensor &r
       .to(gradRows.scalar_type());
 }
 
+/// The routed output [T, K]: out[t] = sum over t's k pairs p of weights[p] *
+/// rows[rowOfPair[p]], as combineExpertRows computes it on each device.
+torch::Tensor combineInNode(const torch::Tensor &rows, const torch::Tensor &rowOfPair, const torch::Tensor &weights,
+                            int64_t k) {
+#ifdef ADAPT_WITH_CUDA_KERNELS
+  if (rows.is_cuda() && rowOfPair.size(0) > 0)
+    return cuda::combineRows(rows, rowOfPair, weights, k);
+#endif
+  const int64_t tokens = rowOfPair.size(0) / k;
+  torch::Tensor picked = rows.index_select(0, rowOfPair).view({tokens, k, rows.size(1)});
+  return torch::bmm(weights.to(rows.scalar_type()).view({tokens, 1, k}), picked).squeeze(1);
+}
+
+/// g [R, K]: row rowOfPair[p] = gradOut[p / k], unweighted; padding rows
+/// (owned by no pair) zero.
+torch::Tensor tokenGradientRows(const torch::Tensor &gradOut, const torch::Tensor &rowOfPair, int64_t k,
+                                int64_t rows) {
+#ifdef ADAPT_WITH_CUDA_KERNELS
+  if (gradOut.is_cuda() && rowOfPair.size(0) > 0)
+    return cuda::combineRowsGradRows(gradOut, rowOfPair, torch::Tensor(), k, rows);
+#endif
+  const int64_t tokens = gradOut.size(0), width = gradOut.size(1);
+  return torch::zeros({rows, width}, gradOut.options())
+      .index_copy_(0, rowOfPair, gradOut.unsqueeze(1).expand({tokens, k, width}).reshape({tokens * k, width}));
+}
+
 /// A weight buffer's parts: the frozen weight [E, N, K], the up factor's
 /// columns [E, N, r] and the down factor's rows [E, r, K].
 struct PaddedParts {
@@ -139,13 +174,14 @@ torch::Tensor groupedTimesT(const torch::Tensor &rows, const torch::Tensor &w, c
   return at::_grouped_mm(rows, w.transpose(-2, -1), offsets);
 }
 
-/// The node (file comment). Inputs: tokens [T, K]; the adapters' fp32
-/// factors in PEFT's layout, a1 [E*r, K], b1 [2I, r*E], a2 [E*r, I], b2 [K,
-/// r*E], and their scales; the two weight buffers, into whose spare rows
-/// and columns the forward writes the factors (bf16, B scaled).
+/// The node (file comment). Inputs: tokens [T, K]; the routing weights [T,
+/// k] (pair p = t * k + j); the adapters' fp32 factors in PEFT's layout, a1
+/// [E*r, K], b1 [2I, r*E], a2 [E*r, I], b2 [K, r*E], and their scales; the
+/// two weight buffers, into whose spare rows and columns the forward writes
+/// the factors (bf16, B scaled). Output: the combined [T, K].
 struct RoutedExpertsFunction : torch::autograd::Function<RoutedExpertsFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext *ctx, const torch::Tensor &tokens,
-                               const torch::Tensor &a1, const torch::Tensor &b1, const torch::Tensor &a2,
+                               const torch::Tensor &weights, const torch::Tensor &a1, const torch::Tensor &b1, const torch::Tensor &a2,
                                const torch::Tensor &b2, const torch::Tensor &padded1, const torch::Tensor &padded2,
                                const torch::Tensor &offsets, const torch::Tensor &expertOfRow,
                                const torch::Tensor &tokenOfRow, const torch::Tensor &rowOfPair, int64_t k,
@@ -164,34 +200,50 @@ struct RoutedExpertsFunction : torch::autograd::Function<RoutedExpertsFunction> 
     swiGluInto(h, actCat.narrow(1, 0, width));
     actCat.narrow(1, width, rank).copy_(groupedTimesT(actCat.narrow(1, 0, width), p2.downRows, offsets));
     torch::Tensor y = groupedTimesT(actCat, padded2.narrow(1, 0, hidden), offsets); // [R, K]
-    ctx->save_for_backward({xCat, h, actCat, offsets, expertOfRow, rowOfPair});
+    ctx->save_for_backward({xCat, h, actCat, offsets, expertOfRow, rowOfPair, weights});
     ctx->saved_data["padded1"] = padded1;
     ctx->saved_data["padded2"] = padded2;
     ctx->saved_data["tokens"] = tokens.size(0);
     ctx->saved_data["k"] = k;
     ctx->saved_data["scale1"] = scale1;
     ctx->saved_data["scale2"] = scale2;
-    return y;
+    return combineInNode(y, rowOfPair, weights, k);
   }
 
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext *ctx,
                                                torch::autograd::tensor_list grads) {
     const auto v = ctx->get_saved_variables();
-    const torch::Tensor &xCat = v[0], &h = v[1], &actCat = v[2], &offsets = v[3], &experts = v[4], &rowOfPair = v[5];
+    const torch::Tensor &xCat = v[0], &h = v[1], &actCat = v[2], &offsets = v[3], &experts = v[4], &rowOfPair = v[5],
+                        &weights = v[6];
     const torch::Tensor padded1 = ctx->saved_data["padded1"].toTensor(), padded2 = ctx->saved_data["padded2"].toTensor();
     const int64_t tokens = ctx->saved_data["tokens"].toInt(), k = ctx->saved_data["k"].toInt();
     const int64_t rank = padded1.size(1) - h.size(1), hidden = xCat.size(1) - rank, width = actCat.size(1) - rank;
     const int64_t rows = xCat.size(0);
     PaddedParts p1 = partsOf(padded1, rank), p2 = partsOf(padded2, rank);
-    torch::Tensor dy = grads[0].contiguous(); // [R, K]
+    const torch::Tensor g = tokenGradientRows(grads[0].contiguous(), rowOfPair, k, rows); // [R, K], unweighted
 
-    // Down: [d act | dLow2] = dy [W2 | s B2]; then d act += dLow2 A2.
-    torch::Tensor dActCat = at::_grouped_mm(dy, padded2.narrow(1, 0, hidden), offsets); // [R, I + r]
+    // Down, unweighted: g [W2 | s B2]. Its row dot with actCat is g . y,
+    // the routing weight's gradient; scaled by the row's weight it is
+    // [d act | dLow2] = dy [W2 | s B2]. Then d act += dLow2 A2.
+    torch::Tensor dActCat = at::_grouped_mm(g, padded2.narrow(1, 0, hidden), offsets); // [R, I + r]
+    torch::Tensor dWeights;
+    if (ctx->needs_input_grad(1))
+      dWeights = (dActCat * actCat)
+                     .sum(1, /*keepdim=*/false, torch::kFloat32)
+                     .index_select(0, rowOfPair)
+                     .view(weights.sizes())
+                     .to(weights.scalar_type());
+    const torch::Tensor weightOfRow = torch::zeros({rows}, weights.options().dtype(torch::kFloat32))
+                                          .index_copy_(0, rowOfPair, weights.reshape({-1}).to(torch::kFloat32))
+                                          .unsqueeze(1);
+    dActCat.mul_(weightOfRow);
     torch::Tensor dAct = dActCat.narrow(1, 0, width), dLow2 = dActCat.narrow(1, width, rank);
     addLowRankInto(dAct, dLow2, p2.downRows.transpose(1, 2).contiguous(), experts);
     const double scale1 = ctx->saved_data["scale1"].toDouble(), scale2 = ctx->saved_data["scale2"].toDouble();
     torch::Tensor dA2 = gradientOfA(dLow2, actCat.narrow(1, 0, width), offsets);
-    torch::Tensor dB2 = gradientOfB(dy, actCat.narrow(1, width, rank), offsets, scale2);
+    // The sum over rows of (w g)^T low2 is g^T (w low2): the weights go on the narrow side.
+    torch::Tensor weightedLow2 = (actCat.narrow(1, width, rank) * weightOfRow).to(actCat.scalar_type());
+    torch::Tensor dB2 = gradientOfB(g, weightedLow2, offsets, scale2);
 
     // SwiGLU, then gate_up: d x = [dh | dh s B1] [W1 ; A1].
     torch::Tensor dhCat = torch::empty({rows, h.size(1) + rank}, h.options());
@@ -203,7 +255,7 @@ struct RoutedExpertsFunction : torch::autograd::Function<RoutedExpertsFunction> 
     torch::Tensor dA1 = gradientOfA(dLow1, xCat.narrow(1, 0, hidden), offsets);
     torch::Tensor dB1 = gradientOfB(dh, xCat.narrow(1, hidden, rank), offsets, scale1);
     torch::Tensor dTokens = sumTokenRows(dx, rowOfPair, tokens, k);
-    return {dTokens, dA1, dB1, dA2, dB2, {}, {}, {}, {}, {}, {}, {}, {}, {}};
+    return {dTokens, dWeights, dA1, dB1, dA2, dB2, {}, {}, {}, {}, {}, {}, {}, {}, {}};
   }
 };
 
@@ -254,9 +306,10 @@ bool prepareFusedExperts(FfnLayer &f) {
 
 bool hasFusedExperts(const FfnLayer &f) { return f.gateUp.padded.defined() && f.expertDown.padded.defined(); }
 
-torch::Tensor fusedExpertRows(const FfnLayer &f, const torch::Tensor &tokens, const ExpertGroups &groups) {
+torch::Tensor fusedRoutedExperts(const FfnLayer &f, const torch::Tensor &tokens, const ExpertGroups &groups,
+                                 const torch::Tensor &weights) {
   const auto dtype = f.gateUp.weight.scalar_type();
-  return RoutedExpertsFunction::apply(tokens.to(dtype).contiguous(), f.gateUp.loraA, f.gateUp.loraB,
+  return RoutedExpertsFunction::apply(tokens.to(dtype).contiguous(), weights, f.gateUp.loraA, f.gateUp.loraB,
                                       f.expertDown.loraA, f.expertDown.loraB, f.gateUp.padded,
                                       f.expertDown.padded, groups.offsets, groups.expertOfRow, groups.tokenOfRow,
                                       groups.rowOfPair, groups.pairsPerToken, f.gateUp.scale, f.expertDown.scale);

@@ -48,12 +48,15 @@ bool prepareFusedExperts(FfnLayer &f);
 /// Whether prepareFusedExperts has run on \p f.
 bool hasFusedExperts(const FfnLayer &f);
 
-/// The experts' output rows [R, hidden] for \p tokens [T, hidden] routed as
-/// \p groups (padding rows included, as combineExpertRows reads them):
-/// expertDown(SwiGLU(gateUp(dispatchTokens(tokens)))). Differentiable in
-/// \p tokens and the four LoRA factors; the frozen weights get no gradient.
-/// Requires hasFusedExperts(f).
-torch::Tensor fusedExpertRows(const FfnLayer &f, const torch::Tensor &tokens, const ExpertGroups &groups);
+/// The routed experts' output [T, hidden] for \p tokens [T, hidden] routed
+/// as \p groups with \p weights [T, k]: combineExpertRows(expertDown(SwiGLU(
+/// gateUp(dispatchTokens(tokens)))), groups, weights), in the weights' dtype
+/// (the layer's). Differentiable in \p tokens, \p weights and the four LoRA
+/// factors; the frozen weights get no gradient. The combine is inside the
+/// node, so the expert rows are not kept for the weights' gradient
+/// (FusedExperts.cpp). Requires hasFusedExperts(f).
+torch::Tensor fusedRoutedExperts(const FfnLayer &f, const torch::Tensor &tokens, const ExpertGroups &groups,
+                                 const torch::Tensor &weights);
 
 } // namespace adapt::rt
 

@@ -333,9 +333,9 @@ torch::Tensor FfnLayer::forward(const torch::Tensor &x, bool training, torch::Te
   if (load)
     *load = groups.counts;
   const bool scaleInput = def.router == RouterKind::TopKSigmoidInput;
-  torch::Tensor out;
-  if (hasFusedExperts(*this)) { // LoRA inside the grouped GEMMs (FusedExperts.h)
-    out = fusedExpertRows(*this, flat, groups);
+  torch::Tensor y;
+  if (hasFusedExperts(*this)) { // LoRA and the combine inside one node (FusedExperts.h)
+    y = fusedRoutedExperts(*this, flat, groups, routing.weights).to(flat.scalar_type());
   } else {
     torch::Tensor rows = dispatchTokens(flat, groups);
     if (scaleInput)
@@ -343,10 +343,10 @@ torch::Tensor FfnLayer::forward(const torch::Tensor &x, bool training, torch::Te
     ExpertCompute experts = [this](const torch::Tensor &in, const ExpertGroups &g) {
       return expertDown.forward(gatedActivation(gateUp.forward(in, g), interleavedGateUp, def), g);
     };
-    out = shard.split() ? dispatchToExperts(rows, groups.counts, shard, align, experts) : experts(rows, groups);
+    torch::Tensor out =
+        shard.split() ? dispatchToExperts(rows, groups.counts, shard, align, experts) : experts(rows, groups);
+    y = combineExpertRows(out.to(flat.scalar_type()), groups, scaleInput ? torch::Tensor() : routing.weights);
   }
-  torch::Tensor y = combineExpertRows(out.to(flat.scalar_type()), groups,
-                                      scaleInput ? torch::Tensor() : routing.weights);
   if (def.sharedIntermediate > 0) {
     torch::Tensor shared = sharedDown.forward(
         torch::silu(sharedGate.forward(flat, training)) * sharedUp.forward(flat, training), training);

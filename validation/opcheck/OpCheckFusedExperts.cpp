@@ -60,14 +60,13 @@ Trial fusedExpertTrial(const Ctx &c, const FusedExpertCase &x) {
   layer.gateUp = ExpertLinear{w1.ours, Tensor(), f1.A.ours, f1.B.ours, scale};
   layer.expertDown = ExpertLinear{w2.ours, Tensor(), f2.A.ours, f2.B.ours, scale};
   ExpertGroups g = groupByExpert(Routing{idx.to(c.device), wt.ours}, x.E, x.align);
-  Tensor rows;
+  Tensor ours;
   if (prepareFusedExperts(layer)) {
-    rows = fusedExpertRows(layer, tokens.ours, g);
+    ours = fusedRoutedExperts(layer, tokens.ours, g, wt.ours);
   } else { // the layer's composition
     Tensor h = layer.gateUp.forward(dispatchTokens(tokens.ours, g), g);
-    rows = layer.expertDown.forward(gatedActivation(h, false, layer.def), g);
+    ours = combineExpertRows(layer.expertDown.forward(gatedActivation(h, false, layer.def), g), g, wt.ours);
   }
-  Tensor ours = combineExpertRows(rows, g, wt.ours);
 
   std::vector<Tensor> up, down;
   for (int64_t e = 0; e < x.E; ++e) {
