@@ -6,12 +6,12 @@
 //   actCat [R, I + r]   SwiGLU's output | act A2^T
 //   y     [R, K]        the expert rows, combined into the [T, K] output
 //                       and freed: the backward does not need them
-// and of the backward, g [R, K] being each row's token's output gradient
-// unweighted (zero on padding rows):
-//   dActCat [R, I + r]  g [W2 | s B2], whose row dot with actCat is the
-//                       routing weight's gradient g . y (y = actCat [W2 |
-//                       s B2]^T), then scaled by the row's weight: the
-//                       activation's gradient | dy s B2
+// and of the backward, which runs on g [R, K], each row's token's output
+// gradient unweighted (zero on padding rows), the routing weights applied
+// only to [R, r] factors and in the final sum over a token's rows:
+//   dActCat [R, I + r]  g [W2 | s B2]: the activation's gradient | g s B2;
+//                       its row dot with actCat is the routing weight's
+//                       gradient g . y (y = actCat [W2 | s B2]^T)
 //   dhCat [R, 2I + r]   SwiGLU's input gradient | dh s B1
 // So the node keeps ~(K + 2I + I) values per row, not the K more of y that
 // a combine after it would keep for the weights' gradient (Qwen3-30B-A3B:
@@ -87,15 +87,16 @@ void addLowRankInto(torch::Tensor out, const torch::Tensor &low, const torch::Te
   out.copy_(out.to(torch::kFloat32) + term);
 }
 
-/// d tokens[t] = sum over t's k rows of \p gradRows, in fp32.
-torch::Tensor sumTokenRows(const torch::Tensor &gradRows, const torch::Tensor &rowOfPair, int64_t tokens, int64_t k) {
+/// d tokens[t] = sum over t's k pairs p of weights[p] * gradRows[rowOfPair[p]],
+/// in fp32 (\p weights [T, k]).
+torch::Tensor sumTokenRows(const torch::Tensor &gradRows, const torch::Tensor &rowOfPair, int64_t tokens, int64_t k,
+                           const torch::Tensor &weights) {
 #ifdef ADAPT_WITH_CUDA_KERNELS
   if (gradRows.is_cuda())
-    return cuda::combineRows(gradRows, rowOfPair, torch::Tensor(), k);
+    return cuda::combineRows(gradRows, rowOfPair, weights, k);
 #endif
-  return gradRows.index_select(0, rowOfPair)
-      .to(torch::kFloat32)
-      .view({tokens, k, gradRows.size(1)})
+  return (gradRows.index_select(0, rowOfPair).to(torch::kFloat32).view({tokens, k, gradRows.size(1)}) *
+          weights.to(torch::kFloat32).view({tokens, k, 1}))
       .sum(1)
       .to(gradRows.scalar_type());
 }
@@ -221,10 +222,19 @@ struct RoutedExpertsFunction : torch::autograd::Function<RoutedExpertsFunction> 
     const int64_t rows = xCat.size(0);
     PaddedParts p1 = partsOf(padded1, rank), p2 = partsOf(padded2, rank);
     const torch::Tensor g = tokenGradientRows(grads[0].contiguous(), rowOfPair, k, rows); // [R, K], unweighted
+    // The backward runs on the unweighted g; each row's routing weight
+    // enters where a tensor is narrow (the [R, r] factors of the LoRA
+    // gradients) and in the final sum over a token's rows. Every step
+    // between is linear in its gradient, so this is dy = w g throughout.
+    const torch::Tensor weightOfRow = torch::zeros({rows}, weights.options().dtype(torch::kFloat32))
+                                          .index_copy_(0, rowOfPair, weights.reshape({-1}).to(torch::kFloat32))
+                                          .unsqueeze(1);
+    auto weighted = [&](const torch::Tensor &narrow) { return (narrow * weightOfRow).to(narrow.scalar_type()); };
+    const double scale1 = ctx->saved_data["scale1"].toDouble(), scale2 = ctx->saved_data["scale2"].toDouble();
 
-    // Down, unweighted: g [W2 | s B2]. Its row dot with actCat is g . y,
-    // the routing weight's gradient; scaled by the row's weight it is
-    // [d act | dLow2] = dy [W2 | s B2]. Then d act += dLow2 A2.
+    // Down: [d act | dLow2] = g [W2 | s B2], then d act += dLow2 A2. The
+    // first product's row dot with actCat is g . y (y = actCat [W2 | s
+    // B2]^T), the routing weight's gradient.
     torch::Tensor dActCat = at::_grouped_mm(g, padded2.narrow(1, 0, hidden), offsets); // [R, I + r]
     torch::Tensor dWeights;
     if (ctx->needs_input_grad(1))
@@ -233,17 +243,10 @@ struct RoutedExpertsFunction : torch::autograd::Function<RoutedExpertsFunction> 
                      .index_select(0, rowOfPair)
                      .view(weights.sizes())
                      .to(weights.scalar_type());
-    const torch::Tensor weightOfRow = torch::zeros({rows}, weights.options().dtype(torch::kFloat32))
-                                          .index_copy_(0, rowOfPair, weights.reshape({-1}).to(torch::kFloat32))
-                                          .unsqueeze(1);
-    dActCat.mul_(weightOfRow);
     torch::Tensor dAct = dActCat.narrow(1, 0, width), dLow2 = dActCat.narrow(1, width, rank);
     addLowRankInto(dAct, dLow2, p2.downRows.transpose(1, 2).contiguous(), experts);
-    const double scale1 = ctx->saved_data["scale1"].toDouble(), scale2 = ctx->saved_data["scale2"].toDouble();
-    torch::Tensor dA2 = gradientOfA(dLow2, actCat.narrow(1, 0, width), offsets);
-    // The sum over rows of (w g)^T low2 is g^T (w low2): the weights go on the narrow side.
-    torch::Tensor weightedLow2 = (actCat.narrow(1, width, rank) * weightOfRow).to(actCat.scalar_type());
-    torch::Tensor dB2 = gradientOfB(g, weightedLow2, offsets, scale2);
+    torch::Tensor dA2 = gradientOfA(weighted(dLow2), actCat.narrow(1, 0, width), offsets);
+    torch::Tensor dB2 = gradientOfB(g, weighted(actCat.narrow(1, width, rank)), offsets, scale2);
 
     // SwiGLU, then gate_up: d x = [dh | dh s B1] [W1 ; A1].
     torch::Tensor dhCat = torch::empty({rows, h.size(1) + rank}, h.options());
@@ -252,9 +255,9 @@ struct RoutedExpertsFunction : torch::autograd::Function<RoutedExpertsFunction> 
     torch::Tensor dLow1 = at::_grouped_mm(dh, p1.upColumns, offsets); // [R, r]
     dhCat.narrow(1, h.size(1), rank).copy_(dLow1);
     torch::Tensor dx = at::_grouped_mm(dhCat, padded1.narrow(2, 0, hidden), offsets); // [R, K]
-    torch::Tensor dA1 = gradientOfA(dLow1, xCat.narrow(1, 0, hidden), offsets);
-    torch::Tensor dB1 = gradientOfB(dh, xCat.narrow(1, hidden, rank), offsets, scale1);
-    torch::Tensor dTokens = sumTokenRows(dx, rowOfPair, tokens, k);
+    torch::Tensor dA1 = gradientOfA(weighted(dLow1), xCat.narrow(1, 0, hidden), offsets);
+    torch::Tensor dB1 = gradientOfB(dh, weighted(xCat.narrow(1, hidden, rank)), offsets, scale1);
+    torch::Tensor dTokens = sumTokenRows(dx, rowOfPair, tokens, k, weights);
     return {dTokens, dWeights, dA1, dB1, dA2, dB2, {}, {}, {}, {}, {}, {}, {}, {}, {}};
   }
 };
