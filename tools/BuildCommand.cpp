@@ -57,7 +57,6 @@ const char *const kBuildUsage =
 
 namespace {
 
-
 cl::SubCommand buildCommand("build", "Generate and compile a LoRA trainer for a model");
 /// The flags, parsed straight into the options (cl::location); BuildOptions'
 /// member defaults are the flags' defaults.

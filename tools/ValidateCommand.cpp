@@ -44,7 +44,6 @@ const char *const kValidateUsage =
 
 namespace {
 
-
 cl::SubCommand validateCommand("validate", "Run a stage of the validation ladder");
 /// The flags, parsed straight into the options (cl::location); --layouts is
 /// copied in by runValidateCommand.
