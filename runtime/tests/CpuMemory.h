@@ -3,8 +3,9 @@
 // What a layer keeps for its backward pass decides how deep a model fits on
 // a GPU, and the GPU is not here. On the CPU the same autograd graph keeps
 // the same tensors, so a test can count them: CountCpuAllocations puts a
-// counting allocator in front of LibTorch's CPU allocator for its lifetime,
-// and liveBytes() is what the tensors allocated since hold now.
+// counting allocator in front of LibTorch's CPU allocator for its lifetime:
+// liveBytes() is what the tensors allocated since hold now, peakBytes() the
+// most they held at once (a computation's transients included).
 //
 //===----------------------------------------------------------------------===//
 #ifndef ADAPT_RUNTIME_TESTS_CPUMEMORY_H
@@ -13,6 +14,7 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <limits>
 #include <mutex>
@@ -27,6 +29,10 @@ namespace adapt::rt::test {
 class CountCpuAllocations {
 public:
   CountCpuAllocations() : previous(c10::GetCPUAllocator()), baseline(live()) {
+    {
+      std::lock_guard<std::mutex> lock(blocks().mutex);
+      blocks().peak = blocks().bytes;
+    }
     counting.inner = previous;
     c10::SetCPUAllocator(&counting, kPriority);
   }
@@ -35,6 +41,10 @@ public:
   CountCpuAllocations &operator=(const CountCpuAllocations &) = delete;
 
   int64_t liveBytes() const { return live() - baseline; }
+  int64_t peakBytes() const {
+    std::lock_guard<std::mutex> lock(blocks().mutex);
+    return blocks().peak - baseline;
+  }
 
 private:
   /// The highest priority, so nothing set later displaces the counter.
@@ -47,7 +57,7 @@ private:
   struct Blocks {
     std::mutex mutex;
     std::unordered_map<void *, std::pair<c10::DataPtr, size_t>> byAddress;
-    int64_t bytes = 0;
+    int64_t bytes = 0, peak = 0;
   };
   static Blocks &blocks() {
     static Blocks *all = new Blocks; // never destroyed: frees may come at exit
@@ -68,6 +78,7 @@ private:
       if (ptr) {
         std::lock_guard<std::mutex> lock(blocks().mutex);
         blocks().bytes += static_cast<int64_t>(n);
+        blocks().peak = std::max(blocks().peak, blocks().bytes);
         blocks().byAddress.emplace(ptr, std::make_pair(std::move(data), n));
       }
       return {ptr, ptr, &release, device};

@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/SparseAttention.h"
+#include "runtime/tests/CpuMemory.h"
 #include "runtime/tests/Margins.h"
 #include "runtime/tests/SparseMlaLayer.h"
 
@@ -119,4 +120,37 @@ TEST(SparseMla, IndexerGetsNoGradient) {
   EXPECT_FALSE(a.indexQ.loraA.grad().defined());
   EXPECT_FALSE(a.indexQ.loraB.grad().defined());
   EXPECT_TRUE(x.grad().defined());
+}
+
+/// DSA's memory (issue 18: linear in T, never T x T). Between forward and
+/// backward the attention over the selected keys keeps its output and one
+/// fp32 log-sum-exp per row and head, nothing per selected key; while it
+/// runs it holds, besides those, a contiguous copy of q and one query
+/// block's gathered keys, values and logits. Counted on the CPU (the same
+/// node runs on the GPU), at 256 and 1,024 tokens: what is kept is exactly
+/// the output and the log-sum-exp (bound +1 % for LibTorch's own small
+/// allocations), and the block's transients do not grow with T at all
+/// (measured 1.36x the gathered sizes below; bound 3x). A [T, T] score
+/// tile would be 1 MiB at 256 tokens and 16 MiB at 1,024.
+TEST(SparseAttention, MemoryGrowsWithTokensNeverTokensSquared) {
+  torch::manual_seed(31);
+  const int64_t batch = 1, heads = 4, kvHeads = 1, dq = 16, dv = 8, keep = 32, block = 64;
+  const int64_t gathered = batch * block * keep * (kvHeads * (dq + dv) + heads) * 4;
+  std::vector<int64_t> blockTransients;
+  for (int64_t tokens : {256, 1024}) {
+    torch::Tensor q = torch::randn({batch, heads, tokens, dq}).requires_grad_();
+    torch::Tensor k = torch::randn({batch, kvHeads, tokens, dq}).requires_grad_();
+    torch::Tensor v = torch::randn({batch, kvHeads, tokens, dv}).requires_grad_();
+    SparseSelection selection = lightningTopK(torch::randn({batch, 2, tokens, 8}), torch::randn({batch, tokens, 8}),
+                                              torch::rand({batch, tokens, 2}), 0.3, keep);
+    test::CountCpuAllocations count;
+    torch::Tensor out = sparseAttention(q, k, v, selection, 0.25, block);
+    const int64_t kept = count.liveBytes(), stated = batch * tokens * heads * (dv + 1) * 4;
+    EXPECT_GE(kept, stated) << tokens;
+    EXPECT_LE(kept, stated + stated / 100) << tokens << " tokens: kept " << kept << ", output and lse " << stated;
+    const int64_t queryCopy = batch * tokens * heads * dq * 4;
+    blockTransients.push_back(count.peakBytes() - kept - queryCopy);
+    EXPECT_LE(blockTransients.back(), 3 * gathered) << tokens << " tokens";
+  }
+  EXPECT_EQ(blockTransients[0], blockTransients[1]); // nothing of the transients grows with T
 }
