@@ -15,7 +15,11 @@
 //   dhCat [R, 2I + r]   SwiGLU's input gradient | dh s B1
 // So the node keeps ~(K + 2I + I) values per row, not the K more of y that
 // a combine after it would keep for the weights' gradient (Qwen3-30B-A3B:
-// 4 KB less per row, 33 KB per token and MoE layer at top-8).
+// 4 KB less per row, 33 KB per token and MoE layer at top-8). With
+// recomputeInputs it keeps only h of the three, plus the tokens [T, K] and
+// the narrow x A1^T and act A2^T [R, r], and rebuilds xCat (a gather) and
+// actCat (SwiGLU of h) in the backward pass: 2I + 2r values per row and K
+// per token (Qwen3-30B-A3B: ~40 KB less per token and layer).
 // The weight buffers are [E, N + r, K + r] (FusedExperts.h). Their spare
 // rows and columns receive this step's factors at every forward; they are
 // kept in the node's saved data, not saved for backward, because a later
@@ -127,6 +131,30 @@ torch::Tensor tokenGradientRows(const torch::Tensor &gradOut, const torch::Tenso
       .index_copy_(0, rowOfPair, gradOut.unsqueeze(1).expand({tokens, k, width}).reshape({tokens * k, width}));
 }
 
+/// What the forward keeps for the backward: the gathered rows and SwiGLU's
+/// output whole, or (recomputeInputs) what rebuilds them.
+struct KeptRows {
+  torch::Tensor xCat, actCat;            ///< Whole: [R, K + r], [R, I + r].
+  torch::Tensor tokens, xLow, actLow;    ///< Rebuilding: [T, K], [R, r], [R, r].
+};
+
+/// xCat and actCat as the forward had them: kept, or rebuilt from the
+/// tokens (gathered by \p tokenOfRow) and h (SwiGLU) beside their saved
+/// rank-r columns. The same values either way.
+std::pair<torch::Tensor, torch::Tensor> rowsForBackward(const KeptRows &kept, const torch::Tensor &h,
+                                                        const torch::Tensor &tokenOfRow) {
+  if (kept.xCat.defined())
+    return {kept.xCat, kept.actCat};
+  const int64_t rows = h.size(0), hidden = kept.tokens.size(1), width = h.size(1) / 2, rank = kept.xLow.size(1);
+  torch::Tensor xCat = torch::empty({rows, hidden + rank}, h.options());
+  gatherInto(kept.tokens, tokenOfRow, xCat.narrow(1, 0, hidden));
+  xCat.narrow(1, hidden, rank).copy_(kept.xLow);
+  torch::Tensor actCat = torch::empty({rows, width + rank}, h.options());
+  swiGluInto(h, actCat.narrow(1, 0, width));
+  actCat.narrow(1, width, rank).copy_(kept.actLow);
+  return {xCat, actCat};
+}
+
 /// A weight buffer's parts: the frozen weight [E, N, K], the up factor's
 /// columns [E, N, r] and the down factor's rows [E, r, K].
 struct PaddedParts {
@@ -179,14 +207,15 @@ torch::Tensor groupedTimesT(const torch::Tensor &rows, const torch::Tensor &w, c
 /// k] (pair p = t * k + j); the adapters' fp32 factors in PEFT's layout, a1
 /// [E*r, K], b1 [2I, r*E], a2 [E*r, I], b2 [K, r*E], and their scales; the
 /// two weight buffers, into whose spare rows and columns the forward writes
-/// the factors (bf16, B scaled). Output: the combined [T, K].
+/// the factors (bf16, B scaled); \p recomputeInputs (file comment). Output:
+/// the combined [T, K].
 struct RoutedExpertsFunction : torch::autograd::Function<RoutedExpertsFunction> {
   static torch::Tensor forward(torch::autograd::AutogradContext *ctx, const torch::Tensor &tokens,
                                const torch::Tensor &weights, const torch::Tensor &a1, const torch::Tensor &b1, const torch::Tensor &a2,
                                const torch::Tensor &b2, const torch::Tensor &padded1, const torch::Tensor &padded2,
                                const torch::Tensor &offsets, const torch::Tensor &expertOfRow,
                                const torch::Tensor &tokenOfRow, const torch::Tensor &rowOfPair, int64_t k,
-                               double scale1, double scale2) {
+                               double scale1, double scale2, bool recomputeInputs) {
     const int64_t experts = padded1.size(0), rank = a1.size(0) / experts, hidden = tokens.size(1),
                   width = a2.size(1), rows = tokenOfRow.size(0);
     writeFactors(padded1, a1, b1, scale1);
@@ -201,21 +230,28 @@ struct RoutedExpertsFunction : torch::autograd::Function<RoutedExpertsFunction> 
     swiGluInto(h, actCat.narrow(1, 0, width));
     actCat.narrow(1, width, rank).copy_(groupedTimesT(actCat.narrow(1, 0, width), p2.downRows, offsets));
     torch::Tensor y = groupedTimesT(actCat, padded2.narrow(1, 0, hidden), offsets); // [R, K]
-    ctx->save_for_backward({xCat, h, actCat, offsets, expertOfRow, rowOfPair, weights});
+    if (recomputeInputs) // clones: a narrow view would keep its whole buffer alive
+      ctx->save_for_backward({h, offsets, expertOfRow, rowOfPair, weights, tokenOfRow, tokens,
+                              xCat.narrow(1, hidden, rank).clone(), actCat.narrow(1, width, rank).clone()});
+    else
+      ctx->save_for_backward({h, offsets, expertOfRow, rowOfPair, weights, xCat, actCat});
     ctx->saved_data["padded1"] = padded1;
     ctx->saved_data["padded2"] = padded2;
     ctx->saved_data["tokens"] = tokens.size(0);
     ctx->saved_data["k"] = k;
     ctx->saved_data["scale1"] = scale1;
     ctx->saved_data["scale2"] = scale2;
+    ctx->saved_data["recomputeInputs"] = recomputeInputs;
     return combineInNode(y, rowOfPair, weights, k);
   }
 
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext *ctx,
                                                torch::autograd::tensor_list grads) {
     const auto v = ctx->get_saved_variables();
-    const torch::Tensor &xCat = v[0], &h = v[1], &actCat = v[2], &offsets = v[3], &experts = v[4], &rowOfPair = v[5],
-                        &weights = v[6];
+    const torch::Tensor &h = v[0], &offsets = v[1], &experts = v[2], &rowOfPair = v[3], &weights = v[4];
+    const bool rebuild = ctx->saved_data["recomputeInputs"].toBool();
+    const KeptRows kept = rebuild ? KeptRows{{}, {}, v[6], v[7], v[8]} : KeptRows{v[5], v[6], {}, {}, {}};
+    const auto [xCat, actCat] = rowsForBackward(kept, h, rebuild ? v[5] : torch::Tensor());
     const torch::Tensor padded1 = ctx->saved_data["padded1"].toTensor(), padded2 = ctx->saved_data["padded2"].toTensor();
     const int64_t tokens = ctx->saved_data["tokens"].toInt(), k = ctx->saved_data["k"].toInt();
     const int64_t rank = padded1.size(1) - h.size(1), hidden = xCat.size(1) - rank, width = actCat.size(1) - rank;
@@ -258,7 +294,7 @@ struct RoutedExpertsFunction : torch::autograd::Function<RoutedExpertsFunction> 
     torch::Tensor dA1 = gradientOfA(weighted(dLow1), xCat.narrow(1, 0, hidden), offsets);
     torch::Tensor dB1 = gradientOfB(dh, weighted(xCat.narrow(1, hidden, rank)), offsets, scale1);
     torch::Tensor dTokens = sumTokenRows(dx, rowOfPair, tokens, k, weights);
-    return {dTokens, dWeights, dA1, dB1, dA2, dB2, {}, {}, {}, {}, {}, {}, {}, {}, {}};
+    return {dTokens, dWeights, dA1, dB1, dA2, dB2, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};
   }
 };
 
@@ -315,7 +351,8 @@ torch::Tensor fusedRoutedExperts(const FfnLayer &f, const torch::Tensor &tokens,
   return RoutedExpertsFunction::apply(tokens.to(dtype).contiguous(), weights, f.gateUp.loraA, f.gateUp.loraB,
                                       f.expertDown.loraA, f.expertDown.loraB, f.gateUp.padded,
                                       f.expertDown.padded, groups.offsets, groups.expertOfRow, groups.tokenOfRow,
-                                      groups.rowOfPair, groups.pairsPerToken, f.gateUp.scale, f.expertDown.scale);
+                                      groups.rowOfPair, groups.pairsPerToken, f.gateUp.scale, f.expertDown.scale,
+                                      f.recomputeExpertInputs);
 }
 
 } // namespace adapt::rt

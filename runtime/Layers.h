@@ -127,6 +127,8 @@ struct FfnLayer {
   /// Expert parallelism: which routed experts gateUp/expertDown hold (their
   /// first dimension) and the group holding the rest. Default: all of them.
   ExpertShard shard;
+  /// ModelOptions::recomputeExpertInputs, for the fused experts' node.
+  bool recomputeExpertInputs = false;
 
   bool isMoe() const { return def.experts > 0; }
   /// \p load receives tokens per expert when this is a MoE layer. Defined

@@ -34,6 +34,12 @@ struct ModelOptions {
   /// with the layer count times the layer's intermediates. Not used while
   /// activations are captured (validation).
   bool recomputeLayers = false;
+  /// The routed experts' node (GPU, FusedExperts.h) keeps its tokens and
+  /// narrow [rows, r] factors instead of its gathered rows and SwiGLU
+  /// output, and rebuilds those two in the backward pass: ~40 KB less per
+  /// token and MoE layer at Qwen3-30B-A3B's widths, for one more row gather
+  /// and SwiGLU pass per layer. Same values and gradients.
+  bool recomputeExpertInputs = false;
   /// Called while loading: (tensors done, tensors in all). May be empty.
   std::function<void(int64_t, int64_t)> progress;
   /// A parallel run (runtime/Distributed.h): with ep > 1 this rank loads and

@@ -472,6 +472,7 @@ void ModelImpl::injectLora() {
       // On the GPU the experts' LoRA rides inside their grouped GEMMs where
       // the layer allows it; the CPU keeps the composition (the reference).
       if (options.device.is_cuda()) {
+        f.recomputeExpertInputs = options.recomputeExpertInputs;
         prepareFusedExperts(f);
         f.prepareRouter(); // fp32 logits by a bf16 tensor-core GEMM (RouterLogits.h)
       }

@@ -120,6 +120,58 @@ TEST(FusedExperts, UnsupportedLayersKeepTheComposition) {
   EXPECT_FALSE(prepareFusedExperts(biased));
 }
 
+namespace {
+
+/// One run of the fused node at bf16 (T 64, hidden 64, I 32, 8 experts,
+/// top-4, rank 8, no padding rows): the bytes it keeps between forward and
+/// backward (counted; the inputs are allocated before), then its output and
+/// the gradients of the tokens, the routing weights and the four factors.
+struct NodeRun {
+  int64_t kept = 0;
+  std::vector<torch::Tensor> values;
+};
+
+constexpr int64_t kNodeTokens = 64, kNodeHidden = 64, kNodeWidth = 32, kNodeExperts = 8, kNodeTopK = 4,
+                  kNodeRank = 8;
+
+NodeRun runFusedNode(bool recomputeInputs) {
+  torch::manual_seed(14);
+  FfnLayer f;
+  f.def.experts = kNodeExperts, f.def.topK = kNodeTopK, f.def.intermediate = kNodeWidth;
+  auto bf16Experts = [&](int64_t out, int64_t in) {
+    ExpertLinear x;
+    x.weight = (torch::randn({kNodeExperts, out, in}) / std::sqrt(double(in))).to(torch::kBFloat16);
+    x.loraA = (torch::randn({kNodeExperts * kNodeRank, in}) * 0.3).requires_grad_();
+    x.loraB = (torch::randn({out, kNodeRank * kNodeExperts}) * 0.3).requires_grad_();
+    x.scale = 2.0;
+    return x;
+  };
+  f.gateUp = bf16Experts(2 * kNodeWidth, kNodeHidden);
+  f.expertDown = bf16Experts(kNodeHidden, kNodeWidth);
+  f.recomputeExpertInputs = recomputeInputs;
+  EXPECT_TRUE(prepareFusedExperts(f));
+  std::vector<torch::Tensor> picks;
+  for (int64_t t = 0; t < kNodeTokens; ++t)
+    picks.push_back(torch::randperm(kNodeExperts).narrow(0, 0, kNodeTopK));
+  torch::Tensor weights = torch::rand({kNodeTokens, kNodeTopK}).requires_grad_();
+  ExpertGroups groups = groupByExpert(Routing{torch::stack(picks), weights}, kNodeExperts, /*align=*/1);
+  torch::Tensor x = torch::randn({kNodeTokens, kNodeHidden}).to(torch::kBFloat16).requires_grad_();
+  torch::Tensor cot = torch::randn({kNodeTokens, kNodeHidden}).to(torch::kBFloat16);
+  NodeRun run;
+  torch::Tensor out;
+  {
+    CountCpuAllocations count;
+    out = fusedRoutedExperts(f, x, groups, weights);
+    run.kept = count.liveBytes();
+  }
+  out.backward(cot);
+  run.values = {out.detach(), x.grad(), weights.grad(), f.gateUp.loraA.grad(), f.gateUp.loraB.grad(),
+                f.expertDown.loraA.grad(), f.expertDown.loraB.grad()};
+  return run;
+}
+
+} // namespace
+
 /// What the routed experts keep for the backward pass decides how many
 /// layers fit on a GPU (48 of Qwen3-30B-A3B on one H200). Between forward
 /// and backward the node holds, besides its output [T, K], exactly its
@@ -130,41 +182,23 @@ TEST(FusedExperts, UnsupportedLayersKeepTheComposition) {
 /// the same tensors as on the GPU: measured exactly the stated bytes; the
 /// bound allows 1 % for LibTorch's own small allocations. y kept for the
 /// weights' gradient (2 R K bytes more, +33 % here) fails it: tried.
+/// With recomputeInputs (--recompute-experts) it keeps h and the two [R, r]
+/// columns only (the tokens are the caller's), rebuilds the rest in the
+/// backward pass, and gives bitwise the same output and gradients.
 TEST(FusedExperts, KeepsOnlyItsRowBuffersForBackward) {
-  torch::manual_seed(14);
-  const int64_t tokens = 64, hidden = 64, width = 32, experts = 8, k = 4, rank = 8;
-  FfnLayer f;
-  f.def.experts = experts, f.def.topK = k, f.def.intermediate = width;
-  auto bf16Experts = [&](int64_t out, int64_t in) {
-    ExpertLinear x;
-    x.weight = (torch::randn({experts, out, in}) / std::sqrt(double(in))).to(torch::kBFloat16);
-    x.loraA = (torch::randn({experts * rank, in}) * 0.3).requires_grad_();
-    x.loraB = (torch::randn({out, rank * experts}) * 0.3).requires_grad_();
-    x.scale = 2.0;
-    return x;
-  };
-  f.gateUp = bf16Experts(2 * width, hidden);
-  f.expertDown = bf16Experts(hidden, width);
-  ASSERT_TRUE(prepareFusedExperts(f));
-  torch::Tensor picks = torch::stack({torch::randperm(experts).narrow(0, 0, k)}).expand({tokens, k}).contiguous();
-  torch::Tensor weights = torch::rand({tokens, k}).requires_grad_();
-  ExpertGroups groups = groupByExpert(Routing{picks, weights}, experts, /*align=*/1);
-  torch::Tensor x = torch::randn({tokens, hidden}).to(torch::kBFloat16).requires_grad_();
-  const int64_t rows = groups.tokenOfRow.size(0);
-  ASSERT_EQ(rows, tokens * k);
-
-  int64_t kept = 0;
-  torch::Tensor out;
-  {
-    CountCpuAllocations count;
-    out = fusedRoutedExperts(f, x, groups, weights);
-    kept = count.liveBytes();
+  const int64_t rows = kNodeTokens * kNodeTopK, output = 2 * kNodeTokens * kNodeHidden;
+  const NodeRun whole = runFusedNode(false), rebuilt = runFusedNode(true);
+  const int64_t wholeBytes = output + 2 * rows * ((kNodeHidden + kNodeRank) + 2 * kNodeWidth + (kNodeWidth + kNodeRank));
+  const int64_t rebuiltBytes = output + 2 * rows * (2 * kNodeWidth + 2 * kNodeRank);
+  for (const auto &[run, stated] : {std::pair{&whole, wholeBytes}, std::pair{&rebuilt, rebuiltBytes}}) {
+    EXPECT_GE(run->kept, stated);
+    EXPECT_LE(run->kept, stated + stated / 100) << "kept " << run->kept << " bytes, the stated buffers are " << stated;
   }
-  const int64_t stated = 2 * (rows * ((hidden + rank) + 2 * width + (width + rank)) + tokens * hidden);
-  EXPECT_GE(kept, stated);
-  EXPECT_LE(kept, stated + stated / 100) << "kept " << kept << " bytes, the stated buffers are " << stated
-                                         << "; the expert rows would be " << 2 * rows * hidden << " more";
-  out.backward(torch::randn_like(out)); // the kept graph still runs
-  EXPECT_TRUE(weights.grad().defined());
-  EXPECT_TRUE(x.grad().defined());
+  const char *names[] = {"output", "tokens' gradient", "weights' gradient", "gate_up lora_A", "gate_up lora_B",
+                         "down lora_A", "down lora_B"};
+  for (size_t i = 0; i < whole.values.size(); ++i) {
+    ASSERT_TRUE(whole.values[i].defined() && rebuilt.values[i].defined()) << names[i];
+    EXPECT_GT(whole.values[i].abs().max().item<double>(), 0.0) << names[i];
+    EXPECT_TRUE(torch::equal(whole.values[i], rebuilt.values[i])) << names[i];
+  }
 }
