@@ -144,7 +144,7 @@ Training (defaults in brackets):
                          kind (attention, GEMMs, LoRA, experts, router, loss,
                          optimizer, copies, idle) in OUT/profile/breakdown.md;
                          profiled steps run eagerly, the CUDA graph after them
-  --help                 this text
+  -h, --help             this text
 
 Every step appends one JSON line to OUT/metrics.jsonl: step, loss, lr,
 tokens_per_s, mfu, grad_norm, expert_load (tokens per expert per layer),
@@ -373,10 +373,10 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
     return kExitSuccess;
   }
   if (args.has("--config")) { // Its settings, where the command line gives none.
-    std::set<std::string> valueFlags = kValueFlags,
-                          boolFlags = {"--resume", "--recompute", "--recompute-experts", "--no-recompute", "--rslora",
-                                       "--no-packing", "--no-cuda-graphs"};
+    std::set<std::string> valueFlags = kValueFlags, boolFlags = kBoolFlags;
     valueFlags.erase("--config");
+    boolFlags.erase("--help");
+    boolFlags.erase("-h");
     for (const ConfigSetting &c : readTrainConfig(*args.find("--config"), valueFlags, boolFlags))
       args.values.emplace(c.flag, std::vector<std::string>{c.value});
   }
@@ -634,6 +634,12 @@ int trainMain(int argc, char **argv, const ModelDef &def, const std::string &def
     std::fprintf(stderr, "%serror: %s\n", lineBreak(), e.what());
     return kExitInternal;
   }
+}
+
+std::vector<std::string> trainFlags() {
+  std::vector<std::string> all(kValueFlags.begin(), kValueFlags.end());
+  all.insert(all.end(), kBoolFlags.begin(), kBoolFlags.end());
+  return all;
 }
 
 } // namespace adapt::rt

@@ -11,6 +11,7 @@
 #include "runtime/ModelDef.h"
 
 #include <string>
+#include <vector>
 
 namespace adapt::rt {
 
@@ -24,6 +25,10 @@ int trainMain(int argc, char **argv, const ModelDef &def, const std::string &def
 
 /// The --help text of a trainer called \p program.
 std::string trainUsage(const std::string &program, const std::string &defaultModelDir);
+
+/// Every flag trainMain accepts ("--steps", ...; "-h" too), value-taking or
+/// not: what --help must document.
+std::vector<std::string> trainFlags();
 
 } // namespace adapt::rt
 
