@@ -8,7 +8,9 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/Errors.h"
+#include "runtime/Layers.h"
 #include "runtime/Ops.h"
+#include "runtime/tests/CpuMemory.h"
 #include "runtime/tests/Margins.h"
 
 #include <gtest/gtest.h>
@@ -146,4 +148,27 @@ TEST(OpsTest, ForcedRoutingWeighsTheGivenExpertsLikeTheRouter) {
     EXPECT_THROW(checkForcedExperts(other - 8, 8, "model.layers.0.mlp"), RuntimeError);
     EXPECT_NO_THROW(checkForcedExperts(other, 8, "model.layers.0.mlp"));
   }
+}
+
+/// A LoRA linear (q/k/v/o, dense MLPs, shared experts) keeps, between
+/// forward and backward, its output [T, out] and the rank-r product x A^T
+/// [T, r], plus the factors cast to the activations' dtype (bf16: A [r, in]
+/// and s B [out, r]); x and W are the caller's. Nothing else of size T x in
+/// or T x out: the rank-r terms accumulate into the base output in place.
+/// Counted on the CPU in bf16: exactly those bytes (+1 % for LibTorch's own
+/// small allocations).
+TEST(OpsTest, LoraLinearKeepsItsOutputAndTheRankRProductOnly) {
+  torch::manual_seed(5);
+  const int64_t tokens = 96, in = 64, out = 48, rank = 8;
+  LoraLinear l;
+  l.weight = (torch::randn({out, in}) / 8).to(torch::kBFloat16);
+  l.loraA = torch::randn({rank, in}).requires_grad_();
+  l.loraB = torch::randn({out, rank}).requires_grad_();
+  l.scale = 2.0;
+  torch::Tensor x = torch::randn({tokens, in}).to(torch::kBFloat16).requires_grad_();
+  test::CountCpuAllocations count;
+  torch::Tensor y = l.forward(x, /*training=*/true);
+  const int64_t kept = count.liveBytes(), stated = 2 * (tokens * out + tokens * rank + rank * in + out * rank);
+  EXPECT_GE(kept, stated);
+  EXPECT_LE(kept, stated + stated / 100) << "kept " << kept << ", the output, x A^T and the cast factors " << stated;
 }
