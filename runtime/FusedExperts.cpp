@@ -91,31 +91,20 @@ void addLowRankInto(torch::Tensor out, const torch::Tensor &low, const torch::Te
   out.copy_(out.to(torch::kFloat32) + term);
 }
 
-/// d tokens[t] = sum over t's k pairs p of weights[p] * gradRows[rowOfPair[p]],
-/// in fp32 (\p weights [T, k]).
-torch::Tensor sumTokenRows(const torch::Tensor &gradRows, const torch::Tensor &rowOfPair, int64_t tokens, int64_t k,
-                           const torch::Tensor &weights) {
-#ifdef ADAPT_WITH_CUDA_KERNELS
-  if (gradRows.is_cuda())
-    return cuda::combineRows(gradRows, rowOfPair, weights, k);
-#endif
-  return (gradRows.index_select(0, rowOfPair).to(torch::kFloat32).view({tokens, k, gradRows.size(1)}) *
-          weights.to(torch::kFloat32).view({tokens, k, 1}))
-      .sum(1)
-      .to(gradRows.scalar_type());
-}
-
-/// The routed output [T, K]: out[t] = sum over t's k pairs p of weights[p] *
-/// rows[rowOfPair[p]], as combineExpertRows computes it on each device.
-torch::Tensor combineInNode(const torch::Tensor &rows, const torch::Tensor &rowOfPair, const torch::Tensor &weights,
-                            int64_t k) {
+/// out[t] = sum over t's k pairs p of weights[p] * rows[rowOfPair[p]], in
+/// fp32, rounded once to rows' dtype (\p weights [T, k]): the node's
+/// combine forward, and the sum of a token's input gradient rows backward.
+torch::Tensor weightedTokenSum(const torch::Tensor &rows, const torch::Tensor &rowOfPair, int64_t k,
+                               const torch::Tensor &weights) {
 #ifdef ADAPT_WITH_CUDA_KERNELS
   if (rows.is_cuda() && rowOfPair.size(0) > 0)
     return cuda::combineRows(rows, rowOfPair, weights, k);
 #endif
   const int64_t tokens = rowOfPair.size(0) / k;
-  torch::Tensor picked = rows.index_select(0, rowOfPair).view({tokens, k, rows.size(1)});
-  return torch::bmm(weights.to(rows.scalar_type()).view({tokens, 1, k}), picked).squeeze(1);
+  return (rows.index_select(0, rowOfPair).to(torch::kFloat32).view({tokens, k, rows.size(1)}) *
+          weights.to(torch::kFloat32).view({tokens, k, 1}))
+      .sum(1)
+      .to(rows.scalar_type());
 }
 
 /// g [R, K]: row rowOfPair[p] = gradOut[p / k], unweighted; padding rows
@@ -237,12 +226,11 @@ struct RoutedExpertsFunction : torch::autograd::Function<RoutedExpertsFunction> 
       ctx->save_for_backward({h, offsets, expertOfRow, rowOfPair, weights, xCat, actCat});
     ctx->saved_data["padded1"] = padded1;
     ctx->saved_data["padded2"] = padded2;
-    ctx->saved_data["tokens"] = tokens.size(0);
     ctx->saved_data["k"] = k;
     ctx->saved_data["scale1"] = scale1;
     ctx->saved_data["scale2"] = scale2;
     ctx->saved_data["recomputeInputs"] = recomputeInputs;
-    return combineInNode(y, rowOfPair, weights, k);
+    return weightedTokenSum(y, rowOfPair, k, weights);
   }
 
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext *ctx,
@@ -253,7 +241,7 @@ struct RoutedExpertsFunction : torch::autograd::Function<RoutedExpertsFunction> 
     const KeptRows kept = rebuild ? KeptRows{{}, {}, v[6], v[7], v[8]} : KeptRows{v[5], v[6], {}, {}, {}};
     const auto [xCat, actCat] = rowsForBackward(kept, h, rebuild ? v[5] : torch::Tensor());
     const torch::Tensor padded1 = ctx->saved_data["padded1"].toTensor(), padded2 = ctx->saved_data["padded2"].toTensor();
-    const int64_t tokens = ctx->saved_data["tokens"].toInt(), k = ctx->saved_data["k"].toInt();
+    const int64_t k = ctx->saved_data["k"].toInt();
     const int64_t rank = padded1.size(1) - h.size(1), hidden = xCat.size(1) - rank, width = actCat.size(1) - rank;
     const int64_t rows = xCat.size(0);
     PaddedParts p1 = partsOf(padded1, rank), p2 = partsOf(padded2, rank);
@@ -293,7 +281,7 @@ struct RoutedExpertsFunction : torch::autograd::Function<RoutedExpertsFunction> 
     torch::Tensor dx = at::_grouped_mm(dhCat, padded1.narrow(2, 0, hidden), offsets); // [R, K]
     torch::Tensor dA1 = gradientOfA(weighted(dLow1), xCat.narrow(1, 0, hidden), offsets);
     torch::Tensor dB1 = gradientOfB(dh, weighted(xCat.narrow(1, hidden, rank)), offsets, scale1);
-    torch::Tensor dTokens = sumTokenRows(dx, rowOfPair, tokens, k, weights);
+    torch::Tensor dTokens = weightedTokenSum(dx, rowOfPair, k, weights);
     return {dTokens, dWeights, dA1, dB1, dA2, dB2, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}};
   }
 };
