@@ -108,7 +108,7 @@ ConfigObject::getString(std::initializer_list<const char *> names) {
 
 namespace {
 
-/// The items of the list \p value (of \p plural, each \p item: "integers",
+/// The items of the list \p value (of \p plural, each \p what: "integers",
 /// "an integer"), each checked by \p isItem; \p fail names a bad item by its
 /// index.
 template <typename T, typename IsItem, typename Fail>
