@@ -11,70 +11,157 @@
 #include "runtime/cuda/LowRankKernel.h"
 #endif
 
+#include <algorithm>
 #include <cmath>
 
 namespace adapt::rt {
 
 namespace {
 
-/// y = x W^T + b + (x A^T)(s B)^T as one autograd node whose rank-r terms
-/// accumulate in place: forward into the base output, backward into the
-/// base input gradient (addmm_ with beta = 1, one rounding), so neither a
-/// separate [tokens, in] LoRA input gradient nor the add that autograd would
-/// make of the two exists (profiled at ~0.1 ms per MoE layer on the H200 for
-/// q/k/v/o, docs/performance.md, seventh round). The factors come as the
-/// fp32 adapters and get their gradients in fp32; the frozen weight and bias
-/// get none.
-struct LoraLinearFunction : torch::autograd::Function<LoraLinearFunction> {
-  static torch::Tensor forward(torch::autograd::AutogradContext *ctx, const torch::Tensor &x,
-                               const torch::Tensor &loraA, const torch::Tensor &loraB, const torch::Tensor &weight,
-                               const torch::Tensor &biasOrEmpty, double scale) {
+/// Frozen linears that read one input, each with or without its LoRA
+/// adapter, as one autograd node: y_i = x W_i^T + b_i + (x A_i^T)(s_i B_i)^T.
+/// - Forward: the members' rank-r down-projections are one GEMM over their
+///   stacked A (x is read once, not once per member), and each up-projection
+///   accumulates into its base output in place (addmm_, beta = 1).
+/// - Backward: every member's input gradient accumulates into one tensor in
+///   place (addmm_), so neither a [tokens, in] gradient per member and per
+///   adapter nor the adds autograd would make of them exist (profiled at
+///   ~0.1 ms per MoE layer for q/k/v/o on the H200, docs/performance.md,
+///   seventh round); the stacked A get their gradients from one GEMM.
+/// The factors come as fp32 adapters and get fp32 gradients; the frozen
+/// weights and biases get none. \p inputs: x, then per member A, B (empty
+/// without LoRA), W and bias (empty without one); \p scales per member.
+struct LoraGroupFunction : torch::autograd::Function<LoraGroupFunction> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext *ctx, at::TensorList inputs,
+                                                std::vector<double> scales) {
+    const torch::Tensor &x = inputs[0];
+    const int64_t members = static_cast<int64_t>(scales.size());
     const auto dtype = x.scalar_type();
-    const torch::Tensor a = loraA.to(dtype), scaledB = (loraB * scale).to(dtype);
     const torch::Tensor x2 = x.reshape({-1, x.size(-1)});
-    torch::Tensor y = torch::linear(x2, weight, biasOrEmpty.numel() > 0 ? biasOrEmpty : torch::Tensor());
-    const torch::Tensor down = torch::mm(x2, a.t()); // [tokens, r]
-    y.addmm_(down, scaledB.t());
-    ctx->save_for_backward({x2, a, scaledB, weight, down});
-    ctx->saved_data["scale"] = scale;
-    std::vector<int64_t> shape = x.sizes().vec();
-    shape.back() = weight.size(0);
-    return y.view(shape);
+    std::vector<torch::Tensor> factorsA, scaledB(members), weights(members);
+    std::vector<int64_t> ranks(members, 0);
+    for (int64_t i = 0; i < members; ++i) {
+      const torch::Tensor &a = inputs[1 + 4 * i], &b = inputs[2 + 4 * i];
+      weights[i] = inputs[3 + 4 * i];
+      if (a.numel() == 0)
+        continue;
+      ranks[i] = a.size(0);
+      factorsA.push_back(a.to(dtype));
+      scaledB[i] = (b * scales[i]).to(dtype);
+    }
+    const torch::Tensor stackedA = factorsA.empty()       ? torch::Tensor()
+                                   : factorsA.size() == 1 ? factorsA[0]
+                                                          : torch::cat(factorsA, 0);
+    const torch::Tensor down = stackedA.defined() ? torch::mm(x2, stackedA.t()) : torch::Tensor(); // [tokens, sum r]
+    torch::autograd::variable_list outputs;
+    for (int64_t i = 0, column = 0; i < members; column += ranks[i], ++i) {
+      const torch::Tensor &bias = inputs[4 + 4 * i];
+      torch::Tensor y = torch::linear(x2, weights[i], bias.numel() > 0 ? bias : torch::Tensor());
+      if (ranks[i] > 0)
+        y.addmm_(down.narrow(1, column, ranks[i]), scaledB[i].t());
+      std::vector<int64_t> shape = x.sizes().vec();
+      shape.back() = weights[i].size(0);
+      outputs.push_back(y.view(shape));
+    }
+    torch::autograd::variable_list saved{x2, stackedA, down};
+    saved.insert(saved.end(), weights.begin(), weights.end());
+    saved.insert(saved.end(), scaledB.begin(), scaledB.end());
+    ctx->save_for_backward(saved);
+    ctx->saved_data["ranks"] = ranks;
+    ctx->saved_data["shape"] = x.sizes().vec();
+    ctx->saved_data["scales"] = scales;
+    return outputs;
   }
-  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext *ctx,
-                                               torch::autograd::tensor_list grads) {
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
+                                                 torch::autograd::variable_list grads) {
     const auto v = ctx->get_saved_variables();
-    const torch::Tensor &x2 = v[0], &a = v[1], &scaledB = v[2], &weight = v[3], &down = v[4];
-    const double scale = ctx->saved_data["scale"].toDouble();
-    const torch::Tensor dy = grads[0].reshape({-1, weight.size(0)});
-    const torch::Tensor dDown = torch::mm(dy, scaledB); // [tokens, r]
+    const torch::Tensor &x2 = v[0], &stackedA = v[1], &down = v[2];
+    const std::vector<int64_t> ranks = ctx->saved_data["ranks"].toIntVector();
+    const std::vector<double> scales = ctx->saved_data["scales"].toDoubleVector();
+    const int64_t members = static_cast<int64_t>(ranks.size());
+    auto weight = [&](int64_t i) -> const torch::Tensor & { return v[3 + i]; };
+    auto scaledB = [&](int64_t i) -> const torch::Tensor & { return v[3 + members + i]; };
+    // A member whose output got no gradient contributes none.
+    auto gradOf = [&](int64_t i) {
+      return grads[i].defined() ? grads[i].reshape({-1, weight(i).size(0)}) : torch::Tensor();
+    };
+    std::vector<torch::Tensor> dDownParts;
+    for (int64_t i = 0; i < members; ++i)
+      if (ranks[i] > 0) {
+        const torch::Tensor dy = gradOf(i);
+        dDownParts.push_back(dy.defined() ? torch::mm(dy, scaledB(i)) : torch::zeros({x2.size(0), ranks[i]}, x2.options()));
+      }
+    const torch::Tensor dDown = dDownParts.empty()       ? torch::Tensor()
+                                : dDownParts.size() == 1 ? dDownParts[0]
+                                                         : torch::cat(dDownParts, 1); // [tokens, sum r]
     torch::Tensor dx;
     if (ctx->needs_input_grad(0)) { // not for a first layer's frozen embeddings
-      std::vector<int64_t> shape = grads[0].sizes().vec();
-      shape.back() = weight.size(1);
-      dx = torch::mm(dy, weight).addmm_(dDown, a).view(shape);
+      for (int64_t i = 0; i < members; ++i)
+        if (const torch::Tensor dy = gradOf(i); dy.defined())
+          dx = dx.defined() ? dx.addmm_(dy, weight(i)) : torch::mm(dy, weight(i));
+      if (dx.defined() && dDown.defined())
+        dx.addmm_(dDown, stackedA);
+      if (dx.defined())
+        dx = dx.view(ctx->saved_data["shape"].toIntVector());
     }
-    torch::Tensor dA = torch::mm(dDown.t(), x2).to(torch::kFloat32);
-    torch::Tensor dB = torch::mm(dy.t(), down).to(torch::kFloat32) * scale;
-    return {dx, dA, dB, torch::Tensor(), torch::Tensor(), torch::Tensor()};
+    const torch::Tensor dStackedA = dDown.defined() ? torch::mm(dDown.t(), x2).to(torch::kFloat32) : torch::Tensor();
+    torch::autograd::variable_list result{dx};
+    for (int64_t i = 0, row = 0; i < members; row += ranks[i], ++i) {
+      torch::Tensor dA, dB;
+      if (ranks[i] > 0) {
+        // Each member's own tensor: an optimizer may keep the gradient.
+        dA = ranks[i] == dStackedA.size(0) ? dStackedA : dStackedA.narrow(0, row, ranks[i]).clone();
+        const torch::Tensor dy = gradOf(i);
+        dB = dy.defined() ? torch::mm(dy.t(), down.narrow(1, row, ranks[i])).to(torch::kFloat32) * scales[i]
+                          : torch::zeros({weight(i).size(0), ranks[i]}, dStackedA.options());
+      }
+      result.insert(result.end(), {dA, dB, torch::Tensor(), torch::Tensor()});
+    }
+    result.push_back(torch::Tensor()); // for the scales
+    return result;
   }
 };
 
 } // namespace
 
+bool LoraLinear::joinsGroupNode(const torch::Tensor &x, bool training) const {
+  const bool adaptersFp32 = !hasLora() || (loraA.scalar_type() == torch::kFloat32 && loraB.scalar_type() == torch::kFloat32);
+  return adaptersFp32 && !(hasLora() && training && dropout > 0.0) && split == TensorSplit::None &&
+         !weight.requires_grad() && !(bias.defined() && bias.requires_grad()) && x.dim() >= 1 && x.numel() > 0;
+}
+
+std::vector<torch::Tensor> LoraLinear::forwardShared(const std::vector<const LoraLinear *> &linears,
+                                                     const torch::Tensor &x, bool training) {
+  const bool oneNode = std::all_of(linears.begin(), linears.end(),
+                                   [&](const LoraLinear *l) { return l->joinsGroupNode(x, training); });
+  std::vector<torch::Tensor> outputs;
+  if (!oneNode) {
+    for (const LoraLinear *l : linears)
+      outputs.push_back(l->forward(x, training));
+    return outputs;
+  }
+  const torch::Tensor none = torch::empty({0}, x.options());
+  std::vector<torch::Tensor> inputs{x};
+  std::vector<double> scales;
+  for (const LoraLinear *l : linears) {
+    inputs.insert(inputs.end(), {l->hasLora() ? l->loraA : none, l->hasLora() ? l->loraB : none, l->weight,
+                                 l->bias.defined() ? l->bias : none});
+    scales.push_back(l->scale);
+  }
+  return LoraGroupFunction::apply(at::TensorList(inputs), scales);
+}
+
 torch::Tensor LoraLinear::forward(const torch::Tensor &input, bool training) const {
+  // One node with in-place accumulation where the LoRA input is the base
+  // input and the frozen parts are plain (LoraGroupFunction).
+  if (hasLora() && joinsGroupNode(input, training))
+    return forwardShared({this}, input, training)[0];
   // Column-parallel: the whole input, whose gradient the group sums.
   const torch::Tensor x = split == TensorSplit::Columns ? copyToTensorRegion(input, *tensorGroup) : input;
   // Row-parallel: the bias joins once, after the partial outputs are summed.
   const bool rows = split == TensorSplit::Rows;
   const bool dropping = training && dropout > 0.0;
-  // One node with in-place accumulation where the LoRA input is the base
-  // input and the frozen parts are plain (LoraLinearFunction).
-  if (hasLora() && !dropping && split == TensorSplit::None && !weight.requires_grad() &&
-      !(bias.defined() && bias.requires_grad()) && x.dim() >= 1 && x.numel() > 0 &&
-      loraA.scalar_type() == torch::kFloat32 && loraB.scalar_type() == torch::kFloat32)
-    return LoraLinearFunction::apply(x, loraA, loraB, weight, bias.defined() ? bias : torch::empty({0}, x.options()),
-                                     scale);
   torch::Tensor y = torch::linear(x, weight, rows ? torch::Tensor() : bias);
   if (hasLora()) {
     torch::Tensor in = x;
@@ -214,13 +301,13 @@ torch::Tensor AttentionLayer::forward(const torch::Tensor &x, const RopeTables &
   };
   if (def.kind == AttentionKind::Mla) {
     const int64_t heads = def.heads;
-    torch::Tensor qs = def.qLoraRank > 0
-                           ? qB.forward(rmsNorm(qA.forward(x, training), qANorm, normEps), training)
-                           : q.forward(x, training);
+    const std::vector<torch::Tensor> fromX =
+        LoraLinear::forwardShared({def.qLoraRank > 0 ? &qA : &q, &kvA}, x, training);
+    torch::Tensor qs = def.qLoraRank > 0 ? qB.forward(rmsNorm(fromX[0], qANorm, normEps), training) : fromX[0];
     qs = qs.view({batch, seqLen, heads, def.qkNopeDim + def.qkRopeDim}).transpose(1, 2);
     torch::Tensor qPass = qs.narrow(-1, 0, def.qkNopeDim);
     torch::Tensor qRot = qs.narrow(-1, def.qkNopeDim, def.qkRopeDim);
-    torch::Tensor kv = kvA.forward(x, training);
+    const torch::Tensor &kv = fromX[1];
     torch::Tensor latent = kv.narrow(-1, 0, def.kvLoraRank);
     torch::Tensor kRot = kv.narrow(-1, def.kvLoraRank, def.qkRopeDim).view({batch, 1, seqLen, def.qkRopeDim});
     if (tensorGroup) // Shared by every rank's heads: its gradient is summed over them.
@@ -239,13 +326,14 @@ torch::Tensor AttentionLayer::forward(const torch::Tensor &x, const RopeTables &
     query = torch::cat({qPass, qRot}, -1);
     key = torch::cat({kPass, kRot}, -1);
   } else {
-    torch::Tensor qs = q.forward(x, training), ks = k.forward(x, training);
+    const std::vector<torch::Tensor> qkv = LoraLinear::forwardShared({&q, &k, &v}, x, training);
+    torch::Tensor qs = qkv[0], ks = qkv[1];
     if (def.outputGate) { // Qwen3-Next: per head [query, gate] in q_proj's output.
       auto halves = qs.view({batch, seqLen, def.heads, 2 * def.headDim}).chunk(2, -1);
       qs = halves[0].reshape({batch, seqLen, def.heads * def.headDim});
       gate = halves[1].reshape({batch, seqLen, def.heads * def.headDim});
     }
-    value = v.forward(x, training).view({batch, seqLen, def.kvHeads, def.vHeadDim}).transpose(1, 2);
+    value = qkv[2].view({batch, seqLen, def.kvHeads, def.vHeadDim}).transpose(1, 2);
     if (def.qkNorm == "full" && tensorGroup) { // Statistics over every rank's heads.
       qs = splitWidthRmsNorm(qs, qNorm, normEps, zeroCentredNorms && qNorm.defined(), *tensorGroup);
       ks = splitWidthRmsNorm(ks, kNorm, normEps, zeroCentredNorms && kNorm.defined(), *tensorGroup);
@@ -314,8 +402,10 @@ torch::Tensor FfnLayer::routerLogits(const torch::Tensor &flat, bool training) c
 
 torch::Tensor FfnLayer::forward(const torch::Tensor &x, bool training, torch::Tensor *load,
                                 const torch::Tensor &forcedExperts, torch::Tensor *flips) const {
-  if (!isMoe())
-    return down.forward(torch::silu(gate.forward(x, training)) * up.forward(x, training), training);
+  if (!isMoe()) {
+    const std::vector<torch::Tensor> gateUp = LoraLinear::forwardShared({&gate, &up}, x, training);
+    return down.forward(torch::silu(gateUp[0]) * gateUp[1], training);
+  }
   const auto shape = x.sizes().vec();
   torch::Tensor flat = x.reshape({-1, x.size(-1)});
   torch::Tensor logits = routerLogits(flat, training);
@@ -348,10 +438,13 @@ torch::Tensor FfnLayer::forward(const torch::Tensor &x, bool training, torch::Te
     y = combineExpertRows(out.to(flat.scalar_type()), groups, scaleInput ? torch::Tensor() : routing.weights);
   }
   if (def.sharedIntermediate > 0) {
-    torch::Tensor shared = sharedDown.forward(
-        torch::silu(sharedGate.forward(flat, training)) * sharedUp.forward(flat, training), training);
+    std::vector<const LoraLinear *> readers{&sharedGate, &sharedUp};
     if (def.sharedGate)
-      shared = shared * torch::sigmoid(sharedExpertGate.forward(flat, training));
+      readers.push_back(&sharedExpertGate);
+    const std::vector<torch::Tensor> in = LoraLinear::forwardShared(readers, flat, training);
+    torch::Tensor shared = sharedDown.forward(torch::silu(in[0]) * in[1], training);
+    if (def.sharedGate)
+      shared = shared * torch::sigmoid(in[2]);
     y = y + shared;
   }
   return y.view(shape);

@@ -40,6 +40,16 @@ struct LoraLinear {
 
   bool hasLora() const { return loraA.defined(); }
   torch::Tensor forward(const torch::Tensor &x, bool training) const;
+  /// The outputs of \p linears that all read \p x (q/k/v; an MLP's gate and
+  /// up), in order: as one autograd node that reads x once for every
+  /// adapter's down-projection and sums the input gradients in place, where
+  /// each member allows it (joinsGroupNode); else one forward each.
+  static std::vector<torch::Tensor> forwardShared(const std::vector<const LoraLinear *> &linears,
+                                                  const torch::Tensor &x, bool training);
+  /// Whether this linear can run inside the shared-input node on \p x:
+  /// frozen weight and bias, fp32 adapters (or none), no dropout in
+  /// training, not split by tensor parallelism.
+  bool joinsGroupNode(const torch::Tensor &x, bool training) const;
 };
 
 /// One fused tensor of all routed experts, [E, out, in], with grouped LoRA

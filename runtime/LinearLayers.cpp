@@ -137,8 +137,9 @@ torch::Tensor GatedDeltaNetLayer::forwardStretch(const torch::Tensor &x, bool tr
   const int64_t keyDim = keyHeads * dk, valueDim = valueHeads * dv;
 
   // Per key-head group: q, k, v, z and b, a, as transformers splits them.
-  torch::Tensor qkvz = inProjQkvz.forward(x, training).view({batch, seqLen, keyHeads, 2 * dk + 2 * perGroup * dv});
-  torch::Tensor ba = inProjBa.forward(x, training).view({batch, seqLen, keyHeads, 2 * perGroup});
+  const std::vector<torch::Tensor> projected = LoraLinear::forwardShared({&inProjQkvz, &inProjBa}, x, training);
+  torch::Tensor qkvz = projected[0].view({batch, seqLen, keyHeads, 2 * dk + 2 * perGroup * dv});
+  torch::Tensor ba = projected[1].view({batch, seqLen, keyHeads, 2 * perGroup});
   auto parts = torch::split_with_sizes(qkvz, {dk, dk, perGroup * dv, perGroup * dv}, 3);
   torch::Tensor z = parts[3].reshape({batch, seqLen, valueHeads, dv});
   auto gates = torch::split_with_sizes(ba, {perGroup, perGroup}, 3);
@@ -170,18 +171,21 @@ torch::Tensor KimiDeltaLayer::forwardStretch(const torch::Tensor &x, bool traini
                                              CarriedState *leaving) const {
   const int64_t batch = x.size(0), seqLen = x.size(1);
   const int64_t heads = def.keyHeads, d = def.keyHeadDim, width = heads * d;
-  torch::Tensor mixed = torch::cat({q.forward(x, training), k.forward(x, training), v.forward(x, training)}, -1);
+  // Every projection of x: q, k, v, the decay's and the gate's first
+  // factors, and beta's.
+  const std::vector<torch::Tensor> p = LoraLinear::forwardShared({&q, &k, &v, &fA, &gA, &b}, x, training);
+  torch::Tensor mixed = torch::cat({p[0], p[1], p[2]}, -1);
   auto [query, key, value] = convolvedQkv(mixed, conv, entering, leaving, heads, d, heads, d);
 
   // Per-channel log decay, in fp32.
-  torch::Tensor forget = fB.forward(fA.forward(x, training), training).to(torch::kFloat32) + dtBias.to(torch::kFloat32);
+  torch::Tensor forget = fB.forward(p[3], training).to(torch::kFloat32) + dtBias.to(torch::kFloat32);
   torch::Tensor decay = -aLog.to(torch::kFloat32).exp().view({1, 1, heads, 1}) *
                         torch::softplus(forget.view({batch, seqLen, heads, d}));
-  torch::Tensor beta = torch::sigmoid(b.forward(x, training));
+  torch::Tensor beta = torch::sigmoid(p[5]);
 
   torch::Tensor core =
       deltaRuleStretch(deltaInputs(query, key, value, decay, beta), def, entering, leaving, x.scalar_type());
-  torch::Tensor gate = gB.forward(gA.forward(x, training), training).view({batch, seqLen, heads, d});
+  torch::Tensor gate = gB.forward(p[4], training).view({batch, seqLen, heads, d});
   core = sigmoidGatedRmsNorm(core, norm, gate, normEps);
   return o.forward(core.reshape({batch, seqLen, width}), training);
 }

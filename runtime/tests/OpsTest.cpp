@@ -172,3 +172,28 @@ TEST(OpsTest, LoraLinearKeepsItsOutputAndTheRankRProductOnly) {
   EXPECT_GE(kept, stated);
   EXPECT_LE(kept, stated + stated / 100) << "kept " << kept << ", the output, x A^T and the cast factors " << stated;
 }
+
+/// Linears reading one input (q/k/v) as one node keep what each would keep
+/// alone (its output, x A^T, the cast factors): the stacked down-projection
+/// adds no [T, in] tensor. Counted on the CPU in bf16; the values are the
+/// op stage's (linear.lora.shared_input, against float64).
+TEST(OpsTest, SharedInputLinearsKeepTheirOutputsAndTheirRankRProducts) {
+  torch::manual_seed(6);
+  const int64_t tokens = 96, in = 64, rank = 8;
+  const int64_t outs[3] = {64, 16, 32};
+  LoraLinear l[3];
+  int64_t stated = 0;
+  for (int i = 0; i < 3; ++i) {
+    l[i].weight = (torch::randn({outs[i], in}) / 8).to(torch::kBFloat16);
+    l[i].loraA = torch::randn({rank, in}).requires_grad_();
+    l[i].loraB = torch::randn({outs[i], rank}).requires_grad_();
+    l[i].scale = 2.0;
+    stated += 2 * (tokens * outs[i] + tokens * rank + rank * in + outs[i] * rank);
+  }
+  torch::Tensor x = torch::randn({tokens, in}).to(torch::kBFloat16).requires_grad_();
+  test::CountCpuAllocations count;
+  std::vector<torch::Tensor> y = LoraLinear::forwardShared({&l[0], &l[1], &l[2]}, x, /*training=*/true);
+  EXPECT_GE(count.liveBytes(), stated);
+  EXPECT_LE(count.liveBytes(), stated + stated / 100)
+      << "kept " << count.liveBytes() << ", the outputs, x A^T and the cast factors " << stated;
+}
