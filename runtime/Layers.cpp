@@ -123,6 +123,19 @@ struct LoraGroupFunction : torch::autograd::Function<LoraGroupFunction> {
   }
 };
 
+/// \p linears (each joinsGroupNode) on \p x through LoraGroupFunction.
+std::vector<torch::Tensor> groupNode(const std::vector<const LoraLinear *> &linears, const torch::Tensor &x) {
+  const torch::Tensor none = torch::empty({0}, x.options());
+  std::vector<torch::Tensor> inputs{x};
+  std::vector<double> scales;
+  for (const LoraLinear *l : linears) {
+    inputs.insert(inputs.end(), {l->hasLora() ? l->loraA : none, l->hasLora() ? l->loraB : none, l->weight,
+                                 l->bias.defined() ? l->bias : none});
+    scales.push_back(l->scale);
+  }
+  return LoraGroupFunction::apply(at::TensorList(inputs), scales);
+}
+
 } // namespace
 
 bool LoraLinear::joinsGroupNode(const torch::Tensor &x, bool training) const {
@@ -141,22 +154,14 @@ std::vector<torch::Tensor> LoraLinear::forwardShared(const std::vector<const Lor
       outputs.push_back(l->forward(x, training));
     return outputs;
   }
-  const torch::Tensor none = torch::empty({0}, x.options());
-  std::vector<torch::Tensor> inputs{x};
-  std::vector<double> scales;
-  for (const LoraLinear *l : linears) {
-    inputs.insert(inputs.end(), {l->hasLora() ? l->loraA : none, l->hasLora() ? l->loraB : none, l->weight,
-                                 l->bias.defined() ? l->bias : none});
-    scales.push_back(l->scale);
-  }
-  return LoraGroupFunction::apply(at::TensorList(inputs), scales);
+  return groupNode(linears, x);
 }
 
 torch::Tensor LoraLinear::forward(const torch::Tensor &input, bool training) const {
   // One node with in-place accumulation where the LoRA input is the base
   // input and the frozen parts are plain (LoraGroupFunction).
   if (hasLora() && joinsGroupNode(input, training))
-    return forwardShared({this}, input, training)[0];
+    return groupNode({this}, input)[0];
   // Column-parallel: the whole input, whose gradient the group sums.
   const torch::Tensor x = split == TensorSplit::Columns ? copyToTensorRegion(input, *tensorGroup) : input;
   // Row-parallel: the bias joins once, after the partial outputs are summed.

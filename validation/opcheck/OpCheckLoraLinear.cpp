@@ -2,7 +2,7 @@
 //
 // LoraLinear::forward, y = x W^T + b + s (x A^T) B^T, against float64:
 // forward and the gradients of the input and both factors. Where the layer
-// runs its one node (LoraLinearFunction: the rank-r terms accumulated in
+// runs its one node (LoraGroupFunction: the rank-r terms accumulated in
 // place) and where it keeps the composition (dropout in training), so both
 // are judged. And LoraLinear::forwardShared: linears that read one input
 // (q/k/v; gate/up) as one node, members with and without an adapter or a
