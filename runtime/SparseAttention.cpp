@@ -12,6 +12,7 @@
 
 #include "runtime/Errors.h"
 #ifdef ADAPT_WITH_CUDA_KERNELS
+#include "runtime/cuda/FusedIndexerKernel.h"
 #include "runtime/cuda/IndexerKernel.h"
 #include "runtime/cuda/SparseScatterKernel.h"
 #endif
@@ -38,17 +39,26 @@ std::string sizesText(const torch::Tensor &t) {
 namespace {
 
 #ifdef ADAPT_WITH_CUDA_KERNELS
-/// lightningTopK on the GPU in bf16: per query block, the per-head scores of
-/// the keys up to the block's last query only (causality halves the work) by
-/// one bf16 GEMM, then cuda::indexerScores (relu, head weights with the scale
-/// folded in, mask) and top-k. The block is as many queries as one [block,
-/// H, keys] bf16 tile within \p tileBudget elements holds, so memory grows
-/// with T, never T * T. Scores round to bf16 once per head (relative 2^-8),
-/// so near-tied keys may be chosen otherwise than in fp32.
+/// lightningTopK on the GPU in bf16, per query block. Where
+/// cuda::fusedIndexerTakes the shapes (the released indexers' 32 or 64 heads
+/// of 128), one kernel scores the block's queries against the keys up to its
+/// last query (causality halves the work) with the per-head products in fp32
+/// on tensor cores, and the block is as many queries as a [block, keys] fp32
+/// score tile within the bytes of \p tileBudget bf16 elements holds.
+/// Otherwise one bf16 GEMM writes the per-head scores, rounded to bf16 once
+/// (relative 2^-8, so near-tied keys may be chosen otherwise than in fp32),
+/// cuda::indexerScores reduces them (relu, head weights with the scale folded
+/// in, mask), and the block is as many queries as a [block, H, keys] bf16
+/// tile within \p tileBudget holds. Either way memory grows with T, never
+/// T * T, and top-k follows per block.
 SparseSelection lightningTopKBf16(const torch::Tensor &q, const torch::Tensor &k, const torch::Tensor &headWeights,
                                   double scale, int64_t keep, int64_t tileBudget, int64_t queryOffset) {
   const int64_t batch = q.size(0), heads = q.size(1), seqLen = q.size(2), dim = q.size(3), keyLen = k.size(1);
-  const int64_t block = std::max<int64_t>(1, std::min<int64_t>({seqLen, 65535, tileBudget / (heads * keyLen)}));
+  bool fused = true;
+  for (int64_t b = 0; b < batch; ++b)
+    fused = fused && cuda::fusedIndexerTakes(q[b].transpose(0, 1), k[b]);
+  const int64_t tile = fused ? 2 * keyLen : heads * keyLen; // Elements of bf16 size per query.
+  const int64_t block = std::max<int64_t>(1, std::min<int64_t>({seqLen, 65535, tileBudget / tile}));
   // relu(scale * s) = scale * relu(s) for scale > 0: the scale joins the weights.
   torch::Tensor weights = headWeights.to(torch::kFloat32) * scale;
   torch::Tensor positions = torch::arange(queryOffset, queryOffset + seqLen,
@@ -62,11 +72,17 @@ SparseSelection lightningTopKBf16(const torch::Tensor &q, const torch::Tensor &k
       // Keys up to the block's last query, at least `keep` of them (the later
       // ones masked) so every block gives `keep` slots.
       const int64_t keys = std::min(keyLen, std::max(queryOffset + start + n, keep));
-      torch::Tensor headScores =
-          torch::matmul(qt.narrow(0, start, n).reshape({n * heads, dim}), k[b].narrow(0, 0, keys).t())
-              .view({n, heads, keys});
-      torch::Tensor index =
-          cuda::indexerScores(headScores, weights[b].narrow(0, start, n).contiguous(), queryOffset + start);
+      torch::Tensor blockWeights = weights[b].narrow(0, start, n).contiguous();
+      torch::Tensor index;
+      if (fused) {
+        index = cuda::fusedIndexerScores(qt.narrow(0, start, n), k[b].narrow(0, 0, keys), blockWeights,
+                                         queryOffset + start);
+      } else {
+        torch::Tensor headScores =
+            torch::matmul(qt.narrow(0, start, n).reshape({n * heads, dim}), k[b].narrow(0, 0, keys).t())
+                .view({n, heads, keys});
+        index = cuda::indexerScores(headScores, blockWeights, queryOffset + start);
+      }
       parts.push_back(std::get<1>(index.topk(keep, -1)));
     }
     perBatch.push_back(torch::cat(parts, 0));

@@ -180,9 +180,14 @@ void addSparseAttentionChecks(std::vector<Check> &all) {
   sparse("sparse_attention.short", {1, 3, 1, 7, 11, 11, 2, 6, 7, 64});
   // One query per block.
   sparse("sparse_attention.topk", {1, 2, 1, 13, 8, 8, 2, 6, 4, 1});
-  // The indexer over ragged blocks of 50 queries (a tile of 16 heads x 300
-  // keys x 50), keys cut at each block's last query on the GPU.
-  sparse("sparse_attention.indexer_blocks", {2, 2, 1, 300, 8, 8, 16, 32, 40, 64, 16 * 300 * 50});
+  // The indexer over ragged blocks, keys cut at each block's last query on
+  // the GPU. 12 heads of 40: the two-pass path (a [50, 12, 300] bf16 tile).
+  sparse("sparse_attention.indexer_blocks", {2, 2, 1, 300, 8, 8, 12, 40, 40, 64, 12 * 300 * 50});
+  // The one-kernel path (cuda::fusedIndexerScores) at the released widths,
+  // 64 heads of 128 (DeepSeek-V3.2) and 32 of 64: blocks of 70 and 45
+  // queries ([block, 300] fp32 tiles), key counts that end inside a tile.
+  sparse("sparse_attention.indexer_fused", {1, 2, 1, 300, 8, 8, 64, 128, 40, 64, 2 * 300 * 70});
+  sparse("sparse_attention.indexer_fused", {2, 2, 1, 200, 8, 8, 32, 64, 24, 16, 2 * 200 * 45});
   for (int64_t T : {7, 19})
     addCheck(all, "sparse_attention.rope_relayout", shapeText({{"T", T}, {"rot", 8}}),
              [=](const Ctx &c) { return relayoutTrial(c, T, 8); });
