@@ -14,6 +14,7 @@
 #ifdef ADAPT_WITH_CUDA_KERNELS
 #include "runtime/cuda/FusedIndexerKernel.h"
 #include "runtime/cuda/IndexerKernel.h"
+#include "runtime/cuda/SparseMlaKernel.h"
 #include "runtime/cuda/SparseScatterKernel.h"
 #endif
 
@@ -205,7 +206,20 @@ struct SparseAttentionFunction : torch::autograd::Function<SparseAttentionFuncti
                                           : v.transpose(1, 2).reshape({s.batch * s.keyLen, s.kvHeads, s.vDim});
     torch::Tensor out = torch::empty({s.batch, s.seqLen, s.heads, s.vDim}, q.options());
     torch::Tensor lse = torch::empty({s.batch, s.seqLen, s.heads}, q.options().dtype(torch::kFloat32));
-    for (int64_t start = 0; start < s.seqLen; start += block) {
+    bool done = false;
+#ifdef ADAPT_WITH_CUDA_KERNELS
+    // MLA's latents at the released widths: one kernel gathers the selected
+    // rows into shared memory (cuda::sparseLatentForward); the backward below
+    // recomputes the same rounded logits from the same rows.
+    if (s.valuesInKeys && s.kvHeads == 1) {
+      torch::Tensor rows = keys.view({s.batch * s.keyLen, s.qkDim});
+      if (cuda::sparseLatentForwardTakes(qt, rows, s.vDim)) {
+        cuda::sparseLatentForward(qt, rows, indices, valid, scale, s.keyLen, s.vDim, out, lse);
+        done = true;
+      }
+    }
+#endif
+    for (int64_t start = 0; start < s.seqLen && !done; start += block) {
       const int64_t n = std::min(block, s.seqLen - start);
       GatheredBlock b = gatherBlock(s, qt, keys, values, indices, valid, scale, start, n);
       torch::Tensor rowLse = torch::logsumexp(b.logits, -1, /*keepdim=*/true);

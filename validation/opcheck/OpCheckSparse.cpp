@@ -175,6 +175,12 @@ void addSparseAttentionChecks(std::vector<Check> &all) {
   // The same with the values inside the keys, as the SparseMla layer calls it.
   sparse("sparse_attention.latent_shared", {1, 5, 1, 41, 24, 16, 4, 16, 6, 8, int64_t(1) << 26, true});
   sparse("sparse_attention.latent_shared", {2, 4, 2, 37, 13, 8, 3, 10, 8, 7, int64_t(1) << 26, true});
+  // At the released latents' widths (576 = 512 + 64 rotary, values the first
+  // 512), where bf16 on the GPU takes cuda::sparseLatentForward: 100 slots
+  // (a tile of 64 and a ragged one), and 32 heads (two blocks of 16) over 40
+  // slots with early queries' slots invalid.
+  sparse("sparse_attention.latent_kernel", {1, 16, 1, 150, 576, 512, 4, 16, 100, 32, int64_t(1) << 26, true});
+  sparse("sparse_attention.latent_kernel", {2, 32, 1, 70, 576, 512, 4, 16, 40, 16, int64_t(1) << 26, true});
   // T < k: every visible key is kept (k' = T).
   sparse("sparse_attention.short", {2, 4, 2, 5, 12, 10, 3, 8, 8, 2});
   sparse("sparse_attention.short", {1, 3, 1, 7, 11, 11, 2, 6, 7, 64});

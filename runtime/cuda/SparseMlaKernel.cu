@@ -1,0 +1,278 @@
+//===- SparseMlaKernel.cu - sparse MLA's forward in one kernel ------------===//
+//
+// A block of 4 warps per (query, 16 heads). Per tile of 64 selected slots:
+//   1. the slots' latent rows are gathered into shared memory (16-byte loads);
+//   2. warp w computes the 16 x 16 logits of slots [16w, 16w + 16) over the
+//      576 columns (A = the query's heads, B = the rows: mma m16n8k16);
+//   3. the tile's row maxima and sums go through shared memory, so every
+//      warp keeps the same running max and sum per head (online softmax),
+//      and P (bf16) is written to shared memory;
+//   4. warp w adds P V for its 128 of the 512 value columns, V's fragments
+//      read transposed from the gathered rows (ldmatrix .trans).
+// The accumulator layout of m16n8k16: a thread holds rows g and g + 8 for
+// columns 2t and 2t + 1 (g = lane / 4, t = lane % 4).
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/cuda/SparseMlaKernel.h"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/Exception.h>
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace adapt::rt::cuda {
+
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kHeads = 16;        ///< Heads per block: one m-tile.
+constexpr int kSlots = 64;        ///< Selected rows per shared-memory tile.
+constexpr int kKeyDim = 576;      ///< The latents' width (512 + 64 rotary).
+constexpr int kValueDim = 512;    ///< Values: the latents' first 512 columns.
+constexpr int kRow = kKeyDim + 8; ///< Padded row: 292 words, so rows g = 0..7 hit distinct banks.
+constexpr int kProbRow = kSlots + 8;
+constexpr int kColumnsPerWarp = kValueDim / kWarps; ///< 128 value columns per warp.
+constexpr int kValueTiles = kColumnsPerWarp / 8;    ///< 16 n-tiles per warp.
+constexpr size_t kSharedBytes =
+    sizeof(__nv_bfloat16) * (kHeads * kRow + kSlots * kRow + kHeads * kProbRow) + sizeof(float) * 2 * kWarps * kHeads;
+
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+               "{%8, %9}, {%0, %1, %2, %3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/// Four 8x8 bf16 matrices from shared memory, transposed: lane l names row
+/// l % 8 of matrix l / 8; register j receives matrix j.
+__device__ __forceinline__ void ldmatrixX4Trans(uint32_t (&r)[4], const __nv_bfloat16 *p) {
+  const auto address = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+
+__device__ __forceinline__ uint32_t pair(const __nv_bfloat16 *p) { return *reinterpret_cast<const uint32_t *>(p); }
+
+/// A fragment of rows g, g + 8 and columns [16 ks, 16 ks + 16) of a
+/// row-major tile with \p stride elements per row.
+__device__ __forceinline__ void loadA(uint32_t (&a)[4], const __nv_bfloat16 *tile, int stride, int ks, int g, int t) {
+  const __nv_bfloat16 *low = tile + g * stride + ks * 16 + 2 * t, *high = low + 8 * stride;
+  a[0] = pair(low);
+  a[1] = pair(high);
+  a[2] = pair(low + 8);
+  a[3] = pair(high + 8);
+}
+
+/// The logit as the composition rounds it: bf16 product, then bf16 scaled.
+__device__ __forceinline__ float roundedLogit(float dot, float scale) {
+  return __bfloat162float(__float2bfloat16_rn(__bfloat162float(__float2bfloat16_rn(dot)) * scale));
+}
+
+__global__ void __launch_bounds__(kWarps * 32)
+    sparseLatentForwardKernel(const __nv_bfloat16 *__restrict__ q, const __nv_bfloat16 *__restrict__ keys,
+                              const int64_t *__restrict__ indices, const bool *__restrict__ valid,
+                              __nv_bfloat16 *__restrict__ out, float *__restrict__ lse, int64_t seqLen,
+                              int64_t heads, int64_t keep, int64_t keyLen, float scale) {
+  extern __shared__ __align__(16) unsigned char shared[];
+  __nv_bfloat16 *queryTile = reinterpret_cast<__nv_bfloat16 *>(shared); // [16][kRow]
+  __nv_bfloat16 *rowTile = queryTile + kHeads * kRow;                    // [kSlots][kRow]
+  __nv_bfloat16 *probTile = rowTile + kSlots * kRow;                     // [16][kProbRow]
+  float *maxPart = reinterpret_cast<float *>(probTile + kHeads * kProbRow); // [kWarps][16]
+  float *sumPart = maxPart + kWarps * kHeads;                               // [kWarps][16]
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
+  const int64_t batch = blockIdx.y, token = batch * seqLen + blockIdx.x;
+  const int64_t firstHead = int64_t(blockIdx.z) * kHeads;
+  constexpr int kVectors = kKeyDim / 8; // 16-byte vectors per row.
+  const __nv_bfloat16 *queryRows = q + (token * heads + firstHead) * kKeyDim;
+  for (int v = threadIdx.x; v < kHeads * kVectors; v += blockDim.x)
+    *reinterpret_cast<uint4 *>(queryTile + (v / kVectors) * kRow + (v % kVectors) * 8) =
+        *reinterpret_cast<const uint4 *>(queryRows + int64_t(v) * 8);
+  const int64_t *slotRows = indices + token * keep;
+  const bool *slotValid = valid + token * keep;
+
+  const float negInf = __int_as_float(0xff800000);
+  float runningMax[2] = {negInf, negInf}, runningSum[2] = {0.0f, 0.0f}; // Rows g and g + 8.
+  float acc[kValueTiles][4];
+#pragma unroll
+  for (int nt = 0; nt < kValueTiles; ++nt)
+    acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
+
+  for (int64_t firstSlot = 0; firstSlot < keep; firstSlot += kSlots) {
+    __syncthreads(); // The previous tile's readers are done (and the query tile is in).
+    for (int v = threadIdx.x; v < kSlots * kVectors; v += blockDim.x) {
+      const int r = v / kVectors, col = (v % kVectors) * 8;
+      const int64_t slot = firstSlot + r;
+      uint4 value = make_uint4(0u, 0u, 0u, 0u);
+      if (slot < keep) {
+        const int64_t row = batch * keyLen + min(slotRows[slot], keyLen - 1);
+        value = *reinterpret_cast<const uint4 *>(keys + row * kKeyDim + col);
+      }
+      *reinterpret_cast<uint4 *>(rowTile + r * kRow + col) = value;
+    }
+    __syncthreads();
+
+    // Logits of slots [16 warp, 16 warp + 16): two n-tiles.
+    float logits[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll 4
+    for (int ks = 0; ks < kKeyDim / 16; ++ks) {
+      uint32_t a[4];
+      loadA(a, queryTile, kRow, ks, g, t);
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const __nv_bfloat16 *b = rowTile + (warp * 16 + j * 8 + g) * kRow + ks * 16 + 2 * t;
+        mma16816(logits[j], a, pair(b), pair(b + 8));
+      }
+    }
+    float tileMax[2] = {negInf, negInf};
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t slot = firstSlot + warp * 16 + j * 8 + 2 * t + (e & 1);
+        const bool use = slot < keep && slotValid[slot];
+        logits[j][e] = use ? roundedLogit(logits[j][e], scale) : negInf;
+        tileMax[e >> 1] = fmaxf(tileMax[e >> 1], logits[j][e]);
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      tileMax[r] = fmaxf(tileMax[r], __shfl_xor_sync(0xffffffffu, tileMax[r], 1));
+      tileMax[r] = fmaxf(tileMax[r], __shfl_xor_sync(0xffffffffu, tileMax[r], 2));
+    }
+    if (t == 0) {
+      maxPart[warp * kHeads + g] = tileMax[0];
+      maxPart[warp * kHeads + g + 8] = tileMax[1];
+    }
+    __syncthreads();
+    float newMax[2], rescale[2], tileSum[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      newMax[r] = runningMax[r];
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w)
+        newMax[r] = fmaxf(newMax[r], maxPart[w * kHeads + g + 8 * r]);
+      // Nothing valid yet: keep everything at zero (exp(-inf - -inf) is NaN).
+      rescale[r] = newMax[r] == negInf ? 1.0f : __expf(runningMax[r] - newMax[r]);
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float p0 = newMax[r] == negInf ? 0.0f : __expf(logits[j][2 * r] - newMax[r]);
+        const float p1 = newMax[r] == negInf ? 0.0f : __expf(logits[j][2 * r + 1] - newMax[r]);
+        tileSum[r] += p0 + p1;
+        *reinterpret_cast<__nv_bfloat162 *>(probTile + (g + 8 * r) * kProbRow + warp * 16 + j * 8 + 2 * t) =
+            __floats2bfloat162_rn(p0, p1);
+      }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      tileSum[r] += __shfl_xor_sync(0xffffffffu, tileSum[r], 1);
+      tileSum[r] += __shfl_xor_sync(0xffffffffu, tileSum[r], 2);
+    }
+    if (t == 0) {
+      sumPart[warp * kHeads + g] = tileSum[0];
+      sumPart[warp * kHeads + g + 8] = tileSum[1];
+    }
+    __syncthreads(); // P and the partial sums are in.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w)
+        sum += sumPart[w * kHeads + g + 8 * r];
+      runningSum[r] = runningSum[r] * rescale[r] + sum;
+      runningMax[r] = newMax[r];
+    }
+#pragma unroll
+    for (int nt = 0; nt < kValueTiles; ++nt) {
+      acc[nt][0] *= rescale[0];
+      acc[nt][1] *= rescale[0];
+      acc[nt][2] *= rescale[1];
+      acc[nt][3] *= rescale[1];
+    }
+    // acc += P [16 x 64] . V [64 x this warp's 128 columns].
+    const int matrix = lane / 8, matrixRow = lane % 8;
+#pragma unroll
+    for (int kk = 0; kk < kSlots / 16; ++kk) {
+      uint32_t a[4];
+      loadA(a, probTile, kProbRow, kk, g, t);
+      const __nv_bfloat16 *vRows = rowTile + (kk * 16 + (matrix % 2) * 8 + matrixRow) * kRow +
+                                   warp * kColumnsPerWarp + (matrix / 2) * 8;
+#pragma unroll
+      for (int np = 0; np < kValueTiles / 2; ++np) {
+        uint32_t b[4];
+        ldmatrixX4Trans(b, vRows + np * 16);
+        mma16816(acc[2 * np], a, b[0], b[1]);
+        mma16816(acc[2 * np + 1], a, b[2], b[3]);
+      }
+    }
+  }
+
+  float inverse[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+    inverse[r] = runningSum[r] > 0.0f ? 1.0f / runningSum[r] : 0.0f;
+  __nv_bfloat16 *outRows = out + (token * heads + firstHead) * kValueDim + warp * kColumnsPerWarp + 2 * t;
+#pragma unroll
+  for (int nt = 0; nt < kValueTiles; ++nt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      *reinterpret_cast<__nv_bfloat162 *>(outRows + (g + 8 * r) * kValueDim + nt * 8) =
+          __floats2bfloat162_rn(acc[nt][2 * r] * inverse[r], acc[nt][2 * r + 1] * inverse[r]);
+  if (warp == 0 && t == 0)
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      lse[token * heads + firstHead + g + 8 * r] =
+          runningSum[r] > 0.0f ? runningMax[r] + __logf(runningSum[r]) : negInf;
+}
+
+bool aligned16(const at::Tensor &x) { return reinterpret_cast<std::uintptr_t>(x.data_ptr()) % 16 == 0; }
+
+} // namespace
+
+bool sparseLatentForwardTakes(const at::Tensor &q, const at::Tensor &keys, int64_t valueDim) {
+  return q.is_cuda() && keys.is_cuda() && q.scalar_type() == at::kBFloat16 && keys.scalar_type() == at::kBFloat16 &&
+         q.dim() == 4 && q.size(2) % kHeads == 0 && q.size(3) == kKeyDim && q.is_contiguous() && aligned16(q) &&
+         keys.dim() == 2 && keys.size(1) == kKeyDim && keys.is_contiguous() && aligned16(keys) &&
+         valueDim == kValueDim;
+}
+
+void sparseLatentForward(const at::Tensor &q, const at::Tensor &keys, const at::Tensor &indices,
+                         const at::Tensor &valid, double scale, int64_t keyLen, int64_t valueDim, at::Tensor &out,
+                         at::Tensor &lse) {
+  TORCH_CHECK(sparseLatentForwardTakes(q, keys, valueDim), "sparseLatentForward: a layout it does not take");
+  const int64_t batch = q.size(0), seqLen = q.size(1), heads = q.size(2);
+  TORCH_CHECK(indices.dim() == 3 && indices.size(0) == batch && indices.size(1) == seqLen &&
+                  indices.scalar_type() == at::kLong && valid.sizes() == indices.sizes() &&
+                  valid.scalar_type() == at::kBool,
+              "sparseLatentForward: expected int64 indices and bool valid [B, T, k]");
+  TORCH_CHECK(out.is_contiguous() && out.scalar_type() == at::kBFloat16 &&
+                  out.sizes() == at::IntArrayRef({batch, seqLen, heads, valueDim}) && lse.is_contiguous() &&
+                  lse.scalar_type() == at::kFloat && lse.sizes() == at::IntArrayRef({batch, seqLen, heads}),
+              "sparseLatentForward: expected out [B, T, H, Dv] bf16 and lse [B, T, H] fp32, contiguous");
+  TORCH_CHECK(batch <= 65535 && heads / kHeads <= 65535, "sparseLatentForward: grid too large");
+  if (out.numel() == 0)
+    return;
+  const c10::cuda::CUDAGuard guard(q.device());
+  const at::Tensor rows = indices.contiguous(), ok = valid.contiguous();
+  static const bool sharedSet = [] {
+    C10_CUDA_CHECK(cudaFuncSetAttribute(sparseLatentForwardKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(kSharedBytes)));
+    return true;
+  }();
+  (void)sharedSet;
+  const dim3 grid(static_cast<unsigned>(seqLen), static_cast<unsigned>(batch), static_cast<unsigned>(heads / kHeads));
+  sparseLatentForwardKernel<<<grid, kWarps * 32, kSharedBytes, at::cuda::getCurrentCUDAStream()>>>(
+      reinterpret_cast<const __nv_bfloat16 *>(q.data_ptr<at::BFloat16>()),
+      reinterpret_cast<const __nv_bfloat16 *>(keys.data_ptr<at::BFloat16>()), rows.data_ptr<int64_t>(),
+      ok.data_ptr<bool>(), reinterpret_cast<__nv_bfloat16 *>(out.data_ptr<at::BFloat16>()), lse.data_ptr<float>(),
+      seqLen, heads, rows.size(2), keyLen, static_cast<float>(scale));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+} // namespace adapt::rt::cuda
