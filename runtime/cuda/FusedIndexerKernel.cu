@@ -10,13 +10,13 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/cuda/FusedIndexerKernel.h"
+#include "runtime/cuda/Mma.cuh"
 
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
-#include <cuda_bf16.h>
 
 #include <cstdint>
 
@@ -28,17 +28,6 @@ constexpr int kWarps = 4;          ///< Queries per block, one warp each.
 constexpr int kKeyTile = 64;       ///< Keys per shared-memory tile (8 n-tiles).
 constexpr int kTilesPerBlock = 8;  ///< Tiles one block walks: 512 keys.
 constexpr int kRowPad = 8;         ///< bf16 after each key row: lanes g = 0..7 hit distinct banks.
-
-/// c += a * b for one m16n8k16 tile (bf16 in, fp32 accumulation).
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-               "{%8, %9}, {%0, %1, %2, %3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/// Two adjacent bf16 as one 32-bit register (the lower index in the low half).
-__device__ __forceinline__ uint32_t pair(const __nv_bfloat16 *p) { return *reinterpret_cast<const uint32_t *>(p); }
 
 /// Scores of queries [blockIdx.y * kWarps, +kWarps) against keys
 /// [blockIdx.x * kTilesPerBlock * kKeyTile, +kTilesPerBlock * kKeyTile).
@@ -68,16 +57,16 @@ __global__ void __launch_bounds__(kWarps * 32)
     const __nv_bfloat16 *high = low + 8 * headStride;
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks) {
-      a[mt][ks][0] = active ? pair(low + ks * 16) : 0u;
-      a[mt][ks][1] = active ? pair(high + ks * 16) : 0u;
-      a[mt][ks][2] = active ? pair(low + ks * 16 + 8) : 0u;
-      a[mt][ks][3] = active ? pair(high + ks * 16 + 8) : 0u;
+      a[mt][ks][0] = active ? bf16Pair(low + ks * 16) : 0u;
+      a[mt][ks][1] = active ? bf16Pair(high + ks * 16) : 0u;
+      a[mt][ks][2] = active ? bf16Pair(low + ks * 16 + 8) : 0u;
+      a[mt][ks][3] = active ? bf16Pair(high + ks * 16 + 8) : 0u;
     }
     weightLow[mt] = active ? weights[query * kHeads + head] : 0.0f;
     weightHigh[mt] = active ? weights[query * kHeads + head + 8] : 0.0f;
   }
 
-  const float negInf = __int_as_float(0xff800000);
+  const float negInf = negativeInfinity();
   for (int tileIndex = 0; tileIndex < kTilesPerBlock; ++tileIndex) {
     const int64_t firstKey = (int64_t(blockIdx.x) * kTilesPerBlock + tileIndex) * kKeyTile;
     if (firstKey >= keys) // The same for the whole block.
@@ -102,7 +91,7 @@ __global__ void __launch_bounds__(kWarps * 32)
           const __nv_bfloat16 *b = tile + (nt * 8 + g) * kRow + 2 * t;
 #pragma unroll
           for (int ks = 0; ks < KS; ++ks) {
-            const uint32_t b0 = pair(b + ks * 16), b1 = pair(b + ks * 16 + 8);
+            const uint32_t b0 = bf16Pair(b + ks * 16), b1 = bf16Pair(b + ks * 16 + 8);
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
               mma16816(acc[mt], a[mt][ks], b0, b1);

@@ -15,12 +15,12 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/cuda/SparseMlaKernel.h"
+#include "runtime/cuda/Mma.cuh"
 
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
-#include <cuda_bf16.h>
 
 #include <cstdint>
 
@@ -39,34 +39,6 @@ constexpr int kColumnsPerWarp = kValueDim / kWarps; ///< 128 value columns per w
 constexpr int kValueTiles = kColumnsPerWarp / 8;    ///< 16 n-tiles per warp.
 constexpr size_t kSharedBytes =
     sizeof(__nv_bfloat16) * (kHeads * kRow + kSlots * kRow + kHeads * kProbRow) + sizeof(float) * 2 * kWarps * kHeads;
-
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-               "{%8, %9}, {%0, %1, %2, %3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/// Four 8x8 bf16 matrices from shared memory, transposed: lane l names row
-/// l % 8 of matrix l / 8; register j receives matrix j.
-__device__ __forceinline__ void ldmatrixX4Trans(uint32_t (&r)[4], const __nv_bfloat16 *p) {
-  const auto address = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(address));
-}
-
-__device__ __forceinline__ uint32_t pair(const __nv_bfloat16 *p) { return *reinterpret_cast<const uint32_t *>(p); }
-
-/// A fragment of rows g, g + 8 and columns [16 ks, 16 ks + 16) of a
-/// row-major tile with \p stride elements per row.
-__device__ __forceinline__ void loadA(uint32_t (&a)[4], const __nv_bfloat16 *tile, int stride, int ks, int g, int t) {
-  const __nv_bfloat16 *low = tile + g * stride + ks * 16 + 2 * t, *high = low + 8 * stride;
-  a[0] = pair(low);
-  a[1] = pair(high);
-  a[2] = pair(low + 8);
-  a[3] = pair(high + 8);
-}
 
 /// The logit as the composition rounds it: bf16 product, then bf16 scaled.
 __device__ __forceinline__ float roundedLogit(float dot, float scale) {
@@ -96,7 +68,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int64_t *slotRows = indices + token * keep;
   const bool *slotValid = valid + token * keep;
 
-  const float negInf = __int_as_float(0xff800000);
+  const float negInf = negativeInfinity();
   float runningMax[2] = {negInf, negInf}, runningSum[2] = {0.0f, 0.0f}; // Rows g and g + 8.
   float acc[kValueTiles][4];
 #pragma unroll
@@ -122,11 +94,11 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll 4
     for (int ks = 0; ks < kKeyDim / 16; ++ks) {
       uint32_t a[4];
-      loadA(a, queryTile, kRow, ks, g, t);
+      loadFragmentA(a, queryTile, kRow, ks, g, t);
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const __nv_bfloat16 *b = rowTile + (warp * 16 + j * 8 + g) * kRow + ks * 16 + 2 * t;
-        mma16816(logits[j], a, pair(b), pair(b + 8));
+        mma16816(logits[j], a, bf16Pair(b), bf16Pair(b + 8));
       }
     }
     float tileMax[2] = {negInf, negInf};
@@ -200,7 +172,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int kk = 0; kk < kSlots / 16; ++kk) {
       uint32_t a[4];
-      loadA(a, probTile, kProbRow, kk, g, t);
+      loadFragmentA(a, probTile, kProbRow, kk, g, t);
       const __nv_bfloat16 *vRows = rowTile + (kk * 16 + (matrix % 2) * 8 + matrixRow) * kRow +
                                    warp * kColumnsPerWarp + (matrix / 2) * 8;
 #pragma unroll
