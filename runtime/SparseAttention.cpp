@@ -256,7 +256,21 @@ struct SparseAttentionFunction : torch::autograd::Function<SparseAttentionFuncti
     torch::Tensor dq = torch::empty({s.batch, s.seqLen, s.heads, s.qkDim}, q.options());
     torch::Tensor dk = torch::zeros({s.batch * s.keyLen, s.kvHeads, s.qkDim}, f32);
     torch::Tensor dv = s.valuesInKeys ? torch::Tensor() : torch::zeros({s.batch * s.keyLen, s.kvHeads, s.vDim}, f32);
-    for (int64_t start = 0; start < s.seqLen; start += block) {
+    bool done = false;
+#ifdef ADAPT_WITH_CUDA_KERNELS
+    // The forward's kernel path: one kernel for the whole backward (the same
+    // rounding as the blocks below, the rows' gradients added with atomics).
+    if (s.valuesInKeys && s.kvHeads == 1) {
+      torch::Tensor rows = keys.view({s.batch * s.keyLen, s.qkDim});
+      if (cuda::sparseLatentForwardTakes(qt, rows, s.vDim)) {
+        torch::Tensor dkRows = dk.view({s.batch * s.keyLen, s.qkDim});
+        cuda::sparseLatentBackward(qt, rows, indices, valid, out, gradOut.contiguous(), lse, scale, s.keyLen, dq,
+                                   dkRows);
+        done = true;
+      }
+    }
+#endif
+    for (int64_t start = 0; start < s.seqLen && !done; start += block) {
       const int64_t n = std::min(block, s.seqLen - start);
       GatheredBlock b = gatherBlock(s, qt, keys, values, indices, valid, scale, start, n);
       auto heads5 = [&](const torch::Tensor &t, int64_t dim) {

@@ -16,6 +16,7 @@
 
 #include "runtime/cuda/SparseMlaKernel.h"
 #include "runtime/cuda/Mma.cuh"
+#include "runtime/cuda/SparseMla.cuh"
 
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
@@ -28,22 +29,14 @@ namespace adapt::rt::cuda {
 
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kHeads = 16;        ///< Heads per block: one m-tile.
-constexpr int kSlots = 64;        ///< Selected rows per shared-memory tile.
-constexpr int kKeyDim = 576;      ///< The latents' width (512 + 64 rotary).
-constexpr int kValueDim = 512;    ///< Values: the latents' first 512 columns.
-constexpr int kRow = kKeyDim + 8; ///< Padded row: 292 words, so rows g = 0..7 hit distinct banks.
+using namespace sparse_mla;
+
+constexpr int kSlots = 64; ///< Selected rows per shared-memory tile.
 constexpr int kProbRow = kSlots + 8;
 constexpr int kColumnsPerWarp = kValueDim / kWarps; ///< 128 value columns per warp.
 constexpr int kValueTiles = kColumnsPerWarp / 8;    ///< 16 n-tiles per warp.
 constexpr size_t kSharedBytes =
     sizeof(__nv_bfloat16) * (kHeads * kRow + kSlots * kRow + kHeads * kProbRow) + sizeof(float) * 2 * kWarps * kHeads;
-
-/// The logit as the composition rounds it: bf16 product, then bf16 scaled.
-__device__ __forceinline__ float roundedLogit(float dot, float scale) {
-  return __bfloat162float(__float2bfloat16_rn(__bfloat162float(__float2bfloat16_rn(dot)) * scale));
-}
 
 __global__ void __launch_bounds__(kWarps * 32)
     sparseLatentForwardKernel(const __nv_bfloat16 *__restrict__ q, const __nv_bfloat16 *__restrict__ keys,
@@ -60,11 +53,7 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t = lane % 4;
   const int64_t batch = blockIdx.y, token = batch * seqLen + blockIdx.x;
   const int64_t firstHead = int64_t(blockIdx.z) * kHeads;
-  constexpr int kVectors = kKeyDim / 8; // 16-byte vectors per row.
-  const __nv_bfloat16 *queryRows = q + (token * heads + firstHead) * kKeyDim;
-  for (int v = threadIdx.x; v < kHeads * kVectors; v += blockDim.x)
-    *reinterpret_cast<uint4 *>(queryTile + (v / kVectors) * kRow + (v % kVectors) * 8) =
-        *reinterpret_cast<const uint4 *>(queryRows + int64_t(v) * 8);
+  gatherRows(queryTile, q, kHeads, [&](int r) { return token * heads + firstHead + r; });
   const int64_t *slotRows = indices + token * keep;
   const bool *slotValid = valid + token * keep;
 
@@ -77,16 +66,10 @@ __global__ void __launch_bounds__(kWarps * 32)
 
   for (int64_t firstSlot = 0; firstSlot < keep; firstSlot += kSlots) {
     __syncthreads(); // The previous tile's readers are done (and the query tile is in).
-    for (int v = threadIdx.x; v < kSlots * kVectors; v += blockDim.x) {
-      const int r = v / kVectors, col = (v % kVectors) * 8;
+    gatherRows(rowTile, keys, kSlots, [&](int r) {
       const int64_t slot = firstSlot + r;
-      uint4 value = make_uint4(0u, 0u, 0u, 0u);
-      if (slot < keep) {
-        const int64_t row = batch * keyLen + min(slotRows[slot], keyLen - 1);
-        value = *reinterpret_cast<const uint4 *>(keys + row * kKeyDim + col);
-      }
-      *reinterpret_cast<uint4 *>(rowTile + r * kRow + col) = value;
-    }
+      return slot < keep ? latentRow(batch, keyLen, slotRows[slot]) : int64_t(-1);
+    });
     __syncthreads();
 
     // Logits of slots [16 warp, 16 warp + 16): two n-tiles.

@@ -34,6 +34,16 @@ void sparseLatentForward(const at::Tensor &q, const at::Tensor &keys, const at::
                          const at::Tensor &valid, double scale, int64_t keyLen, int64_t valueDim, at::Tensor &out,
                          at::Tensor &lse);
 
+/// The gradients of sparseLatentForward: \p gradQuery [B, T, H, Dq] bf16
+/// (written) and the keys' rows added into \p gradKeys [B*S, Dq] fp32 (16-byte
+/// atomics), from \p out and \p gradOut [B, T, H, valueDim] bf16 and the
+/// forward's \p lse. The same rounding as the composition's backward: logits
+/// as the forward, dP = dO . V^T and dS rounded to bf16.
+void sparseLatentBackward(const at::Tensor &q, const at::Tensor &keys, const at::Tensor &indices,
+                          const at::Tensor &valid, const at::Tensor &out, const at::Tensor &gradOut,
+                          const at::Tensor &lse, double scale, int64_t keyLen, at::Tensor &gradQuery,
+                          at::Tensor &gradKeys);
+
 } // namespace adapt::rt::cuda
 
 #endif // ADAPT_RUNTIME_CUDA_SPARSEMLAKERNEL_H
