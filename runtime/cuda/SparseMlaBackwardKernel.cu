@@ -28,6 +28,7 @@
 #include <c10/util/Exception.h>
 
 #include <cstdint>
+#include <vector>
 
 namespace adapt::rt::cuda {
 
@@ -222,7 +223,7 @@ void sparseLatentBackward(const at::Tensor &q, const at::Tensor &keys, const at:
                           at::Tensor &gradKeys) {
   TORCH_CHECK(sparseLatentForwardTakes(q, keys, kValueDim), "sparseLatentBackward: a layout it does not take");
   const int64_t batch = q.size(0), seqLen = q.size(1), heads = q.size(2);
-  const at::IntArrayRef valueShape({batch, seqLen, heads, int64_t(kValueDim)});
+  const std::vector<int64_t> valueShape{batch, seqLen, heads, int64_t(kValueDim)};
   TORCH_CHECK(indices.dim() == 3 && indices.size(0) == batch && indices.size(1) == seqLen &&
                   indices.scalar_type() == at::kLong && valid.sizes() == indices.sizes() &&
                   valid.scalar_type() == at::kBool,
