@@ -25,22 +25,23 @@ const Hardware &h200() {
     // caching allocator: ~0.6 GiB in nvidia-smi beyond the allocator peak on
     // the H200 runs (docs/performance.md), 1 GiB with NCCL's channels.
     x.contextBytes = 1.0 * (1ull << 30);
-    // Measured, bench/h200_speed.sh on 2026-12-04 (docs/performance.md,
-    // "Sixth round"): Qwen3-30B-A3B's widths, 2 x 4096 tokens, LoRA r=16 on
-    // attention and experts, one CUDA graph per step: 8.85 ms per MoE layer
-    // for 2.81 TFLOP (4 x active matmul parameters + causal attention,
-    // Planner.cpp's count) = 0.41 of 780 TFLOP/s; the fixed part, 21.9 ms
-    // for the 10.2 TFLOP LM head + loss = 0.59.
-    x.layerEfficiency = 0.41;
+    // Measured, bench/h200_speed.sh on 2026-12-05 (docs/performance.md,
+    // "Ninth and tenth rounds measured"): Qwen3-30B-A3B's widths, 2 x 4096
+    // tokens, LoRA r=16 on attention and experts, one CUDA graph per step:
+    // 8.42 ms per MoE layer for 2.81 TFLOP (4 x active matmul parameters +
+    // causal attention, Planner.cpp's count) = 0.43 of 780 TFLOP/s; the
+    // fixed part, 21.9 ms for the 10.2 TFLOP LM head + loss = 0.59.
+    x.layerEfficiency = 0.43;
     x.headEfficiency = 0.59;
-    // Same runs: allocator peak per extra layer 2.463 GiB, of which 1.160 GiB
-    // weights and 0.200 GiB adapter state; 1.103 GiB of activations at 8,192
-    // tokens against the planner's count of 1.376 GiB: 0.80.
-    x.activationScale = 0.80;
-    // Same runs: 1 layer peaks at 4.29 GiB; weights 2.32, adapters 0.20,
-    // activations 1.10 leave 0.67 GiB (embedding output, loss chunk of
+    // Same runs: allocator peak per extra layer 2.201 GiB, of which 1.160 GiB
+    // weights and 0.200 GiB adapter state; 0.841 GiB of activations at 8,192
+    // tokens against the planner's count of 1.125 GiB: 0.75. The 48-layer
+    // run peaked at 107.8 GiB, as this predicts.
+    x.activationScale = 0.75;
+    // Same runs: 1 layer peaks at 4.35 GiB; weights 2.32, adapters 0.20,
+    // activations 0.84 leave 0.99 GiB (embedding output, loss chunk of
     // 832 x vocab logits, cuBLAS workspace).
-    x.fixedAllocatorBytes = 0.67 * (1ull << 30);
+    x.fixedAllocatorBytes = 0.99 * (1ull << 30);
     // bench/h200_long_context.sh (docs/performance.md): ~0.6 MiB per token
     // per Gated DeltaNet layer of 32 x 128 value channels.
     x.deltaRuleBytesPerToken = 0.6 * (1 << 20);

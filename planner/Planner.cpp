@@ -43,14 +43,12 @@ double attentionElements(const ModelFacts &f, int64_t tp) {
 }
 
 /// Activation elements kept per token by an MoE layer: the router input in
-/// fp32, and per routed copy its dispatched row, gate/up output, activation
-/// and expert output. Since 2026-12-05 the GPU's fused experts' node no
-/// longer keeps the expert output (FusedExperts.cpp; ~0.25 GiB per layer at
-/// Qwen3-30B-A3B's widths and 8,192 tokens): this count and activationScale
-/// (Hardware.cpp) are refitted together from the next H200 measurement, and
-/// until then overestimate, which is the safe side.
+/// fp32, and per routed copy its dispatched row, gate/up output and
+/// activation. The fused experts' node does not keep the expert output (it
+/// combines its rows itself, FusedExperts.cpp); activationScale
+/// (Hardware.cpp) was fitted with this count.
 double moeElements(const ModelFacts &f, int64_t tp) {
-  return 2.0 * f.hidden + f.topK * (2.0 * f.hidden + 3.0 * f.expertWidth) + 3.0 * f.sharedWidth / tp;
+  return 2.0 * f.hidden + f.topK * (f.hidden + 3.0 * f.expertWidth) + 3.0 * f.sharedWidth / tp;
 }
 
 /// The runtime's delta-rule segment (LinearAttentionDef::segmentTokens):
