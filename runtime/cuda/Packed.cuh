@@ -49,6 +49,19 @@ struct Pack {
   }
 };
 
+/// Adds four floats at \p address (16-byte aligned): one 16-byte atomic on
+/// sm_90 and later, four scalar ones before.
+__device__ __forceinline__ void atomicAddFour(float *address, float4 v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float4 *>(address), v);
+#else
+  atomicAdd(address, v.x);
+  atomicAdd(address + 1, v.y);
+  atomicAdd(address + 2, v.z);
+  atomicAdd(address + 3, v.w);
+#endif
+}
+
 /// Whether rows of \p width elements of T starting at each pointer can all be
 /// accessed in 16-byte packs.
 template <typename T>

@@ -19,6 +19,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/cuda/Mma.cuh"
+#include "runtime/cuda/Packed.cuh"
 #include "runtime/cuda/SparseMla.cuh"
 #include "runtime/cuda/SparseMlaKernel.h"
 
@@ -45,17 +46,6 @@ constexpr int kRowColumnsPerWarp = kKeyDim / 2;        ///< 288: a row gradient'
 constexpr size_t kSharedBytes = sizeof(__nv_bfloat16) * (kHeads * kRow + kHeads * kGradRow + kSlots * kRow +
                                                          2 * kHeads * kSlotRow) +
                                 sizeof(float) * 2 * kHeads + sizeof(int64_t) * kSlots;
-
-__device__ __forceinline__ void atomicAddFour(float *address, float4 v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float4 *>(address), v);
-#else
-  atomicAdd(address, v.x);
-  atomicAdd(address + 1, v.y);
-  atomicAdd(address + 2, v.z);
-  atomicAdd(address + 3, v.w);
-#endif
-}
 
 __global__ void __launch_bounds__(kWarps * 32)
     sparseLatentBackwardKernel(const __nv_bfloat16 *__restrict__ q, const __nv_bfloat16 *__restrict__ keys,
@@ -154,20 +144,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     __syncthreads();
 
     // 3. dQ += dS [16 x 32] . K [32 x this warp's 144 columns].
-#pragma unroll
-    for (int kk = 0; kk < kSlots / 16; ++kk) {
-      uint32_t a[4];
-      loadFragmentA(a, gradLogitTile, kSlotRow, kk, g, t);
-      const __nv_bfloat16 *kRows = rowTile + (kk * 16 + (matrix % 2) * 8 + matrixRow) * kRow +
-                                   warp * kQueryColumnsPerWarp + (matrix / 2) * 8;
-#pragma unroll
-      for (int np = 0; np < kQueryTiles / 2; ++np) {
-        uint32_t b[4];
-        ldmatrixX4Trans(b, kRows + np * 16);
-        mma16816(gradQ[2 * np], a, b[0], b[1]);
-        mma16816(gradQ[2 * np + 1], a, b[2], b[3]);
-      }
-    }
+    addProductWithRows<kSlots>(gradQ, gradLogitTile, kSlotRow, rowTile, warp * kQueryColumnsPerWarp);
 
     // 4. Rows' gradients: slots [16 (w % 2), +16) by columns [288 (w / 2), +288).
     const int slotBase = (warp % 2) * 16, columnBase = (warp / 2) * kRowColumnsPerWarp;
@@ -224,10 +201,7 @@ void sparseLatentBackward(const at::Tensor &q, const at::Tensor &keys, const at:
   TORCH_CHECK(sparseLatentForwardTakes(q, keys, kValueDim), "sparseLatentBackward: a layout it does not take");
   const int64_t batch = q.size(0), seqLen = q.size(1), heads = q.size(2);
   const std::vector<int64_t> valueShape{batch, seqLen, heads, int64_t(kValueDim)};
-  TORCH_CHECK(indices.dim() == 3 && indices.size(0) == batch && indices.size(1) == seqLen &&
-                  indices.scalar_type() == at::kLong && valid.sizes() == indices.sizes() &&
-                  valid.scalar_type() == at::kBool,
-              "sparseLatentBackward: expected int64 indices and bool valid [B, T, k]");
+  checkSelection(q, indices, valid, "sparseLatentBackward");
   TORCH_CHECK(out.is_contiguous() && out.scalar_type() == at::kBFloat16 && out.sizes() == valueShape &&
                   gradOut.is_contiguous() && gradOut.scalar_type() == at::kBFloat16 && gradOut.sizes() == valueShape &&
                   lse.is_contiguous() && lse.scalar_type() == at::kFloat &&
@@ -238,17 +212,12 @@ void sparseLatentBackward(const at::Tensor &q, const at::Tensor &keys, const at:
                   gradKeys.scalar_type() == at::kFloat && gradKeys.dim() == 2 && gradKeys.size(0) == keys.size(0) &&
                   gradKeys.size(1) == kKeyDim,
               "sparseLatentBackward: expected dq like q (bf16) and an fp32 key accumulator like the keys");
-  TORCH_CHECK(batch <= 65535 && heads / kHeads <= 65535, "sparseLatentBackward: grid too large");
   if (q.numel() == 0)
     return;
   const c10::cuda::CUDAGuard guard(q.device());
   const at::Tensor rows = indices.contiguous(), ok = valid.contiguous();
-  static const bool sharedSet = [] {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(sparseLatentBackwardKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(kSharedBytes)));
-    return true;
-  }();
-  (void)sharedSet;
+  static const bool sharedAllowed = (allowSharedBytes(sparseLatentBackwardKernel, kSharedBytes), true);
+  (void)sharedAllowed;
   const dim3 grid(static_cast<unsigned>(seqLen), static_cast<unsigned>(batch), static_cast<unsigned>(heads / kHeads));
   auto bf16 = [](const at::Tensor &x) { return reinterpret_cast<const __nv_bfloat16 *>(x.data_ptr<at::BFloat16>()); };
   sparseLatentBackwardKernel<<<grid, kWarps * 32, kSharedBytes, at::cuda::getCurrentCUDAStream()>>>(

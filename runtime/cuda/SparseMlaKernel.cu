@@ -151,21 +151,7 @@ __global__ void __launch_bounds__(kWarps * 32)
       acc[nt][3] *= rescale[1];
     }
     // acc += P [16 x 64] . V [64 x this warp's 128 columns].
-    const int matrix = lane / 8, matrixRow = lane % 8;
-#pragma unroll
-    for (int kk = 0; kk < kSlots / 16; ++kk) {
-      uint32_t a[4];
-      loadFragmentA(a, probTile, kProbRow, kk, g, t);
-      const __nv_bfloat16 *vRows = rowTile + (kk * 16 + (matrix % 2) * 8 + matrixRow) * kRow +
-                                   warp * kColumnsPerWarp + (matrix / 2) * 8;
-#pragma unroll
-      for (int np = 0; np < kValueTiles / 2; ++np) {
-        uint32_t b[4];
-        ldmatrixX4Trans(b, vRows + np * 16);
-        mma16816(acc[2 * np], a, b[0], b[1]);
-        mma16816(acc[2 * np + 1], a, b[2], b[3]);
-      }
-    }
+    addProductWithRows<kSlots>(acc, probTile, kProbRow, rowTile, warp * kColumnsPerWarp);
   }
 
   float inverse[2];
@@ -202,25 +188,17 @@ void sparseLatentForward(const at::Tensor &q, const at::Tensor &keys, const at::
                          at::Tensor &lse) {
   TORCH_CHECK(sparseLatentForwardTakes(q, keys, valueDim), "sparseLatentForward: a layout it does not take");
   const int64_t batch = q.size(0), seqLen = q.size(1), heads = q.size(2);
-  TORCH_CHECK(indices.dim() == 3 && indices.size(0) == batch && indices.size(1) == seqLen &&
-                  indices.scalar_type() == at::kLong && valid.sizes() == indices.sizes() &&
-                  valid.scalar_type() == at::kBool,
-              "sparseLatentForward: expected int64 indices and bool valid [B, T, k]");
+  checkSelection(q, indices, valid, "sparseLatentForward");
   TORCH_CHECK(out.is_contiguous() && out.scalar_type() == at::kBFloat16 &&
                   out.sizes() == at::IntArrayRef({batch, seqLen, heads, valueDim}) && lse.is_contiguous() &&
                   lse.scalar_type() == at::kFloat && lse.sizes() == at::IntArrayRef({batch, seqLen, heads}),
               "sparseLatentForward: expected out [B, T, H, Dv] bf16 and lse [B, T, H] fp32, contiguous");
-  TORCH_CHECK(batch <= 65535 && heads / kHeads <= 65535, "sparseLatentForward: grid too large");
   if (out.numel() == 0)
     return;
   const c10::cuda::CUDAGuard guard(q.device());
   const at::Tensor rows = indices.contiguous(), ok = valid.contiguous();
-  static const bool sharedSet = [] {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(sparseLatentForwardKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(kSharedBytes)));
-    return true;
-  }();
-  (void)sharedSet;
+  static const bool sharedAllowed = (allowSharedBytes(sparseLatentForwardKernel, kSharedBytes), true);
+  (void)sharedAllowed;
   const dim3 grid(static_cast<unsigned>(seqLen), static_cast<unsigned>(batch), static_cast<unsigned>(heads / kHeads));
   sparseLatentForwardKernel<<<grid, kWarps * 32, kSharedBytes, at::cuda::getCurrentCUDAStream()>>>(
       reinterpret_cast<const __nv_bfloat16 *>(q.data_ptr<at::BFloat16>()),

@@ -8,6 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/cuda/SparseScatterKernel.h"
+#include "runtime/cuda/Packed.cuh"
 
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -24,17 +25,6 @@ constexpr int kThreads = 128;
 template <typename T> __device__ __forceinline__ float4 loadFour(const T *p) {
   return make_float4(static_cast<float>(p[0]), static_cast<float>(p[1]), static_cast<float>(p[2]),
                      static_cast<float>(p[3]));
-}
-
-__device__ __forceinline__ void atomicAddFour(float *address, float4 v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  atomicAdd(reinterpret_cast<float4 *>(address), v);
-#else
-  atomicAdd(address, v.x);
-  atomicAdd(address + 1, v.y);
-  atomicAdd(address + 2, v.z);
-  atomicAdd(address + 3, v.w);
-#endif
 }
 
 template <typename T>
