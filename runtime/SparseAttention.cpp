@@ -41,10 +41,10 @@ namespace {
 
 #ifdef ADAPT_WITH_CUDA_KERNELS
 /// lightningTopK on the GPU in bf16, per query block. Where
-/// cuda::fusedIndexerTakes the shapes (the released indexers' 32 or 64 heads
-/// of 128), one kernel scores the block's queries against the keys up to its
-/// last query (causality halves the work) with the per-head products in fp32
-/// on tensor cores, and the block is as many queries as a [block, keys] fp32
+/// cuda::fusedIndexerTakes the shapes (16, 32 or 64 heads of 32, 64 or 128,
+/// the released indexers' among them), one kernel scores the block's queries
+/// against the keys up to its last query (causality halves the work) with the
+/// per-head products in fp32 on tensor cores, and the block is as many queries as a [block, keys] fp32
 /// score tile within the bytes of \p tileBudget bf16 elements holds.
 /// Otherwise one bf16 GEMM writes the per-head scores, rounded to bf16 once
 /// (relative 2^-8, so near-tied keys may be chosen otherwise than in fp32),
@@ -192,6 +192,18 @@ SparseShapes shapesOf(const torch::Tensor &q, const torch::Tensor &k, const torc
           q.size(1) / k.size(1), indices.size(2), k.size(2), inKeys};
 }
 
+#ifdef ADAPT_WITH_CUDA_KERNELS
+/// The latent rows [B*S, Dq] when cuda::sparseLatentForward and its backward
+/// take this attention (MLA's latents at the released widths, bf16 on the
+/// GPU), else undefined. Forward and backward ask here, so they agree.
+torch::Tensor latentKernelRows(const SparseShapes &s, const torch::Tensor &qt, const torch::Tensor &keys) {
+  if (!s.valuesInKeys || s.kvHeads != 1)
+    return {};
+  torch::Tensor rows = keys.view({s.batch * s.keyLen, s.qkDim});
+  return cuda::sparseLatentForwardTakes(qt, rows, s.vDim) ? rows : torch::Tensor();
+}
+#endif
+
 /// The attention as one autograd node (see the file comment).
 struct SparseAttentionFunction : torch::autograd::Function<SparseAttentionFunction> {
   /// \p valueDim > 0: the values are the first valueDim columns of \p k
@@ -208,15 +220,11 @@ struct SparseAttentionFunction : torch::autograd::Function<SparseAttentionFuncti
     torch::Tensor lse = torch::empty({s.batch, s.seqLen, s.heads}, q.options().dtype(torch::kFloat32));
     bool done = false;
 #ifdef ADAPT_WITH_CUDA_KERNELS
-    // MLA's latents at the released widths: one kernel gathers the selected
-    // rows into shared memory (cuda::sparseLatentForward); the backward below
+    // One kernel gathers the selected rows into shared memory; the backward
     // recomputes the same rounded logits from the same rows.
-    if (s.valuesInKeys && s.kvHeads == 1) {
-      torch::Tensor rows = keys.view({s.batch * s.keyLen, s.qkDim});
-      if (cuda::sparseLatentForwardTakes(qt, rows, s.vDim)) {
-        cuda::sparseLatentForward(qt, rows, indices, valid, scale, s.keyLen, s.vDim, out, lse);
-        done = true;
-      }
+    if (torch::Tensor rows = latentKernelRows(s, qt, keys); rows.defined()) {
+      cuda::sparseLatentForward(qt, rows, indices, valid, scale, s.keyLen, s.vDim, out, lse);
+      done = true;
     }
 #endif
     for (int64_t start = 0; start < s.seqLen && !done; start += block) {
@@ -260,14 +268,11 @@ struct SparseAttentionFunction : torch::autograd::Function<SparseAttentionFuncti
 #ifdef ADAPT_WITH_CUDA_KERNELS
     // The forward's kernel path: one kernel for the whole backward (the same
     // rounding as the blocks below, the rows' gradients added with atomics).
-    if (s.valuesInKeys && s.kvHeads == 1) {
-      torch::Tensor rows = keys.view({s.batch * s.keyLen, s.qkDim});
-      if (cuda::sparseLatentForwardTakes(qt, rows, s.vDim)) {
-        torch::Tensor dkRows = dk.view({s.batch * s.keyLen, s.qkDim});
-        cuda::sparseLatentBackward(qt, rows, indices, valid, out, gradOut.contiguous(), lse, scale, s.keyLen, dq,
-                                   dkRows);
-        done = true;
-      }
+    if (torch::Tensor rows = latentKernelRows(s, qt, keys); rows.defined()) {
+      torch::Tensor dkRows = dk.view({s.batch * s.keyLen, s.qkDim});
+      cuda::sparseLatentBackward(qt, rows, indices, valid, out, gradOut.contiguous(), lse, scale, s.keyLen, dq,
+                                 dkRows);
+      done = true;
     }
 #endif
     for (int64_t start = 0; start < s.seqLen && !done; start += block) {
