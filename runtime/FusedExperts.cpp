@@ -261,12 +261,18 @@ struct RoutedExpertsFunction : torch::autograd::Function<RoutedExpertsFunction> 
     // B2]^T), the routing weight's gradient.
     torch::Tensor dActCat = at::_grouped_mm(g, padded2.narrow(1, 0, hidden), offsets); // [R, I + r]
     torch::Tensor dWeights;
-    if (ctx->needs_input_grad(1))
-      dWeights = (dActCat * actCat)
-                     .sum(1, /*keepdim=*/false, torch::kFloat32)
-                     .index_select(0, rowOfPair)
+    if (ctx->needs_input_grad(1)) {
+      torch::Tensor dots;
+#ifdef ADAPT_WITH_CUDA_KERNELS
+      if (dActCat.is_cuda()) // One pass, fp32 products (no [R, I + r] product tensor).
+        dots = cuda::rowDots(dActCat, actCat);
+#endif
+      if (!dots.defined())
+        dots = (dActCat * actCat).sum(1, /*keepdim=*/false, torch::kFloat32);
+      dWeights = dots.index_select(0, rowOfPair)
                      .view(weights.sizes())
                      .to(weights.scalar_type());
+    }
     torch::Tensor dAct = dActCat.narrow(1, 0, width), dLow2 = dActCat.narrow(1, width, rank);
     addLowRankInto(dAct, dLow2, p2.downRows.transpose(1, 2).contiguous(), experts);
     torch::Tensor dA2 = gradientOfA(weighted(dLow2), actCat.narrow(1, 0, width), offsets);

@@ -178,6 +178,54 @@ __global__ void gradRowsKernel(const T *__restrict__ gradY, const int64_t *__res
     gradRows[r * hidden + h] = static_cast<T>(g ? w * static_cast<float>(g[h]) : 0.0f);
 }
 
+/// gradRowsKernel in 16-byte packs (hidden a whole number of packs).
+template <typename T>
+__global__ void gradRowsPackedKernel(const T *__restrict__ gradY, const int64_t *__restrict__ pairOfRow,
+                                     const float *__restrict__ weights, T *__restrict__ gradRows, int64_t hidden,
+                                     int k) {
+  using P = Pack<T>;
+  const int64_t r = blockIdx.x, p = pairOfRow[r];
+  T *dst = gradRows + r * hidden;
+  const T *src = p < 0 ? nullptr : gradY + (p / k) * hidden;
+  const float w = p < 0 ? 0.0f : (weights ? weights[p] : 1.0f);
+  for (int64_t h = threadIdx.x * int64_t(P::kSize); h < hidden; h += int64_t(blockDim.x) * P::kSize) {
+    if (!src) {
+      *reinterpret_cast<uint4 *>(dst + h) = make_uint4(0u, 0u, 0u, 0u);
+    } else if (!weights) {
+      *reinterpret_cast<uint4 *>(dst + h) = *reinterpret_cast<const uint4 *>(src + h);
+    } else {
+      P v = P::load(src + h);
+#pragma unroll
+      for (int i = 0; i < P::kSize; ++i)
+        v.v[i] *= w;
+      v.store(dst + h);
+    }
+  }
+}
+
+/// out[r] = sum_c a[r, c] * b[r, c] in fp32: one warp per row, 16-byte packs.
+template <typename T>
+__global__ void rowDotsPackedKernel(const T *__restrict__ a, const T *__restrict__ b, float *__restrict__ out,
+                                    int64_t rows, int64_t width) {
+  using P = Pack<T>;
+  const int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows)
+    return;
+  float acc = 0.0f;
+  for (int64_t c = int64_t(lane) * P::kSize; c < width; c += 32 * P::kSize) {
+    const P x = P::load(a + row * width + c), y = P::load(b + row * width + c);
+#pragma unroll
+    for (int i = 0; i < P::kSize; ++i)
+      acc += x.v[i] * y.v[i];
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2)
+    acc += __shfl_down_sync(0xffffffffu, acc, offset);
+  if (lane == 0)
+    out[row] = acc;
+}
+
 template <typename T>
 __global__ void gradWeightsKernel(const T *__restrict__ gradY, const T *__restrict__ rows,
                                   const int64_t *__restrict__ rowOfPair, float *__restrict__ gradW, int64_t pairs,
@@ -237,9 +285,15 @@ at::Tensor combineRowsGradRows(const at::Tensor &gradY, const at::Tensor &rowOfP
                              .index_copy_(0, rowOfPair, at::arange(rowOfPair.size(0), rowOfPair.options()));
   const at::Tensor w = weightsAsFloat(weights), g = gradY.contiguous();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gradY.scalar_type(), "combineRowsGradRows", [&] {
-    gradRowsKernel<scalar_t><<<rows, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
-        g.data_ptr<scalar_t>(), pairOfRow.data_ptr<int64_t>(), w.defined() ? w.data_ptr<float>() : nullptr,
-        grad.data_ptr<scalar_t>(), hidden, static_cast<int>(k));
+    const float *wp = w.defined() ? w.data_ptr<float>() : nullptr;
+    if (packable<scalar_t>(hidden, {g.data_ptr(), grad.data_ptr()}))
+      gradRowsPackedKernel<scalar_t><<<rows, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+          g.data_ptr<scalar_t>(), pairOfRow.data_ptr<int64_t>(), wp, grad.data_ptr<scalar_t>(), hidden,
+          static_cast<int>(k));
+    else
+      gradRowsKernel<scalar_t><<<rows, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+          g.data_ptr<scalar_t>(), pairOfRow.data_ptr<int64_t>(), wp, grad.data_ptr<scalar_t>(), hidden,
+          static_cast<int>(k));
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return grad;
@@ -334,6 +388,29 @@ at::Tensor gatherRows(const at::Tensor &tokens, const at::Tensor &tokenOfRow) {
   at::Tensor out = at::empty({tokenOfRow.size(0), tokens.size(1)}, tokens.options());
   if (!gatherRowsInto(tokens, tokenOfRow, out))
     return tokens.index_select(0, tokenOfRow);
+  return out;
+}
+
+at::Tensor rowDots(const at::Tensor &a, const at::Tensor &b) {
+  if (a.dim() != 2 || a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type() || !a.is_contiguous() ||
+      !b.is_contiguous())
+    return {};
+  const int64_t rows = a.size(0), width = a.size(1);
+  const bool packed = AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, a.scalar_type(), "rowDotsPackable", [&] {
+    return packable<scalar_t>(width, {a.data_ptr(), b.data_ptr()});
+  });
+  if (!packed)
+    return {};
+  const c10::cuda::CUDAGuard guard(a.device());
+  at::Tensor out = at::empty({rows}, a.options().dtype(at::kFloat));
+  if (rows == 0)
+    return out;
+  const int64_t blocks = (rows * 32 + kThreads - 1) / kThreads;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, a.scalar_type(), "rowDots", [&] {
+    rowDotsPackedKernel<scalar_t><<<blocks, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+        a.data_ptr<scalar_t>(), b.data_ptr<scalar_t>(), out.data_ptr<float>(), rows, width);
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }
 

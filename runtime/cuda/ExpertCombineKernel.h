@@ -46,6 +46,10 @@ std::pair<at::Tensor, at::Tensor> combineRowsBackward(const at::Tensor &gradY, c
                                                       const at::Tensor &rowOfPair, const at::Tensor &weights,
                                                       int64_t k, bool needWeights);
 
+/// sum_c a[r, c] * b[r, c] per row in fp32 ([R]), for contiguous [R, C] a
+/// and b of one dtype in 16-byte packs; undefined where they do not fit.
+at::Tensor rowDots(const at::Tensor &a, const at::Tensor &b);
+
 } // namespace adapt::rt::cuda
 
 #endif // ADAPT_RUNTIME_CUDA_EXPERTCOMBINEKERNEL_H
