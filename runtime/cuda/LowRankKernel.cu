@@ -4,11 +4,15 @@
 // the tile's rank-r inputs sit in shared memory, the thread keeps its two
 // columns of the current expert's factor in registers (reloaded only where
 // the expert changes: the GPU's groups are 16-row aligned and usually much
-// longer), and every output element is read and written once.
+// longer), and every output element is read and written once. The factor's
+// 2 x r values of a thread's column pair are contiguous and move in 16-byte
+// packs: read one element at a time they cost four times the sector requests
+// of the output itself.
 //
 //===----------------------------------------------------------------------===//
 
 #include "runtime/cuda/LowRankKernel.h"
+#include "runtime/cuda/Packed.cuh"
 
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -20,6 +24,8 @@ namespace adapt::rt::cuda {
 
 namespace {
 
+/// Threads per block, or half that where a block of 256 would leave half its
+/// threads past the last column pair (the 768-wide gradient of Qwen3-30B-A3B).
 constexpr int kThreads = 256;
 /// Rows per block: the factor's columns, held in registers, serve all of
 /// them (they are reloaded only where the expert changes), so the factor's
@@ -67,11 +73,16 @@ __global__ void addLowRankRowsKernel(T *__restrict__ out, const T *__restrict__ 
         break;
       const int64_t e = expertTile[row];
       if (e != loaded) {
-        const T *f = factor + (e * width + col) * Rank;
+        const T *f = factor + (e * width + col) * Rank; // column col's r values, then col + 1's
+        using P = Pack<T>;
 #pragma unroll
-        for (int k = 0; k < Rank; ++k) {
-          column0[k] = static_cast<float>(f[k]);
-          column1[k] = static_cast<float>(f[Rank + k]);
+        for (int k = 0; k < Rank; k += P::kSize) {
+          const P first = P::load(f + k), second = P::load(f + Rank + k);
+#pragma unroll
+          for (int i = 0; i < P::kSize; ++i) {
+            column0[k + i] = first.v[i];
+            column1[k + i] = second.v[i];
+          }
         }
         loaded = e;
       }
@@ -90,9 +101,10 @@ __global__ void addLowRankRowsKernel(T *__restrict__ out, const T *__restrict__ 
 template <typename T, int Rank>
 void launch(at::Tensor &out, const at::Tensor &low, const at::Tensor &factor, const at::Tensor &expertOfRow) {
   const int64_t rows = out.size(0), width = out.size(1);
+  const int threads = (width / 2) % kThreads == 0 || (width / 2) % (kThreads / 2) != 0 ? kThreads : kThreads / 2;
   const dim3 grid(static_cast<unsigned>((rows + kTileRows - 1) / kTileRows),
-                  static_cast<unsigned>((width / 2 + kThreads - 1) / kThreads));
-  addLowRankRowsKernel<T, Rank><<<grid, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+                  static_cast<unsigned>((width / 2 + threads - 1) / threads));
+  addLowRankRowsKernel<T, Rank><<<grid, threads, 0, at::cuda::getCurrentCUDAStream()>>>(
       out.data_ptr<T>(), low.data_ptr<T>(), factor.data_ptr<T>(), expertOfRow.data_ptr<int64_t>(), rows, width,
       out.stride(0), low.stride(0));
 }
@@ -110,9 +122,10 @@ void addLowRankRows(at::Tensor &out, const at::Tensor &low, const at::Tensor &fa
   // an even row stride for out (its column pairs move as one 4-byte access).
   TORCH_CHECK(out.dim() == 2 && low.dim() == 2 && out.stride(1) == 1 && out.stride(0) % 2 == 0 &&
                   out.stride(0) >= out.size(1) && low.stride(1) == 1 && low.stride(0) >= rank &&
-                  factor.is_contiguous() && expertOfRow.is_contiguous(),
+                  factor.is_contiguous() && expertOfRow.is_contiguous() &&
+                  reinterpret_cast<uintptr_t>(factor.data_ptr()) % 16 == 0,
               "addLowRankRows: expected row-major out and low (unit column stride, out's row stride even) and a "
-              "contiguous factor");
+              "contiguous, 16-byte aligned factor");
   TORCH_CHECK(factor.dim() == 3 && factor.size(1) == out.size(1) && factor.size(2) == rank &&
                   low.size(0) == out.size(0) && expertOfRow.size(0) == out.size(0) &&
                   expertOfRow.scalar_type() == at::kLong,

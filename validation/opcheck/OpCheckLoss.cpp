@@ -50,6 +50,7 @@ void addLossChecks(std::vector<Check> &all) {
   add({13, 16, 37, 4, 3});   // a partial last chunk, ignored targets
   add({13, 8, 300, 0, 5});   // the default: one chunk
   add({6, 8, 37, 4, 1});     // nothing counts: loss and gradient zero
+  add({8, 8, 16808, 0, 5});  // 16-byte packs on the GPU: two per thread in flight, then a tail
 }
 
 } // namespace adapt::rt::opcheck
