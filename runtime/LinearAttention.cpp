@@ -4,9 +4,15 @@
 #include "runtime/Ops.h"
 #include "runtime/Recompute.h"
 
+#ifdef ADAPT_WITH_CUDA_KERNELS
+#include "runtime/cuda/DeltaRuleKernel.h"
+#endif
+
 #include <ATen/Context.h>
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 
 namespace adapt::rt {
@@ -299,6 +305,19 @@ struct Tf32Function : torch::autograd::Function<Tf32Function> {
   }
 };
 
+#ifdef ADAPT_WITH_CUDA_KERNELS
+/// Whether the no-grad forward takes cuda::gatedDeltaRuleForward: only with
+/// ADAPT_DELTA_RULE_KERNEL=1 until its op checks (`gated_delta_rule.no_grad`)
+/// have passed on a GPU; the composition otherwise.
+bool deltaRuleKernelEnabled() {
+  static const bool enabled = [] {
+    const char *v = std::getenv("ADAPT_DELTA_RULE_KERNEL");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return enabled;
+}
+#endif
+
 /// The chunked form of \p in (named \p op in errors) from \p initialState
 /// (undefined: zeros), in the query's dtype. With reduced-precision
 /// activations (bf16/fp16 values: the result is rounded to that
@@ -318,7 +337,12 @@ torch::Tensor chunkedRun(const DeltaRuleInputs &in, const char *op, int64_t chun
     inputs.push_back(initialState);
   const bool needsGraph = torch::GradMode::is_enabled() &&
                           std::any_of(inputs.begin(), inputs.end(), [](const torch::Tensor &x) { return x.requires_grad(); });
-  if (!needsGraph) { // No backward: the composition itself, under the scope.
+  if (!needsGraph) { // No backward: the forward kernels, or the composition under the scope.
+#ifdef ADAPT_WITH_CUDA_KERNELS
+    if (deltaRuleKernelEnabled() &&
+        cuda::deltaRuleForwardTakes(in.query, in.key, in.value, in.decay, in.beta, chunkSize))
+      return cuda::gatedDeltaRuleForward(in.query, in.key, in.value, in.decay, in.beta, initialState, finalState);
+#endif
     Tf32Scope tf32;
     return chunkedForm(prepare(in, op), chunkSize, initialState, finalState).to(dtype);
   }

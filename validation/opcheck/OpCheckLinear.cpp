@@ -46,6 +46,7 @@ struct DeltaCase {
   bool perChannel = false;
   bool recurrent = false; ///< Check the recurrent form instead of the chunked one.
   int64_t segment = 0;    ///< >0: the segmented (recomputed) form with this segment length.
+  bool noGrad = false;    ///< The forward alone, without a graph (bf16 on a GPU: the forward kernels).
 };
 
 Trial deltaRuleTrial(const Ctx &c, const DeltaCase &d) {
@@ -62,6 +63,10 @@ Trial deltaRuleTrial(const Ctx &c, const DeltaCase &d) {
   Input g = input(c, -torch::nn::functional::softplus(torch::randn(gShape, f64) * 1.5 - 1.0), true);
   Input beta = input(c, torch::sigmoid(torch::randn({B, d.H, d.T}, f64)), true);
   DeltaRuleInputs in{q.ours, k.ours, v.ours, g.ours, beta.ours};
+  if (d.noGrad) {
+    torch::NoGradGuard noGrad;
+    return {{"out", gatedDeltaRuleChunked(in, d.chunk), refDeltaRule(q.ref, k.ref, v.ref, g.ref, beta.ref)}};
+  }
   Tensor ours = d.recurrent     ? gatedDeltaRuleRecurrent(in)
                 : d.segment > 0 ? gatedDeltaRuleSegmented(in, d.chunk, d.segment)
                                 : gatedDeltaRuleChunked(in, d.chunk);
@@ -163,6 +168,11 @@ void addLinearAttentionChecks(std::vector<Check> &all) {
   // several value tiles per head; dv 96 leaves a partial tile.
   delta("gated_delta_rule.chunked", {2, 130, 128, 128, 64});
   delta("gated_delta_rule.chunked", {1, 70, 128, 96, 64});
+  // The forward without a graph at the released widths, where bf16 on a GPU
+  // takes cuda::gatedDeltaRuleForward (with ADAPT_DELTA_RULE_KERNEL=1): three
+  // chunks, the last ragged; one whole chunk.
+  delta("gated_delta_rule.no_grad", {2, 150, 128, 128, 64, false, false, 0, true});
+  delta("gated_delta_rule.no_grad", {1, 64, 128, 128, 64, false, false, 0, true});
   // Segments recomputed in the backward pass: state and gradients carried
   // across segment boundaries (ragged last segment, segment not a multiple
   // of the chunk, per-channel decay).

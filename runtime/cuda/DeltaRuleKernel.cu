@@ -1,0 +1,514 @@
+//===- DeltaRuleKernel.cu - the chunked gated delta rule's forward --------===//
+//
+// Three kernels (see DeltaRuleKernel.h): the per-chunk UT transform, the
+// state recurrence over chunks, the per-chunk output. Tiles are bf16 in
+// shared memory with rows padded by 8 elements (16 bytes), so the
+// fragment loads of consecutive rows fall in different banks.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/cuda/DeltaRuleKernel.h"
+#include "runtime/cuda/Mma.cuh"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+
+namespace adapt::rt::cuda {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kChunk = 64;         ///< Tokens per chunk.
+constexpr int kDim = 128;          ///< dk = dv.
+constexpr int kRow = kDim + 8;     ///< Shared row of a [64, 128] tile, in bf16.
+constexpr int kSquareRow = kChunk + 8; ///< Shared row of a [64, 64] tile, in bf16.
+constexpr int kStateColumns = 32;  ///< Value columns per recurrence block.
+constexpr int kStateRow = kStateColumns + 8;
+
+/// A [B, H, T, D] tensor's data and its strides over b, h and t.
+struct Strided {
+  const bf16 *data;
+  int64_t b, h, t;
+  int64_t heads;
+  __device__ __forceinline__ const bf16 *row(int64_t bh, int64_t token) const {
+    return data + (bh / heads) * b + (bh % heads) * h + token * t;
+  }
+};
+
+/// Copies rows [row0, row0 + 64) of \p x (128 wide) into \p tile, zeros past \p valid.
+__device__ __forceinline__ void loadRows(bf16 *tile, const Strided &x, int64_t bh, int64_t row0, int valid) {
+  for (int i = threadIdx.x; i < kChunk * kDim / 8; i += blockDim.x) {
+    const int r = i / (kDim / 8), c = (i % (kDim / 8)) * 8;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (r < valid)
+      v = *reinterpret_cast<const uint4 *>(x.row(bh, row0 + r) + c);
+    *reinterpret_cast<uint4 *>(tile + r * kRow + c) = v;
+  }
+}
+
+/// Two floats as a bf16 pair (lower index in the low half).
+__device__ __forceinline__ uint32_t packBf16(float lo, float hi) {
+  const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t *>(&p);
+}
+
+/// B fragments of n-tiles n0 and n0 + 8 for k rows [k0, k0 + 16) of a
+/// row-major [k][n] bf16 tile: b[0], b[1] for n0; b[2], b[3] for n0 + 8.
+__device__ __forceinline__ void loadFragmentsB(uint32_t (&b)[4], const bf16 *tile, int stride, int k0, int n0,
+                                               int lane) {
+  const int matrix = lane / 8;
+  ldmatrixX4Trans(b, tile + (k0 + (matrix % 2) * 8 + lane % 8) * stride + n0 + (matrix / 2) * 8);
+}
+
+/// The A fragment of M = rows [m0, m0 + 16), K = [k0, k0 + 16) of the
+/// transpose of a row-major [k][m] bf16 tile.
+__device__ __forceinline__ void loadFragmentATransposed(uint32_t (&a)[4], const bf16 *tile, int stride, int k0,
+                                                        int m0, int lane) {
+  const int matrix = lane / 8;
+  ldmatrixX4Trans(a, tile + (k0 + (matrix / 2) * 8 + lane % 8) * stride + m0 + (matrix % 2) * 8);
+}
+
+/// acc[nt] = rows [16 mt, 16 mt + 16) of X times columns [32 half + 8 nt, +8)
+/// of Y^T, with X, Y [64, 128] row-major tiles (the chunk's pair products).
+__device__ __forceinline__ void pairProducts(float (&acc)[4][4], const bf16 *x, const bf16 *y, int mt, int half,
+                                             int g, int t) {
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      acc[nt][i] = 0.0f;
+#pragma unroll
+  for (int ks = 0; ks < kDim / 16; ++ks) {
+    uint32_t a[4];
+    loadFragmentA(a, x + 16 * mt * kRow, kRow, ks, g, t);
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt) {
+      const bf16 *col = y + (32 * half + 8 * nt + g) * kRow + ks * 16 + 2 * t;
+      mma16816(acc[nt], a, bf16Pair(col), bf16Pair(col + 8));
+    }
+  }
+}
+
+/// Inclusive prefix sums of the chunk's 64 log decays (zero past \p valid)
+/// into \p cum, by the first two warps; all threads synchronise.
+__device__ __forceinline__ void chunkCumsum(float *cum, const float *decay, int valid) {
+  __shared__ float firstHalf;
+  const int tid = threadIdx.x, lane = tid % 32;
+  float x = 0.0f;
+  if (tid < kChunk) {
+    x = tid < valid ? decay[tid] : 0.0f;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const float y = __shfl_up_sync(0xffffffffu, x, o);
+      if (lane >= o)
+        x += y;
+    }
+    if (tid == 31)
+      firstHalf = x;
+  }
+  __syncthreads();
+  if (tid < kChunk)
+    cum[tid] = tid >= 32 ? x + firstHalf : x;
+  __syncthreads();
+}
+
+/// Kernel 1, a block (256 threads) per (chunk, b·h): W and U of the chunk
+/// ([64, 128] bf16 each) and its cumulative log decays.
+__global__ void __launch_bounds__(256) deltaRuleTransformKernel(Strided key, Strided value, const float *decay,
+                                                                const float *beta, int64_t tokens, bf16 *w, bf16 *u,
+                                                                float *cumOut) {
+  extern __shared__ __align__(16) unsigned char shared[];
+  bf16 *ks = reinterpret_cast<bf16 *>(shared);      // k, then beta k exp(G)
+  bf16 *vs = ks + kChunk * kRow;                     // v, then beta v
+  bf16 *ts = vs + kChunk * kRow;                     // T = (I + A)^-1, bf16
+  float *a = reinterpret_cast<float *>(ts + kChunk * kSquareRow); // A, then T in fp32 [64][65]
+  float *cum = a + kChunk * (kChunk + 1);
+  float *betas = cum + kChunk;
+  const int64_t bh = blockIdx.y, row0 = int64_t(blockIdx.x) * kChunk;
+  const int valid = static_cast<int>(tokens - row0 < kChunk ? tokens - row0 : kChunk);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  loadRows(ks, key, bh, row0, valid);
+  loadRows(vs, value, bh, row0, valid);
+  if (tid < kChunk)
+    betas[tid] = tid < valid ? beta[bh * tokens + row0 + tid] : 0.0f;
+  chunkCumsum(cum, decay + bh * tokens + row0, valid);
+  if (tid < kChunk)
+    cumOut[bh * gridDim.x * kChunk + row0 + tid] = cum[tid];
+
+  // A = strictly-lower(beta_i k_i.k_j exp(G_i - G_j)).
+  {
+    const int mt = warp % 4, half = warp / 4;
+    float acc[4][4];
+    pairProducts(acc, ks, ks, mt, half, g, t);
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = 16 * mt + g + (i / 2) * 8, c = 32 * half + 8 * nt + 2 * t + i % 2;
+        a[r * (kChunk + 1) + c] = c < r ? betas[r] * __expf(cum[r] - cum[c]) * acc[nt][i] : 0.0f;
+      }
+  }
+  __syncthreads();
+  // T = (I + A)^-1, unit lower triangular: row r of T is -sum_{m<r} A[r][m]
+  // T[m] (+ e_r), computed in place over A's row r once the rows above are
+  // T's. Four threads per column j share the sum over m.
+  {
+    const int j = tid / 4, part = tid % 4;
+    for (int r = 1; r < kChunk; ++r) {
+      float sum = 0.0f;
+      if (j < r) // T[j][j] = 1 is not stored: that term is A[r][j] itself
+        for (int m = j + part; m < r; m += 4)
+          sum += m == j ? a[r * (kChunk + 1) + j] : a[r * (kChunk + 1) + m] * a[m * (kChunk + 1) + j];
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      __syncthreads(); // every thread has read row r before it is overwritten
+      if (j < r && part == 0)
+        a[r * (kChunk + 1) + j] = -sum;
+      __syncthreads();
+    }
+  }
+  // T in bf16 (ones on the diagonal), and the right-hand sides in place.
+  for (int i = tid; i < kChunk * kChunk; i += blockDim.x) {
+    const int r = i / kChunk, c = i % kChunk;
+    ts[r * kSquareRow + c] = __float2bfloat16(c < r ? a[r * (kChunk + 1) + c] : c == r ? 1.0f : 0.0f);
+  }
+  for (int i = tid; i < kChunk * kDim; i += blockDim.x) {
+    const int r = i / kDim, c = i % kDim;
+    const float b = betas[r];
+    ks[r * kRow + c] = __float2bfloat16(__bfloat162float(ks[r * kRow + c]) * b * __expf(cum[r]));
+    vs[r * kRow + c] = __float2bfloat16(__bfloat162float(vs[r * kRow + c]) * b);
+  }
+  __syncthreads();
+  // W = T (beta k exp(G)), U = T (beta v): a warp per 16 rows and 64 columns.
+  const int mt = warp % 4, half = warp / 4;
+  for (int which = 0; which < 2; ++which) {
+    const bf16 *rhs = which == 0 ? ks : vs;
+    bf16 *dst = (which == 0 ? w : u) + (bh * gridDim.x * kChunk + row0) * kDim;
+    float acc[8][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < kChunk / 16; ++kk) {
+      uint32_t fa[4];
+      loadFragmentA(fa, ts + 16 * mt * kSquareRow, kSquareRow, kk, g, t);
+#pragma unroll
+      for (int np = 0; np < 4; ++np) {
+        uint32_t fb[4];
+        loadFragmentsB(fb, rhs, kRow, 16 * kk, 64 * half + 16 * np, lane);
+        mma16816(acc[2 * np], fa, fb[0], fb[1]);
+        mma16816(acc[2 * np + 1], fa, fb[2], fb[3]);
+      }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      const int r = 16 * mt + g, c = 64 * half + 8 * nt + 2 * t;
+      *reinterpret_cast<uint32_t *>(dst + r * kDim + c) = packBf16(acc[nt][0], acc[nt][1]);
+      *reinterpret_cast<uint32_t *>(dst + (r + 8) * kDim + c) = packBf16(acc[nt][2], acc[nt][3]);
+    }
+  }
+}
+
+/// Kernel 2, a block (128 threads) per (32 value columns, b·h), over the
+/// chunks in order: writes each chunk's entering state (bf16) and V_new.
+/// Warp w holds the state's rows [32 w, 32 w + 32) as mma accumulators.
+__global__ void __launch_bounds__(128)
+    deltaRuleStateKernel(Strided key, const bf16 *w, const bf16 *u, const float *cum, int64_t tokens, int chunks,
+                         const float *initialState, bf16 *states, bf16 *newValues, float *finalState) {
+  extern __shared__ __align__(16) unsigned char shared[];
+  bf16 *ws = reinterpret_cast<bf16 *>(shared);   // W of the chunk [64][kRow]
+  bf16 *ks = ws + kChunk * kRow;                  // k of the chunk [64][kRow]
+  bf16 *ss = ks + kChunk * kRow;                  // the entering state [128][kStateRow]
+  bf16 *vn = ss + kDim * kStateRow;               // decayed V_new [64][kStateRow]
+  float *cs = reinterpret_cast<float *>(vn + kChunk * kStateRow);
+  const int64_t bh = blockIdx.y;
+  const int col0 = blockIdx.x * kStateColumns;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int64_t padded = int64_t(chunks) * kChunk;
+  float s[2][4][4];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = 32 * warp + 16 * mt + g + (i / 2) * 8, c = col0 + 8 * nt + 2 * t + i % 2;
+        s[mt][nt][i] = initialState ? initialState[(bh * kDim + r) * kDim + c] : 0.0f;
+      }
+  for (int n = 0; n < chunks; ++n) {
+    const int64_t row0 = int64_t(n) * kChunk;
+    const int valid = static_cast<int>(tokens - row0 < kChunk ? tokens - row0 : kChunk);
+    // The entering state: to shared memory (bf16, an mma operand) and out.
+    bf16 *stateOut = states + ((bh * chunks + n) * kDim) * kDim;
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const int r = 32 * warp + 16 * mt + g, c = 8 * nt + 2 * t;
+        const uint32_t lo = packBf16(s[mt][nt][0], s[mt][nt][1]), hi = packBf16(s[mt][nt][2], s[mt][nt][3]);
+        *reinterpret_cast<uint32_t *>(ss + r * kStateRow + c) = lo;
+        *reinterpret_cast<uint32_t *>(ss + (r + 8) * kStateRow + c) = hi;
+        *reinterpret_cast<uint32_t *>(stateOut + r * kDim + col0 + c) = lo;
+        *reinterpret_cast<uint32_t *>(stateOut + (r + 8) * kDim + col0 + c) = hi;
+      }
+    for (int i = tid; i < kChunk * kDim / 8; i += blockDim.x) {
+      const int r = i / (kDim / 8), c = (i % (kDim / 8)) * 8;
+      *reinterpret_cast<uint4 *>(ws + r * kRow + c) =
+          *reinterpret_cast<const uint4 *>(w + (bh * padded + row0 + r) * kDim + c);
+    }
+    loadRows(ks, key, bh, row0, valid);
+    if (tid < kChunk)
+      cs[tid] = cum[bh * padded + row0 + tid];
+    __syncthreads();
+    const float last = cs[kChunk - 1];
+    // V_new = U - W S: warp w takes rows [16 w, 16 w + 16), 32 columns.
+    {
+      float acc[4][4] = {};
+#pragma unroll
+      for (int kk = 0; kk < kDim / 16; ++kk) {
+        uint32_t fa[4];
+        loadFragmentA(fa, ws + 16 * warp * kRow, kRow, kk, g, t);
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          uint32_t fb[4];
+          loadFragmentsB(fb, ss, kStateRow, 16 * kk, 16 * np, lane);
+          mma16816(acc[2 * np], fa, fb[0], fb[1]);
+          mma16816(acc[2 * np + 1], fa, fb[2], fb[3]);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = 16 * warp + g + 8 * h, c = 8 * nt + 2 * t;
+          const int64_t at = (bh * padded + row0 + r) * kDim + col0 + c;
+          const __nv_bfloat162 uu = *reinterpret_cast<const __nv_bfloat162 *>(u + at);
+          const float v0 = __low2float(uu) - acc[nt][2 * h], v1 = __high2float(uu) - acc[nt][2 * h + 1];
+          *reinterpret_cast<uint32_t *>(newValues + at) = packBf16(v0, v1);
+          const float d = __expf(last - cs[r]);
+          *reinterpret_cast<uint32_t *>(vn + r * kStateRow + c) = packBf16(v0 * d, v1 * d);
+        }
+    }
+    __syncthreads();
+    // S <- exp(G_last) S + k^T (exp(G_last - G) V_new).
+    const float chunkDecay = __expf(last);
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          s[mt][nt][i] *= chunkDecay;
+#pragma unroll
+    for (int kk = 0; kk < kChunk / 16; ++kk) {
+      uint32_t fb[2][4];
+      loadFragmentsB(fb[0], vn, kStateRow, 16 * kk, 0, lane);
+      loadFragmentsB(fb[1], vn, kStateRow, 16 * kk, 16, lane);
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        uint32_t fa[4];
+        loadFragmentATransposed(fa, ks, kRow, 16 * kk, 32 * warp + 16 * mt, lane);
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          mma16816(s[mt][2 * np], fa, fb[np][0], fb[np][1]);
+          mma16816(s[mt][2 * np + 1], fa, fb[np][2], fb[np][3]);
+        }
+      }
+    }
+    __syncthreads(); // before the next chunk's tiles overwrite these
+  }
+  if (finalState)
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int r = 32 * warp + 16 * mt + g + (i / 2) * 8, c = col0 + 8 * nt + 2 * t + i % 2;
+          finalState[(bh * kDim + r) * kDim + c] = s[mt][nt][i];
+        }
+}
+
+/// Kernel 3, a block (256 threads) per (chunk, b·h): the chunk's output
+/// rows, (q scale exp(G)) S_n + causal(q k^T scale exp(G_t - G_i)) V_new.
+__global__ void __launch_bounds__(256) deltaRuleOutputKernel(Strided query, Strided key, const bf16 *states,
+                                                             const bf16 *newValues, const float *cum, int64_t tokens,
+                                                             float scale, bf16 *out) {
+  extern __shared__ __align__(16) unsigned char shared[];
+  bf16 *qs = reinterpret_cast<bf16 *>(shared);   // q, then q scale exp(G)
+  bf16 *ks = qs + kChunk * kRow;
+  bf16 *vs = ks + kChunk * kRow;                  // V_new
+  bf16 *ss = vs + kChunk * kRow;                  // S_n [128][kRow]
+  bf16 *ps = ss + kDim * kRow;                    // the causal scores [64][kSquareRow]
+  float *cs = reinterpret_cast<float *>(ps + kChunk * kSquareRow);
+  const int chunks = gridDim.x;
+  const int64_t bh = blockIdx.y, row0 = int64_t(blockIdx.x) * kChunk, padded = int64_t(chunks) * kChunk;
+  const int valid = static_cast<int>(tokens - row0 < kChunk ? tokens - row0 : kChunk);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  loadRows(qs, query, bh, row0, valid);
+  loadRows(ks, key, bh, row0, valid);
+  const bf16 *state = states + (bh * chunks + blockIdx.x) * kDim * kDim;
+  for (int i = tid; i < kDim * kDim / 8; i += blockDim.x) {
+    const int r = i / (kDim / 8), c = (i % (kDim / 8)) * 8;
+    *reinterpret_cast<uint4 *>(ss + r * kRow + c) = *reinterpret_cast<const uint4 *>(state + r * kDim + c);
+    if (r < kChunk)
+      *reinterpret_cast<uint4 *>(vs + r * kRow + c) =
+          *reinterpret_cast<const uint4 *>(newValues + (bh * padded + row0 + r) * kDim + c);
+  }
+  if (tid < kChunk)
+    cs[tid] = cum[bh * padded + row0 + tid];
+  __syncthreads();
+  const int mt = warp % 4, half = warp / 4;
+  {
+    float acc[4][4];
+    pairProducts(acc, qs, ks, mt, half, g, t);
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = 16 * mt + g + 8 * h, c = 32 * half + 8 * nt + 2 * t;
+        const float p0 = c <= r ? acc[nt][2 * h] * scale * __expf(cs[r] - cs[c]) : 0.0f;
+        const float p1 = c + 1 <= r ? acc[nt][2 * h + 1] * scale * __expf(cs[r] - cs[c + 1]) : 0.0f;
+        *reinterpret_cast<uint32_t *>(ps + r * kSquareRow + c) = packBf16(p0, p1);
+      }
+  }
+  __syncthreads(); // the scores read q before it is rescaled
+  for (int i = tid; i < kChunk * kDim; i += blockDim.x) {
+    const int r = i / kDim, c = i % kDim;
+    qs[r * kRow + c] = __float2bfloat16(__bfloat162float(qs[r * kRow + c]) * scale * __expf(cs[r]));
+  }
+  __syncthreads();
+  float acc[8][4] = {};
+#pragma unroll
+  for (int kk = 0; kk < kDim / 16; ++kk) { // (q scale exp(G)) S_n
+    uint32_t fa[4];
+    loadFragmentA(fa, qs + 16 * mt * kRow, kRow, kk, g, t);
+#pragma unroll
+    for (int np = 0; np < 4; ++np) {
+      uint32_t fb[4];
+      loadFragmentsB(fb, ss, kRow, 16 * kk, 64 * half + 16 * np, lane);
+      mma16816(acc[2 * np], fa, fb[0], fb[1]);
+      mma16816(acc[2 * np + 1], fa, fb[2], fb[3]);
+    }
+  }
+#pragma unroll
+  for (int kk = 0; kk < kChunk / 16; ++kk) { // + P V_new
+    uint32_t fa[4];
+    loadFragmentA(fa, ps + 16 * mt * kSquareRow, kSquareRow, kk, g, t);
+#pragma unroll
+    for (int np = 0; np < 4; ++np) {
+      uint32_t fb[4];
+      loadFragmentsB(fb, vs, kRow, 16 * kk, 64 * half + 16 * np, lane);
+      mma16816(acc[2 * np], fa, fb[0], fb[1]);
+      mma16816(acc[2 * np + 1], fa, fb[2], fb[3]);
+    }
+  }
+  bf16 *o = out + (bh * tokens + row0) * kDim;
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = 16 * mt + g + 8 * h, c = 64 * half + 8 * nt + 2 * t;
+      if (r < valid)
+        *reinterpret_cast<uint32_t *>(o + r * kDim + c) = packBf16(acc[nt][2 * h], acc[nt][2 * h + 1]);
+    }
+}
+
+Strided strided(const at::Tensor &x) {
+  return {reinterpret_cast<const bf16 *>(x.data_ptr<at::BFloat16>()), x.stride(0), x.stride(1), x.stride(2),
+          x.size(1)};
+}
+
+bool rowsPackable(const at::Tensor &x) {
+  return x.stride(3) == 1 && x.stride(0) % 8 == 0 && x.stride(1) % 8 == 0 && x.stride(2) % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
+}
+
+/// Allows \p kernel \p bytes of dynamic shared memory (above 48 KiB).
+template <typename Kernel> void allowSharedMemory(Kernel kernel, size_t bytes) {
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
+} // namespace
+
+bool deltaRuleForwardTakes(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
+                           const at::Tensor &decay, const at::Tensor &beta, int64_t chunkSize) {
+  if (chunkSize != kChunk || !query.is_cuda() || query.dim() != 4 || key.dim() != 4 || value.dim() != 4)
+    return false;
+  for (const at::Tensor *x : {&query, &key, &value})
+    if (x->scalar_type() != at::kBFloat16 || x->size(3) != kDim || x->sizes().slice(0, 3) != key.sizes().slice(0, 3) ||
+        !rowsPackable(*x) || x->device() != key.device())
+      return false;
+  return decay.dim() == 3 && decay.sizes() == key.sizes().slice(0, 3) && beta.sizes() == decay.sizes() &&
+         at::isFloatingType(decay.scalar_type()) && at::isFloatingType(beta.scalar_type());
+}
+
+at::Tensor gatedDeltaRuleForward(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
+                                 const at::Tensor &decay, const at::Tensor &beta, const at::Tensor &initialState,
+                                 at::Tensor *finalState) {
+  TORCH_CHECK(deltaRuleForwardTakes(query, key, value, decay, beta, kChunk),
+              "gatedDeltaRuleForward: expected bf16 [B, H, T, 128] query, key, value with packable rows and a "
+              "[B, H, T] decay and beta");
+  const int64_t batch = key.size(0), heads = key.size(1), tokens = key.size(2), bh = batch * heads;
+  const c10::cuda::CUDAGuard guard(key.device());
+  at::Tensor out = at::empty({batch, heads, tokens, kDim}, key.options());
+  if (tokens == 0 || bh == 0) {
+    if (finalState)
+      *finalState = initialState.defined() ? initialState.to(at::kFloat).clone()
+                                           : at::zeros({batch, heads, kDim, kDim}, key.options().dtype(at::kFloat));
+    return out;
+  }
+  TORCH_CHECK(bh <= 65535, "gatedDeltaRuleForward: at most 65,535 batch x heads, got ", bh);
+  const int chunks = static_cast<int>((tokens + kChunk - 1) / kChunk);
+  const int64_t padded = int64_t(chunks) * kChunk;
+  const auto f32 = key.options().dtype(at::kFloat);
+  at::Tensor g = decay.to(at::kFloat).contiguous(), b = beta.to(at::kFloat).contiguous();
+  at::Tensor w = at::empty({bh, padded, kDim}, key.options()), u = at::empty_like(w), vNew = at::empty_like(w);
+  at::Tensor cum = at::empty({bh, padded}, f32);
+  at::Tensor states = at::empty({bh, chunks, kDim, kDim}, key.options());
+  at::Tensor init;
+  if (initialState.defined()) {
+    TORCH_CHECK(initialState.numel() == bh * kDim * kDim, "gatedDeltaRuleForward: expected an initial state [B, H, 128, 128]");
+    init = initialState.to(at::kFloat).contiguous();
+  }
+  at::Tensor last = finalState ? at::empty({batch, heads, kDim, kDim}, f32) : at::Tensor();
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+
+  const size_t transformBytes = 2 * kChunk * kRow * sizeof(bf16) + kChunk * kSquareRow * sizeof(bf16) +
+                                (kChunk * (kChunk + 1) + 2 * kChunk) * sizeof(float);
+  allowSharedMemory(deltaRuleTransformKernel, transformBytes);
+  deltaRuleTransformKernel<<<dim3(chunks, bh), 256, transformBytes, stream>>>(
+      strided(key), strided(value), g.data_ptr<float>(), b.data_ptr<float>(), tokens,
+      reinterpret_cast<bf16 *>(w.data_ptr<at::BFloat16>()), reinterpret_cast<bf16 *>(u.data_ptr<at::BFloat16>()),
+      cum.data_ptr<float>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+
+  const size_t stateBytes =
+      2 * kChunk * kRow * sizeof(bf16) + (kDim + kChunk) * kStateRow * sizeof(bf16) + kChunk * sizeof(float);
+  allowSharedMemory(deltaRuleStateKernel, stateBytes);
+  deltaRuleStateKernel<<<dim3(kDim / kStateColumns, bh), 128, stateBytes, stream>>>(
+      strided(key), reinterpret_cast<const bf16 *>(w.data_ptr<at::BFloat16>()),
+      reinterpret_cast<const bf16 *>(u.data_ptr<at::BFloat16>()), cum.data_ptr<float>(), tokens, chunks,
+      init.defined() ? init.data_ptr<float>() : nullptr, reinterpret_cast<bf16 *>(states.data_ptr<at::BFloat16>()),
+      reinterpret_cast<bf16 *>(vNew.data_ptr<at::BFloat16>()), last.defined() ? last.data_ptr<float>() : nullptr);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+
+  const size_t outputBytes = (3 * kChunk + kDim) * kRow * sizeof(bf16) + kChunk * kSquareRow * sizeof(bf16) +
+                             kChunk * sizeof(float);
+  allowSharedMemory(deltaRuleOutputKernel, outputBytes);
+  deltaRuleOutputKernel<<<dim3(chunks, bh), 256, outputBytes, stream>>>(
+      strided(query), strided(key), reinterpret_cast<const bf16 *>(states.data_ptr<at::BFloat16>()),
+      reinterpret_cast<const bf16 *>(vNew.data_ptr<at::BFloat16>()), cum.data_ptr<float>(), tokens,
+      static_cast<float>(1.0 / std::sqrt(double(kDim))), reinterpret_cast<bf16 *>(out.data_ptr<at::BFloat16>()));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (finalState)
+    *finalState = last;
+  return out;
+}
+
+} // namespace adapt::rt::cuda

@@ -1,0 +1,45 @@
+//===- DeltaRuleKernel.h - the chunked gated delta rule's forward -*- C++ -*-===//
+//
+// Gated DeltaNet's chunked delta rule (one log decay per head and token) as
+// three tensor-core kernels, the decomposition flash-linear-attention uses:
+//   1. per chunk, in parallel: the UT transform. A = strictly-lower(beta_t
+//      k_t.k_i exp(G_t - G_i)), T = (I + A)^-1 by forward substitution in
+//      shared memory, W = T (beta k exp(G)) and U = T (beta v);
+//   2. per head and 32 value columns, over the chunks in order: the state
+//      S (fp32, in the mma accumulators) with V_new = U - W S and
+//      S <- exp(G_last) S + (k exp(G_last - G))^T V_new;
+//   3. per chunk, in parallel: O = (q exp(G)) S_n + causal(q k^T exp(G_t -
+//      G_i)) V_new.
+// mma.sync m16n8k16 with bf16 operands and fp32 accumulation; the states,
+// W, U and V_new pass between kernels in bf16, as fla's do. The layer's
+// forward without a graph (no-grad, recomputation's first pass) takes it;
+// the LibTorch composition (runtime/LinearAttention.cpp) stays the reference,
+// the training path with its backward, and the CPU path.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef ADAPT_RUNTIME_CUDA_DELTARULEKERNEL_H
+#define ADAPT_RUNTIME_CUDA_DELTARULEKERNEL_H
+
+#include <ATen/core/Tensor.h>
+
+namespace adapt::rt::cuda {
+
+/// Whether gatedDeltaRuleForward takes these inputs: CUDA bf16 \p query,
+/// \p key [B, H, T, 128] and \p value [B, H, T, 128] with unit last stride,
+/// the other strides multiples of 8 and 16-byte aligned data; \p decay [B,
+/// H, T] (one per head) and \p beta [B, H, T] of any float dtype; chunk 64.
+bool deltaRuleForwardTakes(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
+                           const at::Tensor &decay, const at::Tensor &beta, int64_t chunkSize);
+
+/// The chunked gated delta rule's output [B, H, T, 128] (bf16, contiguous),
+/// the query scaled by 1/sqrt(dk) inside. \p initialState [B, H, 128, 128]
+/// fp32 may be undefined (zeros); \p finalState, if given, receives S_T
+/// [B, H, 128, 128] in fp32.
+at::Tensor gatedDeltaRuleForward(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
+                                 const at::Tensor &decay, const at::Tensor &beta, const at::Tensor &initialState,
+                                 at::Tensor *finalState);
+
+} // namespace adapt::rt::cuda
+
+#endif // ADAPT_RUNTIME_CUDA_DELTARULEKERNEL_H
