@@ -306,13 +306,14 @@ struct Tf32Function : torch::autograd::Function<Tf32Function> {
 };
 
 #ifdef ADAPT_WITH_CUDA_KERNELS
-/// Whether the no-grad forward takes cuda::gatedDeltaRuleForward: only with
-/// ADAPT_DELTA_RULE_KERNEL=1 until its op checks (`gated_delta_rule.no_grad`)
-/// have passed on a GPU; the composition otherwise.
+/// Whether the no-grad forward takes cuda::gatedDeltaRuleForward (checked
+/// on an H100 by `gated_delta_rule.no_grad`): yes unless
+/// ADAPT_DELTA_RULE_KERNEL=0, which keeps the composition (to compare the two,
+/// or to rule the kernels out).
 bool deltaRuleKernelEnabled() {
   static const bool enabled = [] {
     const char *v = std::getenv("ADAPT_DELTA_RULE_KERNEL");
-    return v != nullptr && std::strcmp(v, "1") == 0;
+    return v == nullptr || std::strcmp(v, "0") != 0;
   }();
   return enabled;
 }

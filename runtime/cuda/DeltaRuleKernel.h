@@ -12,7 +12,8 @@
 //      G_i)) V_new.
 // mma.sync m16n8k16 with bf16 operands and fp32 accumulation; the states,
 // W, U and V_new pass between kernels in bf16, as fla's do. The layer's
-// forward without a graph (no-grad, recomputation's first pass) takes it;
+// forward without a graph (no-grad, recomputation's first pass, the
+// segmented form's forward) takes it unless ADAPT_DELTA_RULE_KERNEL=0;
 // the LibTorch composition (runtime/LinearAttention.cpp) stays the reference,
 // the training path with its backward, and the CPU path.
 //

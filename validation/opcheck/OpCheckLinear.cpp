@@ -169,7 +169,7 @@ void addLinearAttentionChecks(std::vector<Check> &all) {
   delta("gated_delta_rule.chunked", {2, 130, 128, 128, 64});
   delta("gated_delta_rule.chunked", {1, 70, 128, 96, 64});
   // The forward without a graph at the released widths, where bf16 on a GPU
-  // takes cuda::gatedDeltaRuleForward (with ADAPT_DELTA_RULE_KERNEL=1): three
+  // takes cuda::gatedDeltaRuleForward (unless ADAPT_DELTA_RULE_KERNEL=0): three
   // chunks, the last ragged; one whole chunk.
   delta("gated_delta_rule.no_grad", {2, 150, 128, 128, 64, false, false, 0, true});
   delta("gated_delta_rule.no_grad", {1, 64, 128, 128, 64, false, false, 0, true});
