@@ -1,8 +1,10 @@
 //===- LinearAttention.cpp - linear attention's stateless kernels ---------===//
 
 #include "runtime/LinearAttention.h"
+#include "runtime/DeltaRuleFunction.h"
 #include "runtime/Ops.h"
 #include "runtime/Recompute.h"
+#include "runtime/Tf32Scope.h"
 
 #ifdef ADAPT_WITH_CUDA_KERNELS
 #include "runtime/cuda/DeltaRuleKernel.h"
@@ -256,19 +258,6 @@ torch::Tensor chunkedForm(const Fp32Inputs &f, int64_t chunkSize, const torch::T
   return out.view({b, h, chunks * c, dv}).narrow(2, 0, t);
 }
 
-/// Allows TF32 tensor-core GEMMs for fp32 operands while alive, then
-/// restores the previous setting.
-class Tf32Scope {
-public:
-  Tf32Scope() : previous(at::globalContext().allowTF32CuBLAS()) { at::globalContext().setAllowTF32CuBLAS(true); }
-  ~Tf32Scope() { at::globalContext().setAllowTF32CuBLAS(previous); }
-  Tf32Scope(const Tf32Scope &) = delete;
-  Tf32Scope &operator=(const Tf32Scope &) = delete;
-
-private:
-  bool previous;
-};
-
 /// fn(inputs) with TF32 GEMMs in its forward and in its backward: the
 /// function's own graph is recorded inside forward (from detached leaves)
 /// and differentiated inside backward, both under Tf32Scope. The global
@@ -330,14 +319,21 @@ torch::Tensor chunkedRun(const DeltaRuleInputs &in, const char *op, int64_t chun
   // The CPU takes the same node (the flag only affects CUDA GEMMs there), so
   // the op stage's bf16 checks cover its forward and backward everywhere.
   const bool tensorCores = in.value.scalar_type() != torch::kFloat32 && in.value.scalar_type() != torch::kFloat64;
-  if (!tensorCores)
-    return chunkedForm(prepare(in, op), chunkSize, initialState, finalState).to(in.query.scalar_type());
   const auto dtype = in.query.scalar_type();
   std::vector<torch::Tensor> inputs{in.query, in.key, in.value, in.decay, in.beta};
   if (initialState.defined())
     inputs.push_back(initialState);
   const bool needsGraph = torch::GradMode::is_enabled() &&
                           std::any_of(inputs.begin(), inputs.end(), [](const torch::Tensor &x) { return x.requires_grad(); });
+  if (needsGraph && in.decay.dim() == 3) { // one decay per head: the node with its backward written out
+    prepare(in, op);                       // shape checks, with this op's name
+    std::vector<torch::Tensor> r = scalarDecayDeltaRule(in, chunkSize, initialState, tensorCores);
+    if (finalState)
+      *finalState = r[1];
+    return r[0];
+  }
+  if (!tensorCores)
+    return chunkedForm(prepare(in, op), chunkSize, initialState, finalState).to(dtype);
   if (!needsGraph) { // No backward: the forward kernels, or the composition under the scope.
 #ifdef ADAPT_WITH_CUDA_KERNELS
     if (deltaRuleKernelEnabled() &&

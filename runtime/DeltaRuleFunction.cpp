@@ -1,0 +1,207 @@
+//===- DeltaRuleFunction.cpp - the delta rule with an explicit backward ---===//
+//
+// Shapes inside: [b, h, n, c, d] for n chunks of c tokens, fp32; a chunk's
+// cumulative log decay G is [b, h, n, c, 1]. Padding tokens (k = 0, b = 0,
+// decay 0) change nothing, and their gradients are dropped.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/DeltaRuleFunction.h"
+#include "runtime/Tf32Scope.h"
+
+#include <cmath>
+
+namespace adapt::rt {
+
+namespace {
+
+using torch::Tensor;
+
+/// x [B, H, T, d] as fp32 chunks [B, H, n, c, d], T padded with zeros.
+Tensor toChunks(const Tensor &x, int64_t c) {
+  const int64_t t = x.size(2), pad = (c - t % c) % c;
+  Tensor f = x.to(torch::kFloat32, false, false, at::MemoryFormat::Contiguous);
+  if (pad)
+    f = torch::constant_pad_nd(f, {0, 0, 0, pad});
+  return f.reshape({x.size(0), x.size(1), (t + pad) / c, c, x.size(3)});
+}
+
+/// Chunks [B, H, n, c, d] back to [B, H, T, d] in \p dtype.
+Tensor fromChunks(const Tensor &x, int64_t t, torch::ScalarType dtype) {
+  return x.reshape({x.size(0), x.size(1), x.size(2) * x.size(3), x.size(4)}).narrow(2, 0, t).to(dtype);
+}
+
+Tensor transposed(const Tensor &x) { return x.transpose(-1, -2); }
+
+/// The chunk's lower-triangular masks: inclusive (t >= i) and strict (t > i).
+struct Masks {
+  Tensor inclusive, strict;
+  Masks(int64_t c, const torch::Device &device) {
+    Tensor ones = torch::ones({c, c}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
+    inclusive = ones.tril();
+    strict = ones.tril(-1);
+  }
+};
+
+/// What forward and backward both derive from the inputs.
+struct ChunkTerms {
+  Tensor decayPairs;   ///< D = e^{G_t - G_i} for i <= t, 0 above [b, h, n, c, c].
+  Tensor gamma;        ///< e^G [b, h, n, c, 1].
+  Tensor last;         ///< G of the chunk's last token [b, h, n, 1, 1].
+  Tensor toEnd;        ///< e^{G_last - G} [b, h, n, c, 1].
+  Tensor keysWeighted; ///< Xk = diag(b e^G) K.
+  Tensor keysToEnd;    ///< Kd = diag(e^{G_last - G}) K.
+};
+
+ChunkTerms chunkTerms(const Tensor &k, const Tensor &beta, const Tensor &cum, const Masks &m) {
+  ChunkTerms t;
+  Tensor diff = cum - transposed(cum); // [.., c, c]: G_t - G_i
+  t.decayPairs = diff.masked_fill(m.inclusive.eq(0), -INFINITY).exp();
+  t.gamma = cum.exp();
+  t.last = cum.narrow(3, cum.size(3) - 1, 1);
+  t.toEnd = (t.last - cum).exp();
+  t.keysWeighted = k * (beta * t.gamma);
+  t.keysToEnd = k * t.toEnd;
+  return t;
+}
+
+/// e^{G_last} I - Kd^T W, the chunk's state transition [b, h, n, dk, dk].
+Tensor transition(const ChunkTerms &t, const Tensor &w) {
+  const int64_t dk = w.size(-1);
+  Tensor eye = torch::eye(dk, w.options());
+  return t.last.exp() * eye - torch::matmul(transposed(t.keysToEnd), w);
+}
+
+struct DeltaRuleNode : torch::autograd::Function<DeltaRuleNode> {
+  /// Outputs {O [B, H, T, dv] in the query's dtype, S_T fp32}; \p state
+  /// [B, H, dk, dv] (zeros when no initial state was given).
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext *ctx, const Tensor &query,
+                                                const Tensor &key, const Tensor &value, const Tensor &decay,
+                                                const Tensor &beta, const Tensor &state, int64_t chunk, bool tf32) {
+    const Tf32Scope scope(tf32);
+    const int64_t b = key.size(0), h = key.size(1), t = key.size(2), dk = key.size(3), dv = value.size(3);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(dk));
+    Tensor q = toChunks(query, chunk) * scale, k = toChunks(key, chunk), v = toChunks(value, chunk);
+    Tensor bt = toChunks(beta.unsqueeze(-1), chunk), cum = toChunks(decay.unsqueeze(-1), chunk).cumsum(3);
+    const int64_t n = k.size(2);
+    const Masks m(chunk, k.device());
+    const ChunkTerms terms = chunkTerms(k, bt, cum, m);
+    Tensor system = torch::matmul(k * bt, transposed(k)) * terms.decayPairs * m.strict;
+    Tensor inverse = torch::linalg_solve_triangular(system, torch::eye(chunk, system.options()), /*upper=*/false,
+                                                    /*left=*/true, /*unitriangular=*/true);
+    Tensor w = torch::matmul(inverse, terms.keysWeighted), u = torch::matmul(inverse, v * bt);
+    // S_{n+1} = (e^{G_last} I - Kd^T W) S_n + Kd^T U: one batched GEMM per chunk.
+    const std::vector<Tensor> steps = transition(terms, w).reshape({b * h, n, dk, dk}).unbind(1),
+                              adds = torch::matmul(transposed(terms.keysToEnd), u).reshape({b * h, n, dk, dv}).unbind(1);
+    Tensor s = state.to(torch::kFloat32).reshape({b * h, dk, dv});
+    std::vector<Tensor> entering;
+    entering.reserve(n);
+    for (int64_t i = 0; i < n; ++i) {
+      entering.push_back(s);
+      s = torch::baddbmm(adds[i], steps[i], s);
+    }
+    Tensor states = torch::stack(entering, 1).view({b, h, n, dk, dv});
+    Tensor newValues = u - torch::matmul(w, states);
+    Tensor scores = torch::matmul(q, transposed(k)) * terms.decayPairs;
+    Tensor out = torch::matmul(q * terms.gamma, states) + torch::matmul(scores, newValues);
+    ctx->save_for_backward({q, k, v, bt, cum, inverse, states, newValues});
+    ctx->saved_data["t"] = t;
+    ctx->saved_data["dtypes"] = std::vector<int64_t>{int64_t(query.scalar_type()), int64_t(key.scalar_type()),
+                                                     int64_t(value.scalar_type()), int64_t(decay.scalar_type()),
+                                                     int64_t(beta.scalar_type()), int64_t(state.scalar_type())};
+    ctx->saved_data["tf32"] = tf32;
+    return {fromChunks(out, t, query.scalar_type()), s.view({b, h, dk, dv})};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
+                                                 torch::autograd::variable_list grads) {
+    const Tf32Scope scope(ctx->saved_data["tf32"].toBool());
+    const auto saved = ctx->get_saved_variables();
+    const Tensor &q = saved[0], &k = saved[1], &v = saved[2], &bt = saved[3], &cum = saved[4], &inverse = saved[5],
+                 &states = saved[6], &newValues = saved[7];
+    const int64_t t = ctx->saved_data["t"].toInt();
+    const std::vector<int64_t> dtypes = ctx->saved_data["dtypes"].toIntVector();
+    const int64_t b = k.size(0), h = k.size(1), n = k.size(2), c = k.size(3), dk = k.size(4), dv = v.size(4);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(dk));
+    const Masks m(c, k.device());
+    const ChunkTerms terms = chunkTerms(k, bt, cum, m);
+    Tensor dOut = grads[0].defined() ? toChunks(grads[0], c) : torch::zeros_like(newValues);
+    Tensor dLast = grads[1].defined() ? grads[1].to(torch::kFloat32).reshape({b * h, dk, dv})
+                                      : torch::zeros({b * h, dk, dv}, k.options());
+    Tensor xv = v * bt;
+    Tensor w = torch::matmul(inverse, terms.keysWeighted);
+    Tensor scores = torch::matmul(q, transposed(k)) * terms.decayPairs; // P, decay included
+    Tensor queryDecayed = q * terms.gamma;
+
+    // dS_n = transition_n^T dS_{n+1} + (Qd^T dO - W^T P^T dO): one batched
+    // GEMM per chunk, from the last chunk back; dS_{n+1} is kept per chunk.
+    Tensor localNewValues = torch::matmul(transposed(scores), dOut); // P^T dO
+    const std::vector<Tensor> stepsT = transposed(transition(terms, w)).reshape({b * h, n, dk, dk}).unbind(1);
+    const std::vector<Tensor> adds =
+        (torch::matmul(transposed(queryDecayed), dOut) - torch::matmul(transposed(w), localNewValues))
+            .reshape({b * h, n, dk, dv})
+            .unbind(1);
+    std::vector<Tensor> leaving(n);
+    Tensor ds = dLast;
+    for (int64_t i = n - 1; i >= 0; --i) {
+      leaving[i] = ds;
+      ds = torch::baddbmm(adds[i], stepsT[i], ds);
+    }
+    Tensor dLeaving = torch::stack(leaving, 1).view({b, h, n, dk, dv}); // d S_{n+1} of each chunk
+    Tensor dNew = localNewValues + torch::matmul(terms.keysToEnd, dLeaving);
+
+    // Through O = Qd S + P V_new, S' = e^{G_last} S + Kd^T V_new, V_new = U - W S.
+    Tensor dQueryDecayed = torch::matmul(dOut, transposed(states));
+    Tensor dScores = torch::matmul(dOut, transposed(newValues)) * m.inclusive;
+    Tensor dKeysToEnd = torch::matmul(newValues, transposed(dLeaving));
+    Tensor dW = -torch::matmul(dNew, transposed(states));
+    // Through W = T Xk, U = T Xv and T = (I + A)^-1.
+    Tensor dInverse = torch::matmul(dW, transposed(terms.keysWeighted)) + torch::matmul(dNew, transposed(xv));
+    Tensor dXk = torch::matmul(transposed(inverse), dW), dXv = torch::matmul(transposed(inverse), dNew);
+    Tensor dSystem = -torch::matmul(torch::matmul(transposed(inverse), dInverse), transposed(inverse)) * m.strict;
+    // A = diag(b) (K K^T . D) on the strict lower part.
+    Tensor keyProducts = torch::matmul(k, transposed(k)) * terms.decayPairs * m.strict; // K K^T . D
+    Tensor dKeyProducts = dSystem * bt * terms.decayPairs;                              // d(K K^T) of A
+
+    Tensor dScoresDecayed = dScores * terms.decayPairs;
+    Tensor dq = (torch::matmul(dScoresDecayed, k) + dQueryDecayed * terms.gamma) * scale;
+    Tensor dKey = torch::matmul(transposed(dScoresDecayed), q) + dKeysToEnd * terms.toEnd +
+                dXk * (bt * terms.gamma) + torch::matmul(dKeyProducts, k) +
+                torch::matmul(transposed(dKeyProducts), k);
+    Tensor dValue = dXv * bt;
+    Tensor dBeta = (dSystem * keyProducts).sum(-1, true) + (dXk * k).sum(-1, true) * terms.gamma +
+                   (dXv * v).sum(-1, true);
+    // The cumulative decay: every e^{+-G} factor, then the chunk's last G.
+    Tensor pairScores = dScores * scores, pairSystem = dSystem * keyProducts * bt;
+    Tensor keysToEndTerm = (dKeysToEnd * terms.keysToEnd).sum(-1, true);
+    Tensor dCum = pairScores.sum(-1, true) - transposed(pairScores.sum(-2, true)) + pairSystem.sum(-1, true) -
+                  transposed(pairSystem.sum(-2, true)) + (dQueryDecayed * queryDecayed).sum(-1, true) +
+                  (dXk * terms.keysWeighted).sum(-1, true) - keysToEndTerm;
+    Tensor dLastCum = keysToEndTerm.sum(3, true) +
+                      (dLeaving * states).sum({-1, -2}).view({b, h, n, 1, 1}) * terms.last.exp();
+    dCum.narrow(3, c - 1, 1).add_(dLastCum);
+    Tensor dDecay = dCum.flip(3).cumsum(3).flip(3); // G = cumsum(g) within the chunk
+
+    auto type = [&](int i) { return static_cast<torch::ScalarType>(dtypes[i]); };
+    return {fromChunks(dq, t, type(0)),
+            fromChunks(dKey, t, type(1)),
+            fromChunks(dValue, t, type(2)),
+            fromChunks(dDecay, t, type(3)).squeeze(-1),
+            fromChunks(dBeta, t, type(4)).squeeze(-1),
+            ds.view({b, h, dk, dv}).to(type(5)),
+            Tensor(),
+            Tensor()};
+  }
+};
+
+} // namespace
+
+std::vector<Tensor> scalarDecayDeltaRule(const DeltaRuleInputs &in, int64_t chunkSize, const Tensor &initialState,
+                                         bool tf32) {
+  const int64_t b = in.key.size(0), h = in.key.size(1), dk = in.key.size(3), dv = in.value.size(3);
+  Tensor state = initialState.defined() ? initialState
+                                        : torch::zeros({b, h, dk, dv}, in.value.options().dtype(torch::kFloat32));
+  return DeltaRuleNode::apply(in.query, in.key, in.value, in.decay, in.beta, state, chunkSize, tf32);
+}
+
+} // namespace adapt::rt
