@@ -338,5 +338,9 @@ TEST(LinearLayers, SegmentsKeepOnlyTheOutputAndTheCarriedStates) {
   const int64_t segmented = keptBytes(segment), onePass = keptBytes(0);
   EXPECT_GE(segmented, stated);
   EXPECT_LE(segmented, stated + stated / 100) << "kept " << segmented << " bytes, the stated tensors are " << stated;
-  EXPECT_GT(onePass, 10 * segmented); // what the segments are for
+  // What the segments are for: one pass keeps the delta rule's fp32 inputs,
+  // T, the chunks' entering states and V_new (its node's backward is written
+  // out; the composition's autograd kept over 10x the segments' bytes here,
+  // the node ~6x), besides the layer's projections.
+  EXPECT_GT(onePass, 4 * segmented);
 }
