@@ -13,8 +13,10 @@
 // WY/UT transform solves a chunk's delta updates with triangular solves,
 // the state is carried from chunk to chunk, so work is O(T d^2) per head and
 // no tensor spans more than one chunk in time. Both compute in fp32 (as
-// transformers' torch fallbacks do) and return the input dtype; backward is
-// LibTorch autograd's.
+// transformers' torch fallbacks do) and return the input dtype. With one
+// decay per head the chunked form's backward is written out
+// (runtime/DeltaRuleFunction.h); with one per key channel it is LibTorch
+// autograd's.
 //
 //===----------------------------------------------------------------------===//
 #ifndef ADAPT_RUNTIME_LINEARATTENTION_H
