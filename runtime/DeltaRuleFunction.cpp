@@ -9,7 +9,13 @@
 #include "runtime/DeltaRuleFunction.h"
 #include "runtime/Tf32Scope.h"
 
+#ifdef ADAPT_WITH_CUDA_KERNELS
+#include "runtime/cuda/DeltaRuleKernel.h"
+#endif
+
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 namespace adapt::rt {
 
@@ -72,6 +78,20 @@ Tensor transition(const ChunkTerms &t, const Tensor &w) {
   return t.last.exp() * eye - torch::matmul(transposed(t.keysToEnd), w);
 }
 
+#ifdef ADAPT_WITH_CUDA_KERNELS
+/// Whether training's forward takes the forward kernels (runtime/cuda/
+/// DeltaRuleKernel.h), which also hand over T, the states and V_new: only
+/// with ADAPT_DELTA_RULE_TRAIN_KERNEL=1 until the `gated_delta_rule.chunked`
+/// op checks have passed on a GPU with it.
+bool trainingKernelEnabled() {
+  static const bool enabled = [] {
+    const char *v = std::getenv("ADAPT_DELTA_RULE_TRAIN_KERNEL");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return enabled;
+}
+#endif
+
 struct DeltaRuleNode : torch::autograd::Function<DeltaRuleNode> {
   /// Outputs {O [B, H, T, dv] in the query's dtype, S_T fp32}; \p state
   /// [B, H, dk, dv] (zeros when no initial state was given).
@@ -82,8 +102,26 @@ struct DeltaRuleNode : torch::autograd::Function<DeltaRuleNode> {
     const int64_t b = key.size(0), h = key.size(1), t = key.size(2), dk = key.size(3), dv = value.size(3);
     const double scale = 1.0 / std::sqrt(static_cast<double>(dk));
     Tensor q = toChunks(query, chunk) * scale, k = toChunks(key, chunk), v = toChunks(value, chunk);
-    Tensor bt = toChunks(beta.unsqueeze(-1), chunk), cum = toChunks(decay.unsqueeze(-1), chunk).cumsum(3);
+    Tensor bt = toChunks(beta.unsqueeze(-1), chunk);
     const int64_t n = k.size(2);
+    ctx->saved_data["t"] = t;
+    ctx->saved_data["dtypes"] = std::vector<int64_t>{int64_t(query.scalar_type()), int64_t(key.scalar_type()),
+                                                     int64_t(value.scalar_type()), int64_t(decay.scalar_type()),
+                                                     int64_t(beta.scalar_type()), int64_t(state.scalar_type())};
+    ctx->saved_data["tf32"] = tf32;
+#ifdef ADAPT_WITH_CUDA_KERNELS
+    if (t > 0 && trainingKernelEnabled() && cuda::deltaRuleForwardTakes(query, key, value, decay, beta, chunk)) {
+      cuda::DeltaRuleSaved saved;
+      Tensor last;
+      Tensor out = cuda::gatedDeltaRuleForward(query, key, value, decay, beta, state, &last, &saved);
+      const int64_t c = chunk;
+      ctx->save_for_backward({q, k, v, bt, saved.cum.view({b, h, n, c, 1}), saved.inverse.view({b, h, n, c, c}),
+                              saved.states.view({b, h, n, dk, dv}).to(torch::kFloat32),
+                              saved.newValues.view({b, h, n, c, dv}).to(torch::kFloat32)});
+      return {out, last};
+    }
+#endif
+    Tensor cum = toChunks(decay.unsqueeze(-1), chunk).cumsum(3);
     const Masks m(chunk, k.device());
     const ChunkTerms terms = chunkTerms(k, bt, cum, m);
     Tensor system = torch::matmul(k * bt, transposed(k)) * terms.decayPairs * m.strict;
@@ -105,11 +143,6 @@ struct DeltaRuleNode : torch::autograd::Function<DeltaRuleNode> {
     Tensor scores = torch::matmul(q, transposed(k)) * terms.decayPairs;
     Tensor out = torch::matmul(q * terms.gamma, states) + torch::matmul(scores, newValues);
     ctx->save_for_backward({q, k, v, bt, cum, inverse, states, newValues});
-    ctx->saved_data["t"] = t;
-    ctx->saved_data["dtypes"] = std::vector<int64_t>{int64_t(query.scalar_type()), int64_t(key.scalar_type()),
-                                                     int64_t(value.scalar_type()), int64_t(decay.scalar_type()),
-                                                     int64_t(beta.scalar_type()), int64_t(state.scalar_type())};
-    ctx->saved_data["tf32"] = tf32;
     return {fromChunks(out, t, query.scalar_type()), s.view({b, h, dk, dv})};
   }
 

@@ -124,7 +124,7 @@ __device__ __forceinline__ void chunkCumsum(float *cum, const float *decay, int 
 /// ([64, 128] bf16 each) and its cumulative log decays.
 __global__ void __launch_bounds__(256) deltaRuleTransformKernel(Strided key, Strided value, const float *decay,
                                                                 const float *beta, int64_t tokens, bf16 *w, bf16 *u,
-                                                                float *cumOut) {
+                                                                float *cumOut, float *inverseOut) {
   extern __shared__ __align__(16) unsigned char shared[];
   bf16 *ks = reinterpret_cast<bf16 *>(shared);      // k, then beta k exp(G)
   bf16 *vs = ks + kChunk * kRow;                     // v, then beta v
@@ -175,10 +175,14 @@ __global__ void __launch_bounds__(256) deltaRuleTransformKernel(Strided key, Str
       __syncthreads();
     }
   }
-  // T in bf16 (ones on the diagonal), and the right-hand sides in place.
+  // T in bf16 (ones on the diagonal), and in fp32 for the backward when asked;
+  // the right-hand sides in place.
   for (int i = tid; i < kChunk * kChunk; i += blockDim.x) {
     const int r = i / kChunk, c = i % kChunk;
-    ts[r * kSquareRow + c] = __float2bfloat16(c < r ? a[r * (kChunk + 1) + c] : c == r ? 1.0f : 0.0f);
+    const float x = c < r ? a[r * (kChunk + 1) + c] : c == r ? 1.0f : 0.0f;
+    ts[r * kSquareRow + c] = __float2bfloat16(x);
+    if (inverseOut)
+      inverseOut[(bh * gridDim.x * kChunk + row0 + r) * kChunk + c] = x;
   }
   for (int i = tid; i < kChunk * kDim; i += blockDim.x) {
     const int r = i / kDim, c = i % kDim;
@@ -450,7 +454,7 @@ bool deltaRuleForwardTakes(const at::Tensor &query, const at::Tensor &key, const
 
 at::Tensor gatedDeltaRuleForward(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
                                  const at::Tensor &decay, const at::Tensor &beta, const at::Tensor &initialState,
-                                 at::Tensor *finalState) {
+                                 at::Tensor *finalState, DeltaRuleSaved *saved) {
   TORCH_CHECK(deltaRuleForwardTakes(query, key, value, decay, beta, kChunk),
               "gatedDeltaRuleForward: expected bf16 [B, H, T, 128] query, key, value with packable rows and a "
               "[B, H, T] decay and beta");
@@ -477,6 +481,7 @@ at::Tensor gatedDeltaRuleForward(const at::Tensor &query, const at::Tensor &key,
     init = initialState.to(at::kFloat).contiguous();
   }
   at::Tensor last = finalState ? at::empty({batch, heads, kDim, kDim}, f32) : at::Tensor();
+  at::Tensor inverse = saved ? at::empty({bh, padded, kChunk}, f32) : at::Tensor();
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
 
   const size_t transformBytes = 2 * kChunk * kRow * sizeof(bf16) + kChunk * kSquareRow * sizeof(bf16) +
@@ -485,7 +490,7 @@ at::Tensor gatedDeltaRuleForward(const at::Tensor &query, const at::Tensor &key,
   deltaRuleTransformKernel<<<dim3(chunks, bh), 256, transformBytes, stream>>>(
       strided(key), strided(value), g.data_ptr<float>(), b.data_ptr<float>(), tokens,
       reinterpret_cast<bf16 *>(w.data_ptr<at::BFloat16>()), reinterpret_cast<bf16 *>(u.data_ptr<at::BFloat16>()),
-      cum.data_ptr<float>());
+      cum.data_ptr<float>(), inverse.defined() ? inverse.data_ptr<float>() : nullptr);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
   const size_t stateBytes =
@@ -508,6 +513,8 @@ at::Tensor gatedDeltaRuleForward(const at::Tensor &query, const at::Tensor &key,
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (finalState)
     *finalState = last;
+  if (saved)
+    *saved = {inverse, states, vNew, cum};
   return out;
 }
 

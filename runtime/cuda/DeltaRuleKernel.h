@@ -33,13 +33,22 @@ namespace adapt::rt::cuda {
 bool deltaRuleForwardTakes(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
                            const at::Tensor &decay, const at::Tensor &beta, int64_t chunkSize);
 
+/// What the forward computes that the backward (runtime/DeltaRuleFunction)
+/// reads; n chunks of 64 over B·H heads.
+struct DeltaRuleSaved {
+  at::Tensor inverse;   ///< T = (I + A)^-1 per chunk, fp32 [B·H, n·64, 64].
+  at::Tensor states;    ///< Each chunk's entering state, bf16 [B·H, n, 128, 128].
+  at::Tensor newValues; ///< V_new, bf16 [B·H, n·64, 128].
+  at::Tensor cum;       ///< The chunk's cumulative log decay, fp32 [B·H, n·64].
+};
+
 /// The chunked gated delta rule's output [B, H, T, 128] (bf16, contiguous),
 /// the query scaled by 1/sqrt(dk) inside. \p initialState [B, H, 128, 128]
 /// fp32 may be undefined (zeros); \p finalState, if given, receives S_T
-/// [B, H, 128, 128] in fp32.
+/// [B, H, 128, 128] in fp32; \p saved, if given, what the backward reads.
 at::Tensor gatedDeltaRuleForward(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
                                  const at::Tensor &decay, const at::Tensor &beta, const at::Tensor &initialState,
-                                 at::Tensor *finalState);
+                                 at::Tensor *finalState, DeltaRuleSaved *saved = nullptr);
 
 } // namespace adapt::rt::cuda
 
