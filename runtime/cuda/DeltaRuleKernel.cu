@@ -97,6 +97,26 @@ __device__ __forceinline__ void pairProducts(float (&acc)[4][4], const bf16 *x, 
   }
 }
 
+/// acc[nt] += rows [16 mt, 16 mt + 16) of the row-major tile \p a (K = 16
+/// Steps columns) times columns [64 half + 8 nt, +8) of the row-major [K][n]
+/// tile \p b: a warp's 16 x 64 share of a chunk's tile product.
+template <int Steps>
+__device__ __forceinline__ void accumulateProduct(float (&acc)[8][4], const bf16 *a, int aStride, const bf16 *b,
+                                                  int bStride, int mt, int half, int g, int t, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < Steps; ++kk) {
+    uint32_t fa[4];
+    loadFragmentA(fa, a + 16 * mt * aStride, aStride, kk, g, t);
+#pragma unroll
+    for (int np = 0; np < 4; ++np) {
+      uint32_t fb[4];
+      loadFragmentsB(fb, b, bStride, 16 * kk, 64 * half + 16 * np, lane);
+      mma16816(acc[2 * np], fa, fb[0], fb[1]);
+      mma16816(acc[2 * np + 1], fa, fb[2], fb[3]);
+    }
+  }
+}
+
 /// Inclusive prefix sums of the chunk's 64 log decays (zero past \p valid)
 /// into \p cum, by the first two warps; all threads synchronise.
 __device__ __forceinline__ void chunkCumsum(float *cum, const float *decay, int valid) {
@@ -197,18 +217,7 @@ __global__ void __launch_bounds__(256) deltaRuleTransformKernel(Strided key, Str
     const bf16 *rhs = which == 0 ? ks : vs;
     bf16 *dst = (which == 0 ? w : u) + (bh * gridDim.x * kChunk + row0) * kDim;
     float acc[8][4] = {};
-#pragma unroll
-    for (int kk = 0; kk < kChunk / 16; ++kk) {
-      uint32_t fa[4];
-      loadFragmentA(fa, ts + 16 * mt * kSquareRow, kSquareRow, kk, g, t);
-#pragma unroll
-      for (int np = 0; np < 4; ++np) {
-        uint32_t fb[4];
-        loadFragmentsB(fb, rhs, kRow, 16 * kk, 64 * half + 16 * np, lane);
-        mma16816(acc[2 * np], fa, fb[0], fb[1]);
-        mma16816(acc[2 * np + 1], fa, fb[2], fb[3]);
-      }
-    }
+    accumulateProduct<kChunk / 16>(acc, ts, kSquareRow, rhs, kRow, mt, half, g, t, lane);
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
       const int r = 16 * mt + g, c = 64 * half + 8 * nt + 2 * t;
@@ -388,30 +397,8 @@ __global__ void __launch_bounds__(256) deltaRuleOutputKernel(Strided query, Stri
   }
   __syncthreads();
   float acc[8][4] = {};
-#pragma unroll
-  for (int kk = 0; kk < kDim / 16; ++kk) { // (q scale exp(G)) S_n
-    uint32_t fa[4];
-    loadFragmentA(fa, qs + 16 * mt * kRow, kRow, kk, g, t);
-#pragma unroll
-    for (int np = 0; np < 4; ++np) {
-      uint32_t fb[4];
-      loadFragmentsB(fb, ss, kRow, 16 * kk, 64 * half + 16 * np, lane);
-      mma16816(acc[2 * np], fa, fb[0], fb[1]);
-      mma16816(acc[2 * np + 1], fa, fb[2], fb[3]);
-    }
-  }
-#pragma unroll
-  for (int kk = 0; kk < kChunk / 16; ++kk) { // + P V_new
-    uint32_t fa[4];
-    loadFragmentA(fa, ps + 16 * mt * kSquareRow, kSquareRow, kk, g, t);
-#pragma unroll
-    for (int np = 0; np < 4; ++np) {
-      uint32_t fb[4];
-      loadFragmentsB(fb, vs, kRow, 16 * kk, 64 * half + 16 * np, lane);
-      mma16816(acc[2 * np], fa, fb[0], fb[1]);
-      mma16816(acc[2 * np + 1], fa, fb[2], fb[3]);
-    }
-  }
+  accumulateProduct<kDim / 16>(acc, qs, kRow, ss, kRow, mt, half, g, t, lane);         // (q scale exp(G)) S_n
+  accumulateProduct<kChunk / 16>(acc, ps, kSquareRow, vs, kRow, mt, half, g, t, lane); // + P V_new
   bf16 *o = out + (bh * tokens + row0) * kDim;
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
