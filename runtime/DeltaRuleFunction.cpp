@@ -14,6 +14,7 @@
 #endif
 
 #include <cmath>
+#include <tuple>
 #include <cstdlib>
 #include <cstring>
 
@@ -79,10 +80,11 @@ Tensor transition(const ChunkTerms &t, const Tensor &w) {
 }
 
 #ifdef ADAPT_WITH_CUDA_KERNELS
-/// Whether training's forward takes the forward kernels (runtime/cuda/
-/// DeltaRuleKernel.h), which also hand over T, the states and V_new: only
-/// with ADAPT_DELTA_RULE_TRAIN_KERNEL=1 until the `gated_delta_rule.chunked`
-/// op checks have passed on a GPU with it.
+/// Whether training takes the kernels (runtime/cuda/DeltaRuleKernel.h): the
+/// forward's three, which also hand over T, the states and V_new, and the
+/// backward's state gradient over the chunks. Only with
+/// ADAPT_DELTA_RULE_TRAIN_KERNEL=1 until the `gated_delta_rule.chunked` op
+/// checks have passed on a GPU with it (written without one).
 bool trainingKernelEnabled() {
   static const bool enabled = [] {
     const char *v = std::getenv("ADAPT_DELTA_RULE_TRAIN_KERNEL");
@@ -91,6 +93,30 @@ bool trainingKernelEnabled() {
   return enabled;
 }
 #endif
+
+/// The state's gradient through the chunks, last to first: {dS' of each
+/// chunk [b, h, n, dk, dv], dV_new, dS of the first chunk [b·h, dk, dv]},
+/// from \p localNew = P^T dO and \p last, the gradient of S_T [b·h, dk, dv].
+/// dS = transition^T dS' + (Qd^T dO - W^T P^T dO): one batched GEMM per
+/// chunk, with everything that does not depend on dS' batched before.
+std::tuple<Tensor, Tensor, Tensor> stateGradients(const ChunkTerms &terms, const Tensor &w,
+                                                  const Tensor &queryDecayed, const Tensor &dOut,
+                                                  const Tensor &localNew, const Tensor &last) {
+  const int64_t b = w.size(0), h = w.size(1), n = w.size(2), dk = w.size(4), dv = dOut.size(4);
+  const std::vector<Tensor> stepsT = transposed(transition(terms, w)).reshape({b * h, n, dk, dk}).unbind(1);
+  const std::vector<Tensor> adds =
+      (torch::matmul(transposed(queryDecayed), dOut) - torch::matmul(transposed(w), localNew))
+          .reshape({b * h, n, dk, dv})
+          .unbind(1);
+  std::vector<Tensor> leaving(n);
+  Tensor ds = last;
+  for (int64_t i = n - 1; i >= 0; --i) {
+    leaving[i] = ds;
+    ds = torch::baddbmm(adds[i], stepsT[i], ds);
+  }
+  Tensor dLeaving = torch::stack(leaving, 1).view({b, h, n, dk, dv});
+  return {dLeaving, localNew + torch::matmul(terms.keysToEnd, dLeaving), ds};
+}
 
 struct DeltaRuleNode : torch::autograd::Function<DeltaRuleNode> {
   /// Outputs {O [B, H, T, dv] in the query's dtype, S_T fp32}; \p state
@@ -166,22 +192,23 @@ struct DeltaRuleNode : torch::autograd::Function<DeltaRuleNode> {
     Tensor scores = torch::matmul(q, transposed(k)) * terms.decayPairs; // P, decay included
     Tensor queryDecayed = q * terms.gamma;
 
-    // dS_n = transition_n^T dS_{n+1} + (Qd^T dO - W^T P^T dO): one batched
-    // GEMM per chunk, from the last chunk back; dS_{n+1} is kept per chunk.
+    // The state's gradient from the last chunk back (one kernel on the GPU).
     Tensor localNewValues = torch::matmul(transposed(scores), dOut); // P^T dO
-    const std::vector<Tensor> stepsT = transposed(transition(terms, w)).reshape({b * h, n, dk, dk}).unbind(1);
-    const std::vector<Tensor> adds =
-        (torch::matmul(transposed(queryDecayed), dOut) - torch::matmul(transposed(w), localNewValues))
-            .reshape({b * h, n, dk, dv})
-            .unbind(1);
-    std::vector<Tensor> leaving(n);
-    Tensor ds = dLast;
-    for (int64_t i = n - 1; i >= 0; --i) {
-      leaving[i] = ds;
-      ds = torch::baddbmm(adds[i], stepsT[i], ds);
+    Tensor dLeaving, dNew, ds;
+#ifdef ADAPT_WITH_CUDA_KERNELS
+    if (k.is_cuda() && trainingKernelEnabled() && cuda::deltaRuleStateBackwardTakes(dk, dv, c)) {
+      auto rows = [&](const Tensor &x) { return x.to(torch::kBFloat16).contiguous().view({b * h, n * c, x.size(-1)}); };
+      cuda::DeltaRuleStateGrads r = cuda::deltaRuleStateBackward(
+          rows(terms.keysToEnd), rows(queryDecayed), rows(w), rows(dOut),
+          localNewValues.contiguous().view({b * h, n * c, dv}), cum.contiguous().view({b * h, n * c}),
+          dLast.contiguous());
+      dLeaving = r.leaving.view({b, h, n, dk, dv});
+      dNew = r.newValues.view({b, h, n, c, dv});
+      ds = r.initial;
     }
-    Tensor dLeaving = torch::stack(leaving, 1).view({b, h, n, dk, dv}); // d S_{n+1} of each chunk
-    Tensor dNew = localNewValues + torch::matmul(terms.keysToEnd, dLeaving);
+#endif
+    if (!dLeaving.defined())
+      std::tie(dLeaving, dNew, ds) = stateGradients(terms, w, queryDecayed, dOut, localNewValues, dLast);
 
     // Through O = Qd S + P V_new, S' = e^{G_last} S + Kd^T V_new, V_new = U - W S.
     Tensor dQueryDecayed = torch::matmul(dOut, transposed(states));

@@ -8,7 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/cuda/DeltaRuleKernel.h"
-#include "runtime/cuda/Mma.cuh"
+#include "runtime/cuda/DeltaRule.cuh"
 
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
@@ -24,14 +24,7 @@ namespace adapt::rt::cuda {
 
 namespace {
 
-using bf16 = __nv_bfloat16;
-
-constexpr int kChunk = 64;         ///< Tokens per chunk.
-constexpr int kDim = 128;          ///< dk = dv.
-constexpr int kRow = kDim + 8;     ///< Shared row of a [64, 128] tile, in bf16.
-constexpr int kSquareRow = kChunk + 8; ///< Shared row of a [64, 64] tile, in bf16.
-constexpr int kStateColumns = 32;  ///< Value columns per recurrence block.
-constexpr int kStateRow = kStateColumns + 8;
+using namespace delta;
 
 /// A [B, H, T, D] tensor's data and its strides over b, h and t.
 struct Strided {
@@ -52,28 +45,6 @@ __device__ __forceinline__ void loadRows(bf16 *tile, const Strided &x, int64_t b
       v = *reinterpret_cast<const uint4 *>(x.row(bh, row0 + r) + c);
     *reinterpret_cast<uint4 *>(tile + r * kRow + c) = v;
   }
-}
-
-/// Two floats as a bf16 pair (lower index in the low half).
-__device__ __forceinline__ uint32_t packBf16(float lo, float hi) {
-  const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t *>(&p);
-}
-
-/// B fragments of n-tiles n0 and n0 + 8 for k rows [k0, k0 + 16) of a
-/// row-major [k][n] bf16 tile: b[0], b[1] for n0; b[2], b[3] for n0 + 8.
-__device__ __forceinline__ void loadFragmentsB(uint32_t (&b)[4], const bf16 *tile, int stride, int k0, int n0,
-                                               int lane) {
-  const int matrix = lane / 8;
-  ldmatrixX4Trans(b, tile + (k0 + (matrix % 2) * 8 + lane % 8) * stride + n0 + (matrix / 2) * 8);
-}
-
-/// The A fragment of M = rows [m0, m0 + 16), K = [k0, k0 + 16) of the
-/// transpose of a row-major [k][m] bf16 tile.
-__device__ __forceinline__ void loadFragmentATransposed(uint32_t (&a)[4], const bf16 *tile, int stride, int k0,
-                                                        int m0, int lane) {
-  const int matrix = lane / 8;
-  ldmatrixX4Trans(a, tile + (k0 + (matrix / 2) * 8 + lane % 8) * stride + m0 + (matrix % 2) * 8);
 }
 
 /// acc[nt] = rows [16 mt, 16 mt + 16) of X times columns [32 half + 8 nt, +8)
@@ -418,11 +389,6 @@ Strided strided(const at::Tensor &x) {
 bool rowsPackable(const at::Tensor &x) {
   return x.stride(3) == 1 && x.stride(0) % 8 == 0 && x.stride(1) % 8 == 0 && x.stride(2) % 8 == 0 &&
          reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
-}
-
-/// Allows \p kernel \p bytes of dynamic shared memory (above 48 KiB).
-template <typename Kernel> void allowSharedMemory(Kernel kernel, size_t bytes) {
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
 } // namespace

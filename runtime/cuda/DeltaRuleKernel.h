@@ -50,6 +50,28 @@ at::Tensor gatedDeltaRuleForward(const at::Tensor &query, const at::Tensor &key,
                                  const at::Tensor &decay, const at::Tensor &beta, const at::Tensor &initialState,
                                  at::Tensor *finalState, DeltaRuleSaved *saved = nullptr);
 
+/// The state's gradient through the chunks, last to first (the backward's
+/// serial part, in DeltaRuleBackwardKernel.cu): per chunk n, with dS' the
+/// gradient of the state leaving it,
+///   dV_new = localNew + Kd dS',  dS = e^{G_last} dS' + Qd^T dO - W^T dV_new.
+struct DeltaRuleStateGrads {
+  at::Tensor leaving;     ///< dS' of each chunk, fp32 [B·H, n, 128, 128].
+  at::Tensor newValues;   ///< dV_new, fp32 [B·H, n·64, 128].
+  at::Tensor initial;     ///< dS of the first chunk's entering state, fp32 [B·H, 128, 128].
+};
+
+/// Whether deltaRuleStateBackward takes dk = \p keyDim, dv = \p valueDim and \p chunkSize.
+bool deltaRuleStateBackwardTakes(int64_t keyDim, int64_t valueDim, int64_t chunkSize);
+
+/// \p keysToEnd (Kd = k e^{G_last - G}), \p queryDecayed (Qd = q scale e^G),
+/// \p w and \p gradOut: contiguous bf16 [B·H, n·64, 128]; \p localNew (P^T
+/// dO) fp32 [B·H, n·64, 128]; \p cum fp32 [B·H, n·64]; \p gradFinal fp32
+/// [B·H, 128, 128] (the gradient of S_T).
+DeltaRuleStateGrads deltaRuleStateBackward(const at::Tensor &keysToEnd, const at::Tensor &queryDecayed,
+                                           const at::Tensor &w, const at::Tensor &gradOut,
+                                           const at::Tensor &localNew, const at::Tensor &cum,
+                                           const at::Tensor &gradFinal);
+
 } // namespace adapt::rt::cuda
 
 #endif // ADAPT_RUNTIME_CUDA_DELTARULEKERNEL_H

@@ -1,0 +1,200 @@
+//===- DeltaRuleBackwardKernel.cu - the delta rule's state gradient -------===//
+//
+// The serial part of the chunked delta rule's backward (runtime/
+// DeltaRuleFunction.cpp) as one kernel, the forward's recurrence kernel run
+// backwards: a block per (32 value columns, b·h) walks the chunks from the
+// last to the first with dS [128, 32] in the mma accumulators (fp32).
+// Per chunk: dS' is written out (fp32), dV_new = localNew + Kd dS' (written,
+// fp32), then dS = e^{G_last} dS' + Qd^T dO - W^T dV_new, where dV_new
+// enters the last product negated and rounded to bf16, as the forward's
+// operands are.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/cuda/DeltaRule.cuh"
+#include "runtime/cuda/DeltaRuleKernel.h"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/Exception.h>
+
+namespace adapt::rt::cuda {
+
+namespace {
+
+using namespace delta;
+
+/// Copies rows [row0, row0 + 64) of the contiguous [.., 128] bf16 \p x into \p tile.
+__device__ __forceinline__ void loadTile(bf16 *tile, const bf16 *x, int64_t row0) {
+  for (int i = threadIdx.x; i < kChunk * kDim / 8; i += blockDim.x) {
+    const int r = i / (kDim / 8), c = (i % (kDim / 8)) * 8;
+    *reinterpret_cast<uint4 *>(tile + r * kRow + c) = *reinterpret_cast<const uint4 *>(x + (row0 + r) * kDim + c);
+  }
+}
+
+__global__ void __launch_bounds__(128)
+    deltaRuleStateBackwardKernel(const bf16 *keysToEnd, const bf16 *queryDecayed, const bf16 *w, const bf16 *gradOut,
+                                 const float *localNew, const float *cum, int chunks, const float *gradFinal,
+                                 float *leaving, float *gradNew, float *gradInitial) {
+  extern __shared__ __align__(16) unsigned char shared[];
+  bf16 *kd = reinterpret_cast<bf16 *>(shared); // Kd of the chunk [64][kRow]
+  bf16 *qd = kd + kChunk * kRow;               // Qd [64][kRow]
+  bf16 *ws = qd + kChunk * kRow;               // W [64][kRow]
+  bf16 *dos = ws + kChunk * kRow;              // dO's 32 columns [64][kStateRow]
+  bf16 *dss = dos + kChunk * kStateRow;        // dS' [128][kStateRow]
+  bf16 *dvn = dss + kDim * kStateRow;          // -dV_new [64][kStateRow]
+  const int64_t bh = blockIdx.y, padded = int64_t(chunks) * kChunk;
+  const int col0 = blockIdx.x * kStateColumns;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int64_t base = bh * padded;
+  float ds[2][4][4];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = 32 * warp + 16 * mt + g + (i / 2) * 8, c = col0 + 8 * nt + 2 * t + i % 2;
+        ds[mt][nt][i] = gradFinal[(bh * kDim + r) * kDim + c];
+      }
+  for (int n = chunks - 1; n >= 0; --n) {
+    const int64_t row0 = int64_t(n) * kChunk;
+    // dS' (leaving the chunk): out in fp32, to shared memory in bf16.
+    float *leavingOut = leaving + ((bh * chunks + n) * kDim) * kDim;
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt) {
+        const int r = 32 * warp + 16 * mt + g, c = 8 * nt + 2 * t;
+        *reinterpret_cast<uint32_t *>(dss + r * kStateRow + c) = packBf16(ds[mt][nt][0], ds[mt][nt][1]);
+        *reinterpret_cast<uint32_t *>(dss + (r + 8) * kStateRow + c) = packBf16(ds[mt][nt][2], ds[mt][nt][3]);
+        *reinterpret_cast<float2 *>(leavingOut + r * kDim + col0 + c) = make_float2(ds[mt][nt][0], ds[mt][nt][1]);
+        *reinterpret_cast<float2 *>(leavingOut + (r + 8) * kDim + col0 + c) =
+            make_float2(ds[mt][nt][2], ds[mt][nt][3]);
+      }
+    loadTile(kd, keysToEnd + base * kDim, row0);
+    loadTile(qd, queryDecayed + base * kDim, row0);
+    loadTile(ws, w + base * kDim, row0);
+    for (int i = tid; i < kChunk * kStateColumns / 8; i += blockDim.x) {
+      const int r = i / (kStateColumns / 8), c = (i % (kStateColumns / 8)) * 8;
+      *reinterpret_cast<uint4 *>(dos + r * kStateRow + c) =
+          *reinterpret_cast<const uint4 *>(gradOut + (base + row0 + r) * kDim + col0 + c);
+    }
+    const float last = cum[base + row0 + kChunk - 1];
+    __syncthreads();
+    // dV_new = localNew + Kd dS': warp w takes rows [16 w, 16 w + 16), 32 columns.
+    {
+      float acc[4][4] = {};
+#pragma unroll
+      for (int kk = 0; kk < kDim / 16; ++kk) {
+        uint32_t fa[4];
+        loadFragmentA(fa, kd + 16 * warp * kRow, kRow, kk, g, t);
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          uint32_t fb[4];
+          loadFragmentsB(fb, dss, kStateRow, 16 * kk, 16 * np, lane);
+          mma16816(acc[2 * np], fa, fb[0], fb[1]);
+          mma16816(acc[2 * np + 1], fa, fb[2], fb[3]);
+        }
+      }
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = 16 * warp + g + 8 * h, c = 8 * nt + 2 * t;
+          const int64_t at = (base + row0 + r) * kDim + col0 + c;
+          const float2 local = *reinterpret_cast<const float2 *>(localNew + at);
+          const float v0 = local.x + acc[nt][2 * h], v1 = local.y + acc[nt][2 * h + 1];
+          *reinterpret_cast<float2 *>(gradNew + at) = make_float2(v0, v1);
+          *reinterpret_cast<uint32_t *>(dvn + r * kStateRow + c) = packBf16(-v0, -v1);
+        }
+    }
+    __syncthreads();
+    // dS = e^{G_last} dS' + Qd^T dO + W^T (-dV_new): warp w takes dS's rows
+    // [32 w, 32 w + 32), K = the chunk's 64 tokens.
+    const float chunkDecay = __expf(last);
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          ds[mt][nt][i] *= chunkDecay;
+#pragma unroll
+    for (int kk = 0; kk < kChunk / 16; ++kk) {
+      uint32_t fo[2][4], fv[2][4];
+      loadFragmentsB(fo[0], dos, kStateRow, 16 * kk, 0, lane);
+      loadFragmentsB(fo[1], dos, kStateRow, 16 * kk, 16, lane);
+      loadFragmentsB(fv[0], dvn, kStateRow, 16 * kk, 0, lane);
+      loadFragmentsB(fv[1], dvn, kStateRow, 16 * kk, 16, lane);
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        uint32_t fq[4], fw[4];
+        loadFragmentATransposed(fq, qd, kRow, 16 * kk, 32 * warp + 16 * mt, lane);
+        loadFragmentATransposed(fw, ws, kRow, 16 * kk, 32 * warp + 16 * mt, lane);
+#pragma unroll
+        for (int np = 0; np < 2; ++np) {
+          mma16816(ds[mt][2 * np], fq, fo[np][0], fo[np][1]);
+          mma16816(ds[mt][2 * np + 1], fq, fo[np][2], fo[np][3]);
+          mma16816(ds[mt][2 * np], fw, fv[np][0], fv[np][1]);
+          mma16816(ds[mt][2 * np + 1], fw, fv[np][2], fv[np][3]);
+        }
+      }
+    }
+    __syncthreads(); // before the next chunk's tiles overwrite these
+  }
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int r = 32 * warp + 16 * mt + g + (i / 2) * 8, c = col0 + 8 * nt + 2 * t + i % 2;
+        gradInitial[(bh * kDim + r) * kDim + c] = ds[mt][nt][i];
+      }
+}
+
+bool bf16Rows(const at::Tensor &x, int64_t rows) {
+  return x.is_cuda() && x.scalar_type() == at::kBFloat16 && x.is_contiguous() && x.dim() == 3 &&
+         x.size(1) == rows && x.size(2) == kDim;
+}
+
+} // namespace
+
+bool deltaRuleStateBackwardTakes(int64_t keyDim, int64_t valueDim, int64_t chunkSize) {
+  return keyDim == kDim && valueDim == kDim && chunkSize == kChunk;
+}
+
+DeltaRuleStateGrads deltaRuleStateBackward(const at::Tensor &keysToEnd, const at::Tensor &queryDecayed,
+                                           const at::Tensor &w, const at::Tensor &gradOut,
+                                           const at::Tensor &localNew, const at::Tensor &cum,
+                                           const at::Tensor &gradFinal) {
+  const int64_t bh = keysToEnd.size(0), padded = keysToEnd.size(1), chunks = padded / kChunk;
+  TORCH_CHECK(padded % kChunk == 0 && bf16Rows(keysToEnd, padded) && bf16Rows(queryDecayed, padded) &&
+                  bf16Rows(w, padded) && bf16Rows(gradOut, padded) && queryDecayed.size(0) == bh &&
+                  w.size(0) == bh && gradOut.size(0) == bh,
+              "deltaRuleStateBackward: expected contiguous bf16 [B*H, n*64, 128] Kd, Qd, W and dO");
+  TORCH_CHECK(localNew.scalar_type() == at::kFloat && localNew.is_contiguous() && localNew.numel() == bh * padded * kDim &&
+                  cum.scalar_type() == at::kFloat && cum.is_contiguous() && cum.numel() == bh * padded &&
+                  gradFinal.scalar_type() == at::kFloat && gradFinal.is_contiguous() &&
+                  gradFinal.numel() == bh * kDim * kDim,
+              "deltaRuleStateBackward: expected fp32 contiguous localNew [B*H, n*64, 128], cum [B*H, n*64] and "
+              "gradFinal [B*H, 128, 128]");
+  TORCH_CHECK(bh <= 65535 && chunks > 0, "deltaRuleStateBackward: expected 1 to 65,535 heads and a chunk");
+  const c10::cuda::CUDAGuard guard(keysToEnd.device());
+  const auto f32 = localNew.options();
+  DeltaRuleStateGrads r{at::empty({bh, chunks, kDim, kDim}, f32), at::empty({bh, padded, kDim}, f32),
+                        at::empty({bh, kDim, kDim}, f32)};
+  const size_t bytes = (3 * kChunk * kRow + (2 * kChunk + kDim) * kStateRow) * sizeof(bf16);
+  allowSharedMemory(deltaRuleStateBackwardKernel, bytes);
+  auto bf = [](const at::Tensor &x) { return reinterpret_cast<const bf16 *>(x.data_ptr<at::BFloat16>()); };
+  deltaRuleStateBackwardKernel<<<dim3(kDim / kStateColumns, bh), 128, bytes, at::cuda::getCurrentCUDAStream()>>>(
+      bf(keysToEnd), bf(queryDecayed), bf(w), bf(gradOut), localNew.data_ptr<float>(), cum.data_ptr<float>(),
+      static_cast<int>(chunks), gradFinal.data_ptr<float>(), r.leaving.data_ptr<float>(), r.newValues.data_ptr<float>(),
+      r.initial.data_ptr<float>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return r;
+}
+
+} // namespace adapt::rt::cuda
