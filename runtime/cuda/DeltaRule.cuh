@@ -51,6 +51,47 @@ __device__ __forceinline__ void loadFragmentATransposed(uint32_t (&a)[4], const 
   ldmatrixX4Trans(a, tile + (k0 + (matrix / 2) * 8 + lane % 8) * stride + m0 + (matrix % 2) * 8);
 }
 
+/// The [128, 32] slice of a state (or its gradient) that a recurrence block
+/// keeps in mma accumulators: warp w holds rows [32 w, 32 w + 32) as two
+/// m-tiles of four n-tiles.
+using StateSlice = float[2][4][4];
+
+/// Calls f(mt, nt, i, row, column) for each of the warp's StateSlice
+/// elements (row in [0, 128), column in [0, 32)).
+template <typename F> __device__ __forceinline__ void forStateSlice(int warp, int g, int t, F f) {
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+      for (int i = 0; i < 4; ++i)
+        f(mt, nt, i, 32 * warp + 16 * mt + g + (i / 2) * 8, 8 * nt + 2 * t + i % 2);
+}
+
+/// acc = rows [16 warp, 16 warp + 16) of the [64][kRow] tile \p rows times
+/// the [128][kStateRow] tile \p state: a warp's share of a chunk's [64, 32]
+/// product with the state slice.
+__device__ __forceinline__ void chunkRowsTimesState(float (&acc)[4][4], const bf16 *rows, const bf16 *state, int warp,
+                                                    int g, int t, int lane) {
+#pragma unroll
+  for (int nt = 0; nt < 4; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      acc[nt][i] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < kDim / 16; ++kk) {
+    uint32_t fa[4];
+    loadFragmentA(fa, rows + 16 * warp * kRow, kRow, kk, g, t);
+#pragma unroll
+    for (int np = 0; np < 2; ++np) {
+      uint32_t fb[4];
+      loadFragmentsB(fb, state, kStateRow, 16 * kk, 16 * np, lane);
+      mma16816(acc[2 * np], fa, fb[0], fb[1]);
+      mma16816(acc[2 * np + 1], fa, fb[2], fb[3]);
+    }
+  }
+}
+
 /// Allows \p kernel \p bytes of dynamic shared memory (above 48 KiB).
 template <typename Kernel> void allowSharedMemory(Kernel kernel, size_t bytes) {
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));

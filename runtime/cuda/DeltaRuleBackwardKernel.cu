@@ -48,16 +48,10 @@ __global__ void __launch_bounds__(128)
   const int col0 = blockIdx.x * kStateColumns;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int64_t base = bh * padded;
-  float ds[2][4][4];
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int r = 32 * warp + 16 * mt + g + (i / 2) * 8, c = col0 + 8 * nt + 2 * t + i % 2;
-        ds[mt][nt][i] = gradFinal[(bh * kDim + r) * kDim + c];
-      }
+  StateSlice ds;
+  forStateSlice(warp, g, t, [&](int mt, int nt, int i, int r, int c) {
+    ds[mt][nt][i] = gradFinal[(bh * kDim + r) * kDim + col0 + c];
+  });
   for (int n = chunks - 1; n >= 0; --n) {
     const int64_t row0 = int64_t(n) * kChunk;
     // dS' (leaving the chunk): out in fp32, to shared memory in bf16.
@@ -85,19 +79,8 @@ __global__ void __launch_bounds__(128)
     __syncthreads();
     // dV_new = localNew + Kd dS': warp w takes rows [16 w, 16 w + 16), 32 columns.
     {
-      float acc[4][4] = {};
-#pragma unroll
-      for (int kk = 0; kk < kDim / 16; ++kk) {
-        uint32_t fa[4];
-        loadFragmentA(fa, kd + 16 * warp * kRow, kRow, kk, g, t);
-#pragma unroll
-        for (int np = 0; np < 2; ++np) {
-          uint32_t fb[4];
-          loadFragmentsB(fb, dss, kStateRow, 16 * kk, 16 * np, lane);
-          mma16816(acc[2 * np], fa, fb[0], fb[1]);
-          mma16816(acc[2 * np + 1], fa, fb[2], fb[3]);
-        }
-      }
+      float acc[4][4];
+      chunkRowsTimesState(acc, kd, dss, warp, g, t, lane);
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -114,13 +97,7 @@ __global__ void __launch_bounds__(128)
     // dS = e^{G_last} dS' + Qd^T dO + W^T (-dV_new): warp w takes dS's rows
     // [32 w, 32 w + 32), K = the chunk's 64 tokens.
     const float chunkDecay = __expf(last);
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          ds[mt][nt][i] *= chunkDecay;
+    forStateSlice(warp, g, t, [&](int mt, int nt, int i, int, int) { ds[mt][nt][i] *= chunkDecay; });
 #pragma unroll
     for (int kk = 0; kk < kChunk / 16; ++kk) {
       uint32_t fo[2][4], fv[2][4];
@@ -144,15 +121,9 @@ __global__ void __launch_bounds__(128)
     }
     __syncthreads(); // before the next chunk's tiles overwrite these
   }
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int r = 32 * warp + 16 * mt + g + (i / 2) * 8, c = col0 + 8 * nt + 2 * t + i % 2;
-        gradInitial[(bh * kDim + r) * kDim + c] = ds[mt][nt][i];
-      }
+  forStateSlice(warp, g, t, [&](int mt, int nt, int i, int r, int c) {
+    gradInitial[(bh * kDim + r) * kDim + col0 + c] = ds[mt][nt][i];
+  });
 }
 
 bool bf16Rows(const at::Tensor &x, int64_t rows) {

@@ -214,16 +214,10 @@ __global__ void __launch_bounds__(128)
   const int col0 = blockIdx.x * kStateColumns;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int64_t padded = int64_t(chunks) * kChunk;
-  float s[2][4][4];
-#pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int r = 32 * warp + 16 * mt + g + (i / 2) * 8, c = col0 + 8 * nt + 2 * t + i % 2;
-        s[mt][nt][i] = initialState ? initialState[(bh * kDim + r) * kDim + c] : 0.0f;
-      }
+  StateSlice s;
+  forStateSlice(warp, g, t, [&](int mt, int nt, int i, int r, int c) {
+    s[mt][nt][i] = initialState ? initialState[(bh * kDim + r) * kDim + col0 + c] : 0.0f;
+  });
   for (int n = 0; n < chunks; ++n) {
     const int64_t row0 = int64_t(n) * kChunk;
     const int valid = static_cast<int>(tokens - row0 < kChunk ? tokens - row0 : kChunk);
@@ -252,19 +246,8 @@ __global__ void __launch_bounds__(128)
     const float last = cs[kChunk - 1];
     // V_new = U - W S: warp w takes rows [16 w, 16 w + 16), 32 columns.
     {
-      float acc[4][4] = {};
-#pragma unroll
-      for (int kk = 0; kk < kDim / 16; ++kk) {
-        uint32_t fa[4];
-        loadFragmentA(fa, ws + 16 * warp * kRow, kRow, kk, g, t);
-#pragma unroll
-        for (int np = 0; np < 2; ++np) {
-          uint32_t fb[4];
-          loadFragmentsB(fb, ss, kStateRow, 16 * kk, 16 * np, lane);
-          mma16816(acc[2 * np], fa, fb[0], fb[1]);
-          mma16816(acc[2 * np + 1], fa, fb[2], fb[3]);
-        }
-      }
+      float acc[4][4];
+      chunkRowsTimesState(acc, ws, ss, warp, g, t, lane);
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -281,13 +264,7 @@ __global__ void __launch_bounds__(128)
     __syncthreads();
     // S <- exp(G_last) S + k^T (exp(G_last - G) V_new).
     const float chunkDecay = __expf(last);
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-          s[mt][nt][i] *= chunkDecay;
+    forStateSlice(warp, g, t, [&](int mt, int nt, int i, int, int) { s[mt][nt][i] *= chunkDecay; });
 #pragma unroll
     for (int kk = 0; kk < kChunk / 16; ++kk) {
       uint32_t fb[2][4];
@@ -307,15 +284,9 @@ __global__ void __launch_bounds__(128)
     __syncthreads(); // before the next chunk's tiles overwrite these
   }
   if (finalState)
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int r = 32 * warp + 16 * mt + g + (i / 2) * 8, c = col0 + 8 * nt + 2 * t + i % 2;
-          finalState[(bh * kDim + r) * kDim + c] = s[mt][nt][i];
-        }
+    forStateSlice(warp, g, t, [&](int mt, int nt, int i, int r, int c) {
+      finalState[(bh * kDim + r) * kDim + col0 + c] = s[mt][nt][i];
+    });
 }
 
 /// Kernel 3, a block (256 threads) per (chunk, b·h): the chunk's output
