@@ -80,16 +80,32 @@ Tensor transition(const ChunkTerms &t, const Tensor &w) {
 }
 
 #ifdef ADAPT_WITH_CUDA_KERNELS
+/// \p byDefault unless the environment variable \p name says "0" or "1".
+bool envSwitch(const char *name, bool byDefault) {
+  const char *v = std::getenv(name);
+  if (v != nullptr && std::strcmp(v, "0") == 0)
+    return false;
+  if (v != nullptr && std::strcmp(v, "1") == 0)
+    return true;
+  return byDefault;
+}
+
+/// Whether the forward without a graph takes the forward kernels (checked on
+/// an H100 by `gated_delta_rule.no_grad`): yes unless ADAPT_DELTA_RULE_KERNEL=0,
+/// which keeps the LibTorch forward (to compare the two, or to rule the
+/// kernels out).
+bool forwardKernelEnabled() {
+  static const bool enabled = envSwitch("ADAPT_DELTA_RULE_KERNEL", true);
+  return enabled;
+}
+
 /// Whether training takes the kernels (runtime/cuda/DeltaRuleKernel.h): the
 /// forward's three, which also hand over T, the states and V_new, and the
 /// backward's state gradient over the chunks. Only with
 /// ADAPT_DELTA_RULE_TRAIN_KERNEL=1 until the `gated_delta_rule.chunked` op
 /// checks have passed on a GPU with it (written without one).
 bool trainingKernelEnabled() {
-  static const bool enabled = [] {
-    const char *v = std::getenv("ADAPT_DELTA_RULE_TRAIN_KERNEL");
-    return v != nullptr && std::strcmp(v, "1") == 0;
-  }();
+  static const bool enabled = envSwitch("ADAPT_DELTA_RULE_TRAIN_KERNEL", false);
   return enabled;
 }
 #endif
@@ -259,6 +275,18 @@ struct DeltaRuleNode : torch::autograd::Function<DeltaRuleNode> {
 std::vector<Tensor> scalarDecayDeltaRule(const DeltaRuleInputs &in, int64_t chunkSize, const Tensor &initialState,
                                          bool tf32) {
   const int64_t b = in.key.size(0), h = in.key.size(1), dk = in.key.size(3), dv = in.value.size(3);
+#ifdef ADAPT_WITH_CUDA_KERNELS
+  const bool needsGraph =
+      torch::GradMode::is_enabled() && (in.query.requires_grad() || in.key.requires_grad() || in.value.requires_grad() ||
+                                        in.decay.requires_grad() || in.beta.requires_grad() ||
+                                        (initialState.defined() && initialState.requires_grad()));
+  if (!needsGraph && forwardKernelEnabled() &&
+      cuda::deltaRuleForwardTakes(in.query, in.key, in.value, in.decay, in.beta, chunkSize)) {
+    Tensor last;
+    Tensor out = cuda::gatedDeltaRuleForward(in.query, in.key, in.value, in.decay, in.beta, initialState, &last);
+    return {out, last};
+  }
+#endif
   Tensor state = initialState.defined() ? initialState
                                         : torch::zeros({b, h, dk, dv}, in.value.options().dtype(torch::kFloat32));
   return DeltaRuleNode::apply(in.query, in.key, in.value, in.decay, in.beta, state, chunkSize, tf32);

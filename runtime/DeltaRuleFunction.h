@@ -34,7 +34,9 @@ namespace adapt::rt {
 /// the chunked delta rule with a per-head decay ([B, H, T]), from \p
 /// initialState (undefined: zeros), differentiable in every input and the
 /// initial state. \p tf32: its fp32 GEMMs may run on TF32 tensor cores
-/// (reduced-precision activations on the GPU).
+/// (reduced-precision activations on the GPU). Without a graph to record,
+/// bf16 at d 128 on the GPU takes the forward kernels (runtime/cuda/
+/// DeltaRuleKernel.h) unless ADAPT_DELTA_RULE_KERNEL=0.
 std::vector<torch::Tensor> scalarDecayDeltaRule(const DeltaRuleInputs &in, int64_t chunkSize,
                                                 const torch::Tensor &initialState, bool tf32);
 

@@ -6,16 +6,9 @@
 #include "runtime/Recompute.h"
 #include "runtime/Tf32Scope.h"
 
-#ifdef ADAPT_WITH_CUDA_KERNELS
-#include "runtime/cuda/DeltaRuleKernel.h"
-#endif
-
 #include <ATen/Context.h>
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
-#include <functional>
 
 namespace adapt::rt {
 
@@ -184,12 +177,12 @@ torch::Tensor perChannelDecayedScores(const torch::Tensor &x, const torch::Tenso
   return all.permute({0, 1, 2, 3, 5, 4, 6}).reshape(square);
 }
 
-/// The chunked form from \p initialState (undefined: zeros); returns fp32.
+/// The chunked form with a decay per key channel (one per head goes to
+/// scalarDecayDeltaRule) from \p initialState (undefined: zeros); returns fp32.
 torch::Tensor chunkedForm(const Fp32Inputs &f, int64_t chunkSize, const torch::Tensor &initialState,
                           torch::Tensor *finalState) {
   const int64_t b = f.k.size(0), h = f.k.size(1), t = f.k.size(2), dk = f.k.size(3), dv = f.v.size(3);
   const int64_t c = chunkSize, pad = (c - t % c) % c, chunks = (t + pad) / c;
-  const bool perChannel = f.g.size(-1) > 1;
   // Padding tokens have k = 0, beta = 0 and decay 0: they change nothing.
   auto chunked = [&](const torch::Tensor &x) {
     return (pad ? torch::constant_pad_nd(x, {0, 0, 0, pad}) : x).reshape({b, h, chunks, c, x.size(-1)});
@@ -202,17 +195,9 @@ torch::Tensor chunkedForm(const Fp32Inputs &f, int64_t chunkSize, const torch::T
   // between positions i <= t of a chunk (zero above the diagonal).
   torch::Tensor cum = g.cumsum(3);                                          // [b, h, n, c, G]
   // sum_c x_tc y_ic exp(cum_tc - cum_ic) for every pair (t, i).
-  std::function<torch::Tensor(const torch::Tensor &, const torch::Tensor &)> decayedScores;
-  if (perChannel) {
-    decayedScores = [&](const torch::Tensor &x, const torch::Tensor &y) {
-      return perChannelDecayedScores(x, y, cum);
-    };
-  } else {
-    torch::Tensor pairwise = decayBetween(cum).squeeze(-1); // [b, h, n, t, i]
-    decayedScores = [pairwise](const torch::Tensor &x, const torch::Tensor &y) {
-      return torch::matmul(x, y.transpose(-1, -2)) * pairwise;
-    };
-  }
+  auto decayedScores = [&](const torch::Tensor &x, const torch::Tensor &y) {
+    return perChannelDecayedScores(x, y, cum);
+  };
   // The UT transform: (I + strictly-lower(beta_t k_t.k_i decay)) W = X for
   // the values and the decayed keys that read the chunk's incoming state.
   // Its inverse comes from one triangular solve against the identity (c
@@ -294,20 +279,6 @@ struct Tf32Function : torch::autograd::Function<Tf32Function> {
   }
 };
 
-#ifdef ADAPT_WITH_CUDA_KERNELS
-/// Whether the no-grad forward takes cuda::gatedDeltaRuleForward (checked
-/// on an H100 by `gated_delta_rule.no_grad`): yes unless
-/// ADAPT_DELTA_RULE_KERNEL=0, which keeps the composition (to compare the two,
-/// or to rule the kernels out).
-bool deltaRuleKernelEnabled() {
-  static const bool enabled = [] {
-    const char *v = std::getenv("ADAPT_DELTA_RULE_KERNEL");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
-  return enabled;
-}
-#endif
-
 /// The chunked form of \p in (named \p op in errors) from \p initialState
 /// (undefined: zeros), in the query's dtype. With reduced-precision
 /// activations (bf16/fp16 values: the result is rounded to that
@@ -325,8 +296,8 @@ torch::Tensor chunkedRun(const DeltaRuleInputs &in, const char *op, int64_t chun
     inputs.push_back(initialState);
   const bool needsGraph = torch::GradMode::is_enabled() &&
                           std::any_of(inputs.begin(), inputs.end(), [](const torch::Tensor &x) { return x.requires_grad(); });
-  if (needsGraph && in.decay.dim() == 3) { // one decay per head: the node with its backward written out
-    prepare(in, op);                       // shape checks, with this op's name
+  if (in.decay.dim() == 3) { // one decay per head: the kernels, or the node with its backward written out
+    prepare(in, op);          // shape checks, with this op's name
     std::vector<torch::Tensor> r = scalarDecayDeltaRule(in, chunkSize, initialState, tensorCores);
     if (finalState)
       *finalState = r[1];
@@ -334,12 +305,7 @@ torch::Tensor chunkedRun(const DeltaRuleInputs &in, const char *op, int64_t chun
   }
   if (!tensorCores)
     return chunkedForm(prepare(in, op), chunkSize, initialState, finalState).to(dtype);
-  if (!needsGraph) { // No backward: the forward kernels, or the composition under the scope.
-#ifdef ADAPT_WITH_CUDA_KERNELS
-    if (deltaRuleKernelEnabled() &&
-        cuda::deltaRuleForwardTakes(in.query, in.key, in.value, in.decay, in.beta, chunkSize))
-      return cuda::gatedDeltaRuleForward(in.query, in.key, in.value, in.decay, in.beta, initialState, finalState);
-#endif
+  if (!needsGraph) { // No backward: the composition itself, under the scope.
     Tf32Scope tf32;
     return chunkedForm(prepare(in, op), chunkSize, initialState, finalState).to(dtype);
   }

@@ -14,7 +14,7 @@
 // W, U and V_new pass between kernels in bf16, as fla's do. The layer's
 // forward without a graph (no-grad, recomputation's first pass, the
 // segmented form's forward) takes it unless ADAPT_DELTA_RULE_KERNEL=0;
-// the LibTorch composition (runtime/LinearAttention.cpp) stays the reference,
+// the LibTorch node (runtime/DeltaRuleFunction.cpp) stays the reference,
 // the training path with its backward, and the CPU path.
 //
 //===----------------------------------------------------------------------===//
