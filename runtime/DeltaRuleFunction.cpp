@@ -99,13 +99,22 @@ bool forwardKernelEnabled() {
   return enabled;
 }
 
-/// Whether training takes the kernels (runtime/cuda/DeltaRuleKernel.h): the
-/// forward's three, which also hand over T, the states and V_new, and the
-/// backward's state gradient over the chunks. Only with
-/// ADAPT_DELTA_RULE_TRAIN_KERNEL=1 until the `gated_delta_rule.chunked` op
-/// checks have passed on a GPU with it (written without one).
+/// Whether training takes the forward kernels (runtime/cuda/DeltaRuleKernel.h),
+/// which also hand over T, the states, V_new and W, and the backward's state
+/// gradient kernel over the chunks: yes for bf16 on the GPU (the
+/// `gated_delta_rule.chunked` op checks passed with them on an H100) unless
+/// ADAPT_DELTA_RULE_TRAIN_KERNEL=0.
 bool trainingKernelEnabled() {
-  static const bool enabled = envSwitch("ADAPT_DELTA_RULE_TRAIN_KERNEL", false);
+  static const bool enabled = envSwitch("ADAPT_DELTA_RULE_TRAIN_KERNEL", true);
+  return enabled;
+}
+
+/// Whether the backward after the forward kernels is the GPU's whole
+/// backward (cuda::gatedDeltaRuleBackward) rather than the LibTorch algebra
+/// below with the state kernel: only with ADAPT_DELTA_RULE_BACKWARD_KERNEL=1
+/// until its op checks have passed on a GPU (written without one).
+bool backwardKernelEnabled() {
+  static const bool enabled = envSwitch("ADAPT_DELTA_RULE_BACKWARD_KERNEL", false);
   return enabled;
 }
 #endif
@@ -134,6 +143,26 @@ std::tuple<Tensor, Tensor, Tensor> stateGradients(const ChunkTerms &terms, const
   return {dLeaving, localNew + torch::matmul(terms.keysToEnd, dLeaving), ds};
 }
 
+#ifdef ADAPT_WITH_CUDA_KERNELS
+/// What the LibTorch backward reads, {q scale, k, v, beta, G, T, states,
+/// V_new} as fp32 chunks [b, h, n, 64, ..], from the forward kernels' inputs
+/// and what they kept.
+std::vector<Tensor> chunksFromKernels(const Tensor &query, const Tensor &key, const Tensor &value, const Tensor &beta,
+                                      const cuda::DeltaRuleSaved &kept) {
+  const int64_t b = key.size(0), h = key.size(1), dk = key.size(3), dv = value.size(3);
+  const int64_t c = kept.inverse.size(-1), n = kept.states.size(1);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(dk));
+  return {toChunks(query, c) * scale,
+          toChunks(key, c),
+          toChunks(value, c),
+          toChunks(beta.unsqueeze(-1), c),
+          kept.cum.view({b, h, n, c, 1}),
+          kept.inverse.view({b, h, n, c, c}),
+          kept.states.view({b, h, n, dk, dv}).to(torch::kFloat32),
+          kept.newValues.view({b, h, n, c, dv}).to(torch::kFloat32)};
+}
+#endif
+
 struct DeltaRuleNode : torch::autograd::Function<DeltaRuleNode> {
   /// Outputs {O [B, H, T, dv] in the query's dtype, S_T fp32}; \p state
   /// [B, H, dk, dv] (zeros when no initial state was given).
@@ -143,9 +172,6 @@ struct DeltaRuleNode : torch::autograd::Function<DeltaRuleNode> {
     const Tf32Scope scope(tf32);
     const int64_t b = key.size(0), h = key.size(1), t = key.size(2), dk = key.size(3), dv = value.size(3);
     const double scale = 1.0 / std::sqrt(static_cast<double>(dk));
-    Tensor q = toChunks(query, chunk) * scale, k = toChunks(key, chunk), v = toChunks(value, chunk);
-    Tensor bt = toChunks(beta.unsqueeze(-1), chunk);
-    const int64_t n = k.size(2);
     ctx->saved_data["t"] = t;
     ctx->saved_data["dtypes"] = std::vector<int64_t>{int64_t(query.scalar_type()), int64_t(key.scalar_type()),
                                                      int64_t(value.scalar_type()), int64_t(decay.scalar_type()),
@@ -153,16 +179,20 @@ struct DeltaRuleNode : torch::autograd::Function<DeltaRuleNode> {
     ctx->saved_data["tf32"] = tf32;
 #ifdef ADAPT_WITH_CUDA_KERNELS
     if (t > 0 && trainingKernelEnabled() && cuda::deltaRuleForwardTakes(query, key, value, decay, beta, chunk)) {
+      // The inputs themselves are kept (bf16), and the kernels' bf16 states,
+      // V_new and W: the backward rebuilds the fp32 chunks it needs.
       cuda::DeltaRuleSaved saved;
       Tensor last;
       Tensor out = cuda::gatedDeltaRuleForward(query, key, value, decay, beta, state, &last, &saved);
-      const int64_t c = chunk;
-      ctx->save_for_backward({q, k, v, bt, saved.cum.view({b, h, n, c, 1}), saved.inverse.view({b, h, n, c, c}),
-                              saved.states.view({b, h, n, dk, dv}).to(torch::kFloat32),
-                              saved.newValues.view({b, h, n, c, dv}).to(torch::kFloat32)});
+      ctx->saved_data["kernels"] = true;
+      ctx->save_for_backward({query, key, value, beta, saved.cum, saved.inverse, saved.states, saved.newValues,
+                              saved.w});
       return {out, last};
     }
 #endif
+    Tensor q = toChunks(query, chunk) * scale, k = toChunks(key, chunk), v = toChunks(value, chunk);
+    Tensor bt = toChunks(beta.unsqueeze(-1), chunk);
+    const int64_t n = k.size(2);
     Tensor cum = toChunks(decay.unsqueeze(-1), chunk).cumsum(3);
     const Masks m(chunk, k.device());
     const ChunkTerms terms = chunkTerms(k, bt, cum, m);
@@ -191,11 +221,25 @@ struct DeltaRuleNode : torch::autograd::Function<DeltaRuleNode> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
                                                  torch::autograd::variable_list grads) {
     const Tf32Scope scope(ctx->saved_data["tf32"].toBool());
-    const auto saved = ctx->get_saved_variables();
-    const Tensor &q = saved[0], &k = saved[1], &v = saved[2], &bt = saved[3], &cum = saved[4], &inverse = saved[5],
-                 &states = saved[6], &newValues = saved[7];
+    std::vector<Tensor> saved = ctx->get_saved_variables();
     const int64_t t = ctx->saved_data["t"].toInt();
     const std::vector<int64_t> dtypes = ctx->saved_data["dtypes"].toIntVector();
+    auto type = [&](int i) { return static_cast<torch::ScalarType>(dtypes[i]); };
+    [[maybe_unused]] const bool kernels = ctx->saved_data.count("kernels") > 0;
+#ifdef ADAPT_WITH_CUDA_KERNELS
+    if (kernels) {
+      const cuda::DeltaRuleSaved kept{saved[5], saved[6], saved[7], saved[4], saved[8]};
+      if (backwardKernelEnabled()) {
+        const cuda::DeltaRuleGrads g =
+            cuda::gatedDeltaRuleBackward(saved[0], saved[1], saved[2], saved[3], kept, grads[0], grads[1]);
+        return {g.query.to(type(0)), g.key.to(type(1)),          g.value.to(type(2)), g.decay.to(type(3)),
+                g.beta.to(type(4)),  g.initialState.to(type(5)), Tensor(),            Tensor()};
+      }
+      saved = chunksFromKernels(saved[0], saved[1], saved[2], saved[3], kept);
+    }
+#endif
+    const Tensor &q = saved[0], &k = saved[1], &v = saved[2], &bt = saved[3], &cum = saved[4], &inverse = saved[5],
+                 &states = saved[6], &newValues = saved[7];
     const int64_t b = k.size(0), h = k.size(1), n = k.size(2), c = k.size(3), dk = k.size(4), dv = v.size(4);
     const double scale = 1.0 / std::sqrt(static_cast<double>(dk));
     const Masks m(c, k.device());
@@ -212,7 +256,7 @@ struct DeltaRuleNode : torch::autograd::Function<DeltaRuleNode> {
     Tensor localNewValues = torch::matmul(transposed(scores), dOut); // P^T dO
     Tensor dLeaving, dNew, ds;
 #ifdef ADAPT_WITH_CUDA_KERNELS
-    if (k.is_cuda() && trainingKernelEnabled() && cuda::deltaRuleStateBackwardTakes(dk, dv, c)) {
+    if (kernels && cuda::deltaRuleStateBackwardTakes(dk, dv, c)) { // bf16 inputs, as the forward's
       auto rows = [&](const Tensor &x) { return x.to(torch::kBFloat16).contiguous().view({b * h, n * c, x.size(-1)}); };
       cuda::DeltaRuleStateGrads r = cuda::deltaRuleStateBackward(
           rows(terms.keysToEnd), rows(queryDecayed), rows(w), rows(dOut),
@@ -258,7 +302,6 @@ struct DeltaRuleNode : torch::autograd::Function<DeltaRuleNode> {
     dCum.narrow(3, c - 1, 1).add_(dLastCum);
     Tensor dDecay = dCum.flip(3).cumsum(3).flip(3); // G = cumsum(g) within the chunk
 
-    auto type = [&](int i) { return static_cast<torch::ScalarType>(dtypes[i]); };
     return {fromChunks(dq, t, type(0)),
             fromChunks(dKey, t, type(1)),
             fromChunks(dValue, t, type(2)),

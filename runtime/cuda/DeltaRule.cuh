@@ -92,6 +92,97 @@ __device__ __forceinline__ void chunkRowsTimesState(float (&acc)[4][4], const bf
   }
 }
 
+/// acc[nt] += rows [m0, m0 + 16) of the row-major tile \p a times columns
+/// [n0 + 8 nt, +8) of b^T, with \p b row-major [n][k]: C = A B^T over K =
+/// 16 \p Steps (the chunk's pair products, and products with a state's
+/// transpose).
+template <int NT, int Steps>
+__device__ __forceinline__ void productABt(float (&acc)[NT][4], const bf16 *a, int aStride, const bf16 *b, int bStride,
+                                           int m0, int n0, int g, int t) {
+#pragma unroll
+  for (int kk = 0; kk < Steps; ++kk) {
+    uint32_t fa[4];
+    loadFragmentA(fa, a + m0 * aStride, aStride, kk, g, t);
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const bf16 *col = b + (n0 + 8 * nt + g) * bStride + kk * 16 + 2 * t;
+      mma16816(acc[nt], fa, bf16Pair(col), bf16Pair(col + 8));
+    }
+  }
+}
+
+/// acc[nt] += rows [m0, m0 + 16) of the row-major tile \p a times columns
+/// [n0 + 8 nt, +8) of the row-major [k][n] tile \p b, K = 16 \p Steps.
+template <int NT, int Steps>
+__device__ __forceinline__ void productAB(float (&acc)[NT][4], const bf16 *a, int aStride, const bf16 *b, int bStride,
+                                          int m0, int n0, int g, int t, int lane) {
+  static_assert(NT % 2 == 0, "n-tiles come in pairs");
+#pragma unroll
+  for (int kk = 0; kk < Steps; ++kk) {
+    uint32_t fa[4];
+    loadFragmentA(fa, a + m0 * aStride, aStride, kk, g, t);
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      uint32_t fb[4];
+      loadFragmentsB(fb, b, bStride, 16 * kk, n0 + 16 * np, lane);
+      mma16816(acc[2 * np], fa, fb[0], fb[1]);
+      mma16816(acc[2 * np + 1], fa, fb[2], fb[3]);
+    }
+  }
+}
+
+/// acc[nt] += rows [m0, m0 + 16) of a^T times columns [n0 + 8 nt, +8) of
+/// the row-major [k][n] tile \p b, with \p a row-major [k][m]: C = A^T B.
+template <int NT, int Steps>
+__device__ __forceinline__ void productAtB(float (&acc)[NT][4], const bf16 *a, int aStride, const bf16 *b, int bStride,
+                                           int m0, int n0, int lane) {
+  static_assert(NT % 2 == 0, "n-tiles come in pairs");
+#pragma unroll
+  for (int kk = 0; kk < Steps; ++kk) {
+    uint32_t fa[4];
+    loadFragmentATransposed(fa, a, aStride, 16 * kk, m0, lane);
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      uint32_t fb[4];
+      loadFragmentsB(fb, b, bStride, 16 * kk, n0 + 16 * np, lane);
+      mma16816(acc[2 * np], fa, fb[0], fb[1]);
+      mma16816(acc[2 * np + 1], fa, fb[2], fb[3]);
+    }
+  }
+}
+
+/// Zeros a warp's accumulators.
+template <int NT> __device__ __forceinline__ void zero(float (&acc)[NT][4]) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      acc[nt][i] = 0.0f;
+}
+
+/// Calls f(nt, i, row, column) for each accumulator element of a warp's
+/// [16, 8 NT] tile at (m0, n0).
+template <int NT, typename F> __device__ __forceinline__ void forTile(int m0, int n0, int g, int t, F f) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      f(nt, i, m0 + g + (i / 2) * 8, n0 + 8 * nt + 2 * t + i % 2);
+}
+
+/// The sum of \p x over the four lanes that share a tile row (same g).
+__device__ __forceinline__ float rowLanesSum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+/// The sum of \p x over the eight lanes that share a tile column (same t).
+__device__ __forceinline__ float columnLanesSum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 4);
+  x += __shfl_xor_sync(0xffffffffu, x, 8);
+  return x + __shfl_xor_sync(0xffffffffu, x, 16);
+}
+
 /// Allows \p kernel \p bytes of dynamic shared memory (above 48 KiB).
 template <typename Kernel> void allowSharedMemory(Kernel kernel, size_t bytes) {
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));

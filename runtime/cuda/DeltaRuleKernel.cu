@@ -438,7 +438,7 @@ at::Tensor gatedDeltaRuleForward(const at::Tensor &query, const at::Tensor &key,
   if (finalState)
     *finalState = last;
   if (saved)
-    *saved = {inverse, states, vNew, cum};
+    *saved = {inverse, states, vNew, cum, w};
   return out;
 }
 

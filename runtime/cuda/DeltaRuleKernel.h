@@ -40,6 +40,7 @@ struct DeltaRuleSaved {
   at::Tensor states;    ///< Each chunk's entering state, bf16 [B·H, n, 128, 128].
   at::Tensor newValues; ///< V_new, bf16 [B·H, n·64, 128].
   at::Tensor cum;       ///< The chunk's cumulative log decay, fp32 [B·H, n·64].
+  at::Tensor w;         ///< W = T (beta k e^G), bf16 [B·H, n·64, 128].
 };
 
 /// The chunked gated delta rule's output [B, H, T, 128] (bf16, contiguous),
@@ -71,6 +72,22 @@ DeltaRuleStateGrads deltaRuleStateBackward(const at::Tensor &keysToEnd, const at
                                            const at::Tensor &w, const at::Tensor &gradOut,
                                            const at::Tensor &localNew, const at::Tensor &cum,
                                            const at::Tensor &gradFinal);
+
+/// The gradients of gatedDeltaRuleForward's inputs: query, key, value bf16
+/// [B, H, T, 128]; decay, beta fp32 [B, H, T]; the initial state fp32 [B,
+/// H, 128, 128].
+struct DeltaRuleGrads {
+  at::Tensor query, key, value, decay, beta, initialState;
+};
+
+/// The whole backward of gatedDeltaRuleForward on the GPU
+/// (DeltaRuleChunkBackwardKernel.cu): from the forward's inputs, what it
+/// \p saved, and the gradients of its output \p gradOut [B, H, T, 128] and
+/// of the final state \p gradFinal [B, H, 128, 128] (either may be
+/// undefined: zeros).
+DeltaRuleGrads gatedDeltaRuleBackward(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
+                                      const at::Tensor &beta, const DeltaRuleSaved &saved, const at::Tensor &gradOut,
+                                      const at::Tensor &gradFinal);
 
 } // namespace adapt::rt::cuda
 

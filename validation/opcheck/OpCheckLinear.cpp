@@ -178,6 +178,10 @@ void addLinearAttentionChecks(std::vector<Check> &all) {
   // of the chunk, per-channel decay).
   delta("gated_delta_rule.segmented", {3, 37, 10, 6, 4, false, false, 8});
   delta("gated_delta_rule.segmented", {2, 67, 16, 16, 8, false, false, 20});
+  // The released widths in two segments (128 and a ragged 72 tokens): on a
+  // GPU in bf16 the kernels' forward and backward, with the initial state's
+  // and the final state's gradients.
+  delta("gated_delta_rule.segmented", {2, 200, 128, 128, 64, false, false, 128});
   delta("kimi_delta.segmented", {3, 37, 10, 6, 4, true, false, 12});
   // Kimi delta attention (one decay per key channel).
   delta("kimi_delta.recurrent", {3, 13, 8, 12, 0, true, true});
