@@ -80,14 +80,18 @@ Tensor transition(const ChunkTerms &t, const Tensor &w) {
 }
 
 #ifdef ADAPT_WITH_CUDA_KERNELS
-/// \p byDefault unless the environment variable \p name says "0" or "1".
-bool envSwitch(const char *name, bool byDefault) {
+/// How far the kernels are taken: never, where the GPU op checks cover them,
+/// or always.
+enum class KernelUse { Never, Checked, Always };
+
+/// The environment variable \p name: "0" Never, "1" Always, otherwise Checked.
+KernelUse kernelUse(const char *name) {
   const char *v = std::getenv(name);
   if (v != nullptr && std::strcmp(v, "0") == 0)
-    return false;
+    return KernelUse::Never;
   if (v != nullptr && std::strcmp(v, "1") == 0)
-    return true;
-  return byDefault;
+    return KernelUse::Always;
+  return KernelUse::Checked;
 }
 
 /// Whether the forward without a graph takes the forward kernels (checked on
@@ -95,27 +99,29 @@ bool envSwitch(const char *name, bool byDefault) {
 /// which keeps the LibTorch forward (to compare the two, or to rule the
 /// kernels out).
 bool forwardKernelEnabled() {
-  static const bool enabled = envSwitch("ADAPT_DELTA_RULE_KERNEL", true);
+  static const bool enabled = kernelUse("ADAPT_DELTA_RULE_KERNEL") != KernelUse::Never;
   return enabled;
 }
 
-/// Whether training takes the forward kernels (runtime/cuda/DeltaRuleKernel.h),
-/// which also hand over T, the states, V_new and W, and the backward's state
-/// gradient kernel over the chunks: yes for bf16 on the GPU (the
-/// `gated_delta_rule.chunked` op checks passed with them on an H100) unless
-/// ADAPT_DELTA_RULE_TRAIN_KERNEL=0.
-bool trainingKernelEnabled() {
-  static const bool enabled = envSwitch("ADAPT_DELTA_RULE_TRAIN_KERNEL", true);
-  return enabled;
+/// Training's forward kernels (runtime/cuda/DeltaRuleKernel.h), which also
+/// hand over T, the states, V_new and W for the backward: by default for bf16
+/// on the GPU when no gradient flows into the initial state (what the
+/// `gated_delta_rule.chunked` op checks covered on an H100);
+/// ADAPT_DELTA_RULE_TRAIN_KERNEL=1 takes them always, =0 never.
+KernelUse trainingKernelUse() {
+  static const KernelUse use = kernelUse("ADAPT_DELTA_RULE_TRAIN_KERNEL");
+  return use;
 }
 
-/// Whether the backward after the forward kernels is the GPU's whole
-/// backward (cuda::gatedDeltaRuleBackward) rather than the LibTorch algebra
-/// below with the state kernel: only with ADAPT_DELTA_RULE_BACKWARD_KERNEL=1
-/// until its op checks have passed on a GPU (written without one).
-bool backwardKernelEnabled() {
-  static const bool enabled = envSwitch("ADAPT_DELTA_RULE_BACKWARD_KERNEL", false);
-  return enabled;
+/// The GPU's whole backward after the forward kernels
+/// (cuda::gatedDeltaRuleBackward), rather than the LibTorch algebra below:
+/// by default when no gradient flows through the initial or the final state
+/// (the `gated_delta_rule.chunked` checks passed on an H100, bf16 3.4e-3
+/// against 2.5e-2; the segmented ones, with state gradients, have not run on
+/// a GPU yet); ADAPT_DELTA_RULE_BACKWARD_KERNEL=1 takes it always, =0 never.
+KernelUse backwardKernelUse() {
+  static const KernelUse use = kernelUse("ADAPT_DELTA_RULE_BACKWARD_KERNEL");
+  return use;
 }
 #endif
 
@@ -178,13 +184,17 @@ struct DeltaRuleNode : torch::autograd::Function<DeltaRuleNode> {
                                                      int64_t(beta.scalar_type()), int64_t(state.scalar_type())};
     ctx->saved_data["tf32"] = tf32;
 #ifdef ADAPT_WITH_CUDA_KERNELS
-    if (t > 0 && trainingKernelEnabled() && cuda::deltaRuleForwardTakes(query, key, value, decay, beta, chunk)) {
+    const KernelUse train = trainingKernelUse();
+    if (t > 0 && (train == KernelUse::Always || (train == KernelUse::Checked && !state.requires_grad())) &&
+        cuda::deltaRuleForwardTakes(query, key, value, decay, beta, chunk)) {
       // The inputs themselves are kept (bf16), and the kernels' bf16 states,
       // V_new and W: the backward rebuilds the fp32 chunks it needs.
       cuda::DeltaRuleSaved saved;
       Tensor last;
       Tensor out = cuda::gatedDeltaRuleForward(query, key, value, decay, beta, state, &last, &saved);
       ctx->saved_data["kernels"] = true;
+      ctx->saved_data["stateGrad"] = state.requires_grad();
+      ctx->set_materialize_grads(false); // an unused final state's gradient stays undefined
       ctx->save_for_backward({query, key, value, beta, saved.cum, saved.inverse, saved.states, saved.newValues,
                               saved.w});
       return {out, last};
@@ -229,7 +239,9 @@ struct DeltaRuleNode : torch::autograd::Function<DeltaRuleNode> {
 #ifdef ADAPT_WITH_CUDA_KERNELS
     if (kernels) {
       const cuda::DeltaRuleSaved kept{saved[5], saved[6], saved[7], saved[4], saved[8]};
-      if (backwardKernelEnabled()) {
+      const bool statesFlow = grads[1].defined() || ctx->saved_data["stateGrad"].toBool();
+      const KernelUse whole = backwardKernelUse();
+      if (whole == KernelUse::Always || (whole == KernelUse::Checked && !statesFlow)) {
         const cuda::DeltaRuleGrads g =
             cuda::gatedDeltaRuleBackward(saved[0], saved[1], saved[2], saved[3], kept, grads[0], grads[1]);
         return {g.query.to(type(0)), g.key.to(type(1)),          g.value.to(type(2)), g.decay.to(type(3)),
@@ -256,7 +268,10 @@ struct DeltaRuleNode : torch::autograd::Function<DeltaRuleNode> {
     Tensor localNewValues = torch::matmul(transposed(scores), dOut); // P^T dO
     Tensor dLeaving, dNew, ds;
 #ifdef ADAPT_WITH_CUDA_KERNELS
-    if (kernels && cuda::deltaRuleStateBackwardTakes(dk, dv, c)) { // bf16 inputs, as the forward's
+    // After the bf16 forward kernels; with a state gradient only when asked.
+    if (kernels && (!(grads[1].defined() || ctx->saved_data["stateGrad"].toBool()) ||
+                    trainingKernelUse() == KernelUse::Always) &&
+        cuda::deltaRuleStateBackwardTakes(dk, dv, c)) {
       auto rows = [&](const Tensor &x) { return x.to(torch::kBFloat16).contiguous().view({b * h, n * c, x.size(-1)}); };
       cuda::DeltaRuleStateGrads r = cuda::deltaRuleStateBackward(
           rows(terms.keysToEnd), rows(queryDecayed), rows(w), rows(dOut),
