@@ -183,6 +183,34 @@ __device__ __forceinline__ float columnLanesSum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 16);
 }
 
+/// Copies 16 bytes from global to shared memory, zeros where \p valid is
+/// false: with cp.async (Async, completing at asyncWait) or a plain load
+/// and store. Both addresses 16-byte aligned.
+template <bool Async>
+__device__ __forceinline__ void copy16(void *dst, const void *src, bool valid = true) {
+  if constexpr (Async) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                     static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+                 "l"(src), "r"(valid ? 16 : 0));
+  } else {
+    *reinterpret_cast<uint4 *>(dst) = valid ? *reinterpret_cast<const uint4 *>(src) : make_uint4(0, 0, 0, 0);
+  }
+}
+
+/// Closes this thread's group of cp.async copies.
+__device__ __forceinline__ void asyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+/// Waits until at most \p Pending of this thread's cp.async groups are in
+/// flight (a barrier must follow before other threads read the data).
+template <int Pending> __device__ __forceinline__ void asyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
+}
+
+/// ADAPT_DELTA_RULE_PREFETCH=1: the recurrence kernels load each next
+/// chunk's tiles with cp.async while the current one computes (double
+/// buffers). Off by default until the op checks have run with it on a GPU.
+bool recurrencePrefetch();
+
 /// Allows \p kernel \p bytes of dynamic shared memory (above 48 KiB).
 template <typename Kernel> void allowSharedMemory(Kernel kernel, size_t bytes) {
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));

@@ -25,25 +25,67 @@ namespace {
 
 using namespace delta;
 
-/// Copies rows [row0, row0 + 64) of the contiguous [.., 128] bf16 \p x into \p tile.
-__device__ __forceinline__ void loadTile(bf16 *tile, const bf16 *x, int64_t row0) {
+/// One chunk's operands of the backward recurrence in shared memory.
+struct BackwardTiles {
+  bf16 *kd;        ///< Kd [64][kRow]
+  bf16 *qd;        ///< Qd [64][kRow]
+  bf16 *ws;        ///< W [64][kRow]
+  bf16 *dos;       ///< dO's 32 columns [64][kStateRow]
+  float *localNew; ///< P^T dO's 32 columns [64][kStateColumns] (prefetching only)
+  float *cum;      ///< G of the chunk [64] (prefetching only)
+  /// The bytes of one set (a multiple of 16).
+  static constexpr size_t kBytes = (3 * kChunk * kRow + kChunk * kStateRow) * sizeof(bf16) +
+                                   (kChunk * kStateColumns + kChunk) * sizeof(float);
+  __device__ static BackwardTiles at(unsigned char *p) {
+    BackwardTiles s;
+    s.kd = reinterpret_cast<bf16 *>(p);
+    s.qd = s.kd + kChunk * kRow;
+    s.ws = s.qd + kChunk * kRow;
+    s.dos = s.ws + kChunk * kRow;
+    s.localNew = reinterpret_cast<float *>(s.dos + kChunk * kStateRow);
+    s.cum = s.localNew + kChunk * kStateColumns;
+    return s;
+  }
+};
+
+/// Loads the chunk at rows [rows0, rows0 + 64) of the [B·H·n·64, 128]
+/// operands into \p s (Async: cp.async; localNew and G only then).
+template <bool Async>
+__device__ __forceinline__ void loadBackwardTiles(const BackwardTiles &s, const bf16 *keysToEnd,
+                                                  const bf16 *queryDecayed, const bf16 *w, const bf16 *gradOut,
+                                                  const float *localNew, const float *cum, int64_t rows0, int col0) {
   for (int i = threadIdx.x; i < kChunk * kDim / 8; i += blockDim.x) {
     const int r = i / (kDim / 8), c = (i % (kDim / 8)) * 8;
-    *reinterpret_cast<uint4 *>(tile + r * kRow + c) = *reinterpret_cast<const uint4 *>(x + (row0 + r) * kDim + c);
+    const int64_t at = (rows0 + r) * kDim + c;
+    copy16<Async>(s.kd + r * kRow + c, keysToEnd + at);
+    copy16<Async>(s.qd + r * kRow + c, queryDecayed + at);
+    copy16<Async>(s.ws + r * kRow + c, w + at);
+  }
+  for (int i = threadIdx.x; i < kChunk * kStateColumns / 8; i += blockDim.x) {
+    const int r = i / (kStateColumns / 8), c = (i % (kStateColumns / 8)) * 8;
+    copy16<Async>(s.dos + r * kStateRow + c, gradOut + (rows0 + r) * kDim + col0 + c);
+  }
+  if constexpr (Async) {
+    for (int i = threadIdx.x; i < kChunk * kStateColumns / 4; i += blockDim.x) {
+      const int r = i / (kStateColumns / 4), c = (i % (kStateColumns / 4)) * 4;
+      copy16<true>(s.localNew + r * kStateColumns + c, localNew + (rows0 + r) * kDim + col0 + c);
+    }
+    if (threadIdx.x < kChunk / 4)
+      copy16<true>(s.cum + 4 * threadIdx.x, cum + rows0 + 4 * threadIdx.x);
   }
 }
 
+/// With \p Prefetch, two sets of tiles: chunk n - 1's load in flight while
+/// chunk n computes.
+template <bool Prefetch>
 __global__ void __launch_bounds__(128)
     deltaRuleStateBackwardKernel(const bf16 *keysToEnd, const bf16 *queryDecayed, const bf16 *w, const bf16 *gradOut,
                                  const float *localNew, const float *cum, int chunks, const float *gradFinal,
                                  float *leaving, float *gradNew, float *gradInitial) {
   extern __shared__ __align__(16) unsigned char shared[];
-  bf16 *kd = reinterpret_cast<bf16 *>(shared); // Kd of the chunk [64][kRow]
-  bf16 *qd = kd + kChunk * kRow;               // Qd [64][kRow]
-  bf16 *ws = qd + kChunk * kRow;               // W [64][kRow]
-  bf16 *dos = ws + kChunk * kRow;              // dO's 32 columns [64][kStateRow]
-  bf16 *dss = dos + kChunk * kStateRow;        // dS' [128][kStateRow]
-  bf16 *dvn = dss + kDim * kStateRow;          // -dV_new [64][kStateRow]
+  bf16 *dss = reinterpret_cast<bf16 *>(shared); // dS' [128][kStateRow]
+  bf16 *dvn = dss + kDim * kStateRow;           // -dV_new [64][kStateRow]
+  unsigned char *sets = reinterpret_cast<unsigned char *>(dvn + kChunk * kStateRow);
   const int64_t bh = blockIdx.y, padded = int64_t(chunks) * kChunk;
   const int col0 = blockIdx.x * kStateColumns;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
@@ -52,8 +94,14 @@ __global__ void __launch_bounds__(128)
   forStateSlice(warp, g, t, [&](int mt, int nt, int i, int r, int c) {
     ds[mt][nt][i] = gradFinal[(bh * kDim + r) * kDim + col0 + c];
   });
+  if constexpr (Prefetch) {
+    loadBackwardTiles<true>(BackwardTiles::at(sets + ((chunks - 1) & 1) * BackwardTiles::kBytes), keysToEnd,
+                            queryDecayed, w, gradOut, localNew, cum, base + padded - kChunk, col0);
+    asyncCommit();
+  }
   for (int n = chunks - 1; n >= 0; --n) {
     const int64_t row0 = int64_t(n) * kChunk;
+    const BackwardTiles s = BackwardTiles::at(sets + (Prefetch ? (n & 1) : 0) * BackwardTiles::kBytes);
     // dS' (leaving the chunk): out in fp32, to shared memory in bf16.
     float *leavingOut = leaving + ((bh * chunks + n) * kDim) * kDim;
 #pragma unroll
@@ -67,27 +115,29 @@ __global__ void __launch_bounds__(128)
         *reinterpret_cast<float2 *>(leavingOut + (r + 8) * kDim + col0 + c) =
             make_float2(ds[mt][nt][2], ds[mt][nt][3]);
       }
-    loadTile(kd, keysToEnd + base * kDim, row0);
-    loadTile(qd, queryDecayed + base * kDim, row0);
-    loadTile(ws, w + base * kDim, row0);
-    for (int i = tid; i < kChunk * kStateColumns / 8; i += blockDim.x) {
-      const int r = i / (kStateColumns / 8), c = (i % (kStateColumns / 8)) * 8;
-      *reinterpret_cast<uint4 *>(dos + r * kStateRow + c) =
-          *reinterpret_cast<const uint4 *>(gradOut + (base + row0 + r) * kDim + col0 + c);
+    if constexpr (Prefetch) {
+      if (n > 0)
+        loadBackwardTiles<true>(BackwardTiles::at(sets + ((n - 1) & 1) * BackwardTiles::kBytes), keysToEnd,
+                                queryDecayed, w, gradOut, localNew, cum, base + row0 - kChunk, col0);
+      asyncCommit();
+      asyncWait<1>(); // this chunk's copies have landed
+    } else {
+      loadBackwardTiles<false>(s, keysToEnd, queryDecayed, w, gradOut, nullptr, nullptr, base + row0, col0);
     }
-    const float last = cum[base + row0 + kChunk - 1];
     __syncthreads();
+    const float last = Prefetch ? s.cum[kChunk - 1] : cum[base + row0 + kChunk - 1];
     // dV_new = localNew + Kd dS': warp w takes rows [16 w, 16 w + 16), 32 columns.
     {
       float acc[4][4];
-      chunkRowsTimesState(acc, kd, dss, warp, g, t, lane);
+      chunkRowsTimesState(acc, s.kd, dss, warp, g, t, lane);
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int r = 16 * warp + g + 8 * h, c = 8 * nt + 2 * t;
           const int64_t at = (base + row0 + r) * kDim + col0 + c;
-          const float2 local = *reinterpret_cast<const float2 *>(localNew + at);
+          const float2 local = Prefetch ? *reinterpret_cast<const float2 *>(s.localNew + r * kStateColumns + c)
+                                        : *reinterpret_cast<const float2 *>(localNew + at);
           const float v0 = local.x + acc[nt][2 * h], v1 = local.y + acc[nt][2 * h + 1];
           *reinterpret_cast<float2 *>(gradNew + at) = make_float2(v0, v1);
           *reinterpret_cast<uint32_t *>(dvn + r * kStateRow + c) = packBf16(-v0, -v1);
@@ -101,15 +151,15 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
     for (int kk = 0; kk < kChunk / 16; ++kk) {
       uint32_t fo[2][4], fv[2][4];
-      loadFragmentsB(fo[0], dos, kStateRow, 16 * kk, 0, lane);
-      loadFragmentsB(fo[1], dos, kStateRow, 16 * kk, 16, lane);
+      loadFragmentsB(fo[0], s.dos, kStateRow, 16 * kk, 0, lane);
+      loadFragmentsB(fo[1], s.dos, kStateRow, 16 * kk, 16, lane);
       loadFragmentsB(fv[0], dvn, kStateRow, 16 * kk, 0, lane);
       loadFragmentsB(fv[1], dvn, kStateRow, 16 * kk, 16, lane);
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
         uint32_t fq[4], fw[4];
-        loadFragmentATransposed(fq, qd, kRow, 16 * kk, 32 * warp + 16 * mt, lane);
-        loadFragmentATransposed(fw, ws, kRow, 16 * kk, 32 * warp + 16 * mt, lane);
+        loadFragmentATransposed(fq, s.qd, kRow, 16 * kk, 32 * warp + 16 * mt, lane);
+        loadFragmentATransposed(fw, s.ws, kRow, 16 * kk, 32 * warp + 16 * mt, lane);
 #pragma unroll
         for (int np = 0; np < 2; ++np) {
           mma16816(ds[mt][2 * np], fq, fo[np][0], fo[np][1]);
@@ -157,10 +207,13 @@ DeltaRuleStateGrads deltaRuleStateBackward(const at::Tensor &keysToEnd, const at
   const auto f32 = localNew.options();
   DeltaRuleStateGrads r{at::empty({bh, chunks, kDim, kDim}, f32), at::empty({bh, padded, kDim}, f32),
                         at::empty({bh, kDim, kDim}, f32)};
-  const size_t bytes = (3 * kChunk * kRow + (2 * kChunk + kDim) * kStateRow) * sizeof(bf16);
-  allowSharedMemory(deltaRuleStateBackwardKernel, bytes);
+  const bool prefetch = recurrencePrefetch();
+  const size_t bytes = (kDim + kChunk) * kStateRow * sizeof(bf16) +
+                       (prefetch ? 2 * BackwardTiles::kBytes : (3 * kChunk * kRow + kChunk * kStateRow) * sizeof(bf16));
+  auto kernel = prefetch ? deltaRuleStateBackwardKernel<true> : deltaRuleStateBackwardKernel<false>;
+  allowSharedMemory(kernel, bytes);
   auto bf = [](const at::Tensor &x) { return reinterpret_cast<const bf16 *>(x.data_ptr<at::BFloat16>()); };
-  deltaRuleStateBackwardKernel<<<dim3(kDim / kStateColumns, bh), 128, bytes, at::cuda::getCurrentCUDAStream()>>>(
+  kernel<<<dim3(kDim / kStateColumns, bh), 128, bytes, at::cuda::getCurrentCUDAStream()>>>(
       bf(keysToEnd), bf(queryDecayed), bf(w), bf(gradOut), localNew.data_ptr<float>(), cum.data_ptr<float>(),
       static_cast<int>(chunks), gradFinal.data_ptr<float>(), r.leaving.data_ptr<float>(), r.newValues.data_ptr<float>(),
       r.initial.data_ptr<float>());

@@ -19,6 +19,8 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 namespace adapt::rt::cuda {
 
@@ -198,18 +200,59 @@ __global__ void __launch_bounds__(256) deltaRuleTransformKernel(Strided key, Str
   }
 }
 
+/// One chunk's operands of the state recurrence in shared memory.
+struct StateTiles {
+  bf16 *ws;   ///< W [64][kRow]
+  bf16 *ks;   ///< k [64][kRow]
+  bf16 *us;   ///< U's 32 columns [64][kStateRow] (prefetching only)
+  float *cum; ///< G of the chunk [64]
+  /// The bytes of one set (a multiple of 16).
+  static constexpr size_t kBytes = (2 * kChunk * kRow + kChunk * kStateRow) * sizeof(bf16) + kChunk * sizeof(float);
+  __device__ static StateTiles at(unsigned char *p) {
+    StateTiles s;
+    s.ws = reinterpret_cast<bf16 *>(p);
+    s.ks = s.ws + kChunk * kRow;
+    s.us = s.ks + kChunk * kRow;
+    s.cum = reinterpret_cast<float *>(s.us + kChunk * kStateRow);
+    return s;
+  }
+};
+
+/// Loads chunk \p n's W, k (zeros past the \p tokens) and G into \p s, and
+/// with Async (cp.async) U's 32 columns too.
+template <bool Async>
+__device__ __forceinline__ void loadStateTiles(const StateTiles &s, const Strided &key, const bf16 *w, const bf16 *u,
+                                               const float *cum, int64_t bh, int64_t padded, int64_t tokens, int n,
+                                               int col0) {
+  const int64_t row0 = int64_t(n) * kChunk, rows0 = bh * padded + row0;
+  for (int i = threadIdx.x; i < kChunk * kDim / 8; i += blockDim.x) {
+    const int r = i / (kDim / 8), c = (i % (kDim / 8)) * 8;
+    copy16<Async>(s.ws + r * kRow + c, w + (rows0 + r) * kDim + c);
+    const bool valid = row0 + r < tokens;
+    copy16<Async>(s.ks + r * kRow + c, key.row(bh, valid ? row0 + r : 0) + c, valid);
+  }
+  if constexpr (Async)
+    for (int i = threadIdx.x; i < kChunk * kStateColumns / 8; i += blockDim.x) {
+      const int r = i / (kStateColumns / 8), c = (i % (kStateColumns / 8)) * 8;
+      copy16<true>(s.us + r * kStateRow + c, u + (rows0 + r) * kDim + col0 + c);
+    }
+  if (threadIdx.x < kChunk / 4)
+    copy16<Async>(s.cum + 4 * threadIdx.x, cum + rows0 + 4 * threadIdx.x);
+}
+
 /// Kernel 2, a block (128 threads) per (32 value columns, b·h), over the
 /// chunks in order: writes each chunk's entering state (bf16) and V_new.
 /// Warp w holds the state's rows [32 w, 32 w + 32) as mma accumulators.
+/// With \p Prefetch, two sets of tiles: chunk n + 1's load in flight while
+/// chunk n computes.
+template <bool Prefetch>
 __global__ void __launch_bounds__(128)
     deltaRuleStateKernel(Strided key, const bf16 *w, const bf16 *u, const float *cum, int64_t tokens, int chunks,
                          const float *initialState, bf16 *states, bf16 *newValues, float *finalState) {
   extern __shared__ __align__(16) unsigned char shared[];
-  bf16 *ws = reinterpret_cast<bf16 *>(shared);   // W of the chunk [64][kRow]
-  bf16 *ks = ws + kChunk * kRow;                  // k of the chunk [64][kRow]
-  bf16 *ss = ks + kChunk * kRow;                  // the entering state [128][kStateRow]
-  bf16 *vn = ss + kDim * kStateRow;               // decayed V_new [64][kStateRow]
-  float *cs = reinterpret_cast<float *>(vn + kChunk * kStateRow);
+  bf16 *ss = reinterpret_cast<bf16 *>(shared); // the entering state [128][kStateRow]
+  bf16 *vn = ss + kDim * kStateRow;             // decayed V_new [64][kStateRow]
+  unsigned char *sets = reinterpret_cast<unsigned char *>(vn + kChunk * kStateRow);
   const int64_t bh = blockIdx.y;
   const int col0 = blockIdx.x * kStateColumns;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
@@ -218,9 +261,13 @@ __global__ void __launch_bounds__(128)
   forStateSlice(warp, g, t, [&](int mt, int nt, int i, int r, int c) {
     s[mt][nt][i] = initialState ? initialState[(bh * kDim + r) * kDim + col0 + c] : 0.0f;
   });
+  if constexpr (Prefetch) {
+    loadStateTiles<true>(StateTiles::at(sets), key, w, u, cum, bh, padded, tokens, 0, col0);
+    asyncCommit();
+  }
   for (int n = 0; n < chunks; ++n) {
     const int64_t row0 = int64_t(n) * kChunk;
-    const int valid = static_cast<int>(tokens - row0 < kChunk ? tokens - row0 : kChunk);
+    const StateTiles tiles = StateTiles::at(sets + (Prefetch ? (n & 1) : 0) * StateTiles::kBytes);
     // The entering state: to shared memory (bf16, an mma operand) and out.
     bf16 *stateOut = states + ((bh * chunks + n) * kDim) * kDim;
 #pragma unroll
@@ -234,27 +281,30 @@ __global__ void __launch_bounds__(128)
         *reinterpret_cast<uint32_t *>(stateOut + r * kDim + col0 + c) = lo;
         *reinterpret_cast<uint32_t *>(stateOut + (r + 8) * kDim + col0 + c) = hi;
       }
-    for (int i = tid; i < kChunk * kDim / 8; i += blockDim.x) {
-      const int r = i / (kDim / 8), c = (i % (kDim / 8)) * 8;
-      *reinterpret_cast<uint4 *>(ws + r * kRow + c) =
-          *reinterpret_cast<const uint4 *>(w + (bh * padded + row0 + r) * kDim + c);
+    if constexpr (Prefetch) {
+      if (n + 1 < chunks)
+        loadStateTiles<true>(StateTiles::at(sets + ((n + 1) & 1) * StateTiles::kBytes), key, w, u, cum, bh, padded,
+                             tokens, n + 1, col0);
+      asyncCommit();
+      asyncWait<1>(); // this chunk's copies have landed
+    } else {
+      loadStateTiles<false>(tiles, key, w, u, cum, bh, padded, tokens, n, col0);
     }
-    loadRows(ks, key, bh, row0, valid);
-    if (tid < kChunk)
-      cs[tid] = cum[bh * padded + row0 + tid];
     __syncthreads();
+    const float *cs = tiles.cum;
     const float last = cs[kChunk - 1];
     // V_new = U - W S: warp w takes rows [16 w, 16 w + 16), 32 columns.
     {
       float acc[4][4];
-      chunkRowsTimesState(acc, ws, ss, warp, g, t, lane);
+      chunkRowsTimesState(acc, tiles.ws, ss, warp, g, t, lane);
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int r = 16 * warp + g + 8 * h, c = 8 * nt + 2 * t;
           const int64_t at = (bh * padded + row0 + r) * kDim + col0 + c;
-          const __nv_bfloat162 uu = *reinterpret_cast<const __nv_bfloat162 *>(u + at);
+          const __nv_bfloat162 uu = Prefetch ? *reinterpret_cast<const __nv_bfloat162 *>(tiles.us + r * kStateRow + c)
+                                             : *reinterpret_cast<const __nv_bfloat162 *>(u + at);
           const float v0 = __low2float(uu) - acc[nt][2 * h], v1 = __high2float(uu) - acc[nt][2 * h + 1];
           *reinterpret_cast<uint32_t *>(newValues + at) = packBf16(v0, v1);
           const float d = __expf(last - cs[r]);
@@ -273,7 +323,7 @@ __global__ void __launch_bounds__(128)
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
         uint32_t fa[4];
-        loadFragmentATransposed(fa, ks, kRow, 16 * kk, 32 * warp + 16 * mt, lane);
+        loadFragmentATransposed(fa, tiles.ks, kRow, 16 * kk, 32 * warp + 16 * mt, lane);
 #pragma unroll
         for (int np = 0; np < 2; ++np) {
           mma16816(s[mt][2 * np], fa, fb[np][0], fb[np][1]);
@@ -364,6 +414,14 @@ bool rowsPackable(const at::Tensor &x) {
 
 } // namespace
 
+bool delta::recurrencePrefetch() {
+  static const bool on = [] {
+    const char *v = std::getenv("ADAPT_DELTA_RULE_PREFETCH");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return on;
+}
+
 bool deltaRuleForwardTakes(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
                            const at::Tensor &decay, const at::Tensor &beta, int64_t chunkSize) {
   if (chunkSize != kChunk || !query.is_cuda() || query.dim() != 4 || key.dim() != 4 || value.dim() != 4)
@@ -417,10 +475,12 @@ at::Tensor gatedDeltaRuleForward(const at::Tensor &query, const at::Tensor &key,
       cum.data_ptr<float>(), inverse.defined() ? inverse.data_ptr<float>() : nullptr);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
-  const size_t stateBytes =
-      2 * kChunk * kRow * sizeof(bf16) + (kDim + kChunk) * kStateRow * sizeof(bf16) + kChunk * sizeof(float);
-  allowSharedMemory(deltaRuleStateKernel, stateBytes);
-  deltaRuleStateKernel<<<dim3(kDim / kStateColumns, bh), 128, stateBytes, stream>>>(
+  const bool prefetch = recurrencePrefetch();
+  const size_t stateBytes = (kDim + kChunk) * kStateRow * sizeof(bf16) +
+                            (prefetch ? 2 * StateTiles::kBytes : 2 * kChunk * kRow * sizeof(bf16) + kChunk * sizeof(float));
+  auto stateKernel = prefetch ? deltaRuleStateKernel<true> : deltaRuleStateKernel<false>;
+  allowSharedMemory(stateKernel, stateBytes);
+  stateKernel<<<dim3(kDim / kStateColumns, bh), 128, stateBytes, stream>>>(
       strided(key), reinterpret_cast<const bf16 *>(w.data_ptr<at::BFloat16>()),
       reinterpret_cast<const bf16 *>(u.data_ptr<at::BFloat16>()), cum.data_ptr<float>(), tokens, chunks,
       init.defined() ? init.data_ptr<float>() : nullptr, reinterpret_cast<bf16 *>(states.data_ptr<at::BFloat16>()),
