@@ -197,6 +197,32 @@ __device__ __forceinline__ void copy16(void *dst, const void *src, bool valid = 
   }
 }
 
+/// copy16 with the choice made at run time (uniform across the block).
+__device__ __forceinline__ void copy16(void *dst, const void *src, bool valid, bool async) {
+  if (async)
+    copy16<true>(dst, src, valid);
+  else
+    copy16<false>(dst, src, valid);
+}
+
+/// Rounds a contiguous fp32 [Rows][Width] array into the bf16 \p tile
+/// (\p stride elements per row) by a block of 256 threads: every load is
+/// issued before the first store, so they are in flight together.
+template <int Rows, int Width>
+__device__ __forceinline__ void loadFloatBatched(__nv_bfloat16 *tile, int stride, const float *x) {
+  constexpr int kPerThread = Rows * Width / 4 / 256;
+  static_assert(kPerThread * 4 * 256 == Rows * Width, "whole float4 per thread");
+  float4 v[kPerThread];
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j)
+    v[j] = *reinterpret_cast<const float4 *>(x + 4 * (threadIdx.x + 256 * j));
+#pragma unroll
+  for (int j = 0; j < kPerThread; ++j) {
+    const int i = 4 * (threadIdx.x + 256 * j), r = i / Width, c = i % Width;
+    *reinterpret_cast<uint2 *>(tile + r * stride + c) = make_uint2(packBf16(v[j].x, v[j].y), packBf16(v[j].z, v[j].w));
+  }
+}
+
 /// Closes this thread's group of cp.async copies.
 __device__ __forceinline__ void asyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
 
@@ -206,10 +232,13 @@ template <int Pending> __device__ __forceinline__ void asyncWait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
 }
 
-/// ADAPT_DELTA_RULE_PREFETCH=1: the recurrence kernels load each next
-/// chunk's tiles with cp.async while the current one computes (double
-/// buffers). Off by default until the op checks have run with it on a GPU.
-bool recurrencePrefetch();
+/// ADAPT_DELTA_RULE_PREFETCH=1: the delta rule's kernels load their tiles
+/// without waiting on each load: the recurrence kernels prefetch each next
+/// chunk's tiles with cp.async into double buffers while the current one
+/// computes; the per-chunk kernels issue all their bf16 tiles as cp.async
+/// and their fp32 tiles as batched loads, then wait once. Off by default
+/// until the op checks have run with it on a GPU.
+bool asyncLoads();
 
 /// Allows \p kernel \p bytes of dynamic shared memory (above 48 KiB).
 template <typename Kernel> void allowSharedMemory(Kernel kernel, size_t bytes) {

@@ -207,7 +207,7 @@ DeltaRuleStateGrads deltaRuleStateBackward(const at::Tensor &keysToEnd, const at
   const auto f32 = localNew.options();
   DeltaRuleStateGrads r{at::empty({bh, chunks, kDim, kDim}, f32), at::empty({bh, padded, kDim}, f32),
                         at::empty({bh, kDim, kDim}, f32)};
-  const bool prefetch = recurrencePrefetch();
+  const bool prefetch = asyncLoads();
   const size_t bytes = (kDim + kChunk) * kStateRow * sizeof(bf16) +
                        (prefetch ? 2 * BackwardTiles::kBytes : (3 * kChunk * kRow + kChunk * kStateRow) * sizeof(bf16));
   auto kernel = prefetch ? deltaRuleStateBackwardKernel<true> : deltaRuleStateBackwardKernel<false>;

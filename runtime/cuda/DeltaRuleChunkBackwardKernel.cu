@@ -39,22 +39,28 @@ using namespace delta;
 struct Rows {
   const bf16 *data;
   int64_t b, h, t, heads;
-  __device__ __forceinline__ void load(bf16 *tile, int64_t bh, int64_t row0, int valid) const {
+  __device__ __forceinline__ void load(bf16 *tile, int64_t bh, int64_t row0, int valid, bool async) const {
     for (int i = threadIdx.x; i < kChunk * kDim / 8; i += blockDim.x) {
       const int r = i / (kDim / 8), c = (i % (kDim / 8)) * 8;
-      uint4 v = make_uint4(0, 0, 0, 0);
-      if (r < valid)
-        v = *reinterpret_cast<const uint4 *>(data + (bh / heads) * b + (bh % heads) * h + (row0 + r) * t + c);
-      *reinterpret_cast<uint4 *>(tile + r * kRow + c) = v;
+      copy16(tile + r * kRow + c, data + (bh / heads) * b + (bh % heads) * h + (row0 + (r < valid ? r : 0)) * t + c,
+             r < valid, async);
     }
   }
 };
 
 /// Copies \p rows rows of a contiguous [.., 128] bf16 array into \p tile.
-__device__ __forceinline__ void loadBf16(bf16 *tile, int stride, const bf16 *x, int rows) {
+__device__ __forceinline__ void loadBf16(bf16 *tile, int stride, const bf16 *x, int rows, bool async) {
   for (int i = threadIdx.x; i < rows * kDim / 8; i += blockDim.x) {
     const int r = i / (kDim / 8), c = (i % (kDim / 8)) * 8;
-    *reinterpret_cast<uint4 *>(tile + r * stride + c) = *reinterpret_cast<const uint4 *>(x + r * kDim + c);
+    copy16(tile + r * stride + c, x + r * kDim + c, true, async);
+  }
+}
+
+/// Waits for this thread's cp.async copies when \p async (a barrier follows).
+__device__ __forceinline__ void awaitCopies(bool async) {
+  if (async) {
+    asyncCommit();
+    asyncWait<0>();
   }
 }
 
@@ -71,7 +77,7 @@ __device__ __forceinline__ void loadFloat(bf16 *tile, int stride, const float *x
 /// contiguous rows [B·H, n·64, 128] (bf16) and localNew = P^T dO (fp32).
 __global__ void __launch_bounds__(256)
     deltaRuleLocalKernel(Rows query, Rows key, Rows gradOut, const float *cum, int64_t tokens, float scale,
-                         bf16 *keysToEnd, bf16 *queryDecayed, bf16 *gradOutRows, float *localNew) {
+                         bf16 *keysToEnd, bf16 *queryDecayed, bf16 *gradOutRows, float *localNew, bool async) {
   extern __shared__ __align__(16) unsigned char shared[];
   bf16 *qs = reinterpret_cast<bf16 *>(shared);
   bf16 *ks = qs + kChunk * kRow;
@@ -81,11 +87,12 @@ __global__ void __launch_bounds__(256)
   const int64_t bh = blockIdx.y, row0 = int64_t(blockIdx.x) * kChunk, padded = int64_t(gridDim.x) * kChunk;
   const int valid = static_cast<int>(tokens - row0 < kChunk ? tokens - row0 : kChunk);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  query.load(qs, bh, row0, valid);
-  key.load(ks, bh, row0, valid);
-  gradOut.load(dos, bh, row0, valid);
+  query.load(qs, bh, row0, valid, async);
+  key.load(ks, bh, row0, valid, async);
+  gradOut.load(dos, bh, row0, valid, async);
   if (tid < kChunk)
     cs[tid] = cum[bh * padded + row0 + tid];
+  awaitCopies(async);
   __syncthreads();
   const int mt = warp % 4, half = warp / 4;
   {
@@ -159,7 +166,7 @@ __global__ void __launch_bounds__(256)
     deltaRuleChunkGradKernel(Rows query, Rows key, const bf16 *gradOutRows, const bf16 *newValues,
                              const float *gradNew, const bf16 *states, const float *leaving, const float *cum,
                              int64_t tokens, float scale, bf16 *gradQuery, float *gradKeyPart, bf16 *gradW,
-                             float *gradCumPart) {
+                             float *gradCumPart, bool async) {
   extern __shared__ __align__(16) unsigned char shared[];
   bf16 *qs = reinterpret_cast<bf16 *>(shared);
   bf16 *ks = qs + kChunk * kRow;
@@ -179,26 +186,41 @@ __global__ void __launch_bounds__(256)
   const int mt = warp % 4, half = warp / 4;
   const bf16 *state = states + (bh * chunks + n) * kDim * kDim;
   const float *stateGrad = leaving + (bh * chunks + n) * kDim * kDim;
-  query.load(qs, bh, row0, valid);
-  key.load(ks, bh, row0, valid);
-  loadBf16(dos, kRow, gradOutRows + rows0 * kDim, kChunk);
-  loadBf16(vns, kRow, newValues + rows0 * kDim, kChunk);
-  loadFloat(dns, kRow, gradNew + rows0 * kDim, kChunk, kDim);
-  loadBf16(ss, kRow, state, kDim);
+  query.load(qs, bh, row0, valid, async);
+  key.load(ks, bh, row0, valid, async);
+  loadBf16(dos, kRow, gradOutRows + rows0 * kDim, kChunk, async);
+  loadBf16(vns, kRow, newValues + rows0 * kDim, kChunk, async);
+  loadBf16(ss, kRow, state, kDim, async);
+  if (async)
+    loadFloatBatched<kChunk, kDim>(dns, kRow, gradNew + rows0 * kDim);
+  else
+    loadFloat(dns, kRow, gradNew + rows0 * kDim, kChunk, kDim);
   if (tid < kChunk) {
     cs[tid] = cum[rows0 + tid];
     dc[tid] = 0.0f;
   }
   if (tid < 2)
     sums[tid] = 0.0f;
+  awaitCopies(async);
   __syncthreads();
   { // sum(dS' . S), for the chunk's last decay
     float x = 0.0f;
-    for (int i = tid; i < kDim * kDim / 4; i += blockDim.x) {
-      const float4 d = *reinterpret_cast<const float4 *>(stateGrad + 4 * i);
+    auto add = [&](const float4 &d, int i) {
       const bf16 *s = ss + (4 * i / kDim) * kRow + (4 * i) % kDim;
       x += d.x * __bfloat162float(s[0]) + d.y * __bfloat162float(s[1]) + d.z * __bfloat162float(s[2]) +
            d.w * __bfloat162float(s[3]);
+    };
+    if (async) { // the 16 loads in flight together
+      float4 d[kDim * kDim / 4 / 256];
+#pragma unroll
+      for (int j = 0; j < kDim * kDim / 4 / 256; ++j)
+        d[j] = *reinterpret_cast<const float4 *>(stateGrad + 4 * (tid + 256 * j));
+#pragma unroll
+      for (int j = 0; j < kDim * kDim / 4 / 256; ++j)
+        add(d[j], tid + 256 * j);
+    } else {
+      for (int i = tid; i < kDim * kDim / 4; i += blockDim.x)
+        add(*reinterpret_cast<const float4 *>(stateGrad + 4 * i), i);
     }
     x = rowLanesSum(x);
     x += __shfl_xor_sync(0xffffffffu, x, 4);
@@ -253,10 +275,14 @@ __global__ void __launch_bounds__(256)
       }
   }
   __syncthreads(); // S and sd's writers are done
-  for (int i = tid; i < kDim * kDim / 4; i += blockDim.x) {
-    const int r = 4 * i / kDim, c = (4 * i) % kDim;
-    const float4 v = *reinterpret_cast<const float4 *>(stateGrad + 4 * i);
-    *reinterpret_cast<uint2 *>(ss + r * kRow + c) = make_uint2(packBf16(v.x, v.y), packBf16(v.z, v.w));
+  if (async) {
+    loadFloatBatched<kDim, kDim>(ss, kRow, stateGrad);
+  } else {
+    for (int i = tid; i < kDim * kDim / 4; i += blockDim.x) {
+      const int r = 4 * i / kDim, c = (4 * i) % kDim;
+      const float4 v = *reinterpret_cast<const float4 *>(stateGrad + 4 * i);
+      *reinterpret_cast<uint2 *>(ss + r * kRow + c) = make_uint2(packBf16(v.x, v.y), packBf16(v.z, v.w));
+    }
   }
   // dq += sd K, out.
   productAB<8, kChunk / 16>(dq, sd, kSquareRow, ks, kRow, 16 * mt, 64 * half, g, t, lane);
@@ -316,7 +342,7 @@ __global__ void __launch_bounds__(256)
     deltaRuleTransformGradKernel(Rows key, Rows value, const float *beta, const float *cum, const float *inverse,
                                  const bf16 *gradW, const float *gradNew, const float *gradKeyPart,
                                  const float *gradCumPart, int64_t tokens, bf16 *gradKey, bf16 *gradValue,
-                                 float *gradBeta, float *gradDecay) {
+                                 float *gradBeta, float *gradDecay, bool async) {
   extern __shared__ __align__(16) unsigned char shared[];
   bf16 *ks = reinterpret_cast<bf16 *>(shared);
   bf16 *vs = ks + kChunk * kRow;
@@ -334,17 +360,23 @@ __global__ void __launch_bounds__(256)
   const int valid = static_cast<int>(tokens - row0 < kChunk ? tokens - row0 : kChunk);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int mt = warp % 4, half = warp / 4;
-  key.load(ks, bh, row0, valid);
-  value.load(vs, bh, row0, valid);
-  loadBf16(dws, kRow, gradW + rows0 * kDim, kChunk);
-  loadFloat(dns, kRow, gradNew + rows0 * kDim, kChunk, kDim);
-  loadFloat(ts, kSquareRow, inverse + rows0 * kChunk, kChunk, kChunk);
+  key.load(ks, bh, row0, valid, async);
+  value.load(vs, bh, row0, valid, async);
+  loadBf16(dws, kRow, gradW + rows0 * kDim, kChunk, async);
+  if (async) {
+    loadFloatBatched<kChunk, kDim>(dns, kRow, gradNew + rows0 * kDim);
+    loadFloatBatched<kChunk, kChunk>(ts, kSquareRow, inverse + rows0 * kChunk);
+  } else {
+    loadFloat(dns, kRow, gradNew + rows0 * kDim, kChunk, kDim);
+    loadFloat(ts, kSquareRow, inverse + rows0 * kChunk, kChunk, kChunk);
+  }
   if (tid < kChunk) {
     cs[tid] = cum[rows0 + tid];
     bs[tid] = tid < valid ? beta[bh * tokens + row0 + tid] : 0.0f;
     dc[tid] = gradCumPart[rows0 + tid];
     db[tid] = 0.0f;
   }
+  awaitCopies(async);
   __syncthreads();
   for (int i = tid; i < kChunk * kDim; i += blockDim.x) {
     const int r = i / kDim, c = i % kDim;
@@ -483,6 +515,7 @@ DeltaRuleGrads gatedDeltaRuleBackward(const at::Tensor &query, const at::Tensor 
   at::Tensor b = beta.to(at::kFloat).contiguous();
   const float scale = static_cast<float>(1.0 / std::sqrt(double(kDim)));
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const bool async = asyncLoads();
 
   at::Tensor dOutRows = at::empty({bh, padded, kDim}, key.options());
   DeltaRuleStateGrads state;
@@ -493,7 +526,7 @@ DeltaRuleGrads gatedDeltaRuleBackward(const at::Tensor &query, const at::Tensor 
     allowSharedMemory(deltaRuleLocalKernel, bytes);
     deltaRuleLocalKernel<<<dim3(chunks, bh), 256, bytes, stream>>>(
         rows(query), rows(key), rows(dOut), saved.cum.data_ptr<float>(), tokens, scale, bf16Data(keysToEnd),
-        bf16Data(queryDecayed), bf16Data(dOutRows), localNew.data_ptr<float>());
+        bf16Data(queryDecayed), bf16Data(dOutRows), localNew.data_ptr<float>(), async);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     state = deltaRuleStateBackward(keysToEnd, queryDecayed, saved.w, dOutRows, localNew, saved.cum, dLast);
   }
@@ -506,7 +539,7 @@ DeltaRuleGrads gatedDeltaRuleBackward(const at::Tensor &query, const at::Tensor 
     deltaRuleChunkGradKernel<<<dim3(chunks, bh), 256, bytes, stream>>>(
         rows(query), rows(key), bf16Data(dOutRows), bf16Data(saved.newValues), state.newValues.data_ptr<float>(),
         bf16Data(saved.states), state.leaving.data_ptr<float>(), saved.cum.data_ptr<float>(), tokens, scale,
-        bf16Data(r.query), dKeyPart.data_ptr<float>(), bf16Data(dW), dCumPart.data_ptr<float>());
+        bf16Data(r.query), dKeyPart.data_ptr<float>(), bf16Data(dW), dCumPart.data_ptr<float>(), async);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   {
@@ -516,7 +549,7 @@ DeltaRuleGrads gatedDeltaRuleBackward(const at::Tensor &query, const at::Tensor 
     deltaRuleTransformGradKernel<<<dim3(chunks, bh), 256, bytes, stream>>>(
         rows(key), rows(value), b.data_ptr<float>(), saved.cum.data_ptr<float>(), saved.inverse.data_ptr<float>(),
         bf16Data(dW), state.newValues.data_ptr<float>(), dKeyPart.data_ptr<float>(), dCumPart.data_ptr<float>(),
-        tokens, bf16Data(r.key), bf16Data(r.value), r.beta.data_ptr<float>(), r.decay.data_ptr<float>());
+        tokens, bf16Data(r.key), bf16Data(r.value), r.beta.data_ptr<float>(), r.decay.data_ptr<float>(), async);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   r.initialState = state.initial.view({batch, heads, kDim, kDim});

@@ -38,14 +38,13 @@ struct Strided {
   }
 };
 
-/// Copies rows [row0, row0 + 64) of \p x (128 wide) into \p tile, zeros past \p valid.
-__device__ __forceinline__ void loadRows(bf16 *tile, const Strided &x, int64_t bh, int64_t row0, int valid) {
+/// Copies rows [row0, row0 + 64) of \p x (128 wide) into \p tile, zeros
+/// past \p valid; with \p async as cp.async copies (asyncWait before use).
+__device__ __forceinline__ void loadRows(bf16 *tile, const Strided &x, int64_t bh, int64_t row0, int valid,
+                                         bool async = false) {
   for (int i = threadIdx.x; i < kChunk * kDim / 8; i += blockDim.x) {
     const int r = i / (kDim / 8), c = (i % (kDim / 8)) * 8;
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (r < valid)
-      v = *reinterpret_cast<const uint4 *>(x.row(bh, row0 + r) + c);
-    *reinterpret_cast<uint4 *>(tile + r * kRow + c) = v;
+    copy16(tile + r * kRow + c, x.row(bh, r < valid ? row0 + r : row0) + c, r < valid, async);
   }
 }
 
@@ -117,7 +116,7 @@ __device__ __forceinline__ void chunkCumsum(float *cum, const float *decay, int 
 /// ([64, 128] bf16 each) and its cumulative log decays.
 __global__ void __launch_bounds__(256) deltaRuleTransformKernel(Strided key, Strided value, const float *decay,
                                                                 const float *beta, int64_t tokens, bf16 *w, bf16 *u,
-                                                                float *cumOut, float *inverseOut) {
+                                                                float *cumOut, float *inverseOut, bool async) {
   extern __shared__ __align__(16) unsigned char shared[];
   bf16 *ks = reinterpret_cast<bf16 *>(shared);      // k, then beta k exp(G)
   bf16 *vs = ks + kChunk * kRow;                     // v, then beta v
@@ -128,8 +127,12 @@ __global__ void __launch_bounds__(256) deltaRuleTransformKernel(Strided key, Str
   const int64_t bh = blockIdx.y, row0 = int64_t(blockIdx.x) * kChunk;
   const int valid = static_cast<int>(tokens - row0 < kChunk ? tokens - row0 : kChunk);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  loadRows(ks, key, bh, row0, valid);
-  loadRows(vs, value, bh, row0, valid);
+  loadRows(ks, key, bh, row0, valid, async);
+  loadRows(vs, value, bh, row0, valid, async);
+  if (async) {
+    asyncCommit();
+    asyncWait<0>(); // chunkCumsum's barriers publish the tiles
+  }
   if (tid < kChunk)
     betas[tid] = tid < valid ? beta[bh * tokens + row0 + tid] : 0.0f;
   chunkCumsum(cum, decay + bh * tokens + row0, valid);
@@ -343,7 +346,7 @@ __global__ void __launch_bounds__(128)
 /// rows, (q scale exp(G)) S_n + causal(q k^T scale exp(G_t - G_i)) V_new.
 __global__ void __launch_bounds__(256) deltaRuleOutputKernel(Strided query, Strided key, const bf16 *states,
                                                              const bf16 *newValues, const float *cum, int64_t tokens,
-                                                             float scale, bf16 *out) {
+                                                             float scale, bf16 *out, bool async) {
   extern __shared__ __align__(16) unsigned char shared[];
   bf16 *qs = reinterpret_cast<bf16 *>(shared);   // q, then q scale exp(G)
   bf16 *ks = qs + kChunk * kRow;
@@ -355,18 +358,21 @@ __global__ void __launch_bounds__(256) deltaRuleOutputKernel(Strided query, Stri
   const int64_t bh = blockIdx.y, row0 = int64_t(blockIdx.x) * kChunk, padded = int64_t(chunks) * kChunk;
   const int valid = static_cast<int>(tokens - row0 < kChunk ? tokens - row0 : kChunk);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  loadRows(qs, query, bh, row0, valid);
-  loadRows(ks, key, bh, row0, valid);
+  loadRows(qs, query, bh, row0, valid, async);
+  loadRows(ks, key, bh, row0, valid, async);
   const bf16 *state = states + (bh * chunks + blockIdx.x) * kDim * kDim;
   for (int i = tid; i < kDim * kDim / 8; i += blockDim.x) {
     const int r = i / (kDim / 8), c = (i % (kDim / 8)) * 8;
-    *reinterpret_cast<uint4 *>(ss + r * kRow + c) = *reinterpret_cast<const uint4 *>(state + r * kDim + c);
+    copy16(ss + r * kRow + c, state + r * kDim + c, true, async);
     if (r < kChunk)
-      *reinterpret_cast<uint4 *>(vs + r * kRow + c) =
-          *reinterpret_cast<const uint4 *>(newValues + (bh * padded + row0 + r) * kDim + c);
+      copy16(vs + r * kRow + c, newValues + (bh * padded + row0 + r) * kDim + c, true, async);
   }
   if (tid < kChunk)
     cs[tid] = cum[bh * padded + row0 + tid];
+  if (async) {
+    asyncCommit();
+    asyncWait<0>();
+  }
   __syncthreads();
   const int mt = warp % 4, half = warp / 4;
   {
@@ -414,7 +420,7 @@ bool rowsPackable(const at::Tensor &x) {
 
 } // namespace
 
-bool delta::recurrencePrefetch() {
+bool delta::asyncLoads() {
   static const bool on = [] {
     const char *v = std::getenv("ADAPT_DELTA_RULE_PREFETCH");
     return v != nullptr && std::strcmp(v, "1") == 0;
@@ -465,6 +471,7 @@ at::Tensor gatedDeltaRuleForward(const at::Tensor &query, const at::Tensor &key,
   at::Tensor last = finalState ? at::empty({batch, heads, kDim, kDim}, f32) : at::Tensor();
   at::Tensor inverse = saved ? at::empty({bh, padded, kChunk}, f32) : at::Tensor();
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const bool async = asyncLoads(), prefetch = async;
 
   const size_t transformBytes = 2 * kChunk * kRow * sizeof(bf16) + kChunk * kSquareRow * sizeof(bf16) +
                                 (kChunk * (kChunk + 1) + 2 * kChunk) * sizeof(float);
@@ -472,10 +479,9 @@ at::Tensor gatedDeltaRuleForward(const at::Tensor &query, const at::Tensor &key,
   deltaRuleTransformKernel<<<dim3(chunks, bh), 256, transformBytes, stream>>>(
       strided(key), strided(value), g.data_ptr<float>(), b.data_ptr<float>(), tokens,
       reinterpret_cast<bf16 *>(w.data_ptr<at::BFloat16>()), reinterpret_cast<bf16 *>(u.data_ptr<at::BFloat16>()),
-      cum.data_ptr<float>(), inverse.defined() ? inverse.data_ptr<float>() : nullptr);
+      cum.data_ptr<float>(), inverse.defined() ? inverse.data_ptr<float>() : nullptr, async);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
-  const bool prefetch = recurrencePrefetch();
   const size_t stateBytes = (kDim + kChunk) * kStateRow * sizeof(bf16) +
                             (prefetch ? 2 * StateTiles::kBytes : 2 * kChunk * kRow * sizeof(bf16) + kChunk * sizeof(float));
   auto stateKernel = prefetch ? deltaRuleStateKernel<true> : deltaRuleStateKernel<false>;
@@ -493,7 +499,8 @@ at::Tensor gatedDeltaRuleForward(const at::Tensor &query, const at::Tensor &key,
   deltaRuleOutputKernel<<<dim3(chunks, bh), 256, outputBytes, stream>>>(
       strided(query), strided(key), reinterpret_cast<const bf16 *>(states.data_ptr<at::BFloat16>()),
       reinterpret_cast<const bf16 *>(vNew.data_ptr<at::BFloat16>()), cum.data_ptr<float>(), tokens,
-      static_cast<float>(1.0 / std::sqrt(double(kDim))), reinterpret_cast<bf16 *>(out.data_ptr<at::BFloat16>()));
+      static_cast<float>(1.0 / std::sqrt(double(kDim))), reinterpret_cast<bf16 *>(out.data_ptr<at::BFloat16>()),
+      async);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (finalState)
     *finalState = last;
