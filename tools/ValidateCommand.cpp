@@ -121,6 +121,14 @@ int runModelStage(const ValidateOptions &o) {
               << "); run `adapt validate PATH --stage op --out " << o.out << "` first\n";
     return kExitBadInput;
   }
+  // A record of some checks only (adapt-op-check --only / --dtype) vouches for those alone.
+  const bool partial = (op.contains("only") && op["only"] != "") || (op.contains("dtype") && op["dtype"] != "both");
+  if (partial) {
+    std::cerr << "adapt: error: " << opRecord << ": only: expected a record of every op check (this one ran "
+              << (op.contains("only") && op["only"] != "" ? "--only " + op["only"].dump() : "--dtype " + op["dtype"].dump())
+              << "); run `adapt validate PATH --stage op --out " << o.out << "` first\n";
+    return kExitBadInput;
+  }
   // Build the trainer with the fixture's adapter.
   const nlohmann::json &lora = meta["lora"];
   std::string targets;

@@ -176,6 +176,21 @@ class Validate(unittest.TestCase):
         self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
         self.assertIn("record from other code", proc.stderr)
 
+    def test_op_record_of_some_checks_only(self):
+        # A record from `adapt-op-check --only X` or `--dtype bfloat16` passed
+        # those checks alone: it must not promote the model stage.
+        for field, value in (("only", "rope"), ("dtype", "bfloat16")):
+            out = self.records_copy("partial-" + field)
+            path = os.path.join(out, "op-stage.json")
+            record = read_json(path)
+            record[field] = value
+            write_json(path, record)
+            proc = run(ADAPT, "validate", self.models["qwen3_moe"], "--stage", "model", "--out", out,
+                       "--fixture", os.path.join(FIXTURES, "qwen3_moe"))
+            self.assertEqual(proc.returncode, 2, proc.stdout + proc.stderr)
+            self.assertIn("expected a record of every op check", proc.stderr)
+            self.assertIn(value, proc.stderr)
+
     def test_full_stage_says_not_run(self):
         # The parallel stage runs (test_parallel.py); the full one waits for it.
         out = os.path.join(self.work, "stage-full")

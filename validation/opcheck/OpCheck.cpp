@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <limits>
@@ -490,6 +491,7 @@ struct Result {
   double forward = 0, backward = 0, tolerance = 0;
   bool pass = false;
   std::string worst;
+  double seconds = 0; ///< The trial's wall time (our op, the reference and the comparison).
 };
 
 uint64_t fnv1a(const std::string &s) {
@@ -724,16 +726,18 @@ int selfTest(torch::Device device, int64_t seeds) {
 } // namespace
 
 int main(int argc, char **argv) {
-  std::string outDir, only, deviceName;
+  std::string outDir, only, deviceName, dtypeName;
   int64_t seeds = 0;
   bool self = false;
   try {
     const ParsedFlags flags = parseFlags(
-        argc, argv, {{"--out", "--only", "--device", "--seeds"}, {"--self-test", "--help", "-h"}, {}});
+        argc, argv, {{"--out", "--only", "--device", "--seeds", "--dtype"}, {"--self-test", "--help", "-h"}, {}});
     if (flags.has("--help") || flags.has("-h")) {
-      std::printf("adapt-op-check --out DIR [--seeds N] [--device cpu|cuda] [--only SUBSTRING] | --self-test\n"
-                  "Checks every op of runtime/Ops.h against float64 references (float32 and bfloat16, forward\n"
-                  "and backward); writes DIR/op-stage.json and DIR/op-stage.md.\n"
+      std::printf("adapt-op-check --out DIR [--seeds N] [--device cpu|cuda] [--only SUBSTRING]\n"
+                  "               [--dtype both|float32|bfloat16] | --self-test\n"
+                  "Checks every op of runtime/Ops.h against float64 references (float32 and bfloat16, or the one\n"
+                  "--dtype names; forward and backward); writes DIR/op-stage.json and DIR/op-stage.md, with each\n"
+                  "check's wall time.\n"
                   "Exit codes: 0 all passed, 4 a check failed, 2 bad usage, 1 internal error.\n");
       return 0;
     }
@@ -741,6 +745,7 @@ int main(int argc, char **argv) {
     outDir = flags.text("--out");
     only = flags.text("--only");
     deviceName = flags.choice("--device", "cpu", {"cpu", "cuda"});
+    dtypeName = flags.choice("--dtype", "both", {"both", "float32", "bfloat16"});
     seeds = flags.integer("--seeds", 5, 1, 1000);
   } catch (const RuntimeError &e) {
     return usage(e.what());
@@ -766,14 +771,23 @@ int main(int argc, char **argv) {
     std::vector<Result> results;
     int64_t lines = 0, failed = 0;
     std::ostringstream table;
-    std::printf("%-36s %-8s %-50s %9s %9s  %s\n", "check", "dtype", "shape", "worst", "tolerance", "result");
+    std::printf("%-36s %-8s %-50s %9s %9s  %-6s %s\n", "check", "dtype", "shape", "worst", "tolerance", "result",
+                "seconds");
+    std::vector<torch::ScalarType> dtypes;
+    if (dtypeName != "bfloat16")
+      dtypes.push_back(torch::kFloat32);
+    if (dtypeName != "float32")
+      dtypes.push_back(torch::kBFloat16);
     for (const Check &check : checks)
-      for (torch::ScalarType dtype : {torch::kFloat32, torch::kBFloat16}) {
-        double worst = -1;
+      for (torch::ScalarType dtype : dtypes) {
+        double worst = -1, seconds = 0;
         bool ok = true;
         std::string where;
         for (int64_t s = 0; s < seeds; ++s) {
+          const auto start = std::chrono::steady_clock::now();
           Result r = runTrial(check, dtype, device, s);
+          r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+          seconds += r.seconds;
           if (double e = std::max(r.forward, r.backward); e > worst) {
             worst = e;
             where = "seed " + std::to_string(s) + ": " + r.worst;
@@ -784,8 +798,8 @@ int main(int argc, char **argv) {
         const Result &last = results.back();
         ++lines;
         failed += !ok;
-        std::printf("%-36s %-8s %-50s %9s %9s  %s\n", check.id.c_str(), last.dtype.c_str(), last.shape.c_str(),
-                    fmt(worst).c_str(), fmt(last.tolerance).c_str(), ok ? "pass" : "FAIL");
+        std::printf("%-36s %-8s %-50s %9s %9s  %-6s %.2f\n", check.id.c_str(), last.dtype.c_str(),
+                    last.shape.c_str(), fmt(worst).c_str(), fmt(last.tolerance).c_str(), ok ? "pass" : "FAIL", seconds);
         if (!ok)
           std::printf("    worst at %s\n", where.c_str());
         std::fflush(stdout);
@@ -801,7 +815,8 @@ int main(int argc, char **argv) {
     for (const Result &r : results)
       list.push(JsonValue::object({{"id", r.id}, {"dtype", r.dtype}, {"shape", r.shape}, {"seed", r.seed},
                                    {"forward_error", r.forward}, {"backward_error", r.backward},
-                                   {"tolerance", r.tolerance}, {"pass", r.pass}, {"worst_index", r.worst}}));
+                                   {"tolerance", r.tolerance}, {"pass", r.pass}, {"worst_index", r.worst},
+                                   {"seconds", r.seconds}}));
     const std::string lib = ADAPT_RUNTIME_LIBRARY, exe = canonicalPath("/proc/self/exe");
     JsonValue record = JsonValue::object({
         {"stage", "op"},
@@ -809,6 +824,7 @@ int main(int argc, char **argv) {
         {"device", deviceName},
         {"seeds", std::move(seedList)},
         {"only", only},
+        {"dtype", dtypeName},
         {"torch", TORCH_VERSION},
         {"metric", "||ours - ref|| / ||ref|| over every element; non-finite, wrong shape or dtype: infinite"},
         {"code", JsonValue::object({{"runtime_library", lib},
