@@ -111,16 +111,20 @@ __device__ __forceinline__ void productABt(float (&acc)[NT][4], const bf16 *a, i
   }
 }
 
-/// acc[nt] += rows [m0, m0 + 16) of the row-major tile \p a times columns
-/// [n0 + 8 nt, +8) of the row-major [k][n] tile \p b, K = 16 \p Steps.
-template <int NT, int Steps>
+/// acc[nt] += rows [m0, m0 + 16) of A times columns [n0 + 8 nt, +8) of the
+/// row-major [k][n] tile \p b, K = 16 \p Steps. A is the row-major tile
+/// \p a, or with \p TransposedA the transpose of the row-major [k][m] \p a.
+template <int NT, int Steps, bool TransposedA = false>
 __device__ __forceinline__ void productAB(float (&acc)[NT][4], const bf16 *a, int aStride, const bf16 *b, int bStride,
                                           int m0, int n0, int g, int t, int lane) {
   static_assert(NT % 2 == 0, "n-tiles come in pairs");
 #pragma unroll
   for (int kk = 0; kk < Steps; ++kk) {
     uint32_t fa[4];
-    loadFragmentA(fa, a + m0 * aStride, aStride, kk, g, t);
+    if constexpr (TransposedA)
+      loadFragmentATransposed(fa, a, aStride, 16 * kk, m0, lane);
+    else
+      loadFragmentA(fa, a + m0 * aStride, aStride, kk, g, t);
 #pragma unroll
     for (int np = 0; np < NT / 2; ++np) {
       uint32_t fb[4];
@@ -136,19 +140,7 @@ __device__ __forceinline__ void productAB(float (&acc)[NT][4], const bf16 *a, in
 template <int NT, int Steps>
 __device__ __forceinline__ void productAtB(float (&acc)[NT][4], const bf16 *a, int aStride, const bf16 *b, int bStride,
                                            int m0, int n0, int lane) {
-  static_assert(NT % 2 == 0, "n-tiles come in pairs");
-#pragma unroll
-  for (int kk = 0; kk < Steps; ++kk) {
-    uint32_t fa[4];
-    loadFragmentATransposed(fa, a, aStride, 16 * kk, m0, lane);
-#pragma unroll
-    for (int np = 0; np < NT / 2; ++np) {
-      uint32_t fb[4];
-      loadFragmentsB(fb, b, bStride, 16 * kk, n0 + 16 * np, lane);
-      mma16816(acc[2 * np], fa, fb[0], fb[1]);
-      mma16816(acc[2 * np + 1], fa, fb[2], fb[3]);
-    }
-  }
+  productAB<NT, Steps, true>(acc, a, aStride, b, bStride, m0, n0, lane / 4, lane % 4, lane);
 }
 
 /// Zeros a warp's accumulators.
@@ -168,6 +160,17 @@ template <int NT, typename F> __device__ __forceinline__ void forTile(int m0, in
 #pragma unroll
     for (int i = 0; i < 4; ++i)
       f(nt, i, m0 + g + (i / 2) * 8, n0 + 8 * nt + 2 * t + i % 2);
+}
+
+/// Calls f(nt, h, row, column) for each pair of accumulators (acc[nt][2 h],
+/// acc[nt][2 h + 1]) of a warp's [16, 8 NT] tile at (m0, n0): columns
+/// column and column + 1 of the row, for paired stores.
+template <int NT, typename F> __device__ __forceinline__ void forPairs(int m0, int n0, int g, int t, F f) {
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      f(nt, h, m0 + g + 8 * h, n0 + 8 * nt + 2 * t);
 }
 
 /// The sum of \p x over the four lanes that share a tile row (same g).

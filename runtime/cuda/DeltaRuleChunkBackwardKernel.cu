@@ -125,13 +125,9 @@ __global__ void __launch_bounds__(256)
   float acc[8][4];
   zero(acc);
   productAB<8, kChunk / 16>(acc, pts, kSquareRow, dos, kRow, 16 * mt, 64 * half, g, t, lane);
-#pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = 16 * mt + g + 8 * h, c = 64 * half + 8 * nt + 2 * t;
-      *reinterpret_cast<float2 *>(localNew + out0 + r * kDim + c) = make_float2(acc[nt][2 * h], acc[nt][2 * h + 1]);
-    }
+  forPairs<8>(16 * mt, 64 * half, g, t, [&](int nt, int h, int r, int c) {
+    *reinterpret_cast<float2 *>(localNew + out0 + r * kDim + c) = make_float2(acc[nt][2 * h], acc[nt][2 * h + 1]);
+  });
 }
 
 /// Adds a warp's row sums (\p rowPart[h] for row m0 + g + 8 h) to \p sums.
@@ -265,14 +261,10 @@ __global__ void __launch_bounds__(256)
     float dw[8][4];
     zero(dw);
     productABt<8, kDim / 16>(dw, dns, kRow, ss, kRow, 16 * mt, 64 * half, g, t);
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = 16 * mt + g + 8 * h, c = 64 * half + 8 * nt + 2 * t;
-        *reinterpret_cast<uint32_t *>(gradW + (rows0 + r) * kDim + c) =
-            packBf16(-dw[nt][2 * h], -dw[nt][2 * h + 1]);
-      }
+    forPairs<8>(16 * mt, 64 * half, g, t, [&](int nt, int h, int r, int c) {
+      *reinterpret_cast<uint32_t *>(gradW + (rows0 + r) * kDim + c) =
+          packBf16(-dw[nt][2 * h], -dw[nt][2 * h + 1]);
+    });
   }
   __syncthreads(); // S and sd's writers are done
   if (async) {
@@ -286,15 +278,11 @@ __global__ void __launch_bounds__(256)
   }
   // dq += sd K, out.
   productAB<8, kChunk / 16>(dq, sd, kSquareRow, ks, kRow, 16 * mt, 64 * half, g, t, lane);
-#pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = 16 * mt + g + 8 * h, c = 64 * half + 8 * nt + 2 * t;
-      if (r < valid)
-        *reinterpret_cast<uint32_t *>(gradQuery + (bh * tokens + row0 + r) * kDim + c) =
-            packBf16(dq[nt][2 * h], dq[nt][2 * h + 1]);
-    }
+  forPairs<8>(16 * mt, 64 * half, g, t, [&](int nt, int h, int r, int c) {
+    if (r < valid)
+      *reinterpret_cast<uint32_t *>(gradQuery + (bh * tokens + row0 + r) * kDim + c) =
+          packBf16(dq[nt][2 * h], dq[nt][2 * h + 1]);
+  });
   __syncthreads(); // dS' in place
   // dKd = V_new dS'^T: dk = e^{G_last - G} dKd + sd^T q; dG -= Kd . dKd,
   // and the chunk's last dG gets their sum.
@@ -321,13 +309,9 @@ __global__ void __launch_bounds__(256)
       atomicAdd(sums + 1, total);
   }
   productAtB<8, kChunk / 16>(dk, sd, kSquareRow, qs, kRow, 16 * mt, 64 * half, lane);
-#pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = 16 * mt + g + 8 * h, c = 64 * half + 8 * nt + 2 * t;
-      *reinterpret_cast<float2 *>(gradKeyPart + (rows0 + r) * kDim + c) = make_float2(dk[nt][2 * h], dk[nt][2 * h + 1]);
-    }
+  forPairs<8>(16 * mt, 64 * half, g, t, [&](int nt, int h, int r, int c) {
+    *reinterpret_cast<float2 *>(gradKeyPart + (rows0 + r) * kDim + c) = make_float2(dk[nt][2 * h], dk[nt][2 * h + 1]);
+  });
   __syncthreads();
   if (tid < kChunk)
     gradCumPart[rows0 + tid] =
@@ -436,16 +420,12 @@ __global__ void __launch_bounds__(256)
     addRowSums(dc, rowBeta, 16 * mt, g, t);
     productAB<8, kChunk / 16>(dk, sq1, kSquareRow, ks, kRow, 16 * mt, 64 * half, g, t, lane);
     productAtB<8, kChunk / 16>(dk, sq1, kSquareRow, ks, kRow, 16 * mt, 64 * half, lane);
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = 16 * mt + g + 8 * h, c = 64 * half + 8 * nt + 2 * t;
-        const float2 part = *reinterpret_cast<const float2 *>(gradKeyPart + (rows0 + r) * kDim + c);
-        if (r < valid)
-          *reinterpret_cast<uint32_t *>(gradKey + (bh * tokens + row0 + r) * kDim + c) =
-              packBf16(dk[nt][2 * h] + part.x, dk[nt][2 * h + 1] + part.y);
-      }
+    forPairs<8>(16 * mt, 64 * half, g, t, [&](int nt, int h, int r, int c) {
+      const float2 part = *reinterpret_cast<const float2 *>(gradKeyPart + (rows0 + r) * kDim + c);
+      if (r < valid)
+        *reinterpret_cast<uint32_t *>(gradKey + (bh * tokens + row0 + r) * kDim + c) =
+            packBf16(dk[nt][2 * h] + part.x, dk[nt][2 * h + 1] + part.y);
+    });
   }
   { // dXv = T^T dU: dv = beta dXv; dbeta += v . dXv.
     float dv[8][4];
@@ -456,15 +436,11 @@ __global__ void __launch_bounds__(256)
       rowPart[i / 2] += dv[nt][i] * __bfloat162float(vs[r * kRow + c]);
     });
     addRowSums(db, rowPart, 16 * mt, g, t);
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = 16 * mt + g + 8 * h, c = 64 * half + 8 * nt + 2 * t;
-        if (r < valid)
-          *reinterpret_cast<uint32_t *>(gradValue + (bh * tokens + row0 + r) * kDim + c) =
-              packBf16(dv[nt][2 * h] * bs[r], dv[nt][2 * h + 1] * bs[r]);
-      }
+    forPairs<8>(16 * mt, 64 * half, g, t, [&](int nt, int h, int r, int c) {
+      if (r < valid)
+        *reinterpret_cast<uint32_t *>(gradValue + (bh * tokens + row0 + r) * kDim + c) =
+            packBf16(dv[nt][2 * h] * bs[r], dv[nt][2 * h + 1] * bs[r]);
+    });
   }
   __syncthreads();
   // G = cumsum(g) within the chunk: dg_t = sum of dG over t' >= t.

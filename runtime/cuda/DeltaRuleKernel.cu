@@ -48,47 +48,6 @@ __device__ __forceinline__ void loadRows(bf16 *tile, const Strided &x, int64_t b
   }
 }
 
-/// acc[nt] = rows [16 mt, 16 mt + 16) of X times columns [32 half + 8 nt, +8)
-/// of Y^T, with X, Y [64, 128] row-major tiles (the chunk's pair products).
-__device__ __forceinline__ void pairProducts(float (&acc)[4][4], const bf16 *x, const bf16 *y, int mt, int half,
-                                             int g, int t) {
-#pragma unroll
-  for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      acc[nt][i] = 0.0f;
-#pragma unroll
-  for (int ks = 0; ks < kDim / 16; ++ks) {
-    uint32_t a[4];
-    loadFragmentA(a, x + 16 * mt * kRow, kRow, ks, g, t);
-#pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
-      const bf16 *col = y + (32 * half + 8 * nt + g) * kRow + ks * 16 + 2 * t;
-      mma16816(acc[nt], a, bf16Pair(col), bf16Pair(col + 8));
-    }
-  }
-}
-
-/// acc[nt] += rows [16 mt, 16 mt + 16) of the row-major tile \p a (K = 16
-/// Steps columns) times columns [64 half + 8 nt, +8) of the row-major [K][n]
-/// tile \p b: a warp's 16 x 64 share of a chunk's tile product.
-template <int Steps>
-__device__ __forceinline__ void accumulateProduct(float (&acc)[8][4], const bf16 *a, int aStride, const bf16 *b,
-                                                  int bStride, int mt, int half, int g, int t, int lane) {
-#pragma unroll
-  for (int kk = 0; kk < Steps; ++kk) {
-    uint32_t fa[4];
-    loadFragmentA(fa, a + 16 * mt * aStride, aStride, kk, g, t);
-#pragma unroll
-    for (int np = 0; np < 4; ++np) {
-      uint32_t fb[4];
-      loadFragmentsB(fb, b, bStride, 16 * kk, 64 * half + 16 * np, lane);
-      mma16816(acc[2 * np], fa, fb[0], fb[1]);
-      mma16816(acc[2 * np + 1], fa, fb[2], fb[3]);
-    }
-  }
-}
-
 /// Inclusive prefix sums of the chunk's 64 log decays (zero past \p valid)
 /// into \p cum, by the first two warps; all threads synchronise.
 __device__ __forceinline__ void chunkCumsum(float *cum, const float *decay, int valid) {
@@ -143,7 +102,8 @@ __global__ void __launch_bounds__(256) deltaRuleTransformKernel(Strided key, Str
   {
     const int mt = warp % 4, half = warp / 4;
     float acc[4][4];
-    pairProducts(acc, ks, ks, mt, half, g, t);
+    zero(acc);
+    productABt<4, kDim / 16>(acc, ks, kRow, ks, kRow, 16 * mt, 32 * half, g, t);
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -193,7 +153,7 @@ __global__ void __launch_bounds__(256) deltaRuleTransformKernel(Strided key, Str
     const bf16 *rhs = which == 0 ? ks : vs;
     bf16 *dst = (which == 0 ? w : u) + (bh * gridDim.x * kChunk + row0) * kDim;
     float acc[8][4] = {};
-    accumulateProduct<kChunk / 16>(acc, ts, kSquareRow, rhs, kRow, mt, half, g, t, lane);
+    productAB<8, kChunk / 16>(acc, ts, kSquareRow, rhs, kRow, 16 * mt, 64 * half, g, t, lane);
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) {
       const int r = 16 * mt + g, c = 64 * half + 8 * nt + 2 * t;
@@ -377,7 +337,8 @@ __global__ void __launch_bounds__(256) deltaRuleOutputKernel(Strided query, Stri
   const int mt = warp % 4, half = warp / 4;
   {
     float acc[4][4];
-    pairProducts(acc, qs, ks, mt, half, g, t);
+    zero(acc);
+    productABt<4, kDim / 16>(acc, qs, kRow, ks, kRow, 16 * mt, 32 * half, g, t);
 #pragma unroll
     for (int nt = 0; nt < 4; ++nt)
 #pragma unroll
@@ -395,17 +356,13 @@ __global__ void __launch_bounds__(256) deltaRuleOutputKernel(Strided query, Stri
   }
   __syncthreads();
   float acc[8][4] = {};
-  accumulateProduct<kDim / 16>(acc, qs, kRow, ss, kRow, mt, half, g, t, lane);         // (q scale exp(G)) S_n
-  accumulateProduct<kChunk / 16>(acc, ps, kSquareRow, vs, kRow, mt, half, g, t, lane); // + P V_new
+  productAB<8, kDim / 16>(acc, qs, kRow, ss, kRow, 16 * mt, 64 * half, g, t, lane);       // (q scale exp(G)) S_n
+  productAB<8, kChunk / 16>(acc, ps, kSquareRow, vs, kRow, 16 * mt, 64 * half, g, t, lane); // + P V_new
   bf16 *o = out + (bh * tokens + row0) * kDim;
-#pragma unroll
-  for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = 16 * mt + g + 8 * h, c = 64 * half + 8 * nt + 2 * t;
-      if (r < valid)
-        *reinterpret_cast<uint32_t *>(o + r * kDim + c) = packBf16(acc[nt][2 * h], acc[nt][2 * h + 1]);
-    }
+  forPairs<8>(16 * mt, 64 * half, g, t, [&](int nt, int h, int r, int c) {
+    if (r < valid)
+      *reinterpret_cast<uint32_t *>(o + r * kDim + c) = packBf16(acc[nt][2 * h], acc[nt][2 * h + 1]);
+  });
 }
 
 Strided strided(const at::Tensor &x) {
