@@ -68,7 +68,8 @@ struct Fp32Inputs {
   torch::Tensor q, k, v, g, beta;
 };
 
-Fp32Inputs prepare(const DeltaRuleInputs &in, const char *op) {
+/// Rejects inputs of the wrong shapes, naming \p op.
+void checkShapes(const DeltaRuleInputs &in, const char *op) {
   const auto &k = in.key;
   TORCH_CHECK(k.dim() == 4, op, ": expected key [B, H, T, dk], got ", k.sizes());
   const int64_t b = k.size(0), h = k.size(1), t = k.size(2), dk = k.size(3);
@@ -81,6 +82,13 @@ Fp32Inputs prepare(const DeltaRuleInputs &in, const char *op) {
   TORCH_CHECK((!perChannel && in.decay.sizes() == in.beta.sizes()) ||
                   (perChannel && in.decay.sizes() == k.sizes()),
               op, ": expected decay [B, H, T] or [B, H, T, dk], got ", in.decay.sizes());
+}
+
+/// \p in checked, in fp32 and contiguous, the query scaled by 1/sqrt(dk).
+Fp32Inputs prepare(const DeltaRuleInputs &in, const char *op) {
+  checkShapes(in, op);
+  const int64_t dk = in.key.size(3);
+  const bool perChannel = in.decay.dim() == 4;
   Fp32Inputs f;
   const double scale = 1.0 / std::sqrt(static_cast<double>(dk));
   // fp32 and contiguous in one pass each (the layers hand over [B, T, H, d]
@@ -297,7 +305,7 @@ torch::Tensor chunkedRun(const DeltaRuleInputs &in, const char *op, int64_t chun
   const bool needsGraph = torch::GradMode::is_enabled() &&
                           std::any_of(inputs.begin(), inputs.end(), [](const torch::Tensor &x) { return x.requires_grad(); });
   if (in.decay.dim() == 3) { // one decay per head: the kernels, or the node with its backward written out
-    prepare(in, op);          // shape checks, with this op's name
+    checkShapes(in, op);
     std::vector<torch::Tensor> r = scalarDecayDeltaRule(in, chunkSize, initialState, tensorCores);
     if (finalState)
       *finalState = r[1];

@@ -243,6 +243,47 @@ template <int Pending> __device__ __forceinline__ void asyncWait() {
 /// until the op checks have run with it on a GPU.
 bool asyncLoads();
 
+/// A [B, H, T, D] tensor's data and its strides over b, h and t.
+struct Strided {
+  const bf16 *data;
+  int64_t b, h, t;
+  int64_t heads;
+  __device__ __forceinline__ const bf16 *row(int64_t bh, int64_t token) const {
+    return data + (bh / heads) * b + (bh % heads) * h + token * t;
+  }
+};
+
+/// Copies rows [row0, row0 + 64) of \p x (128 wide) into \p tile, zeros
+/// past \p valid; with \p async as cp.async copies (asyncWait before use).
+__device__ __forceinline__ void loadRows(bf16 *tile, const Strided &x, int64_t bh, int64_t row0, int valid,
+                                         bool async = false) {
+  for (int i = threadIdx.x; i < kChunk * kDim / 8; i += blockDim.x) {
+    const int r = i / (kDim / 8), c = (i % (kDim / 8)) * 8;
+    copy16(tile + r * kRow + c, x.row(bh, r < valid ? row0 + r : row0) + c, r < valid, async);
+  }
+}
+
+/// T = (I + A)^-1 for a chunk's unit lower-triangular system, in place:
+/// \p a [64][65] fp32 holds A's strictly lower part and receives T's (T's
+/// unit diagonal is not stored). Row r of T is -sum_{m<r} A[r][m] T[m]
+/// (+ e_r), computed once the rows above are T's; four threads per column j
+/// share the sum over m. Every thread of a 256-thread block calls it.
+__device__ __forceinline__ void invertUnitLower(float *a, int tid) {
+  const int j = tid / 4, part = tid % 4;
+  for (int r = 1; r < kChunk; ++r) {
+    float sum = 0.0f;
+    if (j < r) // T[j][j] = 1 is not stored: that term is A[r][j] itself
+      for (int m = j + part; m < r; m += 4)
+        sum += m == j ? a[r * (kChunk + 1) + j] : a[r * (kChunk + 1) + m] * a[m * (kChunk + 1) + j];
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    __syncthreads(); // every thread has read row r before it is overwritten
+    if (j < r && part == 0)
+      a[r * (kChunk + 1) + j] = -sum;
+    __syncthreads();
+  }
+}
+
 /// Allows \p kernel \p bytes of dynamic shared memory (above 48 KiB).
 template <typename Kernel> void allowSharedMemory(Kernel kernel, size_t bytes) {
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));

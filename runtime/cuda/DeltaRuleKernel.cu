@@ -9,6 +9,7 @@
 
 #include "runtime/cuda/DeltaRuleKernel.h"
 #include "runtime/cuda/DeltaRule.cuh"
+#include "runtime/cuda/DeltaRuleState.cuh"
 
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
@@ -27,26 +28,6 @@ namespace adapt::rt::cuda {
 namespace {
 
 using namespace delta;
-
-/// A [B, H, T, D] tensor's data and its strides over b, h and t.
-struct Strided {
-  const bf16 *data;
-  int64_t b, h, t;
-  int64_t heads;
-  __device__ __forceinline__ const bf16 *row(int64_t bh, int64_t token) const {
-    return data + (bh / heads) * b + (bh % heads) * h + token * t;
-  }
-};
-
-/// Copies rows [row0, row0 + 64) of \p x (128 wide) into \p tile, zeros
-/// past \p valid; with \p async as cp.async copies (asyncWait before use).
-__device__ __forceinline__ void loadRows(bf16 *tile, const Strided &x, int64_t bh, int64_t row0, int valid,
-                                         bool async = false) {
-  for (int i = threadIdx.x; i < kChunk * kDim / 8; i += blockDim.x) {
-    const int r = i / (kDim / 8), c = (i % (kDim / 8)) * 8;
-    copy16(tile + r * kRow + c, x.row(bh, r < valid ? row0 + r : row0) + c, r < valid, async);
-  }
-}
 
 /// Inclusive prefix sums of the chunk's 64 log decays (zero past \p valid)
 /// into \p cum, by the first two warps; all threads synchronise.
@@ -113,24 +94,7 @@ __global__ void __launch_bounds__(256) deltaRuleTransformKernel(Strided key, Str
       }
   }
   __syncthreads();
-  // T = (I + A)^-1, unit lower triangular: row r of T is -sum_{m<r} A[r][m]
-  // T[m] (+ e_r), computed in place over A's row r once the rows above are
-  // T's. Four threads per column j share the sum over m.
-  {
-    const int j = tid / 4, part = tid % 4;
-    for (int r = 1; r < kChunk; ++r) {
-      float sum = 0.0f;
-      if (j < r) // T[j][j] = 1 is not stored: that term is A[r][j] itself
-        for (int m = j + part; m < r; m += 4)
-          sum += m == j ? a[r * (kChunk + 1) + j] : a[r * (kChunk + 1) + m] * a[m * (kChunk + 1) + j];
-      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-      __syncthreads(); // every thread has read row r before it is overwritten
-      if (j < r && part == 0)
-        a[r * (kChunk + 1) + j] = -sum;
-      __syncthreads();
-    }
-  }
+  invertUnitLower(a, tid); // T = (I + A)^-1 in place of A's strictly lower part
   // T in bf16 (ones on the diagonal), and in fp32 for the backward when asked;
   // the right-hand sides in place.
   for (int i = tid; i < kChunk * kChunk; i += blockDim.x) {
@@ -161,145 +125,6 @@ __global__ void __launch_bounds__(256) deltaRuleTransformKernel(Strided key, Str
       *reinterpret_cast<uint32_t *>(dst + (r + 8) * kDim + c) = packBf16(acc[nt][2], acc[nt][3]);
     }
   }
-}
-
-/// One chunk's operands of the state recurrence in shared memory.
-struct StateTiles {
-  bf16 *ws;   ///< W [64][kRow]
-  bf16 *ks;   ///< k [64][kRow]
-  bf16 *us;   ///< U's 32 columns [64][kStateRow] (prefetching only)
-  float *cum; ///< G of the chunk [64]
-  /// The bytes of one set (a multiple of 16).
-  static constexpr size_t kBytes = (2 * kChunk * kRow + kChunk * kStateRow) * sizeof(bf16) + kChunk * sizeof(float);
-  __device__ static StateTiles at(unsigned char *p) {
-    StateTiles s;
-    s.ws = reinterpret_cast<bf16 *>(p);
-    s.ks = s.ws + kChunk * kRow;
-    s.us = s.ks + kChunk * kRow;
-    s.cum = reinterpret_cast<float *>(s.us + kChunk * kStateRow);
-    return s;
-  }
-};
-
-/// Loads chunk \p n's W, k (zeros past the \p tokens) and G into \p s, and
-/// with Async (cp.async) U's 32 columns too.
-template <bool Async>
-__device__ __forceinline__ void loadStateTiles(const StateTiles &s, const Strided &key, const bf16 *w, const bf16 *u,
-                                               const float *cum, int64_t bh, int64_t padded, int64_t tokens, int n,
-                                               int col0) {
-  const int64_t row0 = int64_t(n) * kChunk, rows0 = bh * padded + row0;
-  for (int i = threadIdx.x; i < kChunk * kDim / 8; i += blockDim.x) {
-    const int r = i / (kDim / 8), c = (i % (kDim / 8)) * 8;
-    copy16<Async>(s.ws + r * kRow + c, w + (rows0 + r) * kDim + c);
-    const bool valid = row0 + r < tokens;
-    copy16<Async>(s.ks + r * kRow + c, key.row(bh, valid ? row0 + r : 0) + c, valid);
-  }
-  if constexpr (Async)
-    for (int i = threadIdx.x; i < kChunk * kStateColumns / 8; i += blockDim.x) {
-      const int r = i / (kStateColumns / 8), c = (i % (kStateColumns / 8)) * 8;
-      copy16<true>(s.us + r * kStateRow + c, u + (rows0 + r) * kDim + col0 + c);
-    }
-  if (threadIdx.x < kChunk / 4)
-    copy16<Async>(s.cum + 4 * threadIdx.x, cum + rows0 + 4 * threadIdx.x);
-}
-
-/// Kernel 2, a block (128 threads) per (32 value columns, b·h), over the
-/// chunks in order: writes each chunk's entering state (bf16) and V_new.
-/// Warp w holds the state's rows [32 w, 32 w + 32) as mma accumulators.
-/// With \p Prefetch, two sets of tiles: chunk n + 1's load in flight while
-/// chunk n computes.
-template <bool Prefetch>
-__global__ void __launch_bounds__(128)
-    deltaRuleStateKernel(Strided key, const bf16 *w, const bf16 *u, const float *cum, int64_t tokens, int chunks,
-                         const float *initialState, bf16 *states, bf16 *newValues, float *finalState) {
-  extern __shared__ __align__(16) unsigned char shared[];
-  bf16 *ss = reinterpret_cast<bf16 *>(shared); // the entering state [128][kStateRow]
-  bf16 *vn = ss + kDim * kStateRow;             // decayed V_new [64][kStateRow]
-  unsigned char *sets = reinterpret_cast<unsigned char *>(vn + kChunk * kStateRow);
-  const int64_t bh = blockIdx.y;
-  const int col0 = blockIdx.x * kStateColumns;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  const int64_t padded = int64_t(chunks) * kChunk;
-  StateSlice s;
-  forStateSlice(warp, g, t, [&](int mt, int nt, int i, int r, int c) {
-    s[mt][nt][i] = initialState ? initialState[(bh * kDim + r) * kDim + col0 + c] : 0.0f;
-  });
-  if constexpr (Prefetch) {
-    loadStateTiles<true>(StateTiles::at(sets), key, w, u, cum, bh, padded, tokens, 0, col0);
-    asyncCommit();
-  }
-  for (int n = 0; n < chunks; ++n) {
-    const int64_t row0 = int64_t(n) * kChunk;
-    const StateTiles tiles = StateTiles::at(sets + (Prefetch ? (n & 1) : 0) * StateTiles::kBytes);
-    // The entering state: to shared memory (bf16, an mma operand) and out.
-    bf16 *stateOut = states + ((bh * chunks + n) * kDim) * kDim;
-#pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
-        const int r = 32 * warp + 16 * mt + g, c = 8 * nt + 2 * t;
-        const uint32_t lo = packBf16(s[mt][nt][0], s[mt][nt][1]), hi = packBf16(s[mt][nt][2], s[mt][nt][3]);
-        *reinterpret_cast<uint32_t *>(ss + r * kStateRow + c) = lo;
-        *reinterpret_cast<uint32_t *>(ss + (r + 8) * kStateRow + c) = hi;
-        *reinterpret_cast<uint32_t *>(stateOut + r * kDim + col0 + c) = lo;
-        *reinterpret_cast<uint32_t *>(stateOut + (r + 8) * kDim + col0 + c) = hi;
-      }
-    if constexpr (Prefetch) {
-      if (n + 1 < chunks)
-        loadStateTiles<true>(StateTiles::at(sets + ((n + 1) & 1) * StateTiles::kBytes), key, w, u, cum, bh, padded,
-                             tokens, n + 1, col0);
-      asyncCommit();
-      asyncWait<1>(); // this chunk's copies have landed
-    } else {
-      loadStateTiles<false>(tiles, key, w, u, cum, bh, padded, tokens, n, col0);
-    }
-    __syncthreads();
-    const float *cs = tiles.cum;
-    const float last = cs[kChunk - 1];
-    // V_new = U - W S: warp w takes rows [16 w, 16 w + 16), 32 columns.
-    {
-      float acc[4][4];
-      chunkRowsTimesState(acc, tiles.ws, ss, warp, g, t, lane);
-#pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int r = 16 * warp + g + 8 * h, c = 8 * nt + 2 * t;
-          const int64_t at = (bh * padded + row0 + r) * kDim + col0 + c;
-          const __nv_bfloat162 uu = Prefetch ? *reinterpret_cast<const __nv_bfloat162 *>(tiles.us + r * kStateRow + c)
-                                             : *reinterpret_cast<const __nv_bfloat162 *>(u + at);
-          const float v0 = __low2float(uu) - acc[nt][2 * h], v1 = __high2float(uu) - acc[nt][2 * h + 1];
-          *reinterpret_cast<uint32_t *>(newValues + at) = packBf16(v0, v1);
-          const float d = __expf(last - cs[r]);
-          *reinterpret_cast<uint32_t *>(vn + r * kStateRow + c) = packBf16(v0 * d, v1 * d);
-        }
-    }
-    __syncthreads();
-    // S <- exp(G_last) S + k^T (exp(G_last - G) V_new).
-    const float chunkDecay = __expf(last);
-    forStateSlice(warp, g, t, [&](int mt, int nt, int i, int, int) { s[mt][nt][i] *= chunkDecay; });
-#pragma unroll
-    for (int kk = 0; kk < kChunk / 16; ++kk) {
-      uint32_t fb[2][4];
-      loadFragmentsB(fb[0], vn, kStateRow, 16 * kk, 0, lane);
-      loadFragmentsB(fb[1], vn, kStateRow, 16 * kk, 16, lane);
-#pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
-        uint32_t fa[4];
-        loadFragmentATransposed(fa, tiles.ks, kRow, 16 * kk, 32 * warp + 16 * mt, lane);
-#pragma unroll
-        for (int np = 0; np < 2; ++np) {
-          mma16816(s[mt][2 * np], fa, fb[np][0], fb[np][1]);
-          mma16816(s[mt][2 * np + 1], fa, fb[np][2], fb[np][3]);
-        }
-      }
-    }
-    __syncthreads(); // before the next chunk's tiles overwrite these
-  }
-  if (finalState)
-    forStateSlice(warp, g, t, [&](int mt, int nt, int i, int r, int c) {
-      finalState[(bh * kDim + r) * kDim + col0 + c] = s[mt][nt][i];
-    });
 }
 
 /// Kernel 3, a block (256 threads) per (chunk, b·h): the chunk's output
@@ -439,8 +264,7 @@ at::Tensor gatedDeltaRuleForward(const at::Tensor &query, const at::Tensor &key,
       cum.data_ptr<float>(), inverse.defined() ? inverse.data_ptr<float>() : nullptr, async);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
-  const size_t stateBytes = (kDim + kChunk) * kStateRow * sizeof(bf16) +
-                            (prefetch ? 2 * StateTiles::kBytes : 2 * kChunk * kRow * sizeof(bf16) + kChunk * sizeof(float));
+  const size_t stateBytes = stateKernelBytes(prefetch);
   auto stateKernel = prefetch ? deltaRuleStateKernel<true> : deltaRuleStateKernel<false>;
   allowSharedMemory(stateKernel, stateBytes);
   stateKernel<<<dim3(kDim / kStateColumns, bh), 128, stateBytes, stream>>>(

@@ -1,0 +1,43 @@
+//===- KimiDeltaKernel.h - the delta rule with a decay per key channel -*- C++ -*-===//
+//
+// Kimi Delta Attention's chunked delta rule (a log decay per head, token and
+// key channel) as three tensor-core kernels, the decomposition of
+// DeltaRuleKernel.h with the decay inside the key products:
+//   1. per chunk: G = cumsum(g) per channel; A = strictly-lower(beta_t
+//      sum_d k_td k_id e^{G_td - G_id}) by sub-chunks of 16 (pairs within
+//      a sub-chunk exactly, pairs across through the key sub-chunk's last
+//      G, so that no factor exceeds 1); T = (I + A)^-1; W = T (beta k e^G),
+//      U = T (beta v), and the keys decayed to the chunk's end;
+//   2. the state recurrence (DeltaRuleState.cuh), row d of the state
+//      decaying by e^{G_last, d};
+//   3. per chunk: O = (q e^G) S_n + causal(sum_d q_td k_id e^{G_td - G_id})
+//      V_new, the scores by the same sub-chunks.
+// The forward without a graph takes it only with ADAPT_KIMI_DELTA_KERNEL=1
+// until the `kimi_delta.no_grad` op checks have run on a GPU (written
+// without one); the LibTorch composition stays the reference.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef ADAPT_RUNTIME_CUDA_KIMIDELTAKERNEL_H
+#define ADAPT_RUNTIME_CUDA_KIMIDELTAKERNEL_H
+
+#include <ATen/core/Tensor.h>
+
+namespace adapt::rt::cuda {
+
+/// Whether kimiDeltaRuleForward takes these inputs: CUDA bf16 \p query,
+/// \p key and \p value [B, H, T, 128] with packable rows, \p decay [B, H, T,
+/// 128] and \p beta [B, H, T] of any float dtype, chunk 64.
+bool kimiDeltaRuleForwardTakes(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
+                               const at::Tensor &decay, const at::Tensor &beta, int64_t chunkSize);
+
+/// The output [B, H, T, 128] (bf16; the query scaled by 1/sqrt(128)
+/// inside); \p initialState [B, H, 128, 128] fp32 may be undefined (zeros);
+/// \p finalState, if given, receives S_T in fp32.
+at::Tensor kimiDeltaRuleForward(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
+                                const at::Tensor &decay, const at::Tensor &beta, const at::Tensor &initialState,
+                                at::Tensor *finalState);
+
+} // namespace adapt::rt::cuda
+
+#endif // ADAPT_RUNTIME_CUDA_KIMIDELTAKERNEL_H
