@@ -6,6 +6,10 @@
 #include "runtime/Recompute.h"
 #include "runtime/Tf32Scope.h"
 
+#ifdef ADAPT_WITH_CUDA_KERNELS
+#include "runtime/cuda/KimiDeltaKernel.h"
+#endif
+
 #include <ATen/Context.h>
 #include <algorithm>
 #include <cmath>
@@ -72,7 +76,7 @@ struct Fp32Inputs {
 void checkShapes(const DeltaRuleInputs &in, const char *op) {
   const auto &k = in.key;
   TORCH_CHECK(k.dim() == 4, op, ": expected key [B, H, T, dk], got ", k.sizes());
-  const int64_t b = k.size(0), h = k.size(1), t = k.size(2), dk = k.size(3);
+  const int64_t b = k.size(0), h = k.size(1), t = k.size(2);
   TORCH_CHECK(in.query.sizes() == k.sizes(), op, ": expected query ", k.sizes(), ", got ", in.query.sizes());
   TORCH_CHECK(in.value.dim() == 4 && in.value.size(0) == b && in.value.size(1) == h && in.value.size(2) == t,
               op, ": expected value [", b, ", ", h, ", ", t, ", dv], got ", in.value.sizes());
@@ -313,7 +317,19 @@ torch::Tensor chunkedRun(const DeltaRuleInputs &in, const char *op, int64_t chun
   }
   if (!tensorCores)
     return chunkedForm(prepare(in, op), chunkSize, initialState, finalState).to(dtype);
-  if (!needsGraph) { // No backward: the composition itself, under the scope.
+  if (!needsGraph) { // No backward: the kernels when asked, else the composition under the scope.
+#ifdef ADAPT_WITH_CUDA_KERNELS
+    if (cuda::kimiDeltaKernelEnabled() &&
+        cuda::kimiDeltaRuleForwardTakes(in.query, in.key, in.value, in.decay, in.beta, chunkSize)) {
+      checkShapes(in, op);
+      torch::Tensor last;
+      torch::Tensor out =
+          cuda::kimiDeltaRuleForward(in.query, in.key, in.value, in.decay, in.beta, initialState, &last);
+      if (finalState)
+        *finalState = last;
+      return out;
+    }
+#endif
     Tf32Scope tf32;
     return chunkedForm(prepare(in, op), chunkSize, initialState, finalState).to(dtype);
   }

@@ -25,6 +25,9 @@
 
 namespace adapt::rt::cuda {
 
+/// ADAPT_KIMI_DELTA_KERNEL=1: the forward without a graph takes the kernels.
+bool kimiDeltaKernelEnabled();
+
 /// Whether kimiDeltaRuleForward takes these inputs: CUDA bf16 \p query,
 /// \p key and \p value [B, H, T, 128] with packable rows, \p decay [B, H, T,
 /// 128] and \p beta [B, H, T] of any float dtype, chunk 64.

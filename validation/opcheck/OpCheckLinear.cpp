@@ -191,6 +191,11 @@ void addLinearAttentionChecks(std::vector<Check> &all) {
   delta("kimi_delta.chunked", {3, 37, 10, 6, 8, true});
   delta("kimi_delta.chunked", {2, 67, 16, 16, 64, true});
   delta("kimi_delta.chunked", {1, 70, 128, 96, 64, true});
+  // The forward without a graph at the released widths: on a GPU in bf16
+  // with ADAPT_KIMI_DELTA_KERNEL=1 cuda::kimiDeltaRuleForward (three chunks,
+  // the last ragged; one whole chunk).
+  delta("kimi_delta.no_grad", {2, 150, 128, 128, 64, true, false, 0, true});
+  delta("kimi_delta.no_grad", {1, 64, 128, 128, 64, true, false, 0, true});
   // Chunks of 32 and 48: two and three sub-chunks of 16 (the factored
   // cross-sub-chunk products), the last chunk ragged.
   delta("kimi_delta.chunked", {2, 100, 12, 8, 32, true});

@@ -1,0 +1,301 @@
+//===- KimiDeltaKernel.cu - the delta rule with a decay per key channel ---===//
+//
+// Three kernels (see KimiDeltaKernel.h): the per-chunk UT transform with
+// the decay inside the key products, the state recurrence of
+// DeltaRuleState.cuh in its per-channel form, the per-chunk output.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/cuda/KimiDeltaKernel.h"
+#include "runtime/cuda/DeltaRule.cuh"
+#include "runtime/cuda/DeltaRuleKernel.h"
+#include "runtime/cuda/DeltaRuleState.cuh"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+namespace adapt::rt::cuda {
+
+namespace {
+
+using namespace delta;
+
+constexpr int kSub = 16;                  ///< Tokens per sub-chunk.
+constexpr int kPairRow = kChunk + 1;       ///< Row of a [64][65] fp32 pair table.
+
+/// out[t][i] = sum_d x_td y_id e^{G_td - G_id} for i < t (i <= t when
+/// \p inclusive), zero above: x, y [64][kRow] bf16 tiles, G [64][128] fp32
+/// (the chunk's cumulative log decay per channel), out [64][kPairRow] fp32.
+/// Pairs within a sub-chunk of 16 are summed term by term, a warp per pair;
+/// a pair across sub-chunks factors through G at the key sub-chunk j's last
+/// token r_j: (x_t e^{G_t - r_j}) . (y_i e^{r_j - G_i}), both factors <= 1
+/// (log decays are <= 0 and t > r_j >= i), one mma product per (query
+/// sub-chunk, j). \p xs [64][kRow] and \p ys [16][kRow] are scratch. Every
+/// thread of a 256-thread block calls it; it ends with a barrier.
+__device__ void perChannelPairs(float *out, const bf16 *x, const bf16 *y, const float *G, bool inclusive, bf16 *xs,
+                                bf16 *ys) {
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  for (int i = tid; i < kChunk * kChunk; i += blockDim.x) { // the blocks above the diagonal
+    const int r = i / kChunk, c = i % kChunk;
+    if (c / kSub > r / kSub)
+      out[r * kPairRow + c] = 0.0f;
+  }
+  // Within each sub-chunk: pair (r, c) by one warp, four channels per lane.
+  for (int pair = warp; pair < (kChunk / kSub) * kSub * kSub; pair += blockDim.x / 32) {
+    const int block = pair / (kSub * kSub), r = kSub * block + (pair / kSub) % kSub, c = kSub * block + pair % kSub;
+    float sum = 0.0f;
+    if (c < r || (inclusive && c == r)) {
+#pragma unroll
+      for (int q = 0; q < kDim / 32; ++q) {
+        const int d = lane + 32 * q;
+        sum += __bfloat162float(x[r * kRow + d]) * __bfloat162float(y[c * kRow + d]) *
+               __expf(G[r * kDim + d] - G[c * kDim + d]);
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1)
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    }
+    if (lane == 0)
+      out[r * kPairRow + c] = sum;
+  }
+  // Across: key sub-chunk j against every later query row.
+  for (int j = 0; j < kChunk / kSub - 1; ++j) {
+    const float *ref = G + (kSub * j + kSub - 1) * kDim;
+    const int first = kSub * (j + 1);
+    for (int i = tid; i < (kChunk - first) * kDim; i += blockDim.x) {
+      const int r = first + i / kDim, d = i % kDim;
+      xs[r * kRow + d] = __float2bfloat16(__bfloat162float(x[r * kRow + d]) * __expf(G[r * kDim + d] - ref[d]));
+    }
+    for (int i = tid; i < kSub * kDim; i += blockDim.x) {
+      const int r = i / kDim, d = i % kDim, key = kSub * j + r;
+      ys[r * kRow + d] = __float2bfloat16(__bfloat162float(y[key * kRow + d]) * __expf(ref[d] - G[key * kDim + d]));
+    }
+    __syncthreads();
+    if (warp < 2 * (kChunk / kSub - 1 - j)) { // a warp per 16 query rows and 8 keys
+      const int m0 = first + kSub * (warp / 2), n0 = 8 * (warp % 2);
+      float acc[1][4];
+      zero(acc);
+      productABt<1, kDim / 16>(acc, xs, kRow, ys, kRow, m0, n0, g, t);
+      forTile<1>(m0, n0, g, t, [&](int nt, int i, int r, int c) { out[r * kPairRow + kSub * j + c] = acc[nt][i]; });
+    }
+    __syncthreads();
+  }
+}
+
+/// Kernel 1, a block (256 threads) per (chunk, b·h): G per channel (out,
+/// and the chunk's last G), the keys decayed to the chunk's end, W and U
+/// ([B·H, n·64, 128] bf16 each).
+__global__ void __launch_bounds__(256)
+    kimiTransformKernel(Strided key, Strided value, const float *decay, const float *beta, int64_t tokens, bf16 *w,
+                        bf16 *u, bf16 *keysToEnd, float *cumOut, float *lastOut) {
+  extern __shared__ __align__(16) unsigned char shared[];
+  bf16 *ks = reinterpret_cast<bf16 *>(shared); // k, then beta k e^G
+  bf16 *vs = ks + kChunk * kRow;                // v, then beta v
+  bf16 *xs = vs + kChunk * kRow;                // scratch of perChannelPairs
+  bf16 *ys = xs + kChunk * kRow;
+  bf16 *ts = ys + kSub * kRow;                  // T in bf16
+  float *a = reinterpret_cast<float *>(ts + kChunk * kSquareRow); // A, then T [64][65]
+  float *G = a + kChunk * kPairRow;             // [64][128]
+  float *betas = G + kChunk * kDim;
+  const int chunks = gridDim.x;
+  const int64_t bh = blockIdx.y, n = blockIdx.x, row0 = n * kChunk, padded = int64_t(chunks) * kChunk;
+  const int valid = static_cast<int>(tokens - row0 < kChunk ? tokens - row0 : kChunk);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  loadRows(ks, key, bh, row0, valid);
+  loadRows(vs, value, bh, row0, valid);
+  if (tid < kChunk)
+    betas[tid] = tid < valid ? beta[bh * tokens + row0 + tid] : 0.0f;
+  if (tid < kDim) { // G = cumsum(g) down the chunk, a thread per channel
+    float run = 0.0f;
+    for (int r = 0; r < kChunk; ++r) {
+      if (r < valid)
+        run += decay[(bh * tokens + row0 + r) * kDim + tid];
+      G[r * kDim + tid] = run;
+      cumOut[(bh * padded + row0 + r) * kDim + tid] = run;
+    }
+    lastOut[(bh * chunks + n) * kDim + tid] = run;
+  }
+  __syncthreads();
+  perChannelPairs(a, ks, ks, G, /*inclusive=*/false, xs, ys);
+  for (int i = tid; i < kChunk * kChunk; i += blockDim.x) { // A = beta_t (pairs), strictly lower
+    const int r = i / kChunk, c = i % kChunk;
+    a[r * kPairRow + c] = c < r ? a[r * kPairRow + c] * betas[r] : 0.0f;
+  }
+  __syncthreads();
+  invertUnitLower(a, tid);
+  for (int i = tid; i < kChunk * kChunk; i += blockDim.x) {
+    const int r = i / kChunk, c = i % kChunk;
+    ts[r * kSquareRow + c] = __float2bfloat16(c < r ? a[r * kPairRow + c] : c == r ? 1.0f : 0.0f);
+  }
+  const float *last = G + (kChunk - 1) * kDim;
+  for (int i = tid; i < kChunk * kDim; i += blockDim.x) {
+    const int r = i / kDim, d = i % kDim;
+    const float k = __bfloat162float(ks[r * kRow + d]);
+    keysToEnd[(bh * padded + row0 + r) * kDim + d] = __float2bfloat16(k * __expf(last[d] - G[r * kDim + d]));
+    ks[r * kRow + d] = __float2bfloat16(k * betas[r] * __expf(G[r * kDim + d]));
+    vs[r * kRow + d] = __float2bfloat16(__bfloat162float(vs[r * kRow + d]) * betas[r]);
+  }
+  __syncthreads();
+  // W = T (beta k e^G), U = T (beta v): a warp per 16 rows and 64 columns.
+  const int mt = warp % 4, half = warp / 4;
+  for (int which = 0; which < 2; ++which) {
+    bf16 *dst = (which == 0 ? w : u) + (bh * padded + row0) * kDim;
+    float acc[8][4];
+    zero(acc);
+    productAB<8, kChunk / 16>(acc, ts, kSquareRow, which == 0 ? ks : vs, kRow, 16 * mt, 64 * half, g, t, lane);
+    forPairs<8>(16 * mt, 64 * half, g, t, [&](int nt, int h, int r, int c) {
+      *reinterpret_cast<uint32_t *>(dst + r * kDim + c) = packBf16(acc[nt][2 * h], acc[nt][2 * h + 1]);
+    });
+  }
+}
+
+/// Kernel 3, a block (256 threads) per (chunk, b·h): the chunk's output
+/// rows, (q scale e^G) S_n + causal(scale sum_d q_td k_id e^{G_td - G_id}) V_new.
+__global__ void __launch_bounds__(256)
+    kimiOutputKernel(Strided query, Strided key, const bf16 *states, const bf16 *newValues, const float *cum,
+                     int64_t tokens, float scale, bf16 *out) {
+  extern __shared__ __align__(16) unsigned char shared[];
+  bf16 *qs = reinterpret_cast<bf16 *>(shared); // q, then q scale e^G
+  bf16 *ks = qs + kChunk * kRow;
+  bf16 *vs = ks + kChunk * kRow; // V_new
+  bf16 *xs = vs + kChunk * kRow;  // scratch of perChannelPairs
+  bf16 *ys = xs + kChunk * kRow;
+  bf16 *ss = ys + kSub * kRow;    // S_n [128][kRow]
+  bf16 *ps = ss + kDim * kRow;    // the causal scores [64][kSquareRow]
+  float *a = reinterpret_cast<float *>(ps + kChunk * kSquareRow); // [64][65]
+  float *G = a + kChunk * kPairRow;                                // [64][128]
+  const int chunks = gridDim.x;
+  const int64_t bh = blockIdx.y, row0 = int64_t(blockIdx.x) * kChunk, padded = int64_t(chunks) * kChunk;
+  const int valid = static_cast<int>(tokens - row0 < kChunk ? tokens - row0 : kChunk);
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  loadRows(qs, query, bh, row0, valid);
+  loadRows(ks, key, bh, row0, valid);
+  const bf16 *state = states + (bh * chunks + blockIdx.x) * kDim * kDim;
+  for (int i = tid; i < kDim * kDim / 8; i += blockDim.x) {
+    const int r = i / (kDim / 8), c = (i % (kDim / 8)) * 8;
+    copy16<false>(ss + r * kRow + c, state + r * kDim + c);
+    if (r < kChunk)
+      copy16<false>(vs + r * kRow + c, newValues + (bh * padded + row0 + r) * kDim + c);
+  }
+  for (int i = tid; i < kChunk * kDim / 4; i += blockDim.x)
+    reinterpret_cast<float4 *>(G)[i] = reinterpret_cast<const float4 *>(cum + (bh * padded + row0) * kDim)[i];
+  __syncthreads();
+  perChannelPairs(a, qs, ks, G, /*inclusive=*/true, xs, ys);
+  for (int i = tid; i < kChunk * kChunk; i += blockDim.x) {
+    const int r = i / kChunk, c = i % kChunk;
+    ps[r * kSquareRow + c] = __float2bfloat16(c <= r ? a[r * kPairRow + c] * scale : 0.0f);
+  }
+  for (int i = tid; i < kChunk * kDim; i += blockDim.x) {
+    const int r = i / kDim, d = i % kDim;
+    qs[r * kRow + d] = __float2bfloat16(__bfloat162float(qs[r * kRow + d]) * scale * __expf(G[r * kDim + d]));
+  }
+  __syncthreads();
+  const int mt = warp % 4, half = warp / 4;
+  float acc[8][4];
+  zero(acc);
+  productAB<8, kDim / 16>(acc, qs, kRow, ss, kRow, 16 * mt, 64 * half, g, t, lane);         // (q scale e^G) S_n
+  productAB<8, kChunk / 16>(acc, ps, kSquareRow, vs, kRow, 16 * mt, 64 * half, g, t, lane); // + P V_new
+  bf16 *o = out + (bh * tokens + row0) * kDim;
+  forPairs<8>(16 * mt, 64 * half, g, t, [&](int nt, int h, int r, int c) {
+    if (r < valid)
+      *reinterpret_cast<uint32_t *>(o + r * kDim + c) = packBf16(acc[nt][2 * h], acc[nt][2 * h + 1]);
+  });
+}
+
+Strided stridedRows(const at::Tensor &x) {
+  return {reinterpret_cast<const bf16 *>(x.data_ptr<at::BFloat16>()), x.stride(0), x.stride(1), x.stride(2),
+          x.size(1)};
+}
+
+bf16 *bf16Data(at::Tensor &x) { return reinterpret_cast<bf16 *>(x.data_ptr<at::BFloat16>()); }
+
+} // namespace
+
+bool kimiDeltaKernelEnabled() {
+  static const bool on = [] {
+    const char *v = std::getenv("ADAPT_KIMI_DELTA_KERNEL");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return on;
+}
+
+bool kimiDeltaRuleForwardTakes(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
+                               const at::Tensor &decay, const at::Tensor &beta, int64_t chunkSize) {
+  // The scalar-decay kernels' conditions on q, k, v and beta (beta passed as
+  // their decay too), then a decay per key channel.
+  return deltaRuleForwardTakes(query, key, value, beta, beta, chunkSize) && decay.dim() == 4 &&
+         decay.sizes() == key.sizes() && at::isFloatingType(decay.scalar_type()) && decay.device() == key.device();
+}
+
+at::Tensor kimiDeltaRuleForward(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
+                                const at::Tensor &decay, const at::Tensor &beta, const at::Tensor &initialState,
+                                at::Tensor *finalState) {
+  TORCH_CHECK(kimiDeltaRuleForwardTakes(query, key, value, decay, beta, kChunk),
+              "kimiDeltaRuleForward: expected bf16 [B, H, T, 128] query, key, value with packable rows, a [B, H, "
+              "T, 128] decay and a [B, H, T] beta");
+  const int64_t batch = key.size(0), heads = key.size(1), tokens = key.size(2), bh = batch * heads;
+  const c10::cuda::CUDAGuard guard(key.device());
+  const auto f32 = key.options().dtype(at::kFloat);
+  at::Tensor out = at::empty({batch, heads, tokens, kDim}, key.options());
+  if (tokens == 0 || bh == 0) {
+    if (finalState)
+      *finalState = initialState.defined() ? initialState.to(at::kFloat).clone()
+                                           : at::zeros({batch, heads, kDim, kDim}, f32);
+    return out;
+  }
+  TORCH_CHECK(bh <= 65535, "kimiDeltaRuleForward: at most 65,535 batch x heads, got ", bh);
+  const int chunks = static_cast<int>((tokens + kChunk - 1) / kChunk);
+  const int64_t padded = int64_t(chunks) * kChunk;
+  at::Tensor g = decay.to(at::kFloat).contiguous(), b = beta.to(at::kFloat).contiguous();
+  at::Tensor w = at::empty({bh, padded, kDim}, key.options()), u = at::empty_like(w), vNew = at::empty_like(w);
+  at::Tensor keysToEnd = at::empty({batch, heads, padded, kDim}, key.options());
+  at::Tensor cum = at::empty({bh, padded, kDim}, f32), last = at::empty({bh, chunks, kDim}, f32);
+  at::Tensor states = at::empty({bh, chunks, kDim, kDim}, key.options());
+  at::Tensor init;
+  if (initialState.defined()) {
+    TORCH_CHECK(initialState.numel() == bh * kDim * kDim, "kimiDeltaRuleForward: expected an initial state [B, H, 128, 128]");
+    init = initialState.to(at::kFloat).contiguous();
+  }
+  at::Tensor finalOut = finalState ? at::empty({batch, heads, kDim, kDim}, f32) : at::Tensor();
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+
+  const size_t transformBytes = (3 * kChunk + kSub) * kRow * sizeof(bf16) + kChunk * kSquareRow * sizeof(bf16) +
+                                (kChunk * kPairRow + kChunk * kDim + kChunk) * sizeof(float);
+  allowSharedMemory(kimiTransformKernel, transformBytes);
+  kimiTransformKernel<<<dim3(chunks, bh), 256, transformBytes, stream>>>(
+      stridedRows(key), stridedRows(value), g.data_ptr<float>(), b.data_ptr<float>(), tokens, bf16Data(w),
+      bf16Data(u), bf16Data(keysToEnd), cum.data_ptr<float>(), last.data_ptr<float>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+
+  const bool prefetch = asyncLoads();
+  const size_t stateBytes = stateKernelBytes(prefetch);
+  auto stateKernel = prefetch ? deltaRuleStateKernel<true, true> : deltaRuleStateKernel<false, true>;
+  allowSharedMemory(stateKernel, stateBytes);
+  stateKernel<<<dim3(kDim / kStateColumns, bh), 128, stateBytes, stream>>>(
+      stridedRows(keysToEnd), bf16Data(w), bf16Data(u), last.data_ptr<float>(), tokens, chunks,
+      init.defined() ? init.data_ptr<float>() : nullptr, bf16Data(states), bf16Data(vNew),
+      finalOut.defined() ? finalOut.data_ptr<float>() : nullptr);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+
+  const size_t outputBytes = (4 * kChunk + kSub + kDim) * kRow * sizeof(bf16) + kChunk * kSquareRow * sizeof(bf16) +
+                             (kChunk * kPairRow + kChunk * kDim) * sizeof(float);
+  allowSharedMemory(kimiOutputKernel, outputBytes);
+  kimiOutputKernel<<<dim3(chunks, bh), 256, outputBytes, stream>>>(
+      stridedRows(query), stridedRows(key), bf16Data(states), bf16Data(vNew), cum.data_ptr<float>(), tokens,
+      static_cast<float>(1.0 / std::sqrt(double(kDim))), bf16Data(out));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (finalState)
+    *finalState = finalOut;
+  return out;
+}
+
+} // namespace adapt::rt::cuda
