@@ -7,6 +7,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/DeltaRuleFunction.h"
+#include "runtime/ChunkedTensors.h"
 #include "runtime/Tf32Scope.h"
 
 #ifdef ADAPT_WITH_CUDA_KERNELS
@@ -23,32 +24,6 @@ namespace adapt::rt {
 namespace {
 
 using torch::Tensor;
-
-/// x [B, H, T, d] as fp32 chunks [B, H, n, c, d], T padded with zeros.
-Tensor toChunks(const Tensor &x, int64_t c) {
-  const int64_t t = x.size(2), pad = (c - t % c) % c;
-  Tensor f = x.to(torch::kFloat32, false, false, at::MemoryFormat::Contiguous);
-  if (pad)
-    f = torch::constant_pad_nd(f, {0, 0, 0, pad});
-  return f.reshape({x.size(0), x.size(1), (t + pad) / c, c, x.size(3)});
-}
-
-/// Chunks [B, H, n, c, d] back to [B, H, T, d] in \p dtype.
-Tensor fromChunks(const Tensor &x, int64_t t, torch::ScalarType dtype) {
-  return x.reshape({x.size(0), x.size(1), x.size(2) * x.size(3), x.size(4)}).narrow(2, 0, t).to(dtype);
-}
-
-Tensor transposed(const Tensor &x) { return x.transpose(-1, -2); }
-
-/// The chunk's lower-triangular masks: inclusive (t >= i) and strict (t > i).
-struct Masks {
-  Tensor inclusive, strict;
-  Masks(int64_t c, const torch::Device &device) {
-    Tensor ones = torch::ones({c, c}, torch::TensorOptions().dtype(torch::kFloat32).device(device));
-    inclusive = ones.tril();
-    strict = ones.tril(-1);
-  }
-};
 
 /// What forward and backward both derive from the inputs.
 struct ChunkTerms {

@@ -2,6 +2,7 @@
 
 #include "runtime/LinearAttention.h"
 #include "runtime/DeltaRuleFunction.h"
+#include "runtime/KimiDeltaFunction.h"
 #include "runtime/Ops.h"
 #include "runtime/Recompute.h"
 #include "runtime/Tf32Scope.h"
@@ -132,63 +133,6 @@ torch::Tensor gatedDeltaRuleRecurrent(const DeltaRuleInputs &in, torch::Tensor *
 
 namespace {
 
-/// exp(cum_t - cum_i) for positions i <= t along dimension -2 of \p cum
-/// [..., size, G] (G: one decay, or one per key channel), zero for i > t:
-/// [..., t, i, G].
-torch::Tensor decayBetween(const torch::Tensor &cum) {
-  const int64_t size = cum.size(-2);
-  torch::Tensor upper =
-      torch::ones({size, size}, torch::TensorOptions().dtype(torch::kBool).device(cum.device())).triu(1);
-  return (cum.unsqueeze(-2) - cum.unsqueeze(-3)).masked_fill(upper.unsqueeze(-1), -INFINITY).exp();
-}
-
-/// Sub-chunk length of the per-channel decay's pairwise products.
-constexpr int64_t kSubChunk = 16;
-
-/// sum_d x_td y_id exp(cum_td - cum_id) for i <= t within each chunk (zero
-/// above the diagonal), for a decay per key channel d (Kimi delta
-/// attention): x, y, cum [b, h, n, c, dk] -> [b, h, n, c, c].
-///
-/// Materialising exp(cum_t - cum_i) for every pair and channel costs
-/// c^2 dk values per chunk (64 x 64 x 128 fp32: 2 MiB per chunk and head,
-/// several times over in the backward pass). Instead the chunk is split in
-/// sub-chunks of kSubChunk positions: pairs within a sub-chunk keep the
-/// pairwise form (c kSubChunk dk values), and a pair whose key sits in an
-/// earlier sub-chunk j factors through j's last position r_j as
-/// (x_t exp(cum_t - r_j)) . (y_i exp(r_j - cum_i)), one GEMM per pair of
-/// sub-chunks. Both exponents are <= 0 (log decays are <= 0 and t > r_j >=
-/// i), so neither factor overflows, and one underflows only where the exact
-/// product is smaller still.
-torch::Tensor perChannelDecayedScores(const torch::Tensor &x, const torch::Tensor &y, const torch::Tensor &cum) {
-  const int64_t c = x.size(3), dk = x.size(4);
-  if (c <= kSubChunk || c % kSubChunk != 0) // one block: the pairwise form
-    return (x.unsqueeze(4) * y.unsqueeze(3) * decayBetween(cum)).sum(-1);
-  const int64_t m = c / kSubChunk, s = kSubChunk;
-  std::vector<int64_t> blocks(x.sizes().begin(), x.sizes().begin() + 3);
-  blocks.insert(blocks.end(), {m, s, dk});
-  const torch::Tensor xs = x.reshape(blocks), ys = y.reshape(blocks), cs = cum.reshape(blocks); // [b, h, n, m, s, dk]
-  // Within each sub-chunk: [b, h, n, m, t, i].
-  torch::Tensor within = (xs.unsqueeze(5) * ys.unsqueeze(4) * decayBetween(cs)).sum(-1);
-  // Across: r_j = cum at sub-chunk j's last position; the query side for
-  // every (p, j) with j < p (other pairs masked to exp(-inf) = 0).
-  torch::Tensor ref = cs.select(4, s - 1);                                  // [b, h, n, m(j), dk]
-  torch::Tensor keys = ys * (ref.unsqueeze(4) - cs).exp();                  // [b, h, n, m(j), s(i), dk]
-  torch::Tensor earlier = torch::ones({m, m}, torch::TensorOptions().dtype(torch::kBool).device(x.device()))
-                              .tril(-1)
-                              .logical_not()
-                              .view({m, m, 1, 1});                          // true where j >= p
-  torch::Tensor exponent = (cs.unsqueeze(4) - ref.unsqueeze(3).unsqueeze(5)) // [b, h, n, m(p), m(j), s(t), dk]
-                               .masked_fill(earlier, -INFINITY);
-  torch::Tensor queries = xs.unsqueeze(4) * exponent.exp();
-  torch::Tensor across = torch::matmul(queries, keys.unsqueeze(3).transpose(-1, -2)); // [b, h, n, p, j, t, i]
-  // The sub-chunks' own blocks on the diagonal (p == j), then [c, c].
-  torch::Tensor diagonal = torch::eye(m, x.options()).view({m, m, 1, 1});
-  torch::Tensor all = across + within.unsqueeze(4) * diagonal;
-  std::vector<int64_t> square(x.sizes().begin(), x.sizes().begin() + 3);
-  square.insert(square.end(), {c, c});
-  return all.permute({0, 1, 2, 3, 5, 4, 6}).reshape(square);
-}
-
 /// The chunked form with a decay per key channel (one per head goes to
 /// scalarDecayDeltaRule) from \p initialState (undefined: zeros); returns fp32.
 torch::Tensor chunkedForm(const Fp32Inputs &f, int64_t chunkSize, const torch::Tensor &initialState,
@@ -255,41 +199,6 @@ torch::Tensor chunkedForm(const Fp32Inputs &f, int64_t chunkSize, const torch::T
   return out.view({b, h, chunks * c, dv}).narrow(2, 0, t);
 }
 
-/// fn(inputs) with TF32 GEMMs in its forward and in its backward: the
-/// function's own graph is recorded inside forward (from detached leaves)
-/// and differentiated inside backward, both under Tf32Scope. The global
-/// setting cannot simply stay on: other fp32 GEMMs of a step (the routers,
-/// computed in fp32 as the reference computes them) must stay IEEE fp32.
-struct Tf32Function : torch::autograd::Function<Tf32Function> {
-  static torch::autograd::variable_list forward(torch::autograd::AutogradContext *ctx, at::TensorList inputs,
-                                                c10::intrusive_ptr<FunctionHolder> holder) {
-    Tf32Scope tf32;
-    const std::vector<torch::Tensor> leaves = detachedLeaves(inputs.vec());
-    std::vector<torch::Tensor> outs;
-    {
-      torch::AutoGradMode enable(true);
-      outs = holder->fn(leaves);
-    }
-    ctx->saved_data["leaves"] = leaves;
-    ctx->saved_data["outs"] = outs;
-    std::vector<torch::Tensor> detached;
-    for (const torch::Tensor &o : outs)
-      detached.push_back(o.detach());
-    return detached;
-  }
-
-  static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
-                                                 torch::autograd::variable_list grads) {
-    Tf32Scope tf32;
-    torch::autograd::variable_list result = leafGradients(
-        ctx->saved_data["outs"].toTensorVector(), grads, ctx->saved_data["leaves"].toTensorVector());
-    // The inner graph is spent: free its ends now, not when the step's graph goes.
-    ctx->saved_data.erase("outs");
-    ctx->saved_data.erase("leaves");
-    result.push_back(torch::Tensor()); // for the holder
-    return result;
-  }
-};
 
 /// The chunked form of \p in (named \p op in errors) from \p initialState
 /// (undefined: zeros), in the query's dtype. With reduced-precision
@@ -315,9 +224,7 @@ torch::Tensor chunkedRun(const DeltaRuleInputs &in, const char *op, int64_t chun
       *finalState = r[1];
     return r[0];
   }
-  if (!tensorCores)
-    return chunkedForm(prepare(in, op), chunkSize, initialState, finalState).to(dtype);
-  if (!needsGraph) { // No backward: the kernels when asked, else the composition under the scope.
+  if (!needsGraph) { // No backward: the kernels when asked, else the composition.
 #ifdef ADAPT_WITH_CUDA_KERNELS
     if (cuda::kimiDeltaKernelEnabled() &&
         cuda::kimiDeltaRuleForwardTakes(in.query, in.key, in.value, in.decay, in.beta, chunkSize)) {
@@ -330,17 +237,14 @@ torch::Tensor chunkedRun(const DeltaRuleInputs &in, const char *op, int64_t chun
       return out;
     }
 #endif
+    if (!tensorCores)
+      return chunkedForm(prepare(in, op), chunkSize, initialState, finalState).to(dtype);
     Tf32Scope tf32;
     return chunkedForm(prepare(in, op), chunkSize, initialState, finalState).to(dtype);
   }
-  RecomputedFunctions fn = [op, chunkSize, dtype](const std::vector<torch::Tensor> &x) {
-    torch::Tensor leaving;
-    torch::Tensor out = chunkedForm(prepare({x[0], x[1], x[2], x[3], x[4]}, op), chunkSize,
-                                    x.size() > 5 ? x[5] : torch::Tensor(), &leaving);
-    return std::vector<torch::Tensor>{out.to(dtype), leaving};
-  };
-  std::vector<torch::Tensor> r =
-      Tf32Function::apply(at::TensorList(inputs), c10::make_intrusive<FunctionHolder>(std::move(fn)));
+  // With a graph: the node with its backward written out (runtime/KimiDeltaFunction.h).
+  checkShapes(in, op);
+  std::vector<torch::Tensor> r = perChannelDecayDeltaRule(in, chunkSize, initialState, tensorCores);
   if (finalState)
     *finalState = r[1];
   return r[0];
@@ -368,7 +272,7 @@ torch::Tensor gatedDeltaRuleSegmented(const DeltaRuleInputs &in, int64_t chunkSi
   const int64_t t = in.key.dim() == 4 ? in.key.size(2) : 0;
   if (segmentTokens <= 0 || segmentTokens >= t || !torch::GradMode::is_enabled())
     return chunkedRun(in, "gatedDeltaRuleSegmented", chunkSize, initialState, finalState);
-  prepare(in, "gatedDeltaRuleSegmented"); // shape checks, with this op's name
+  checkShapes(in, "gatedDeltaRuleSegmented");
   const int64_t segment = deltaRuleSegmentLength(segmentTokens, chunkSize);
   // split, not narrow: one backward node stacks every segment's gradient.
   const std::vector<torch::Tensor> q = in.query.split(segment, 2), k = in.key.split(segment, 2),

@@ -1,0 +1,263 @@
+//===- KimiDeltaFunction.cpp - the per-channel delta rule, backward written out ---===//
+//
+// Shapes inside: [b, h, n, c, d] for n chunks of c tokens, fp32; G, the
+// chunk's cumulative log decay, is [b, h, n, c, dk]. Padding tokens (k = 0,
+// b = 0, decay 0) change nothing, and their gradients are dropped.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/KimiDeltaFunction.h"
+#include "runtime/ChunkedTensors.h"
+#include "runtime/Tf32Scope.h"
+
+#include <cmath>
+
+namespace adapt::rt {
+
+namespace {
+
+using torch::Tensor;
+
+/// exp(cum_t - cum_i) for positions i <= t along dimension -2 of \p cum
+/// [..., size, G] (G: one decay, or one per key channel), zero for i > t:
+/// [..., t, i, G].
+torch::Tensor decayBetween(const torch::Tensor &cum) {
+  const int64_t size = cum.size(-2);
+  torch::Tensor upper =
+      torch::ones({size, size}, torch::TensorOptions().dtype(torch::kBool).device(cum.device())).triu(1);
+  return (cum.unsqueeze(-2) - cum.unsqueeze(-3)).masked_fill(upper.unsqueeze(-1), -INFINITY).exp();
+}
+
+/// Sub-chunk length of the per-channel decay's pairwise products.
+constexpr int64_t kSubChunk = 16;
+
+/// The sub-chunk view of x [b, h, n, c, d]: [b, h, n, m, s, d].
+Tensor subChunks(const Tensor &x) {
+  std::vector<int64_t> blocks(x.sizes().begin(), x.sizes().begin() + 3);
+  blocks.insert(blocks.end(), {x.size(3) / kSubChunk, kSubChunk, x.size(4)});
+  return x.reshape(blocks);
+}
+
+/// True where key sub-chunk j is not before query sub-chunk p: [m(p), m(j), 1, 1].
+Tensor notEarlier(int64_t m, const torch::Device &device) {
+  return torch::ones({m, m}, torch::TensorOptions().dtype(torch::kBool).device(device))
+      .tril(-1)
+      .logical_not()
+      .view({m, m, 1, 1});
+}
+
+} // namespace
+
+/// sum_d x_td y_id exp(cum_td - cum_id) for i <= t within each chunk (zero
+/// above the diagonal), for a decay per key channel d (Kimi delta
+/// attention): x, y, cum [b, h, n, c, dk] -> [b, h, n, c, c].
+///
+/// Materialising exp(cum_t - cum_i) for every pair and channel costs
+/// c^2 dk values per chunk (64 x 64 x 128 fp32: 2 MiB per chunk and head,
+/// several times over in the backward pass). Instead the chunk is split in
+/// sub-chunks of kSubChunk positions: pairs within a sub-chunk keep the
+/// pairwise form (c kSubChunk dk values), and a pair whose key sits in an
+/// earlier sub-chunk j factors through j's last position r_j as
+/// (x_t exp(cum_t - r_j)) . (y_i exp(r_j - cum_i)), one GEMM per pair of
+/// sub-chunks. Both exponents are <= 0 (log decays are <= 0 and t > r_j >=
+/// i), so neither factor overflows, and one underflows only where the exact
+/// product is smaller still.
+torch::Tensor perChannelDecayedScores(const torch::Tensor &x, const torch::Tensor &y, const torch::Tensor &cum) {
+  const int64_t c = x.size(3), dk = x.size(4);
+  if (c <= kSubChunk || c % kSubChunk != 0) // one block: the pairwise form
+    return (x.unsqueeze(4) * y.unsqueeze(3) * decayBetween(cum)).sum(-1);
+  const int64_t m = c / kSubChunk, s = kSubChunk;
+  std::vector<int64_t> blocks(x.sizes().begin(), x.sizes().begin() + 3);
+  blocks.insert(blocks.end(), {m, s, dk});
+  const torch::Tensor xs = x.reshape(blocks), ys = y.reshape(blocks), cs = cum.reshape(blocks); // [b, h, n, m, s, dk]
+  // Within each sub-chunk: [b, h, n, m, t, i].
+  torch::Tensor within = (xs.unsqueeze(5) * ys.unsqueeze(4) * decayBetween(cs)).sum(-1);
+  // Across: r_j = cum at sub-chunk j's last position; the query side for
+  // every (p, j) with j < p (other pairs masked to exp(-inf) = 0).
+  torch::Tensor ref = cs.select(4, s - 1);                                  // [b, h, n, m(j), dk]
+  torch::Tensor keys = ys * (ref.unsqueeze(4) - cs).exp();                  // [b, h, n, m(j), s(i), dk]
+  torch::Tensor earlier = torch::ones({m, m}, torch::TensorOptions().dtype(torch::kBool).device(x.device()))
+                              .tril(-1)
+                              .logical_not()
+                              .view({m, m, 1, 1});                          // true where j >= p
+  torch::Tensor exponent = (cs.unsqueeze(4) - ref.unsqueeze(3).unsqueeze(5)) // [b, h, n, m(p), m(j), s(t), dk]
+                               .masked_fill(earlier, -INFINITY);
+  torch::Tensor queries = xs.unsqueeze(4) * exponent.exp();
+  torch::Tensor across = torch::matmul(queries, keys.unsqueeze(3).transpose(-1, -2)); // [b, h, n, p, j, t, i]
+  // The sub-chunks' own blocks on the diagonal (p == j), then [c, c].
+  torch::Tensor diagonal = torch::eye(m, x.options()).view({m, m, 1, 1});
+  torch::Tensor all = across + within.unsqueeze(4) * diagonal;
+  std::vector<int64_t> square(x.sizes().begin(), x.sizes().begin() + 3);
+  square.insert(square.end(), {c, c});
+  return all.permute({0, 1, 2, 3, 5, 4, 6}).reshape(square);
+}
+
+std::pair<Tensor, Tensor> perChannelDecayedScoresBackward(const Tensor &grad, const Tensor &x, const Tensor &y,
+                                                          const Tensor &cum) {
+  const int64_t c = x.size(3);
+  if (c <= kSubChunk || c % kSubChunk != 0) { // one block: the pairwise form
+    Tensor weighted = grad.unsqueeze(-1) * decayBetween(cum); // [.., t, i, dk]
+    return {(weighted * y.unsqueeze(3)).sum(4), (weighted * x.unsqueeze(4)).sum(3)};
+  }
+  const int64_t m = c / kSubChunk, s = kSubChunk;
+  const Tensor xs = subChunks(x), ys = subChunks(y), cs = subChunks(cum); // [b, h, n, m, s, dk]
+  // The cotangent's blocks [b, h, n, m(p), m(j), s(t), s(i)].
+  std::vector<int64_t> blocks(grad.sizes().begin(), grad.sizes().begin() + 3);
+  blocks.insert(blocks.end(), {m, s, m, s});
+  const Tensor gs = grad.reshape(blocks).permute({0, 1, 2, 3, 5, 4, 6});
+  // Within each sub-chunk (p == j).
+  Tensor within = torch::diagonal(gs, 0, 3, 4).permute({0, 1, 2, 5, 3, 4}).unsqueeze(-1) * decayBetween(cs);
+  Tensor dx = (within * ys.unsqueeze(4)).sum(5), dy = (within * xs.unsqueeze(5)).sum(4); // [b, h, n, m, s, dk]
+  // Across (j < p), through r_j = cum at sub-chunk j's last position.
+  Tensor ref = cs.select(4, s - 1);                                   // [b, h, n, m(j), dk]
+  Tensor keyScale = (ref.unsqueeze(4) - cs).exp();                    // [b, h, n, m(j), s(i), dk]
+  Tensor queryScale = (cs.unsqueeze(4) - ref.unsqueeze(3).unsqueeze(5)) // [b, h, n, m(p), m(j), s(t), dk]
+                          .masked_fill(notEarlier(m, x.device()), -INFINITY)
+                          .exp();
+  dx = dx + (torch::matmul(gs, (ys * keyScale).unsqueeze(3)) * queryScale).sum(4);
+  dy = dy + torch::matmul(transposed(gs), xs.unsqueeze(4) * queryScale).sum(3) * keyScale;
+  return {dx.reshape(x.sizes()), dy.reshape(y.sizes())};
+}
+
+namespace {
+
+/// What forward and backward both derive from the inputs.
+struct KimiTerms {
+  Tensor gamma;     ///< e^G.
+  Tensor last;      ///< G of the chunk's last token [b, h, n, 1, dk].
+  Tensor toEnd;     ///< e^{G_last - G}.
+  Tensor keysWeighted; ///< Xk = b k e^G.
+  Tensor keysToEnd;    ///< Kd = k e^{G_last - G}.
+  KimiTerms(const Tensor &k, const Tensor &beta, const Tensor &cum) {
+    gamma = cum.exp();
+    last = cum.narrow(3, cum.size(3) - 1, 1);
+    toEnd = (last - cum).exp();
+    keysWeighted = k * beta * gamma;
+    keysToEnd = k * toEnd;
+  }
+  /// diag(e^{G_last}) - Kd^T W, the chunk's state transition [b, h, n, dk, dk].
+  Tensor transition(const Tensor &w) const {
+    return torch::diag_embed(last.exp().squeeze(3)) - torch::matmul(transposed(keysToEnd), w);
+  }
+};
+
+struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
+  /// Outputs {O [B, H, T, dv] in the query's dtype, S_T fp32}; \p state
+  /// [B, H, dk, dv] (zeros when no initial state was given).
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext *ctx, const Tensor &query,
+                                                const Tensor &key, const Tensor &value, const Tensor &decay,
+                                                const Tensor &beta, const Tensor &state, int64_t chunk, bool tf32) {
+    const Tf32Scope scope(tf32);
+    const int64_t b = key.size(0), h = key.size(1), t = key.size(2), dk = key.size(3), dv = value.size(3);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(dk));
+    Tensor q = toChunks(query, chunk) * scale, k = toChunks(key, chunk), v = toChunks(value, chunk);
+    Tensor bt = toChunks(beta.unsqueeze(-1), chunk), cum = toChunks(decay, chunk).cumsum(3);
+    const int64_t n = k.size(2);
+    const KimiTerms terms(k, bt, cum);
+    Tensor system = perChannelDecayedScores(k * bt, k, cum); // its diagonal is ignored: unit triangular
+    Tensor inverse = torch::linalg_solve_triangular(system, torch::eye(chunk, system.options()), /*upper=*/false,
+                                                    /*left=*/true, /*unitriangular=*/true);
+    Tensor w = torch::matmul(inverse, terms.keysWeighted), u = torch::matmul(inverse, v * bt);
+    const std::vector<Tensor> steps = terms.transition(w).reshape({b * h, n, dk, dk}).unbind(1),
+                              adds = torch::matmul(transposed(terms.keysToEnd), u).reshape({b * h, n, dk, dv}).unbind(1);
+    Tensor s = state.to(torch::kFloat32).reshape({b * h, dk, dv});
+    std::vector<Tensor> entering;
+    entering.reserve(n);
+    for (int64_t i = 0; i < n; ++i) {
+      entering.push_back(s);
+      s = torch::baddbmm(adds[i], steps[i], s);
+    }
+    Tensor states = torch::stack(entering, 1).view({b, h, n, dk, dv});
+    Tensor newValues = u - torch::matmul(w, states);
+    Tensor out = torch::matmul(q * terms.gamma, states) + torch::matmul(perChannelDecayedScores(q, k, cum), newValues);
+    ctx->saved_data["t"] = t;
+    ctx->saved_data["tf32"] = tf32;
+    ctx->saved_data["dtypes"] = std::vector<int64_t>{int64_t(query.scalar_type()), int64_t(key.scalar_type()),
+                                                     int64_t(value.scalar_type()), int64_t(decay.scalar_type()),
+                                                     int64_t(beta.scalar_type()), int64_t(state.scalar_type())};
+    ctx->save_for_backward({q, k, v, bt, cum, inverse, states, newValues});
+    return {fromChunks(out, t, query.scalar_type()), s.view({b, h, dk, dv})};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
+                                                 torch::autograd::variable_list grads) {
+    const Tf32Scope scope(ctx->saved_data["tf32"].toBool());
+    const std::vector<Tensor> saved = ctx->get_saved_variables();
+    const Tensor &q = saved[0], &k = saved[1], &v = saved[2], &bt = saved[3], &cum = saved[4], &inverse = saved[5],
+                 &states = saved[6], &newValues = saved[7];
+    const int64_t t = ctx->saved_data["t"].toInt();
+    const std::vector<int64_t> dtypes = ctx->saved_data["dtypes"].toIntVector();
+    const int64_t b = k.size(0), h = k.size(1), n = k.size(2), c = k.size(3), dk = k.size(4), dv = v.size(4);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(dk));
+    const Masks m(c, k.device());
+    const KimiTerms terms(k, bt, cum);
+    Tensor xv = v * bt, queryDecayed = q * terms.gamma;
+    Tensor w = torch::matmul(inverse, terms.keysWeighted);
+    Tensor dOut = grads[0].defined() ? toChunks(grads[0], c) : torch::zeros_like(newValues);
+    Tensor dLast = grads[1].defined() ? grads[1].to(torch::kFloat32).reshape({b * h, dk, dv})
+                                      : torch::zeros({b * h, dk, dv}, k.options());
+
+    // The state's gradient from the last chunk back: dS = M^T dS' + Qd^T dO - W^T P^T dO.
+    Tensor localNew = torch::matmul(transposed(perChannelDecayedScores(q, k, cum)), dOut); // P^T dO
+    const std::vector<Tensor> stepsT = transposed(terms.transition(w)).reshape({b * h, n, dk, dk}).unbind(1);
+    const std::vector<Tensor> adds =
+        (torch::matmul(transposed(queryDecayed), dOut) - torch::matmul(transposed(w), localNew))
+            .reshape({b * h, n, dk, dv})
+            .unbind(1);
+    std::vector<Tensor> leaving(n);
+    Tensor ds = dLast;
+    for (int64_t i = n - 1; i >= 0; --i) {
+      leaving[i] = ds;
+      ds = torch::baddbmm(adds[i], stepsT[i], ds);
+    }
+    Tensor dLeaving = torch::stack(leaving, 1).view({b, h, n, dk, dv});
+    Tensor dNew = localNew + torch::matmul(terms.keysToEnd, dLeaving);
+
+    // Through O = Qd S + P V_new, S' = diag(e^{G_last}) S + Kd^T V_new, V_new = U - W S.
+    Tensor dQueryDecayed = torch::matmul(dOut, transposed(states));
+    Tensor dScores = torch::matmul(dOut, transposed(newValues)) * m.inclusive;
+    Tensor dKeysToEnd = torch::matmul(newValues, transposed(dLeaving));
+    Tensor dW = -torch::matmul(dNew, transposed(states));
+    // Through W = T Xk, U = T Xv and T = (I + A)^-1, A = strictly-lower(diag(b) P_kk).
+    Tensor dInverse = torch::matmul(dW, transposed(terms.keysWeighted)) + torch::matmul(dNew, transposed(xv));
+    Tensor dXk = torch::matmul(transposed(inverse), dW), dXv = torch::matmul(transposed(inverse), dNew);
+    Tensor dSystem = -torch::matmul(torch::matmul(transposed(inverse), dInverse), transposed(inverse)) * m.strict;
+    Tensor keyPairs = perChannelDecayedScores(k, k, cum);
+    auto [dqScores, dkScores] = perChannelDecayedScoresBackward(dScores, q, k, cum);
+    auto [dkRows, dkColumns] = perChannelDecayedScoresBackward(dSystem * bt, k, k, cum);
+
+    Tensor dq = (dqScores + dQueryDecayed * terms.gamma) * scale;
+    Tensor dKey = dkScores + dkRows + dkColumns + dXk * bt * terms.gamma + dKeysToEnd * terms.toEnd;
+    Tensor dValue = dXv * bt;
+    Tensor dBeta = (dSystem * keyPairs).sum(-1, true) + (dXk * k * terms.gamma).sum(-1, true) + (dXv * v).sum(-1, true);
+    // The cumulative decay, per channel: every e^{+-G} factor, then the chunk's last G.
+    Tensor keysToEndTerm = dKeysToEnd * terms.keysToEnd;
+    Tensor dCum = q * dqScores - k * dkScores + k * dkRows - k * dkColumns + dQueryDecayed * queryDecayed +
+                  dXk * terms.keysWeighted - keysToEndTerm;
+    Tensor dLastCum = keysToEndTerm.sum(3, true) + (dLeaving * states).sum(-1).unsqueeze(3) * terms.last.exp();
+    dCum.narrow(3, c - 1, 1).add_(dLastCum);
+    Tensor dDecay = dCum.flip(3).cumsum(3).flip(3); // G = cumsum(g) within the chunk
+
+    auto type = [&](int i) { return static_cast<torch::ScalarType>(dtypes[i]); };
+    return {fromChunks(dq, t, type(0)),
+            fromChunks(dKey, t, type(1)),
+            fromChunks(dValue, t, type(2)),
+            fromChunks(dDecay, t, type(3)),
+            fromChunks(dBeta, t, type(4)).squeeze(-1),
+            ds.view({b, h, dk, dv}).to(type(5)),
+            Tensor(),
+            Tensor()};
+  }
+};
+
+} // namespace
+
+std::vector<Tensor> perChannelDecayDeltaRule(const DeltaRuleInputs &in, int64_t chunkSize, const Tensor &initialState,
+                                             bool tf32) {
+  const int64_t b = in.key.size(0), h = in.key.size(1), dk = in.key.size(3), dv = in.value.size(3);
+  Tensor state = initialState.defined() ? initialState
+                                        : torch::zeros({b, h, dk, dv}, in.value.options().dtype(torch::kFloat32));
+  return KimiDeltaNode::apply(in.query, in.key, in.value, in.decay, in.beta, state, chunkSize, tf32);
+}
+
+} // namespace adapt::rt

@@ -1,0 +1,52 @@
+//===- KimiDeltaFunction.h - the per-channel delta rule, backward written out -*- C++ -*-===//
+//
+// Kimi Delta Attention's chunked delta rule (a log decay per head, token and
+// key channel) as one autograd node whose backward is written out, as
+// DeltaRuleFunction.h does for Gated DeltaNet's per-head decay. Per chunk,
+// with G the cumulative log decay per channel and P_xy[t][i] = sum_d x_td
+// y_id e^{G_td - G_id}:
+//   forward: T = (I + strictly-lower(diag(b) P_kk))^-1, W = T (b k e^G),
+//     U = T (b v), V_new = U - W S, O = (q e^G) S + P_qk V_new,
+//     S' = diag(e^{G_last}) S + (k e^{G_last - G})^T V_new;
+//   backward: one reverse pass over the chunks for dS (one batched GEMM per
+//     chunk), and the pair products' gradients by the same sub-chunks as
+//     their forward (perChannelDecayedScoresBackward), so no factor
+//     e^{+-G} exceeds 1.
+// It keeps the fp32 inputs, T, each chunk's entering state and V_new, where
+// LibTorch's autograd of the composition kept every intermediate. It is the
+// blueprint of the backward kernels. Op checks: `kimi_delta.*`.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef ADAPT_RUNTIME_KIMIDELTAFUNCTION_H
+#define ADAPT_RUNTIME_KIMIDELTAFUNCTION_H
+
+#include "runtime/LinearAttention.h"
+
+#include <torch/torch.h>
+
+#include <utility>
+#include <vector>
+
+namespace adapt::rt {
+
+/// P[t][i] = sum_d x_td y_id e^{cum_td - cum_id} for i <= t within each
+/// chunk, zero above: x, y, cum [b, h, n, c, dk] -> [b, h, n, c, c].
+torch::Tensor perChannelDecayedScores(const torch::Tensor &x, const torch::Tensor &y, const torch::Tensor &cum);
+
+/// {dx, dy} of perChannelDecayedScores(x, y, cum) for the cotangent \p grad
+/// [b, h, n, c, c] (zero above the diagonal). cum's gradient is x dx - y dy.
+std::pair<torch::Tensor, torch::Tensor> perChannelDecayedScoresBackward(const torch::Tensor &grad,
+                                                                        const torch::Tensor &x, const torch::Tensor &y,
+                                                                        const torch::Tensor &cum);
+
+/// {output [B, H, T, dv] in the query's dtype, S_T [B, H, dk, dv] fp32} of
+/// the chunked delta rule with a decay per key channel ([B, H, T, dk]), from
+/// \p initialState (undefined: zeros), differentiable in every input and the
+/// initial state. \p tf32: its fp32 GEMMs may run on TF32 tensor cores.
+std::vector<torch::Tensor> perChannelDecayDeltaRule(const DeltaRuleInputs &in, int64_t chunkSize,
+                                                    const torch::Tensor &initialState, bool tf32);
+
+} // namespace adapt::rt
+
+#endif // ADAPT_RUNTIME_KIMIDELTAFUNCTION_H
