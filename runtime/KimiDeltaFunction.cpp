@@ -175,7 +175,10 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     ctx->saved_data["dtypes"] = std::vector<int64_t>{int64_t(query.scalar_type()), int64_t(key.scalar_type()),
                                                      int64_t(value.scalar_type()), int64_t(decay.scalar_type()),
                                                      int64_t(beta.scalar_type()), int64_t(state.scalar_type())};
-    ctx->save_for_backward({q, k, v, bt, cum, inverse, states, newValues});
+    // The inputs themselves (bf16 in training), not their fp32 chunks: the
+    // backward rebuilds those.
+    ctx->saved_data["chunk"] = chunk;
+    ctx->save_for_backward({query, key, value, decay, beta, inverse, states, newValues});
     return {fromChunks(out, t, query.scalar_type()), s.view({b, h, dk, dv})};
   }
 
@@ -183,12 +186,13 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
                                                  torch::autograd::variable_list grads) {
     const Tf32Scope scope(ctx->saved_data["tf32"].toBool());
     const std::vector<Tensor> saved = ctx->get_saved_variables();
-    const Tensor &q = saved[0], &k = saved[1], &v = saved[2], &bt = saved[3], &cum = saved[4], &inverse = saved[5],
-                 &states = saved[6], &newValues = saved[7];
-    const int64_t t = ctx->saved_data["t"].toInt();
+    const Tensor &inverse = saved[5], &states = saved[6], &newValues = saved[7];
+    const int64_t t = ctx->saved_data["t"].toInt(), c = ctx->saved_data["chunk"].toInt();
     const std::vector<int64_t> dtypes = ctx->saved_data["dtypes"].toIntVector();
-    const int64_t b = k.size(0), h = k.size(1), n = k.size(2), c = k.size(3), dk = k.size(4), dv = v.size(4);
-    const double scale = 1.0 / std::sqrt(static_cast<double>(dk));
+    const double scale = 1.0 / std::sqrt(static_cast<double>(saved[1].size(3)));
+    const Tensor q = toChunks(saved[0], c) * scale, k = toChunks(saved[1], c), v = toChunks(saved[2], c);
+    const Tensor cum = toChunks(saved[3], c).cumsum(3), bt = toChunks(saved[4].unsqueeze(-1), c);
+    const int64_t b = k.size(0), h = k.size(1), n = k.size(2), dk = k.size(4), dv = v.size(4);
     const Masks m(c, k.device());
     const KimiTerms terms(k, bt, cum);
     Tensor xv = v * bt, queryDecayed = q * terms.gamma;
