@@ -2,7 +2,9 @@
 //
 // The chunked delta rules' shared plumbing (runtime/DeltaRuleFunction.cpp,
 // runtime/KimiDeltaFunction.cpp): tensors cut into fp32 chunks of c tokens
-// [B, H, n, c, d] and back, and the chunk's causal masks.
+// [B, H, n, c, d] and back, the chunk's causal masks, and the state's
+// recurrence over the chunks forward and backward (one batched GEMM per
+// chunk, given each chunk's transition M = diag(decay) - Kd^T W).
 //
 //===----------------------------------------------------------------------===//
 
@@ -10,6 +12,9 @@
 #define ADAPT_RUNTIME_CHUNKEDTENSORS_H
 
 #include <torch/torch.h>
+
+#include <tuple>
+#include <vector>
 
 namespace adapt::rt {
 
@@ -39,6 +44,79 @@ struct Masks {
     strict = ones.tril(-1);
   }
 };
+
+/// The states entering each chunk [b, h, n, dk, dv] and the last one [b·h,
+/// dk, dv], from \p state [b·h, dk, dv]: S_{i+1} = M_i S_i + Kd_i^T U_i, with
+/// \p transition M [b, h, n, dk, dk] and \p written Kd^T U [b, h, n, dk, dv].
+inline std::pair<torch::Tensor, torch::Tensor> chunkStates(const torch::Tensor &transition,
+                                                           const torch::Tensor &written, torch::Tensor state) {
+  const int64_t b = written.size(0), h = written.size(1), n = written.size(2), dk = written.size(3),
+                dv = written.size(4);
+  const std::vector<torch::Tensor> steps = transition.reshape({b * h, n, dk, dk}).unbind(1),
+                                   adds = written.reshape({b * h, n, dk, dv}).unbind(1);
+  // unbind, not select: select's backward writes a zero tensor of the whole
+  // sequence per chunk (O(T^2 / C) work); unbind's stacks the chunks once.
+  std::vector<torch::Tensor> entering;
+  entering.reserve(n);
+  for (int64_t i = 0; i < n; ++i) {
+    entering.push_back(state);
+    state = torch::baddbmm(adds[i], steps[i], state);
+  }
+  return {torch::stack(entering, 1).view({b, h, n, dk, dv}), state};
+}
+
+/// The state's gradient through the chunks, last to first: {dS' of each
+/// chunk [b, h, n, dk, dv], dV_new, dS of the first chunk [b·h, dk, dv]},
+/// from \p localNew = P^T dO and \p last, the gradient of S_T [b·h, dk, dv].
+/// dS = M^T dS' + (Qd^T dO - W^T P^T dO): one batched GEMM per chunk, with
+/// everything that does not depend on dS' batched before.
+inline std::tuple<torch::Tensor, torch::Tensor, torch::Tensor>
+stateGradients(const torch::Tensor &transition, const torch::Tensor &keysToEnd, const torch::Tensor &w,
+               const torch::Tensor &queryDecayed, const torch::Tensor &dOut, const torch::Tensor &localNew,
+               const torch::Tensor &last) {
+  const int64_t b = w.size(0), h = w.size(1), n = w.size(2), dk = w.size(4), dv = dOut.size(4);
+  const std::vector<torch::Tensor> stepsT = transposed(transition).reshape({b * h, n, dk, dk}).unbind(1);
+  const std::vector<torch::Tensor> adds =
+      (torch::matmul(transposed(queryDecayed), dOut) - torch::matmul(transposed(w), localNew))
+          .reshape({b * h, n, dk, dv})
+          .unbind(1);
+  std::vector<torch::Tensor> leaving(n);
+  torch::Tensor ds = last;
+  for (int64_t i = n - 1; i >= 0; --i) {
+    leaving[i] = ds;
+    ds = torch::baddbmm(adds[i], stepsT[i], ds);
+  }
+  torch::Tensor dLeaving = torch::stack(leaving, 1).view({b, h, n, dk, dv});
+  return {dLeaving, localNew + torch::matmul(keysToEnd, dLeaving), ds};
+}
+
+/// The log decays' gradient [b, h, n, c, G] from \p dCum, the gradient of
+/// their cumulative sums G within each chunk, and \p dLastCum [b, h, n, 1, G],
+/// the extra gradient of the chunk's last G: dg_t = sum over t' >= t.
+inline torch::Tensor decayGradient(torch::Tensor dCum, const torch::Tensor &dLastCum) {
+  dCum.narrow(3, dCum.size(3) - 1, 1).add_(dLastCum);
+  return dCum.flip(3).cumsum(3).flip(3);
+}
+
+/// A delta rule node's backward result: the chunked gradients of q, k, v,
+/// the decay ([.., 1] per head is squeezed), beta, and the initial state
+/// [b·h, dk, dv], each in its input's dtype (\p dtypes, as saved by the
+/// forward), for a sequence of \p t tokens; none for the chunk size and flag.
+inline torch::autograd::variable_list chunkedGradients(const torch::Tensor &dq, const torch::Tensor &dKey,
+                                                       const torch::Tensor &dValue, const torch::Tensor &dDecay,
+                                                       const torch::Tensor &dBeta, const torch::Tensor &dState,
+                                                       int64_t t, const std::vector<int64_t> &dtypes) {
+  auto type = [&](int i) { return static_cast<torch::ScalarType>(dtypes[i]); };
+  torch::Tensor decay = fromChunks(dDecay, t, type(3));
+  return {fromChunks(dq, t, type(0)),
+          fromChunks(dKey, t, type(1)),
+          fromChunks(dValue, t, type(2)),
+          dDecay.size(-1) == 1 ? decay.squeeze(-1) : decay,
+          fromChunks(dBeta, t, type(4)).squeeze(-1),
+          dState.view({dq.size(0), dq.size(1), dq.size(4), dValue.size(4)}).to(type(5)),
+          torch::Tensor(),
+          torch::Tensor()};
+}
 
 } // namespace adapt::rt
 

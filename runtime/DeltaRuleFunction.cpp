@@ -100,30 +100,6 @@ KernelUse backwardKernelUse() {
 }
 #endif
 
-/// The state's gradient through the chunks, last to first: {dS' of each
-/// chunk [b, h, n, dk, dv], dV_new, dS of the first chunk [b·h, dk, dv]},
-/// from \p localNew = P^T dO and \p last, the gradient of S_T [b·h, dk, dv].
-/// dS = transition^T dS' + (Qd^T dO - W^T P^T dO): one batched GEMM per
-/// chunk, with everything that does not depend on dS' batched before.
-std::tuple<Tensor, Tensor, Tensor> stateGradients(const ChunkTerms &terms, const Tensor &w,
-                                                  const Tensor &queryDecayed, const Tensor &dOut,
-                                                  const Tensor &localNew, const Tensor &last) {
-  const int64_t b = w.size(0), h = w.size(1), n = w.size(2), dk = w.size(4), dv = dOut.size(4);
-  const std::vector<Tensor> stepsT = transposed(transition(terms, w)).reshape({b * h, n, dk, dk}).unbind(1);
-  const std::vector<Tensor> adds =
-      (torch::matmul(transposed(queryDecayed), dOut) - torch::matmul(transposed(w), localNew))
-          .reshape({b * h, n, dk, dv})
-          .unbind(1);
-  std::vector<Tensor> leaving(n);
-  Tensor ds = last;
-  for (int64_t i = n - 1; i >= 0; --i) {
-    leaving[i] = ds;
-    ds = torch::baddbmm(adds[i], stepsT[i], ds);
-  }
-  Tensor dLeaving = torch::stack(leaving, 1).view({b, h, n, dk, dv});
-  return {dLeaving, localNew + torch::matmul(terms.keysToEnd, dLeaving), ds};
-}
-
 #ifdef ADAPT_WITH_CUDA_KERNELS
 /// What the LibTorch backward reads, {q scale, k, v, beta, G, T, states,
 /// V_new} as fp32 chunks [b, h, n, 64, ..], from the forward kernels' inputs
@@ -177,7 +153,6 @@ struct DeltaRuleNode : torch::autograd::Function<DeltaRuleNode> {
 #endif
     Tensor q = toChunks(query, chunk) * scale, k = toChunks(key, chunk), v = toChunks(value, chunk);
     Tensor bt = toChunks(beta.unsqueeze(-1), chunk);
-    const int64_t n = k.size(2);
     Tensor cum = toChunks(decay.unsqueeze(-1), chunk).cumsum(3);
     const Masks m(chunk, k.device());
     const ChunkTerms terms = chunkTerms(k, bt, cum, m);
@@ -186,16 +161,8 @@ struct DeltaRuleNode : torch::autograd::Function<DeltaRuleNode> {
                                                     /*left=*/true, /*unitriangular=*/true);
     Tensor w = torch::matmul(inverse, terms.keysWeighted), u = torch::matmul(inverse, v * bt);
     // S_{n+1} = (e^{G_last} I - Kd^T W) S_n + Kd^T U: one batched GEMM per chunk.
-    const std::vector<Tensor> steps = transition(terms, w).reshape({b * h, n, dk, dk}).unbind(1),
-                              adds = torch::matmul(transposed(terms.keysToEnd), u).reshape({b * h, n, dk, dv}).unbind(1);
-    Tensor s = state.to(torch::kFloat32).reshape({b * h, dk, dv});
-    std::vector<Tensor> entering;
-    entering.reserve(n);
-    for (int64_t i = 0; i < n; ++i) {
-      entering.push_back(s);
-      s = torch::baddbmm(adds[i], steps[i], s);
-    }
-    Tensor states = torch::stack(entering, 1).view({b, h, n, dk, dv});
+    auto [states, s] = chunkStates(transition(terms, w), torch::matmul(transposed(terms.keysToEnd), u),
+                                   state.to(torch::kFloat32).reshape({b * h, dk, dv}));
     Tensor newValues = u - torch::matmul(w, states);
     Tensor scores = torch::matmul(q, transposed(k)) * terms.decayPairs;
     Tensor out = torch::matmul(q * terms.gamma, states) + torch::matmul(scores, newValues);
@@ -209,7 +176,6 @@ struct DeltaRuleNode : torch::autograd::Function<DeltaRuleNode> {
     std::vector<Tensor> saved = ctx->get_saved_variables();
     const int64_t t = ctx->saved_data["t"].toInt();
     const std::vector<int64_t> dtypes = ctx->saved_data["dtypes"].toIntVector();
-    auto type = [&](int i) { return static_cast<torch::ScalarType>(dtypes[i]); };
     [[maybe_unused]] const bool kernels = ctx->saved_data.count("kernels") > 0;
 #ifdef ADAPT_WITH_CUDA_KERNELS
     if (kernels) {
@@ -217,6 +183,7 @@ struct DeltaRuleNode : torch::autograd::Function<DeltaRuleNode> {
       const bool statesFlow = grads[1].defined() || ctx->saved_data["stateGrad"].toBool();
       const KernelUse whole = backwardKernelUse();
       if (whole == KernelUse::Always || (whole == KernelUse::Checked && !statesFlow)) {
+        auto type = [&](int i) { return static_cast<torch::ScalarType>(dtypes[i]); };
         const cuda::DeltaRuleGrads g =
             cuda::gatedDeltaRuleBackward(saved[0], saved[1], saved[2], saved[3], kept, grads[0], grads[1]);
         return {g.query.to(type(0)), g.key.to(type(1)),          g.value.to(type(2)), g.decay.to(type(3)),
@@ -258,7 +225,8 @@ struct DeltaRuleNode : torch::autograd::Function<DeltaRuleNode> {
     }
 #endif
     if (!dLeaving.defined())
-      std::tie(dLeaving, dNew, ds) = stateGradients(terms, w, queryDecayed, dOut, localNewValues, dLast);
+      std::tie(dLeaving, dNew, ds) =
+          stateGradients(transition(terms, w), terms.keysToEnd, w, queryDecayed, dOut, localNewValues, dLast);
 
     // Through O = Qd S + P V_new, S' = e^{G_last} S + Kd^T V_new, V_new = U - W S.
     Tensor dQueryDecayed = torch::matmul(dOut, transposed(states));
@@ -289,17 +257,7 @@ struct DeltaRuleNode : torch::autograd::Function<DeltaRuleNode> {
                   (dXk * terms.keysWeighted).sum(-1, true) - keysToEndTerm;
     Tensor dLastCum = keysToEndTerm.sum(3, true) +
                       (dLeaving * states).sum({-1, -2}).view({b, h, n, 1, 1}) * terms.last.exp();
-    dCum.narrow(3, c - 1, 1).add_(dLastCum);
-    Tensor dDecay = dCum.flip(3).cumsum(3).flip(3); // G = cumsum(g) within the chunk
-
-    return {fromChunks(dq, t, type(0)),
-            fromChunks(dKey, t, type(1)),
-            fromChunks(dValue, t, type(2)),
-            fromChunks(dDecay, t, type(3)).squeeze(-1),
-            fromChunks(dBeta, t, type(4)).squeeze(-1),
-            ds.view({b, h, dk, dv}).to(type(5)),
-            Tensor(),
-            Tensor()};
+    return chunkedGradients(dq, dKey, dValue, decayGradient(dCum, dLastCum), dBeta, ds, t, dtypes);
   }
 };
 

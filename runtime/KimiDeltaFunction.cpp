@@ -152,22 +152,13 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     const double scale = 1.0 / std::sqrt(static_cast<double>(dk));
     Tensor q = toChunks(query, chunk) * scale, k = toChunks(key, chunk), v = toChunks(value, chunk);
     Tensor bt = toChunks(beta.unsqueeze(-1), chunk), cum = toChunks(decay, chunk).cumsum(3);
-    const int64_t n = k.size(2);
     const KimiTerms terms(k, bt, cum);
     Tensor system = perChannelDecayedScores(k * bt, k, cum); // its diagonal is ignored: unit triangular
     Tensor inverse = torch::linalg_solve_triangular(system, torch::eye(chunk, system.options()), /*upper=*/false,
                                                     /*left=*/true, /*unitriangular=*/true);
     Tensor w = torch::matmul(inverse, terms.keysWeighted), u = torch::matmul(inverse, v * bt);
-    const std::vector<Tensor> steps = terms.transition(w).reshape({b * h, n, dk, dk}).unbind(1),
-                              adds = torch::matmul(transposed(terms.keysToEnd), u).reshape({b * h, n, dk, dv}).unbind(1);
-    Tensor s = state.to(torch::kFloat32).reshape({b * h, dk, dv});
-    std::vector<Tensor> entering;
-    entering.reserve(n);
-    for (int64_t i = 0; i < n; ++i) {
-      entering.push_back(s);
-      s = torch::baddbmm(adds[i], steps[i], s);
-    }
-    Tensor states = torch::stack(entering, 1).view({b, h, n, dk, dv});
+    auto [states, s] = chunkStates(terms.transition(w), torch::matmul(transposed(terms.keysToEnd), u),
+                                   state.to(torch::kFloat32).reshape({b * h, dk, dv}));
     Tensor newValues = u - torch::matmul(w, states);
     Tensor out = torch::matmul(q * terms.gamma, states) + torch::matmul(perChannelDecayedScores(q, k, cum), newValues);
     ctx->saved_data["t"] = t;
@@ -192,7 +183,7 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     const double scale = 1.0 / std::sqrt(static_cast<double>(saved[1].size(3)));
     const Tensor q = toChunks(saved[0], c) * scale, k = toChunks(saved[1], c), v = toChunks(saved[2], c);
     const Tensor cum = toChunks(saved[3], c).cumsum(3), bt = toChunks(saved[4].unsqueeze(-1), c);
-    const int64_t b = k.size(0), h = k.size(1), n = k.size(2), dk = k.size(4), dv = v.size(4);
+    const int64_t b = k.size(0), h = k.size(1), dk = k.size(4), dv = v.size(4);
     const Masks m(c, k.device());
     const KimiTerms terms(k, bt, cum);
     Tensor xv = v * bt, queryDecayed = q * terms.gamma;
@@ -203,19 +194,8 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
 
     // The state's gradient from the last chunk back: dS = M^T dS' + Qd^T dO - W^T P^T dO.
     Tensor localNew = torch::matmul(transposed(perChannelDecayedScores(q, k, cum)), dOut); // P^T dO
-    const std::vector<Tensor> stepsT = transposed(terms.transition(w)).reshape({b * h, n, dk, dk}).unbind(1);
-    const std::vector<Tensor> adds =
-        (torch::matmul(transposed(queryDecayed), dOut) - torch::matmul(transposed(w), localNew))
-            .reshape({b * h, n, dk, dv})
-            .unbind(1);
-    std::vector<Tensor> leaving(n);
-    Tensor ds = dLast;
-    for (int64_t i = n - 1; i >= 0; --i) {
-      leaving[i] = ds;
-      ds = torch::baddbmm(adds[i], stepsT[i], ds);
-    }
-    Tensor dLeaving = torch::stack(leaving, 1).view({b, h, n, dk, dv});
-    Tensor dNew = localNew + torch::matmul(terms.keysToEnd, dLeaving);
+    auto [dLeaving, dNew, ds] =
+        stateGradients(terms.transition(w), terms.keysToEnd, w, queryDecayed, dOut, localNew, dLast);
 
     // Through O = Qd S + P V_new, S' = diag(e^{G_last}) S + Kd^T V_new, V_new = U - W S.
     Tensor dQueryDecayed = torch::matmul(dOut, transposed(states));
@@ -239,18 +219,7 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     Tensor dCum = q * dqScores - k * dkScores + k * dkRows - k * dkColumns + dQueryDecayed * queryDecayed +
                   dXk * terms.keysWeighted - keysToEndTerm;
     Tensor dLastCum = keysToEndTerm.sum(3, true) + (dLeaving * states).sum(-1).unsqueeze(3) * terms.last.exp();
-    dCum.narrow(3, c - 1, 1).add_(dLastCum);
-    Tensor dDecay = dCum.flip(3).cumsum(3).flip(3); // G = cumsum(g) within the chunk
-
-    auto type = [&](int i) { return static_cast<torch::ScalarType>(dtypes[i]); };
-    return {fromChunks(dq, t, type(0)),
-            fromChunks(dKey, t, type(1)),
-            fromChunks(dValue, t, type(2)),
-            fromChunks(dDecay, t, type(3)),
-            fromChunks(dBeta, t, type(4)).squeeze(-1),
-            ds.view({b, h, dk, dv}).to(type(5)),
-            Tensor(),
-            Tensor()};
+    return chunkedGradients(dq, dKey, dValue, decayGradient(dCum, dLastCum), dBeta, ds, t, dtypes);
   }
 };
 

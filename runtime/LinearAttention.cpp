@@ -1,6 +1,7 @@
 //===- LinearAttention.cpp - linear attention's stateless kernels ---------===//
 
 #include "runtime/LinearAttention.h"
+#include "runtime/ChunkedTensors.h"
 #include "runtime/DeltaRuleFunction.h"
 #include "runtime/KimiDeltaFunction.h"
 #include "runtime/Ops.h"
@@ -179,21 +180,10 @@ torch::Tensor chunkedForm(const Fp32Inputs &f, int64_t chunkSize, const torch::T
   torch::Tensor transition = torch::diag_embed(chunkDecay) - torch::matmul(writesT, keysReadingState);
   torch::Tensor written = torch::matmul(writesT, newValues);                 // [b, h, n, dk, dv]
   torch::Tensor state = initialState.defined() ? initialState : torch::zeros({b, h, dk, dv}, f.v.options());
-  state = state.reshape({b * h, dk, dv});
-  // unbind, not select: select's backward writes a zero tensor of the whole
-  // sequence per chunk (O(T^2 / C) work); unbind's stacks the chunks once.
-  const std::vector<torch::Tensor> steps = transition.reshape({b * h, chunks, dk, dk}).unbind(1),
-                                   adds = written.reshape({b * h, chunks, dk, dv}).unbind(1);
-  std::vector<torch::Tensor> entering;
-  entering.reserve(chunks);
-  for (int64_t n = 0; n < chunks; ++n) {
-    entering.push_back(state);
-    state = torch::baddbmm(adds[n], steps[n], state);
-  }
+  auto [states, leaving] = chunkStates(transition, written, state.reshape({b * h, dk, dv}));
   if (finalState)
-    *finalState = state.view({b, h, dk, dv});
+    *finalState = leaving.view({b, h, dk, dv});
   // Every chunk's output from the state entering it, batched over chunks.
-  torch::Tensor states = torch::stack(entering, 1).view({b, h, chunks, dk, dv});
   torch::Tensor corrected = newValues - torch::matmul(keysReadingState, states);
   torch::Tensor out = torch::matmul(queryDecayed, states) + torch::matmul(intra, corrected);
   return out.view({b, h, chunks * c, dv}).narrow(2, 0, t);
