@@ -12,8 +12,8 @@
 //     chunk), and the pair products' gradients by the same sub-chunks as
 //     their forward (perChannelDecayedScoresBackward), so no factor
 //     e^{+-G} exceeds 1.
-// It keeps the fp32 inputs, T, each chunk's entering state and V_new, where
-// LibTorch's autograd of the composition kept every intermediate. It is the
+// It keeps its inputs as given, T, each chunk's entering state and V_new,
+// where LibTorch's autograd of the composition kept every intermediate. It is the
 // blueprint of the backward kernels. Op checks: `kimi_delta.*`.
 //
 //===----------------------------------------------------------------------===//
