@@ -15,9 +15,9 @@
 #endif
 
 #include <cmath>
-#include <tuple>
 #include <cstdlib>
 #include <cstring>
+#include <tuple>
 
 namespace adapt::rt {
 
@@ -98,9 +98,7 @@ KernelUse backwardKernelUse() {
   static const KernelUse use = kernelUse("ADAPT_DELTA_RULE_BACKWARD_KERNEL");
   return use;
 }
-#endif
 
-#ifdef ADAPT_WITH_CUDA_KERNELS
 /// What the LibTorch backward reads, {q scale, k, v, beta, G, T, states,
 /// V_new} as fp32 chunks [b, h, n, 64, ..], from the forward kernels' inputs
 /// and what they kept.
@@ -178,9 +176,10 @@ struct DeltaRuleNode : torch::autograd::Function<DeltaRuleNode> {
     const std::vector<int64_t> dtypes = ctx->saved_data["dtypes"].toIntVector();
     [[maybe_unused]] const bool kernels = ctx->saved_data.count("kernels") > 0;
 #ifdef ADAPT_WITH_CUDA_KERNELS
+    // Whether a gradient flows through the initial or the final state.
+    const bool statesFlow = kernels && (grads[1].defined() || ctx->saved_data["stateGrad"].toBool());
     if (kernels) {
       const cuda::DeltaRuleSaved kept{saved[5], saved[6], saved[7], saved[4], saved[8]};
-      const bool statesFlow = grads[1].defined() || ctx->saved_data["stateGrad"].toBool();
       const KernelUse whole = backwardKernelUse();
       if (whole == KernelUse::Always || (whole == KernelUse::Checked && !statesFlow)) {
         auto type = [&](int i) { return static_cast<torch::ScalarType>(dtypes[i]); };
@@ -211,8 +210,7 @@ struct DeltaRuleNode : torch::autograd::Function<DeltaRuleNode> {
     Tensor dLeaving, dNew, ds;
 #ifdef ADAPT_WITH_CUDA_KERNELS
     // After the bf16 forward kernels; with a state gradient only when asked.
-    if (kernels && (!(grads[1].defined() || ctx->saved_data["stateGrad"].toBool()) ||
-                    trainingKernelUse() == KernelUse::Always) &&
+    if (kernels && (!statesFlow || trainingKernelUse() == KernelUse::Always) &&
         cuda::deltaRuleStateBackwardTakes(dk, dv, c)) {
       auto rows = [&](const Tensor &x) { return x.to(torch::kBFloat16).contiguous().view({b * h, n * c, x.size(-1)}); };
       cuda::DeltaRuleStateGrads r = cuda::deltaRuleStateBackward(

@@ -13,10 +13,14 @@
 
 #include "runtime/cuda/Mma.cuh"
 
+#include <ATen/core/Tensor.h>
+
 #include <c10/cuda/CUDAException.h>
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <cstdlib>
+#include <cstring>
 
 namespace adapt::rt::cuda::delta {
 
@@ -282,6 +286,47 @@ __device__ __forceinline__ void invertUnitLower(float *a, int tid) {
       a[r * (kChunk + 1) + j] = -sum;
     __syncthreads();
   }
+}
+
+/// Writes rows [0, 64) of T \p ts [64][kSquareRow] times \p rhs [64][kRow]
+/// (bf16) to the contiguous [64, 128] rows at \p dst: W = T Xk or U = T Xv
+/// of a chunk, a warp per 16 rows (mt) and 64 columns (half).
+__device__ __forceinline__ void storeTransformed(bf16 *dst, const bf16 *ts, const bf16 *rhs, int mt, int half, int g,
+                                                 int t, int lane) {
+  float acc[8][4];
+  zero(acc);
+  productAB<8, kChunk / 16>(acc, ts, kSquareRow, rhs, kRow, 16 * mt, 64 * half, g, t, lane);
+  forPairs<8>(16 * mt, 64 * half, g, t, [&](int nt, int h, int r, int c) {
+    *reinterpret_cast<uint32_t *>(dst + r * kDim + c) = packBf16(acc[nt][2 * h], acc[nt][2 * h + 1]);
+  });
+}
+
+/// Writes the chunk's output rows below \p valid to \p out (contiguous, 128
+/// wide): the decayed queries \p qs [64][kRow] times the entering state \p ss
+/// [128][kRow], plus the causal scores \p ps [64][kSquareRow] times V_new \p vs.
+__device__ __forceinline__ void storeChunkOutput(bf16 *out, const bf16 *qs, const bf16 *ss, const bf16 *ps,
+                                                 const bf16 *vs, int valid, int mt, int half, int g, int t,
+                                                 int lane) {
+  float acc[8][4];
+  zero(acc);
+  productAB<8, kDim / 16>(acc, qs, kRow, ss, kRow, 16 * mt, 64 * half, g, t, lane);
+  productAB<8, kChunk / 16>(acc, ps, kSquareRow, vs, kRow, 16 * mt, 64 * half, g, t, lane);
+  forPairs<8>(16 * mt, 64 * half, g, t, [&](int nt, int h, int r, int c) {
+    if (r < valid)
+      *reinterpret_cast<uint32_t *>(out + r * kDim + c) = packBf16(acc[nt][2 * h], acc[nt][2 * h + 1]);
+  });
+}
+
+/// Whether the environment variable \p name says "1" (the kernels' opt-in switches).
+inline bool switchedOn(const char *name) {
+  const char *v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
+/// A [B, H, T, 128] bf16 tensor's rows for the kernels.
+inline Strided stridedRows(const at::Tensor &x) {
+  return {reinterpret_cast<const bf16 *>(x.data_ptr<at::BFloat16>()), x.stride(0), x.stride(1), x.stride(2),
+          x.size(1)};
 }
 
 /// Allows \p kernel \p bytes of dynamic shared memory (above 48 KiB).

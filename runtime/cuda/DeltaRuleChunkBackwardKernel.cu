@@ -34,20 +34,6 @@ namespace {
 
 using namespace delta;
 
-/// Copies rows [row0, row0 + 64) of a [B, H, T, 128] bf16 tensor (row
-/// strides in elements) into \p tile, zeros past \p valid.
-struct Rows {
-  const bf16 *data;
-  int64_t b, h, t, heads;
-  __device__ __forceinline__ void load(bf16 *tile, int64_t bh, int64_t row0, int valid, bool async) const {
-    for (int i = threadIdx.x; i < kChunk * kDim / 8; i += blockDim.x) {
-      const int r = i / (kDim / 8), c = (i % (kDim / 8)) * 8;
-      copy16(tile + r * kRow + c, data + (bh / heads) * b + (bh % heads) * h + (row0 + (r < valid ? r : 0)) * t + c,
-             r < valid, async);
-    }
-  }
-};
-
 /// Copies \p rows rows of a contiguous [.., 128] bf16 array into \p tile.
 __device__ __forceinline__ void loadBf16(bf16 *tile, int stride, const bf16 *x, int rows, bool async) {
   for (int i = threadIdx.x; i < rows * kDim / 8; i += blockDim.x) {
@@ -76,7 +62,7 @@ __device__ __forceinline__ void loadFloat(bf16 *tile, int stride, const float *x
 /// Kernel 1, a block (256 threads) per (chunk, b·h): Kd, Qd and dO as
 /// contiguous rows [B·H, n·64, 128] (bf16) and localNew = P^T dO (fp32).
 __global__ void __launch_bounds__(256)
-    deltaRuleLocalKernel(Rows query, Rows key, Rows gradOut, const float *cum, int64_t tokens, float scale,
+    deltaRuleLocalKernel(Strided query, Strided key, Strided gradOut, const float *cum, int64_t tokens, float scale,
                          bf16 *keysToEnd, bf16 *queryDecayed, bf16 *gradOutRows, float *localNew, bool async) {
   extern __shared__ __align__(16) unsigned char shared[];
   bf16 *qs = reinterpret_cast<bf16 *>(shared);
@@ -87,9 +73,9 @@ __global__ void __launch_bounds__(256)
   const int64_t bh = blockIdx.y, row0 = int64_t(blockIdx.x) * kChunk, padded = int64_t(gridDim.x) * kChunk;
   const int valid = static_cast<int>(tokens - row0 < kChunk ? tokens - row0 : kChunk);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  query.load(qs, bh, row0, valid, async);
-  key.load(ks, bh, row0, valid, async);
-  gradOut.load(dos, bh, row0, valid, async);
+  loadRows(qs, query, bh, row0, valid, async);
+  loadRows(ks, key, bh, row0, valid, async);
+  loadRows(dos, gradOut, bh, row0, valid, async);
   if (tid < kChunk)
     cs[tid] = cum[bh * padded + row0 + tid];
   awaitCopies(async);
@@ -159,7 +145,7 @@ __device__ __forceinline__ void subtractColumnSums(float *sums, const float (&co
 /// rows), dW = -dV_new S^T (bf16 rows), and the part of dG [B·H, n·64]
 /// from the scores, Qd, Kd and the chunk's last decay.
 __global__ void __launch_bounds__(256)
-    deltaRuleChunkGradKernel(Rows query, Rows key, const bf16 *gradOutRows, const bf16 *newValues,
+    deltaRuleChunkGradKernel(Strided query, Strided key, const bf16 *gradOutRows, const bf16 *newValues,
                              const float *gradNew, const bf16 *states, const float *leaving, const float *cum,
                              int64_t tokens, float scale, bf16 *gradQuery, float *gradKeyPart, bf16 *gradW,
                              float *gradCumPart, bool async) {
@@ -182,8 +168,8 @@ __global__ void __launch_bounds__(256)
   const int mt = warp % 4, half = warp / 4;
   const bf16 *state = states + (bh * chunks + n) * kDim * kDim;
   const float *stateGrad = leaving + (bh * chunks + n) * kDim * kDim;
-  query.load(qs, bh, row0, valid, async);
-  key.load(ks, bh, row0, valid, async);
+  loadRows(qs, query, bh, row0, valid, async);
+  loadRows(ks, key, bh, row0, valid, async);
   loadBf16(dos, kRow, gradOutRows + rows0 * kDim, kChunk, async);
   loadBf16(vns, kRow, newValues + rows0 * kDim, kChunk, async);
   loadBf16(ss, kRow, state, kDim, async);
@@ -323,7 +309,7 @@ __global__ void __launch_bounds__(256)
 /// with A = strictly-lower(beta_t k_t.k_i e^{G_t - G_i}): dk (bf16, with
 /// kernel 3's part), dv (bf16), dbeta and dg (fp32 [B·H, T]).
 __global__ void __launch_bounds__(256)
-    deltaRuleTransformGradKernel(Rows key, Rows value, const float *beta, const float *cum, const float *inverse,
+    deltaRuleTransformGradKernel(Strided key, Strided value, const float *beta, const float *cum, const float *inverse,
                                  const bf16 *gradW, const float *gradNew, const float *gradKeyPart,
                                  const float *gradCumPart, int64_t tokens, bf16 *gradKey, bf16 *gradValue,
                                  float *gradBeta, float *gradDecay, bool async) {
@@ -344,8 +330,8 @@ __global__ void __launch_bounds__(256)
   const int valid = static_cast<int>(tokens - row0 < kChunk ? tokens - row0 : kChunk);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int mt = warp % 4, half = warp / 4;
-  key.load(ks, bh, row0, valid, async);
-  value.load(vs, bh, row0, valid, async);
+  loadRows(ks, key, bh, row0, valid, async);
+  loadRows(vs, value, bh, row0, valid, async);
   loadBf16(dws, kRow, gradW + rows0 * kDim, kChunk, async);
   if (async) {
     loadFloatBatched<kChunk, kDim>(dns, kRow, gradNew + rows0 * kDim);
@@ -453,10 +439,6 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-Rows rows(const at::Tensor &x) {
-  return {reinterpret_cast<const bf16 *>(x.data_ptr<at::BFloat16>()), x.stride(0), x.stride(1), x.stride(2), x.size(1)};
-}
-
 const bf16 *bf16Data(const at::Tensor &x) { return reinterpret_cast<const bf16 *>(x.data_ptr<at::BFloat16>()); }
 bf16 *bf16Data(at::Tensor &x) { return reinterpret_cast<bf16 *>(x.data_ptr<at::BFloat16>()); }
 
@@ -501,7 +483,7 @@ DeltaRuleGrads gatedDeltaRuleBackward(const at::Tensor &query, const at::Tensor 
     const size_t bytes = 3 * kChunk * kRow * sizeof(bf16) + kChunk * kSquareRow * sizeof(bf16) + kChunk * sizeof(float);
     allowSharedMemory(deltaRuleLocalKernel, bytes);
     deltaRuleLocalKernel<<<dim3(chunks, bh), 256, bytes, stream>>>(
-        rows(query), rows(key), rows(dOut), saved.cum.data_ptr<float>(), tokens, scale, bf16Data(keysToEnd),
+        stridedRows(query), stridedRows(key), stridedRows(dOut), saved.cum.data_ptr<float>(), tokens, scale, bf16Data(keysToEnd),
         bf16Data(queryDecayed), bf16Data(dOutRows), localNew.data_ptr<float>(), async);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     state = deltaRuleStateBackward(keysToEnd, queryDecayed, saved.w, dOutRows, localNew, saved.cum, dLast);
@@ -513,7 +495,7 @@ DeltaRuleGrads gatedDeltaRuleBackward(const at::Tensor &query, const at::Tensor 
                          (2 * kChunk + 2) * sizeof(float);
     allowSharedMemory(deltaRuleChunkGradKernel, bytes);
     deltaRuleChunkGradKernel<<<dim3(chunks, bh), 256, bytes, stream>>>(
-        rows(query), rows(key), bf16Data(dOutRows), bf16Data(saved.newValues), state.newValues.data_ptr<float>(),
+        stridedRows(query), stridedRows(key), bf16Data(dOutRows), bf16Data(saved.newValues), state.newValues.data_ptr<float>(),
         bf16Data(saved.states), state.leaving.data_ptr<float>(), saved.cum.data_ptr<float>(), tokens, scale,
         bf16Data(r.query), dKeyPart.data_ptr<float>(), bf16Data(dW), dCumPart.data_ptr<float>(), async);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -523,7 +505,7 @@ DeltaRuleGrads gatedDeltaRuleBackward(const at::Tensor &query, const at::Tensor 
                          4 * kChunk * sizeof(float);
     allowSharedMemory(deltaRuleTransformGradKernel, bytes);
     deltaRuleTransformGradKernel<<<dim3(chunks, bh), 256, bytes, stream>>>(
-        rows(key), rows(value), b.data_ptr<float>(), saved.cum.data_ptr<float>(), saved.inverse.data_ptr<float>(),
+        stridedRows(key), stridedRows(value), b.data_ptr<float>(), saved.cum.data_ptr<float>(), saved.inverse.data_ptr<float>(),
         bf16Data(dW), state.newValues.data_ptr<float>(), dKeyPart.data_ptr<float>(), dCumPart.data_ptr<float>(),
         tokens, bf16Data(r.key), bf16Data(r.value), r.beta.data_ptr<float>(), r.decay.data_ptr<float>(), async);
     C10_CUDA_KERNEL_LAUNCH_CHECK();

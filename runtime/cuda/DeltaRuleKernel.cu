@@ -20,8 +20,6 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 
 namespace adapt::rt::cuda {
 
@@ -113,18 +111,9 @@ __global__ void __launch_bounds__(256) deltaRuleTransformKernel(Strided key, Str
   __syncthreads();
   // W = T (beta k exp(G)), U = T (beta v): a warp per 16 rows and 64 columns.
   const int mt = warp % 4, half = warp / 4;
-  for (int which = 0; which < 2; ++which) {
-    const bf16 *rhs = which == 0 ? ks : vs;
-    bf16 *dst = (which == 0 ? w : u) + (bh * gridDim.x * kChunk + row0) * kDim;
-    float acc[8][4] = {};
-    productAB<8, kChunk / 16>(acc, ts, kSquareRow, rhs, kRow, 16 * mt, 64 * half, g, t, lane);
-#pragma unroll
-    for (int nt = 0; nt < 8; ++nt) {
-      const int r = 16 * mt + g, c = 64 * half + 8 * nt + 2 * t;
-      *reinterpret_cast<uint32_t *>(dst + r * kDim + c) = packBf16(acc[nt][0], acc[nt][1]);
-      *reinterpret_cast<uint32_t *>(dst + (r + 8) * kDim + c) = packBf16(acc[nt][2], acc[nt][3]);
-    }
-  }
+  const int64_t rows0 = (bh * gridDim.x * kChunk + row0) * kDim;
+  storeTransformed(w + rows0, ts, ks, mt, half, g, t, lane);
+  storeTransformed(u + rows0, ts, vs, mt, half, g, t, lane);
 }
 
 /// Kernel 3, a block (256 threads) per (chunk, b·h): the chunk's output
@@ -180,19 +169,7 @@ __global__ void __launch_bounds__(256) deltaRuleOutputKernel(Strided query, Stri
     qs[r * kRow + c] = __float2bfloat16(__bfloat162float(qs[r * kRow + c]) * scale * __expf(cs[r]));
   }
   __syncthreads();
-  float acc[8][4] = {};
-  productAB<8, kDim / 16>(acc, qs, kRow, ss, kRow, 16 * mt, 64 * half, g, t, lane);       // (q scale exp(G)) S_n
-  productAB<8, kChunk / 16>(acc, ps, kSquareRow, vs, kRow, 16 * mt, 64 * half, g, t, lane); // + P V_new
-  bf16 *o = out + (bh * tokens + row0) * kDim;
-  forPairs<8>(16 * mt, 64 * half, g, t, [&](int nt, int h, int r, int c) {
-    if (r < valid)
-      *reinterpret_cast<uint32_t *>(o + r * kDim + c) = packBf16(acc[nt][2 * h], acc[nt][2 * h + 1]);
-  });
-}
-
-Strided strided(const at::Tensor &x) {
-  return {reinterpret_cast<const bf16 *>(x.data_ptr<at::BFloat16>()), x.stride(0), x.stride(1), x.stride(2),
-          x.size(1)};
+  storeChunkOutput(out + (bh * tokens + row0) * kDim, qs, ss, ps, vs, valid, mt, half, g, t, lane);
 }
 
 bool rowsPackable(const at::Tensor &x) {
@@ -203,10 +180,7 @@ bool rowsPackable(const at::Tensor &x) {
 } // namespace
 
 bool delta::asyncLoads() {
-  static const bool on = [] {
-    const char *v = std::getenv("ADAPT_DELTA_RULE_PREFETCH");
-    return v != nullptr && std::strcmp(v, "1") == 0;
-  }();
+  static const bool on = switchedOn("ADAPT_DELTA_RULE_PREFETCH");
   return on;
 }
 
@@ -259,7 +233,7 @@ at::Tensor gatedDeltaRuleForward(const at::Tensor &query, const at::Tensor &key,
                                 (kChunk * (kChunk + 1) + 2 * kChunk) * sizeof(float);
   allowSharedMemory(deltaRuleTransformKernel, transformBytes);
   deltaRuleTransformKernel<<<dim3(chunks, bh), 256, transformBytes, stream>>>(
-      strided(key), strided(value), g.data_ptr<float>(), b.data_ptr<float>(), tokens,
+      stridedRows(key), stridedRows(value), g.data_ptr<float>(), b.data_ptr<float>(), tokens,
       reinterpret_cast<bf16 *>(w.data_ptr<at::BFloat16>()), reinterpret_cast<bf16 *>(u.data_ptr<at::BFloat16>()),
       cum.data_ptr<float>(), inverse.defined() ? inverse.data_ptr<float>() : nullptr, async);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -268,7 +242,7 @@ at::Tensor gatedDeltaRuleForward(const at::Tensor &query, const at::Tensor &key,
   auto stateKernel = prefetch ? deltaRuleStateKernel<true> : deltaRuleStateKernel<false>;
   allowSharedMemory(stateKernel, stateBytes);
   stateKernel<<<dim3(kDim / kStateColumns, bh), 128, stateBytes, stream>>>(
-      strided(key), reinterpret_cast<const bf16 *>(w.data_ptr<at::BFloat16>()),
+      stridedRows(key), reinterpret_cast<const bf16 *>(w.data_ptr<at::BFloat16>()),
       reinterpret_cast<const bf16 *>(u.data_ptr<at::BFloat16>()), cum.data_ptr<float>(), tokens, chunks,
       init.defined() ? init.data_ptr<float>() : nullptr, reinterpret_cast<bf16 *>(states.data_ptr<at::BFloat16>()),
       reinterpret_cast<bf16 *>(vNew.data_ptr<at::BFloat16>()), last.defined() ? last.data_ptr<float>() : nullptr);
@@ -278,7 +252,7 @@ at::Tensor gatedDeltaRuleForward(const at::Tensor &query, const at::Tensor &key,
                              kChunk * sizeof(float);
   allowSharedMemory(deltaRuleOutputKernel, outputBytes);
   deltaRuleOutputKernel<<<dim3(chunks, bh), 256, outputBytes, stream>>>(
-      strided(query), strided(key), reinterpret_cast<const bf16 *>(states.data_ptr<at::BFloat16>()),
+      stridedRows(query), stridedRows(key), reinterpret_cast<const bf16 *>(states.data_ptr<at::BFloat16>()),
       reinterpret_cast<const bf16 *>(vNew.data_ptr<at::BFloat16>()), cum.data_ptr<float>(), tokens,
       static_cast<float>(1.0 / std::sqrt(double(kDim))), reinterpret_cast<bf16 *>(out.data_ptr<at::BFloat16>()),
       async);

@@ -20,8 +20,6 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 
 namespace adapt::rt::cuda {
 
@@ -147,15 +145,8 @@ __global__ void __launch_bounds__(256)
   __syncthreads();
   // W = T (beta k e^G), U = T (beta v): a warp per 16 rows and 64 columns.
   const int mt = warp % 4, half = warp / 4;
-  for (int which = 0; which < 2; ++which) {
-    bf16 *dst = (which == 0 ? w : u) + (bh * padded + row0) * kDim;
-    float acc[8][4];
-    zero(acc);
-    productAB<8, kChunk / 16>(acc, ts, kSquareRow, which == 0 ? ks : vs, kRow, 16 * mt, 64 * half, g, t, lane);
-    forPairs<8>(16 * mt, 64 * half, g, t, [&](int nt, int h, int r, int c) {
-      *reinterpret_cast<uint32_t *>(dst + r * kDim + c) = packBf16(acc[nt][2 * h], acc[nt][2 * h + 1]);
-    });
-  }
+  storeTransformed(w + (bh * padded + row0) * kDim, ts, ks, mt, half, g, t, lane);
+  storeTransformed(u + (bh * padded + row0) * kDim, ts, vs, mt, half, g, t, lane);
 }
 
 /// Kernel 3, a block (256 threads) per (chunk, b·h): the chunk's output
@@ -200,20 +191,7 @@ __global__ void __launch_bounds__(256)
   }
   __syncthreads();
   const int mt = warp % 4, half = warp / 4;
-  float acc[8][4];
-  zero(acc);
-  productAB<8, kDim / 16>(acc, qs, kRow, ss, kRow, 16 * mt, 64 * half, g, t, lane);         // (q scale e^G) S_n
-  productAB<8, kChunk / 16>(acc, ps, kSquareRow, vs, kRow, 16 * mt, 64 * half, g, t, lane); // + P V_new
-  bf16 *o = out + (bh * tokens + row0) * kDim;
-  forPairs<8>(16 * mt, 64 * half, g, t, [&](int nt, int h, int r, int c) {
-    if (r < valid)
-      *reinterpret_cast<uint32_t *>(o + r * kDim + c) = packBf16(acc[nt][2 * h], acc[nt][2 * h + 1]);
-  });
-}
-
-Strided stridedRows(const at::Tensor &x) {
-  return {reinterpret_cast<const bf16 *>(x.data_ptr<at::BFloat16>()), x.stride(0), x.stride(1), x.stride(2),
-          x.size(1)};
+  storeChunkOutput(out + (bh * tokens + row0) * kDim, qs, ss, ps, vs, valid, mt, half, g, t, lane);
 }
 
 bf16 *bf16Data(at::Tensor &x) { return reinterpret_cast<bf16 *>(x.data_ptr<at::BFloat16>()); }
@@ -221,10 +199,7 @@ bf16 *bf16Data(at::Tensor &x) { return reinterpret_cast<bf16 *>(x.data_ptr<at::B
 } // namespace
 
 bool kimiDeltaKernelEnabled() {
-  static const bool on = [] {
-    const char *v = std::getenv("ADAPT_KIMI_DELTA_KERNEL");
-    return v != nullptr && std::strcmp(v, "1") == 0;
-  }();
+  static const bool on = switchedOn("ADAPT_KIMI_DELTA_KERNEL");
   return on;
 }
 

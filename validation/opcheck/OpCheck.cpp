@@ -726,7 +726,7 @@ int selfTest(torch::Device device, int64_t seeds) {
 } // namespace
 
 int main(int argc, char **argv) {
-  std::string outDir, only, deviceName, dtypeName;
+  std::string outDir, only, deviceName, precision;
   int64_t seeds = 0;
   bool self = false;
   try {
@@ -745,7 +745,7 @@ int main(int argc, char **argv) {
     outDir = flags.text("--out");
     only = flags.text("--only");
     deviceName = flags.choice("--device", "cpu", {"cpu", "cuda"});
-    dtypeName = flags.choice("--dtype", "both", {"both", "float32", "bfloat16"});
+    precision = flags.choice("--dtype", "both", {"both", "float32", "bfloat16"});
     seeds = flags.integer("--seeds", 5, 1, 1000);
   } catch (const RuntimeError &e) {
     return usage(e.what());
@@ -774,9 +774,9 @@ int main(int argc, char **argv) {
     std::printf("%-36s %-8s %-50s %9s %9s  %-6s %s\n", "check", "dtype", "shape", "worst", "tolerance", "result",
                 "seconds");
     std::vector<torch::ScalarType> dtypes;
-    if (dtypeName != "bfloat16")
+    if (precision != "bfloat16")
       dtypes.push_back(torch::kFloat32);
-    if (dtypeName != "float32")
+    if (precision != "float32")
       dtypes.push_back(torch::kBFloat16);
     for (const Check &check : checks)
       for (torch::ScalarType dtype : dtypes) {
@@ -824,7 +824,7 @@ int main(int argc, char **argv) {
         {"device", deviceName},
         {"seeds", std::move(seedList)},
         {"only", only},
-        {"dtype", dtypeName},
+        {"dtype", precision},
         {"torch", TORCH_VERSION},
         {"metric", "||ours - ref|| / ||ref|| over every element; non-finite, wrong shape or dtype: infinite"},
         {"code", JsonValue::object({{"runtime_library", lib},
