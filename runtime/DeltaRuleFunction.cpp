@@ -261,15 +261,17 @@ struct DeltaRuleNode : torch::autograd::Function<DeltaRuleNode> {
 
 } // namespace
 
+bool deltaRuleNeedsGraph(const DeltaRuleInputs &in, const Tensor &initialState) {
+  return torch::GradMode::is_enabled() &&
+         (in.query.requires_grad() || in.key.requires_grad() || in.value.requires_grad() || in.decay.requires_grad() ||
+          in.beta.requires_grad() || (initialState.defined() && initialState.requires_grad()));
+}
+
 std::vector<Tensor> scalarDecayDeltaRule(const DeltaRuleInputs &in, int64_t chunkSize, const Tensor &initialState,
                                          bool tf32) {
   const int64_t b = in.key.size(0), h = in.key.size(1), dk = in.key.size(3), dv = in.value.size(3);
 #ifdef ADAPT_WITH_CUDA_KERNELS
-  const bool needsGraph =
-      torch::GradMode::is_enabled() && (in.query.requires_grad() || in.key.requires_grad() || in.value.requires_grad() ||
-                                        in.decay.requires_grad() || in.beta.requires_grad() ||
-                                        (initialState.defined() && initialState.requires_grad()));
-  if (!needsGraph && forwardKernelEnabled() &&
+  if (!deltaRuleNeedsGraph(in, initialState) && forwardKernelEnabled() &&
       cuda::deltaRuleForwardTakes(in.query, in.key, in.value, in.decay, in.beta, chunkSize)) {
     Tensor last;
     Tensor out = cuda::gatedDeltaRuleForward(in.query, in.key, in.value, in.decay, in.beta, initialState, &last);

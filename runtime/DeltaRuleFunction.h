@@ -30,6 +30,10 @@
 
 namespace adapt::rt {
 
+/// Whether a call on \p in from \p initialState (may be undefined) records
+/// a graph: grad mode is on and one of them requires a gradient.
+bool deltaRuleNeedsGraph(const DeltaRuleInputs &in, const torch::Tensor &initialState);
+
 /// {output [B, H, T, dv] in the query's dtype, S_T [B, H, dk, dv] fp32} of
 /// the chunked delta rule with a per-head decay ([B, H, T]), from \p
 /// initialState (undefined: zeros), differentiable in every input and the

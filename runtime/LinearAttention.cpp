@@ -1,12 +1,10 @@
 //===- LinearAttention.cpp - linear attention's stateless kernels ---------===//
 
 #include "runtime/LinearAttention.h"
-#include "runtime/ChunkedTensors.h"
 #include "runtime/DeltaRuleFunction.h"
 #include "runtime/KimiDeltaFunction.h"
 #include "runtime/Ops.h"
 #include "runtime/Recompute.h"
-#include "runtime/Tf32Scope.h"
 
 #ifdef ADAPT_WITH_CUDA_KERNELS
 #include "runtime/cuda/KimiDeltaKernel.h"
@@ -134,62 +132,6 @@ torch::Tensor gatedDeltaRuleRecurrent(const DeltaRuleInputs &in, torch::Tensor *
 
 namespace {
 
-/// The chunked form with a decay per key channel (one per head goes to
-/// scalarDecayDeltaRule) from \p initialState (undefined: zeros); returns fp32.
-torch::Tensor chunkedForm(const Fp32Inputs &f, int64_t chunkSize, const torch::Tensor &initialState,
-                          torch::Tensor *finalState) {
-  const int64_t b = f.k.size(0), h = f.k.size(1), t = f.k.size(2), dk = f.k.size(3), dv = f.v.size(3);
-  const int64_t c = chunkSize, pad = (c - t % c) % c, chunks = (t + pad) / c;
-  // Padding tokens have k = 0, beta = 0 and decay 0: they change nothing.
-  auto chunked = [&](const torch::Tensor &x) {
-    return (pad ? torch::constant_pad_nd(x, {0, 0, 0, pad}) : x).reshape({b, h, chunks, c, x.size(-1)});
-  };
-  torch::Tensor q = chunked(f.q), k = chunked(f.k), v = chunked(f.v), g = chunked(f.g);
-  torch::Tensor beta = chunked(f.beta.unsqueeze(-1));
-  torch::Tensor kBeta = k * beta, vBeta = v * beta;
-
-  // Log decay from the chunk start through each position, and the decay
-  // between positions i <= t of a chunk (zero above the diagonal).
-  torch::Tensor cum = g.cumsum(3);                                          // [b, h, n, c, G]
-  // sum_c x_tc y_ic exp(cum_tc - cum_ic) for every pair (t, i).
-  auto decayedScores = [&](const torch::Tensor &x, const torch::Tensor &y) {
-    return perChannelDecayedScores(x, y, cum);
-  };
-  // The UT transform: (I + strictly-lower(beta_t k_t.k_i decay)) W = X for
-  // the values and the decayed keys that read the chunk's incoming state.
-  // Its inverse comes from one triangular solve against the identity (c
-  // columns, where solving for both right-hand sides took dv + dk), and the
-  // two products are GEMMs, which can use tensor cores (chunkedRun).
-  torch::Tensor system = decayedScores(kBeta, k);
-  torch::Tensor inverse = torch::linalg_solve_triangular(system, torch::eye(c, system.options()), /*upper=*/false,
-                                                         /*left=*/true, /*unitriangular=*/true);
-  torch::Tensor newValues = torch::matmul(inverse, vBeta);
-  torch::Tensor keysReadingState = torch::matmul(inverse, kBeta * cum.exp());
-  torch::Tensor intra = decayedScores(q, k);                                 // [b, h, n, t, i], i <= t
-  torch::Tensor queryDecayed = q * cum.exp();                                // reads the incoming state
-  torch::Tensor last = cum.narrow(3, c - 1, 1);                              // [b, h, n, 1, G]
-  torch::Tensor keyToEnd = k * (last - cum).exp();                           // writes the outgoing state
-  torch::Tensor chunkDecay = last.exp().squeeze(3).expand({b, h, chunks, dk}); // [b, h, n, dk]
-
-  // The state recurrence S_{n+1} = diag(d) S_n + W^T (V - R S_n), rewritten as
-  // S_{n+1} = M_n S_n + W^T V with M_n = diag(d) - W^T R: the products that
-  // do not depend on the state are batched over every chunk here, so the
-  // serial loop is one batched GEMM per chunk (and ~3 kernels per chunk in
-  // its backward), where it was six small kernels forward and ~15 backward.
-  torch::Tensor writesT = keyToEnd.transpose(-1, -2);                        // [b, h, n, dk, c]
-  torch::Tensor transition = torch::diag_embed(chunkDecay) - torch::matmul(writesT, keysReadingState);
-  torch::Tensor written = torch::matmul(writesT, newValues);                 // [b, h, n, dk, dv]
-  torch::Tensor state = initialState.defined() ? initialState : torch::zeros({b, h, dk, dv}, f.v.options());
-  auto [states, leaving] = chunkStates(transition, written, state.reshape({b * h, dk, dv}));
-  if (finalState)
-    *finalState = leaving.view({b, h, dk, dv});
-  // Every chunk's output from the state entering it, batched over chunks.
-  torch::Tensor corrected = newValues - torch::matmul(keysReadingState, states);
-  torch::Tensor out = torch::matmul(queryDecayed, states) + torch::matmul(intra, corrected);
-  return out.view({b, h, chunks * c, dv}).narrow(2, 0, t);
-}
-
-
 /// The chunked form of \p in (named \p op in errors) from \p initialState
 /// (undefined: zeros), in the query's dtype. With reduced-precision
 /// activations (bf16/fp16 values: the result is rounded to that
@@ -198,43 +140,28 @@ torch::Tensor chunkedForm(const Fp32Inputs &f, int64_t chunkSize, const torch::T
 /// use bf16 tensor cores); fp32 activations keep IEEE fp32.
 torch::Tensor chunkedRun(const DeltaRuleInputs &in, const char *op, int64_t chunkSize,
                          const torch::Tensor &initialState, torch::Tensor *finalState) {
-  // The CPU takes the same node (the flag only affects CUDA GEMMs there), so
-  // the op stage's bf16 checks cover its forward and backward everywhere.
+  checkShapes(in, op);
+  // The CPU takes the same nodes (the flag only affects CUDA GEMMs there), so
+  // the op stage's bf16 checks cover their forward and backward everywhere.
   const bool tensorCores = in.value.scalar_type() != torch::kFloat32 && in.value.scalar_type() != torch::kFloat64;
-  const auto dtype = in.query.scalar_type();
-  std::vector<torch::Tensor> inputs{in.query, in.key, in.value, in.decay, in.beta};
-  if (initialState.defined())
-    inputs.push_back(initialState);
-  const bool needsGraph = torch::GradMode::is_enabled() &&
-                          std::any_of(inputs.begin(), inputs.end(), [](const torch::Tensor &x) { return x.requires_grad(); });
+  std::vector<torch::Tensor> r;
   if (in.decay.dim() == 3) { // one decay per head: the kernels, or the node with its backward written out
-    checkShapes(in, op);
-    std::vector<torch::Tensor> r = scalarDecayDeltaRule(in, chunkSize, initialState, tensorCores);
-    if (finalState)
-      *finalState = r[1];
-    return r[0];
-  }
-  if (!needsGraph) { // No backward: the kernels when asked, else the composition.
+    r = scalarDecayDeltaRule(in, chunkSize, initialState, tensorCores);
+  } else {
 #ifdef ADAPT_WITH_CUDA_KERNELS
-    if (cuda::kimiDeltaKernelEnabled() &&
+    if (!deltaRuleNeedsGraph(in, initialState) && cuda::kimiDeltaKernelEnabled() &&
         cuda::kimiDeltaRuleForwardTakes(in.query, in.key, in.value, in.decay, in.beta, chunkSize)) {
-      checkShapes(in, op);
       torch::Tensor last;
-      torch::Tensor out =
-          cuda::kimiDeltaRuleForward(in.query, in.key, in.value, in.decay, in.beta, initialState, &last);
+      torch::Tensor out = cuda::kimiDeltaRuleForward(in.query, in.key, in.value, in.decay, in.beta, initialState, &last);
       if (finalState)
         *finalState = last;
       return out;
     }
 #endif
-    if (!tensorCores)
-      return chunkedForm(prepare(in, op), chunkSize, initialState, finalState).to(dtype);
-    Tf32Scope tf32;
-    return chunkedForm(prepare(in, op), chunkSize, initialState, finalState).to(dtype);
+    // The node with its backward written out (runtime/KimiDeltaFunction.h);
+    // without a graph, its forward alone.
+    r = perChannelDecayDeltaRule(in, chunkSize, initialState, tensorCores);
   }
-  // With a graph: the node with its backward written out (runtime/KimiDeltaFunction.h).
-  checkShapes(in, op);
-  std::vector<torch::Tensor> r = perChannelDecayDeltaRule(in, chunkSize, initialState, tensorCores);
   if (finalState)
     *finalState = r[1];
   return r[0];
