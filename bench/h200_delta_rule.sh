@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# The delta rule's CUDA kernels on a GPU machine, in two phases that share one
+# warm machine's build (/tmp/adapt-h200):
+#   PHASE=checks   op-stage checks of the default kernels, then of each opt-in
+#                  switch (prefetch, the segmented backward, Kimi's kernels), bf16
+#   PHASE=timings  forward and forward+backward of the op at the issue's shapes,
+#                  default against each switch, a Kineto profile at 32K, and
+#                  flash-linear-attention 0.6 (wheels carried in .whl/) last
+# Logs stay in /tmp/adapt-h200; the summary goes to stdout (pipe it to $OUT).
+# usage: PHASE=checks|timings [CHECK_TIMEOUT=110] bench/h200_delta_rule.sh OUTDIR
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:?usage: PHASE=checks|timings h200_delta_rule.sh OUTDIR}; mkdir -p "$OUT"
+W=/tmp/adapt-h200; mkdir -p $W
+PREFIX=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')
+echo "== build $(date +%T)"
+cmake -S runtime -B $W/rt -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PREFIX" > $W/cmake-runtime.log 2>&1 || { tail -20 $W/cmake-runtime.log; exit 1; }
+cmake --build $W/rt --target adapt_runtime adapt-op-check > $W/build-runtime.log 2>&1 || { grep -m5 -A8 error $W/build-runtime.log; exit 1; }
+cmake -S bench/h200/long_context -B $W/lc -G Ninja -DAdaptRuntime_DIR=$W/rt > $W/cmake-lc.log 2>&1 || { tail -20 $W/cmake-lc.log; exit 1; }
+cmake --build $W/lc > $W/build-lc.log 2>&1 || { grep -m5 -A8 error $W/build-lc.log; exit 1; }
+echo "== built $(date +%T)"
+
+# check NAME ENV... -- ONLY [DTYPE]: one op-check run under the given switches;
+# prints its verdict line per check and keeps the record in $W/checks/NAME.
+check() {
+  local name=$1; shift
+  local envs=()
+  while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  shift
+  local only=$1 dtype=${2:-bfloat16}
+  local t0=$(date +%s)
+  env "${envs[@]}" timeout ${CHECK_TIMEOUT:-110} $W/rt/adapt-op-check --device cuda --seeds 2 --dtype $dtype \
+    --only $only --out $W/checks/$name > $W/checks-$name.log 2>&1
+  local rc=$?
+  echo "-- $name [${envs[*]}] $only $dtype: rc $rc, $(( $(date +%s) - t0 )) s"
+  grep -E "FAIL|fail|error" $W/checks-$name.log | head -8
+  [ -f $W/checks/$name/op-stage.md ] && grep -E "^\|" $W/checks/$name/op-stage.md | grep -v -- "---" | head -14
+}
+
+if [ "${PHASE:-checks}" = checks ]; then
+  mkdir -p $W/checks
+  check default ADAPT_NONE=1 -- gated_delta_rule.chunked
+  check default-nograd ADAPT_NONE=1 -- gated_delta_rule.no_grad
+  check segmented-bwd ADAPT_DELTA_RULE_BACKWARD_KERNEL=1 -- gated_delta_rule.segmented
+  check prefetch ADAPT_DELTA_RULE_PREFETCH=1 -- gated_delta_rule.chunked
+  check prefetch-nograd ADAPT_DELTA_RULE_PREFETCH=1 -- gated_delta_rule.no_grad
+  check kimi-kernel ADAPT_KIMI_DELTA_KERNEL=1 -- kimi_delta.no_grad
+  check kimi-kernel-fp32 ADAPT_KIMI_DELTA_KERNEL=1 -- kimi_delta.no_grad float32
+  check kimi-node ADAPT_NONE=1 -- kimi_delta.chunked
+fi
+
+if [ "${PHASE:-checks}" = timings ]; then
+  SHAPES="1 32 8192 128 128 1 32 32768 128 128 4 16 4096 128 128"
+  run_shapes() { # LABEL ENV... : the op at each shape
+    local label=$1; shift
+    set -- "$@" -- $SHAPES
+    local envs=()
+    while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+    shift
+    while [ $# -ge 5 ]; do
+      echo "$label $(env "${envs[@]}" timeout 120 $W/lc/long_context --delta-rule $1 $2 $3 $4 $5 --iters 5 ${EXTRA:-} 2>&1 | tail -1)"
+      shift 5
+    done
+  }
+  echo "== gated delta rule $(date +%T)"
+  run_shapes default ADAPT_NONE=1
+  run_shapes prefetch ADAPT_DELTA_RULE_PREFETCH=1
+  echo "== Kimi delta attention $(date +%T)"
+  EXTRA=--per-channel run_shapes kda-default ADAPT_NONE=1
+  EXTRA=--per-channel run_shapes kda-kernel ADAPT_KIMI_DELTA_KERNEL=1
+  echo "== profile at 32K $(date +%T)"
+  timeout 120 $W/lc/long_context --delta-rule 1 32 32768 128 128 --profile $W/prof32k > $W/prof32k.log 2>&1
+  head -40 $W/prof32k/profile/breakdown.md 2>/dev/null
+  cp $W/prof32k/profile/breakdown.md $OUT/breakdown-32k.md 2>/dev/null
+  echo "== fla 0.6 $(date +%T)"
+  mkdir -p /tmp/fla && for w in .whl/*.whl; do python3 -m zipfile -e $w /tmp/fla; done
+  PYTHONPATH=/tmp/fla timeout ${FLA_TIMEOUT:-240} python3 bench/h200/fla_delta_rule.py --bypass-triton-guard $SHAPES 2>&1 | grep -v Warning | tail -4
+  PYTHONPATH=/tmp/fla timeout ${FLA_TIMEOUT:-240} python3 bench/h200/fla_delta_rule.py --bypass-triton-guard --per-channel $SHAPES 2>&1 | grep -v Warning | tail -4
+fi
+echo "== done $(date +%T)"
