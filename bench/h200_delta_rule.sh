@@ -7,7 +7,8 @@
 #                  default against each switch, a Kineto profile at 32K, and
 #                  flash-linear-attention 0.6 (wheels carried in .whl/) last
 # Logs stay in /tmp/adapt-h200; the summary goes to stdout (pipe it to $OUT).
-# usage: PHASE=checks|timings [CHECK_TIMEOUT=110] bench/h200_delta_rule.sh OUTDIR
+#   PHASE=both     the two, in that order
+# usage: PHASE=checks|timings|both [CHECK_TIMEOUT=110] [SKIP_FLA=1] bench/h200_delta_rule.sh OUTDIR
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: PHASE=checks|timings h200_delta_rule.sh OUTDIR}; mkdir -p "$OUT"
@@ -37,7 +38,7 @@ check() {
   [ -f $W/checks/$name/op-stage.md ] && grep -E "^\|" $W/checks/$name/op-stage.md | grep -v -- "---" | head -14
 }
 
-if [ "${PHASE:-checks}" = checks ]; then
+if [ "${PHASE:-checks}" != timings ]; then
   mkdir -p $W/checks
   check default ADAPT_NONE=1 -- gated_delta_rule.chunked
   check default-nograd ADAPT_NONE=1 -- gated_delta_rule.no_grad
@@ -47,9 +48,22 @@ if [ "${PHASE:-checks}" = checks ]; then
   check kimi-kernel ADAPT_KIMI_DELTA_KERNEL=1 -- kimi_delta.no_grad
   check kimi-kernel-fp32 ADAPT_KIMI_DELTA_KERNEL=1 -- kimi_delta.no_grad float32
   check kimi-node ADAPT_NONE=1 -- kimi_delta.chunked
+  # Out-of-bounds accesses the checks' numbers could miss: memcheck over the
+  # default kernels, forward and backward, at the d-128 shapes.
+  SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+  if [ -n "$SAN" ]; then
+    for only in gated_delta_rule.chunked kimi_delta.no_grad; do
+      ADAPT_KIMI_DELTA_KERNEL=1 timeout 200 $SAN --tool memcheck --error-exitcode 9 $W/rt/adapt-op-check --device cuda \
+        --seeds 1 --dtype bfloat16 --only $only --out $W/checks/memcheck > $W/memcheck.log 2>&1
+      echo "-- memcheck $only: rc $? $(grep -m1 'ERROR SUMMARY' $W/memcheck.log)"
+      grep -m6 -B2 -A6 "Invalid\|out of bounds" $W/memcheck.log
+    done
+  else
+    echo "-- memcheck: no compute-sanitizer"
+  fi
 fi
 
-if [ "${PHASE:-checks}" = timings ]; then
+if [ "${PHASE:-checks}" != checks ]; then
   SHAPES="1 32 8192 128 128 1 32 32768 128 128 4 16 4096 128 128"
   run_shapes() { # LABEL ENV... : the op at each shape
     local label=$1; shift
@@ -72,6 +86,7 @@ if [ "${PHASE:-checks}" = timings ]; then
   timeout 120 $W/lc/long_context --delta-rule 1 32 32768 128 128 --profile $W/prof32k > $W/prof32k.log 2>&1
   head -40 $W/prof32k/profile/breakdown.md 2>/dev/null
   cp $W/prof32k/profile/breakdown.md $OUT/breakdown-32k.md 2>/dev/null
+  [ -n "${SKIP_FLA:-}" ] && { echo "== done $(date +%T)"; exit 0; }
   echo "== fla 0.6 $(date +%T)"
   mkdir -p /tmp/fla && for w in .whl/*.whl; do python3 -m zipfile -e $w /tmp/fla; done
   PYTHONPATH=/tmp/fla timeout ${FLA_TIMEOUT:-240} python3 bench/h200/fla_delta_rule.py --bypass-triton-guard $SHAPES 2>&1 | grep -v Warning | tail -4

@@ -166,10 +166,11 @@ __global__ void __launch_bounds__(128)
     });
 }
 
-/// Dynamic shared memory of deltaRuleStateKernel.
+/// Dynamic shared memory of deltaRuleStateKernel: the state, V_new and one
+/// set of tiles, or two when prefetching. A set is laid out by
+/// StateTiles::at whether or not U's columns are loaded into it.
 inline size_t stateKernelBytes(bool prefetch) {
-  return (kDim + kChunk) * kStateRow * sizeof(bf16) +
-         (prefetch ? 2 * StateTiles::kBytes : 2 * kChunk * kRow * sizeof(bf16) + kDim * sizeof(float));
+  return (kDim + kChunk) * kStateRow * sizeof(bf16) + (prefetch ? 2 : 1) * StateTiles::kBytes;
 }
 
 } // namespace adapt::rt::cuda::delta
