@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The delta rule's CUDA kernels on a GPU machine, in two phases that share one
 # warm machine's build (/tmp/adapt-h200):
-#   PHASE=checks   op-stage checks of the default kernels, then of each opt-in
-#                  switch (prefetch, the segmented backward, Kimi's kernels), bf16
+#   PHASE=checks   op-stage checks of the default kernels, then of the switches
+#                  (the kernels with state gradients, no prefetch), bf16, and memcheck
 #   PHASE=timings  forward and forward+backward of the op at the issue's shapes,
-#                  default against each switch, a Kineto profile at 32K, and
+#                  default against each opt-out switch, a Kineto profile at 32K, and
 #                  flash-linear-attention 0.6 (wheels carried in .whl/) last
 # Logs stay in /tmp/adapt-h200; the summary goes to stdout (pipe it to $OUT).
 #   PHASE=both     the two, in that order
-# usage: PHASE=checks|timings|both [CHECK_TIMEOUT=110] [SKIP_FLA=1] bench/h200_delta_rule.sh OUTDIR
+# usage: PHASE=checks|timings|both [CHECK_TIMEOUT=110] [SKIP_FLA=1] [SKIP_FLA_KDA=1] [MEMCHECK="ids"] bench/h200_delta_rule.sh OUTDIR
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: PHASE=checks|timings h200_delta_rule.sh OUTDIR}; mkdir -p "$OUT"
@@ -42,18 +42,17 @@ if [ "${PHASE:-checks}" != timings ]; then
   mkdir -p $W/checks
   check default ADAPT_NONE=1 -- gated_delta_rule.chunked
   check default-nograd ADAPT_NONE=1 -- gated_delta_rule.no_grad
-  check segmented-bwd ADAPT_DELTA_RULE_BACKWARD_KERNEL=1 -- gated_delta_rule.segmented
-  check prefetch ADAPT_DELTA_RULE_PREFETCH=1 -- gated_delta_rule.chunked
-  check prefetch-nograd ADAPT_DELTA_RULE_PREFETCH=1 -- gated_delta_rule.no_grad
-  check kimi-kernel ADAPT_KIMI_DELTA_KERNEL=1 -- kimi_delta.no_grad
-  check kimi-kernel-fp32 ADAPT_KIMI_DELTA_KERNEL=1 -- kimi_delta.no_grad float32
+  check segmented-kernels ADAPT_DELTA_RULE_TRAIN_KERNEL=1 ADAPT_DELTA_RULE_BACKWARD_KERNEL=1 -- gated_delta_rule.segmented
+  check segmented ADAPT_NONE=1 -- gated_delta_rule.segmented
+  check no-prefetch ADAPT_DELTA_RULE_PREFETCH=0 -- gated_delta_rule.chunked
+  check kimi-kernel ADAPT_NONE=1 -- kimi_delta.no_grad
   check kimi-node ADAPT_NONE=1 -- kimi_delta.chunked
   # Out-of-bounds accesses the checks' numbers could miss: memcheck over the
   # default kernels, forward and backward, at the d-128 shapes.
   SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
   if [ -n "$SAN" ]; then
-    for only in gated_delta_rule.chunked kimi_delta.no_grad; do
-      ADAPT_KIMI_DELTA_KERNEL=1 timeout 200 $SAN --tool memcheck --error-exitcode 9 $W/rt/adapt-op-check --device cuda \
+    for only in ${MEMCHECK:-gated_delta_rule.chunked gated_delta_rule.segmented kimi_delta.no_grad}; do
+      ADAPT_DELTA_RULE_TRAIN_KERNEL=1 ADAPT_DELTA_RULE_BACKWARD_KERNEL=1 timeout 200 $SAN --tool memcheck --error-exitcode 9 $W/rt/adapt-op-check --device cuda \
         --seeds 1 --dtype bfloat16 --only $only --out $W/checks/memcheck > $W/memcheck.log 2>&1
       echo "-- memcheck $only: rc $? $(grep -m1 'ERROR SUMMARY' $W/memcheck.log)"
       grep -m6 -B2 -A6 "Invalid\|out of bounds" $W/memcheck.log
@@ -78,18 +77,18 @@ if [ "${PHASE:-checks}" != checks ]; then
   }
   echo "== gated delta rule $(date +%T)"
   run_shapes default ADAPT_NONE=1
-  run_shapes prefetch ADAPT_DELTA_RULE_PREFETCH=1
+  run_shapes no-prefetch ADAPT_DELTA_RULE_PREFETCH=0
   echo "== Kimi delta attention $(date +%T)"
   EXTRA=--per-channel run_shapes kda-default ADAPT_NONE=1
-  EXTRA=--per-channel run_shapes kda-kernel ADAPT_KIMI_DELTA_KERNEL=1
   echo "== profile at 32K $(date +%T)"
   timeout 120 $W/lc/long_context --delta-rule 1 32 32768 128 128 --profile $W/prof32k > $W/prof32k.log 2>&1
-  head -40 $W/prof32k/profile/breakdown.md 2>/dev/null
-  cp $W/prof32k/profile/breakdown.md $OUT/breakdown-32k.md 2>/dev/null
+  grep -m3 "GPU time\|Wall" $W/prof32k/profile/breakdown.md
+  python3 bench/h200/trace_kernels.py $W/prof32k/profile/trace.json 3 14 2>&1 | tail -18
   [ -n "${SKIP_FLA:-}" ] && { echo "== done $(date +%T)"; exit 0; }
   echo "== fla 0.6 $(date +%T)"
   mkdir -p /tmp/fla && for w in .whl/*.whl; do python3 -m zipfile -e $w /tmp/fla; done
   PYTHONPATH=/tmp/fla timeout ${FLA_TIMEOUT:-240} python3 bench/h200/fla_delta_rule.py --bypass-triton-guard $SHAPES 2>&1 | grep -v Warning | tail -4
-  PYTHONPATH=/tmp/fla timeout ${FLA_TIMEOUT:-240} python3 bench/h200/fla_delta_rule.py --bypass-triton-guard --per-channel $SHAPES 2>&1 | grep -v Warning | tail -4
+  [ -z "${SKIP_FLA_KDA:-}" ] &&
+    PYTHONPATH=/tmp/fla timeout ${FLA_TIMEOUT:-240} python3 bench/h200/fla_delta_rule.py --bypass-triton-guard --per-channel $SHAPES 2>&1 | grep -v Warning | tail -4
 fi
 echo "== done $(date +%T)"

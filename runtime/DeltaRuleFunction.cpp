@@ -217,8 +217,8 @@ struct DeltaRuleNode : torch::autograd::Function<DeltaRuleNode> {
           rows(terms.keysToEnd), rows(queryDecayed), rows(w), rows(dOut),
           localNewValues.contiguous().view({b * h, n * c, dv}), cum.contiguous().view({b * h, n * c}),
           dLast.contiguous());
-      dLeaving = r.leaving.view({b, h, n, dk, dv});
-      dNew = r.newValues.view({b, h, n, c, dv});
+      dLeaving = r.leaving.view({b, h, n, dk, dv}).to(torch::kFloat32);
+      dNew = r.newValues.view({b, h, n, c, dv}).to(torch::kFloat32);
       ds = r.initial;
     }
 #endif

@@ -81,7 +81,7 @@ template <bool Prefetch>
 __global__ void __launch_bounds__(128)
     deltaRuleStateBackwardKernel(const bf16 *keysToEnd, const bf16 *queryDecayed, const bf16 *w, const bf16 *gradOut,
                                  const float *localNew, const float *cum, int chunks, const float *gradFinal,
-                                 float *leaving, float *gradNew, float *gradInitial) {
+                                 bf16 *leaving, bf16 *gradNew, float *gradInitial) {
   extern __shared__ __align__(16) unsigned char shared[];
   bf16 *dss = reinterpret_cast<bf16 *>(shared); // dS' [128][kStateRow]
   bf16 *dvn = dss + kDim * kStateRow;           // -dV_new [64][kStateRow]
@@ -102,18 +102,19 @@ __global__ void __launch_bounds__(128)
   for (int n = chunks - 1; n >= 0; --n) {
     const int64_t row0 = int64_t(n) * kChunk;
     const BackwardTiles s = BackwardTiles::at(sets + (Prefetch ? (n & 1) : 0) * BackwardTiles::kBytes);
-    // dS' (leaving the chunk): out in fp32, to shared memory in bf16.
-    float *leavingOut = leaving + ((bh * chunks + n) * kDim) * kDim;
+    // dS' (leaving the chunk): out and to shared memory in bf16 (kernel 3
+    // and the mma below read it as bf16 either way).
+    bf16 *leavingOut = leaving + ((bh * chunks + n) * kDim) * kDim;
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
         const int r = 32 * warp + 16 * mt + g, c = 8 * nt + 2 * t;
-        *reinterpret_cast<uint32_t *>(dss + r * kStateRow + c) = packBf16(ds[mt][nt][0], ds[mt][nt][1]);
-        *reinterpret_cast<uint32_t *>(dss + (r + 8) * kStateRow + c) = packBf16(ds[mt][nt][2], ds[mt][nt][3]);
-        *reinterpret_cast<float2 *>(leavingOut + r * kDim + col0 + c) = make_float2(ds[mt][nt][0], ds[mt][nt][1]);
-        *reinterpret_cast<float2 *>(leavingOut + (r + 8) * kDim + col0 + c) =
-            make_float2(ds[mt][nt][2], ds[mt][nt][3]);
+        const uint32_t lo = packBf16(ds[mt][nt][0], ds[mt][nt][1]), hi = packBf16(ds[mt][nt][2], ds[mt][nt][3]);
+        *reinterpret_cast<uint32_t *>(dss + r * kStateRow + c) = lo;
+        *reinterpret_cast<uint32_t *>(dss + (r + 8) * kStateRow + c) = hi;
+        *reinterpret_cast<uint32_t *>(leavingOut + r * kDim + col0 + c) = lo;
+        *reinterpret_cast<uint32_t *>(leavingOut + (r + 8) * kDim + col0 + c) = hi;
       }
     if constexpr (Prefetch) {
       if (n > 0)
@@ -139,7 +140,7 @@ __global__ void __launch_bounds__(128)
           const float2 local = Prefetch ? *reinterpret_cast<const float2 *>(s.localNew + r * kStateColumns + c)
                                         : *reinterpret_cast<const float2 *>(localNew + at);
           const float v0 = local.x + acc[nt][2 * h], v1 = local.y + acc[nt][2 * h + 1];
-          *reinterpret_cast<float2 *>(gradNew + at) = make_float2(v0, v1);
+          *reinterpret_cast<uint32_t *>(gradNew + at) = packBf16(v0, v1);
           *reinterpret_cast<uint32_t *>(dvn + r * kStateRow + c) = packBf16(-v0, -v1);
         }
     }
@@ -205,17 +206,18 @@ DeltaRuleStateGrads deltaRuleStateBackward(const at::Tensor &keysToEnd, const at
   TORCH_CHECK(bh <= 65535 && chunks > 0, "deltaRuleStateBackward: expected 1 to 65,535 heads and a chunk");
   const c10::cuda::CUDAGuard guard(keysToEnd.device());
   const auto f32 = localNew.options();
-  DeltaRuleStateGrads r{at::empty({bh, chunks, kDim, kDim}, f32), at::empty({bh, padded, kDim}, f32),
-                        at::empty({bh, kDim, kDim}, f32)};
+  DeltaRuleStateGrads r{at::empty({bh, chunks, kDim, kDim}, keysToEnd.options()),
+                        at::empty({bh, padded, kDim}, keysToEnd.options()), at::empty({bh, kDim, kDim}, f32)};
   const bool prefetch = asyncLoads();
   const size_t bytes = (kDim + kChunk) * kStateRow * sizeof(bf16) +
                        (prefetch ? 2 * BackwardTiles::kBytes : (3 * kChunk * kRow + kChunk * kStateRow) * sizeof(bf16));
   auto kernel = prefetch ? deltaRuleStateBackwardKernel<true> : deltaRuleStateBackwardKernel<false>;
   allowSharedMemory(kernel, bytes);
   auto bf = [](const at::Tensor &x) { return reinterpret_cast<const bf16 *>(x.data_ptr<at::BFloat16>()); };
+  auto bf16Out = [](at::Tensor &x) { return reinterpret_cast<bf16 *>(x.data_ptr<at::BFloat16>()); };
   kernel<<<dim3(kDim / kStateColumns, bh), 128, bytes, at::cuda::getCurrentCUDAStream()>>>(
       bf(keysToEnd), bf(queryDecayed), bf(w), bf(gradOut), localNew.data_ptr<float>(), cum.data_ptr<float>(),
-      static_cast<int>(chunks), gradFinal.data_ptr<float>(), r.leaving.data_ptr<float>(), r.newValues.data_ptr<float>(),
+      static_cast<int>(chunks), gradFinal.data_ptr<float>(), bf16Out(r.leaving), bf16Out(r.newValues),
       r.initial.data_ptr<float>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return r;

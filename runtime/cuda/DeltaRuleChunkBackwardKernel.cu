@@ -60,7 +60,8 @@ __device__ __forceinline__ void loadFloat(bf16 *tile, int stride, const float *x
 }
 
 /// Kernel 1, a block (256 threads) per (chunk, b·h): Kd, Qd and dO as
-/// contiguous rows [B·H, n·64, 128] (bf16) and localNew = P^T dO (fp32).
+/// contiguous rows [B·H, n·64, 128] (bf16; dO only where \p gradOutRows is
+/// given) and localNew = P^T dO (fp32).
 __global__ void __launch_bounds__(256)
     deltaRuleLocalKernel(Strided query, Strided key, Strided gradOut, const float *cum, int64_t tokens, float scale,
                          bf16 *keysToEnd, bf16 *queryDecayed, bf16 *gradOutRows, float *localNew, bool async) {
@@ -104,8 +105,8 @@ __global__ void __launch_bounds__(256)
     }
     *reinterpret_cast<uint4 *>(keysToEnd + out0 + r * kDim + c) = make_uint4(kd[0], kd[1], kd[2], kd[3]);
     *reinterpret_cast<uint4 *>(queryDecayed + out0 + r * kDim + c) = make_uint4(qd[0], qd[1], qd[2], qd[3]);
-    *reinterpret_cast<uint4 *>(gradOutRows + out0 + r * kDim + c) =
-        *reinterpret_cast<const uint4 *>(dos + r * kRow + c);
+    if (gradOutRows != nullptr)
+      *reinterpret_cast<uint4 *>(gradOutRows + out0 + r * kDim + c) = *reinterpret_cast<const uint4 *>(dos + r * kRow + c);
   }
   __syncthreads();
   float acc[8][4];
@@ -146,7 +147,7 @@ __device__ __forceinline__ void subtractColumnSums(float *sums, const float (&co
 /// from the scores, Qd, Kd and the chunk's last decay.
 __global__ void __launch_bounds__(256)
     deltaRuleChunkGradKernel(Strided query, Strided key, const bf16 *gradOutRows, const bf16 *newValues,
-                             const float *gradNew, const bf16 *states, const float *leaving, const float *cum,
+                             const bf16 *gradNew, const bf16 *states, const bf16 *leaving, const float *cum,
                              int64_t tokens, float scale, bf16 *gradQuery, float *gradKeyPart, bf16 *gradW,
                              float *gradCumPart, bool async) {
   extern __shared__ __align__(16) unsigned char shared[];
@@ -167,16 +168,13 @@ __global__ void __launch_bounds__(256)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int mt = warp % 4, half = warp / 4;
   const bf16 *state = states + (bh * chunks + n) * kDim * kDim;
-  const float *stateGrad = leaving + (bh * chunks + n) * kDim * kDim;
+  const bf16 *stateGrad = leaving + (bh * chunks + n) * kDim * kDim;
   loadRows(qs, query, bh, row0, valid, async);
   loadRows(ks, key, bh, row0, valid, async);
   loadBf16(dos, kRow, gradOutRows + rows0 * kDim, kChunk, async);
   loadBf16(vns, kRow, newValues + rows0 * kDim, kChunk, async);
   loadBf16(ss, kRow, state, kDim, async);
-  if (async)
-    loadFloatBatched<kChunk, kDim>(dns, kRow, gradNew + rows0 * kDim);
-  else
-    loadFloat(dns, kRow, gradNew + rows0 * kDim, kChunk, kDim);
+  loadBf16(dns, kRow, gradNew + rows0 * kDim, kChunk, async);
   if (tid < kChunk) {
     cs[tid] = cum[rows0 + tid];
     dc[tid] = 0.0f;
@@ -185,24 +183,23 @@ __global__ void __launch_bounds__(256)
     sums[tid] = 0.0f;
   awaitCopies(async);
   __syncthreads();
-  { // sum(dS' . S), for the chunk's last decay
+  { // sum(dS' . S), for the chunk's last decay: eight dS' values a load, the 8 loads in flight together
     float x = 0.0f;
-    auto add = [&](const float4 &d, int i) {
-      const bf16 *s = ss + (4 * i / kDim) * kRow + (4 * i) % kDim;
-      x += d.x * __bfloat162float(s[0]) + d.y * __bfloat162float(s[1]) + d.z * __bfloat162float(s[2]) +
-           d.w * __bfloat162float(s[3]);
-    };
-    if (async) { // the 16 loads in flight together
-      float4 d[kDim * kDim / 4 / 256];
+    constexpr int kLoads = kDim * kDim / 8 / 256;
+    uint4 d[kLoads];
 #pragma unroll
-      for (int j = 0; j < kDim * kDim / 4 / 256; ++j)
-        d[j] = *reinterpret_cast<const float4 *>(stateGrad + 4 * (tid + 256 * j));
+    for (int j = 0; j < kLoads; ++j)
+      d[j] = *reinterpret_cast<const uint4 *>(stateGrad + 8 * (tid + 256 * j));
 #pragma unroll
-      for (int j = 0; j < kDim * kDim / 4 / 256; ++j)
-        add(d[j], tid + 256 * j);
-    } else {
-      for (int i = tid; i < kDim * kDim / 4; i += blockDim.x)
-        add(*reinterpret_cast<const float4 *>(stateGrad + 4 * i), i);
+    for (int j = 0; j < kLoads; ++j) {
+      const int i = 8 * (tid + 256 * j);
+      const __nv_bfloat162 *dd = reinterpret_cast<const __nv_bfloat162 *>(&d[j]);
+      const __nv_bfloat162 *sv = reinterpret_cast<const __nv_bfloat162 *>(ss + (i / kDim) * kRow + i % kDim);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float2 a = __bfloat1622float2(dd[e]), b = __bfloat1622float2(sv[e]);
+        x += a.x * b.x + a.y * b.y;
+      }
     }
     x = rowLanesSum(x);
     x += __shfl_xor_sync(0xffffffffu, x, 4);
@@ -253,15 +250,7 @@ __global__ void __launch_bounds__(256)
     });
   }
   __syncthreads(); // S and sd's writers are done
-  if (async) {
-    loadFloatBatched<kDim, kDim>(ss, kRow, stateGrad);
-  } else {
-    for (int i = tid; i < kDim * kDim / 4; i += blockDim.x) {
-      const int r = 4 * i / kDim, c = (4 * i) % kDim;
-      const float4 v = *reinterpret_cast<const float4 *>(stateGrad + 4 * i);
-      *reinterpret_cast<uint2 *>(ss + r * kRow + c) = make_uint2(packBf16(v.x, v.y), packBf16(v.z, v.w));
-    }
-  }
+  loadBf16(ss, kRow, stateGrad, kDim, async);
   // dq += sd K, out.
   productAB<8, kChunk / 16>(dq, sd, kSquareRow, ks, kRow, 16 * mt, 64 * half, g, t, lane);
   forPairs<8>(16 * mt, 64 * half, g, t, [&](int nt, int h, int r, int c) {
@@ -269,6 +258,7 @@ __global__ void __launch_bounds__(256)
       *reinterpret_cast<uint32_t *>(gradQuery + (bh * tokens + row0 + r) * kDim + c) =
           packBf16(dq[nt][2 * h], dq[nt][2 * h + 1]);
   });
+  awaitCopies(async);
   __syncthreads(); // dS' in place
   // dKd = V_new dS'^T: dk = e^{G_last - G} dKd + sd^T q; dG -= Kd . dKd,
   // and the chunk's last dG gets their sum.
@@ -310,7 +300,7 @@ __global__ void __launch_bounds__(256)
 /// kernel 3's part), dv (bf16), dbeta and dg (fp32 [B·H, T]).
 __global__ void __launch_bounds__(256)
     deltaRuleTransformGradKernel(Strided key, Strided value, const float *beta, const float *cum, const float *inverse,
-                                 const bf16 *gradW, const float *gradNew, const float *gradKeyPart,
+                                 const bf16 *gradW, const bf16 *gradNew, const float *gradKeyPart,
                                  const float *gradCumPart, int64_t tokens, bf16 *gradKey, bf16 *gradValue,
                                  float *gradBeta, float *gradDecay, bool async) {
   extern __shared__ __align__(16) unsigned char shared[];
@@ -333,13 +323,11 @@ __global__ void __launch_bounds__(256)
   loadRows(ks, key, bh, row0, valid, async);
   loadRows(vs, value, bh, row0, valid, async);
   loadBf16(dws, kRow, gradW + rows0 * kDim, kChunk, async);
-  if (async) {
-    loadFloatBatched<kChunk, kDim>(dns, kRow, gradNew + rows0 * kDim);
+  loadBf16(dns, kRow, gradNew + rows0 * kDim, kChunk, async);
+  if (async)
     loadFloatBatched<kChunk, kChunk>(ts, kSquareRow, inverse + rows0 * kChunk);
-  } else {
-    loadFloat(dns, kRow, gradNew + rows0 * kDim, kChunk, kDim);
+  else
     loadFloat(ts, kSquareRow, inverse + rows0 * kChunk, kChunk, kChunk);
-  }
   if (tid < kChunk) {
     cs[tid] = cum[rows0 + tid];
     bs[tid] = tid < valid ? beta[bh * tokens + row0 + tid] : 0.0f;
@@ -455,16 +443,16 @@ DeltaRuleGrads gatedDeltaRuleBackward(const at::Tensor &query, const at::Tensor 
   const c10::cuda::CUDAGuard guard(key.device());
   const auto f32 = key.options().dtype(at::kFloat);
   DeltaRuleGrads r;
-  r.query = at::empty({batch, heads, tokens, kDim}, key.options());
-  r.key = at::empty_like(r.query);
-  r.value = at::empty_like(r.query);
   r.beta = at::empty({batch, heads, tokens}, f32);
   r.decay = at::empty_like(r.beta);
   if (tokens == 0 || bh == 0) {
+    r.query = at::empty({batch, heads, tokens, kDim}, key.options());
+    r.key = at::empty_like(r.query);
+    r.value = at::empty_like(r.query);
     r.initialState = gradFinal.defined() ? gradFinal.to(at::kFloat) : at::zeros({batch, heads, kDim, kDim}, f32);
     return r;
   }
-  at::Tensor dOut = gradOut.defined() ? gradOut.to(at::kBFloat16) : at::zeros_like(r.query);
+  at::Tensor dOut = gradOut.defined() ? gradOut.to(at::kBFloat16) : at::zeros({batch, heads, tokens, kDim}, key.options());
   if (dOut.stride(3) != 1 || dOut.stride(2) % 8 || dOut.stride(1) % 8 || dOut.stride(0) % 8 ||
       reinterpret_cast<uintptr_t>(dOut.data_ptr()) % 16)
     dOut = dOut.contiguous();
@@ -475,19 +463,26 @@ DeltaRuleGrads gatedDeltaRuleBackward(const at::Tensor &query, const at::Tensor 
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const bool async = asyncLoads();
 
-  at::Tensor dOutRows = at::empty({bh, padded, kDim}, key.options());
+  // dO as the rows [B·H, n·64, 128] kernels 2 and 3 read: dO itself when it
+  // is contiguous and the tokens fill whole chunks, else kernel 1's copy.
+  const bool dOutIsRows = dOut.is_contiguous() && tokens == padded;
+  at::Tensor dOutRows = dOutIsRows ? dOut.view({bh, padded, kDim}) : at::empty({bh, padded, kDim}, key.options());
   DeltaRuleStateGrads state;
   {
-    at::Tensor keysToEnd = at::empty_like(dOutRows), queryDecayed = at::empty_like(dOutRows);
+    at::Tensor keysToEnd = at::empty({bh, padded, kDim}, key.options()), queryDecayed = at::empty_like(keysToEnd);
     at::Tensor localNew = at::empty({bh, padded, kDim}, f32);
     const size_t bytes = 3 * kChunk * kRow * sizeof(bf16) + kChunk * kSquareRow * sizeof(bf16) + kChunk * sizeof(float);
     allowSharedMemory(deltaRuleLocalKernel, bytes);
     deltaRuleLocalKernel<<<dim3(chunks, bh), 256, bytes, stream>>>(
         stridedRows(query), stridedRows(key), stridedRows(dOut), saved.cum.data_ptr<float>(), tokens, scale, bf16Data(keysToEnd),
-        bf16Data(queryDecayed), bf16Data(dOutRows), localNew.data_ptr<float>(), async);
+        bf16Data(queryDecayed), dOutIsRows ? nullptr : bf16Data(dOutRows), localNew.data_ptr<float>(), async);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     state = deltaRuleStateBackward(keysToEnd, queryDecayed, saved.w, dOutRows, localNew, saved.cum, dLast);
   }
+  // The gradients are allocated once kernel 2's temporaries are freed (a lower peak).
+  r.query = at::empty({batch, heads, tokens, kDim}, key.options());
+  r.key = at::empty_like(r.query);
+  r.value = at::empty_like(r.query);
   at::Tensor dKeyPart = at::empty({bh, padded, kDim}, f32), dW = at::empty({bh, padded, kDim}, key.options());
   at::Tensor dCumPart = at::empty({bh, padded}, f32);
   {
@@ -495,8 +490,8 @@ DeltaRuleGrads gatedDeltaRuleBackward(const at::Tensor &query, const at::Tensor 
                          (2 * kChunk + 2) * sizeof(float);
     allowSharedMemory(deltaRuleChunkGradKernel, bytes);
     deltaRuleChunkGradKernel<<<dim3(chunks, bh), 256, bytes, stream>>>(
-        stridedRows(query), stridedRows(key), bf16Data(dOutRows), bf16Data(saved.newValues), state.newValues.data_ptr<float>(),
-        bf16Data(saved.states), state.leaving.data_ptr<float>(), saved.cum.data_ptr<float>(), tokens, scale,
+        stridedRows(query), stridedRows(key), bf16Data(dOutRows), bf16Data(saved.newValues), bf16Data(state.newValues),
+        bf16Data(saved.states), bf16Data(state.leaving), saved.cum.data_ptr<float>(), tokens, scale,
         bf16Data(r.query), dKeyPart.data_ptr<float>(), bf16Data(dW), dCumPart.data_ptr<float>(), async);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
@@ -506,7 +501,7 @@ DeltaRuleGrads gatedDeltaRuleBackward(const at::Tensor &query, const at::Tensor 
     allowSharedMemory(deltaRuleTransformGradKernel, bytes);
     deltaRuleTransformGradKernel<<<dim3(chunks, bh), 256, bytes, stream>>>(
         stridedRows(key), stridedRows(value), b.data_ptr<float>(), saved.cum.data_ptr<float>(), saved.inverse.data_ptr<float>(),
-        bf16Data(dW), state.newValues.data_ptr<float>(), dKeyPart.data_ptr<float>(), dCumPart.data_ptr<float>(),
+        bf16Data(dW), bf16Data(state.newValues), dKeyPart.data_ptr<float>(), dCumPart.data_ptr<float>(),
         tokens, bf16Data(r.key), bf16Data(r.value), r.beta.data_ptr<float>(), r.decay.data_ptr<float>(), async);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }

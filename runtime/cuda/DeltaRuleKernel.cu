@@ -180,7 +180,7 @@ bool rowsPackable(const at::Tensor &x) {
 } // namespace
 
 bool delta::asyncLoads() {
-  static const bool on = switchedOn("ADAPT_DELTA_RULE_PREFETCH");
+  static const bool on = !switchedOff("ADAPT_DELTA_RULE_PREFETCH");
   return on;
 }
 

@@ -199,7 +199,7 @@ bf16 *bf16Data(at::Tensor &x) { return reinterpret_cast<bf16 *>(x.data_ptr<at::B
 } // namespace
 
 bool kimiDeltaKernelEnabled() {
-  static const bool on = switchedOn("ADAPT_KIMI_DELTA_KERNEL");
+  static const bool on = !switchedOff("ADAPT_KIMI_DELTA_KERNEL");
   return on;
 }
 

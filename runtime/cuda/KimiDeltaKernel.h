@@ -12,9 +12,9 @@
 //      decaying by e^{G_last, d};
 //   3. per chunk: O = (q e^G) S_n + causal(sum_d q_td k_id e^{G_td - G_id})
 //      V_new, the scores by the same sub-chunks.
-// The forward without a graph takes it only with ADAPT_KIMI_DELTA_KERNEL=1
-// until the `kimi_delta.no_grad` op checks have run on a GPU (written
-// without one); the LibTorch composition stays the reference.
+// The forward without a graph takes it (the `kimi_delta.no_grad` op checks
+// pass on an H100, bf16 3.4e-3 against 2.5e-2, memcheck clean);
+// ADAPT_KIMI_DELTA_KERNEL=0 keeps the LibTorch composition, the reference.
 //
 //===----------------------------------------------------------------------===//
 
@@ -25,7 +25,7 @@
 
 namespace adapt::rt::cuda {
 
-/// ADAPT_KIMI_DELTA_KERNEL=1: the forward without a graph takes the kernels.
+/// Whether the forward without a graph takes the kernels: yes unless ADAPT_KIMI_DELTA_KERNEL=0.
 bool kimiDeltaKernelEnabled();
 
 /// Whether kimiDeltaRuleForward takes these inputs: CUDA bf16 \p query,

@@ -168,6 +168,8 @@ void addLinearAttentionChecks(std::vector<Check> &all) {
   // several value tiles per head; dv 96 leaves a partial tile.
   delta("gated_delta_rule.chunked", {2, 130, 128, 128, 64});
   delta("gated_delta_rule.chunked", {1, 70, 128, 96, 64});
+  // Whole chunks: the GPU backward reads dO's rows in place, not a padded copy.
+  delta("gated_delta_rule.chunked", {1, 128, 128, 128, 64});
   // The forward without a graph at the released widths, where bf16 on a GPU
   // takes cuda::gatedDeltaRuleForward (unless ADAPT_DELTA_RULE_KERNEL=0): three
   // chunks, the last ragged; one whole chunk.
@@ -192,7 +194,7 @@ void addLinearAttentionChecks(std::vector<Check> &all) {
   delta("kimi_delta.chunked", {2, 67, 16, 16, 64, true});
   delta("kimi_delta.chunked", {1, 70, 128, 96, 64, true});
   // The forward without a graph at the released widths: on a GPU in bf16
-  // with ADAPT_KIMI_DELTA_KERNEL=1 cuda::kimiDeltaRuleForward (three chunks,
+  // cuda::kimiDeltaRuleForward (three chunks,
   // the last ragged; one whole chunk).
   delta("kimi_delta.no_grad", {2, 150, 128, 128, 64, true, false, 0, true});
   delta("kimi_delta.no_grad", {1, 64, 128, 128, 64, true, false, 0, true});
