@@ -9,6 +9,9 @@
 #include "runtime/KimiDeltaFunction.h"
 #include "runtime/ChunkedTensors.h"
 #include "runtime/Tf32Scope.h"
+#ifdef ADAPT_WITH_CUDA_KERNELS
+#include "runtime/cuda/KimiDeltaKernel.h"
+#endif
 
 #include <cmath>
 
@@ -150,6 +153,26 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     const Tf32Scope scope(tf32);
     const int64_t b = key.size(0), h = key.size(1), t = key.size(2), dk = key.size(3), dv = value.size(3);
     const double scale = 1.0 / std::sqrt(static_cast<double>(dk));
+    ctx->saved_data["t"] = t;
+    ctx->saved_data["tf32"] = tf32;
+    ctx->saved_data["dtypes"] = std::vector<int64_t>{int64_t(query.scalar_type()), int64_t(key.scalar_type()),
+                                                     int64_t(value.scalar_type()), int64_t(decay.scalar_type()),
+                                                     int64_t(beta.scalar_type()), int64_t(state.scalar_type())};
+    ctx->saved_data["chunk"] = chunk;
+#ifdef ADAPT_WITH_CUDA_KERNELS
+    // bf16 at d 128 on the GPU: the forward kernels, which hand over T, the
+    // states and V_new (bf16) for the backward below.
+    if (t > 0 && cuda::kimiDeltaKernelEnabled() &&
+        cuda::kimiDeltaRuleForwardTakes(query, key, value, decay, beta, chunk)) {
+      cuda::KimiDeltaSaved kept;
+      Tensor last;
+      Tensor out = cuda::kimiDeltaRuleForward(query, key, value, decay, beta, state, &last, &kept);
+      const int64_t n = kept.states.size(1);
+      ctx->save_for_backward({query, key, value, decay, beta, kept.inverse.view({b, h, n, chunk, chunk}),
+                              kept.states.view({b, h, n, dk, dv}), kept.newValues.view({b, h, n, chunk, dv})});
+      return {out, last.view({b, h, dk, dv})};
+    }
+#endif
     Tensor q = toChunks(query, chunk) * scale, k = toChunks(key, chunk), v = toChunks(value, chunk);
     Tensor bt = toChunks(beta.unsqueeze(-1), chunk), cum = toChunks(decay, chunk).cumsum(3);
     const KimiTerms terms(k, bt, cum);
@@ -161,14 +184,8 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
                                    state.to(torch::kFloat32).reshape({b * h, dk, dv}));
     Tensor newValues = u - torch::matmul(w, states);
     Tensor out = torch::matmul(q * terms.gamma, states) + torch::matmul(perChannelDecayedScores(q, k, cum), newValues);
-    ctx->saved_data["t"] = t;
-    ctx->saved_data["tf32"] = tf32;
-    ctx->saved_data["dtypes"] = std::vector<int64_t>{int64_t(query.scalar_type()), int64_t(key.scalar_type()),
-                                                     int64_t(value.scalar_type()), int64_t(decay.scalar_type()),
-                                                     int64_t(beta.scalar_type()), int64_t(state.scalar_type())};
     // The inputs themselves (bf16 in training), not their fp32 chunks: the
     // backward rebuilds those.
-    ctx->saved_data["chunk"] = chunk;
     ctx->save_for_backward({query, key, value, decay, beta, inverse, states, newValues});
     return {fromChunks(out, t, query.scalar_type()), s.view({b, h, dk, dv})};
   }
@@ -177,7 +194,8 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
                                                  torch::autograd::variable_list grads) {
     const Tf32Scope scope(ctx->saved_data["tf32"].toBool());
     const std::vector<Tensor> saved = ctx->get_saved_variables();
-    const Tensor &inverse = saved[5], &states = saved[6], &newValues = saved[7];
+    // fp32 from the composition, bf16 states and V_new from the kernels.
+    const Tensor &inverse = saved[5], states = saved[6].to(torch::kFloat32), newValues = saved[7].to(torch::kFloat32);
     const int64_t t = ctx->saved_data["t"].toInt(), c = ctx->saved_data["chunk"].toInt();
     const std::vector<int64_t> dtypes = ctx->saved_data["dtypes"].toIntVector();
     const double scale = 1.0 / std::sqrt(static_cast<double>(saved[1].size(3)));

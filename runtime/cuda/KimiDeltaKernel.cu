@@ -91,10 +91,11 @@ __device__ void perChannelPairs(float *out, const bf16 *x, const bf16 *y, const 
 
 /// Kernel 1, a block (256 threads) per (chunk, b·h): G per channel (out,
 /// and the chunk's last G), the keys decayed to the chunk's end, W and U
-/// ([B·H, n·64, 128] bf16 each).
+/// ([B·H, n·64, 128] bf16 each), and T (fp32 [B·H, n·64, 64]) when \p
+/// inverseOut is given (training: the backward reads it).
 __global__ void __launch_bounds__(256)
     kimiTransformKernel(Strided key, Strided value, const float *decay, const float *beta, int64_t tokens, bf16 *w,
-                        bf16 *u, bf16 *keysToEnd, float *cumOut, float *lastOut) {
+                        bf16 *u, bf16 *keysToEnd, float *cumOut, float *lastOut, float *inverseOut) {
   extern __shared__ __align__(16) unsigned char shared[];
   bf16 *ks = reinterpret_cast<bf16 *>(shared); // k, then beta k e^G
   bf16 *vs = ks + kChunk * kRow;                // v, then beta v
@@ -132,7 +133,10 @@ __global__ void __launch_bounds__(256)
   invertUnitLower(a, tid);
   for (int i = tid; i < kChunk * kChunk; i += blockDim.x) {
     const int r = i / kChunk, c = i % kChunk;
-    ts[r * kSquareRow + c] = __float2bfloat16(c < r ? a[r * kPairRow + c] : c == r ? 1.0f : 0.0f);
+    const float x = c < r ? a[r * kPairRow + c] : c == r ? 1.0f : 0.0f;
+    ts[r * kSquareRow + c] = __float2bfloat16(x);
+    if (inverseOut)
+      inverseOut[(bh * padded + row0 + r) * kChunk + c] = x;
   }
   const float *last = G + (kChunk - 1) * kDim;
   for (int i = tid; i < kChunk * kDim; i += blockDim.x) {
@@ -213,7 +217,7 @@ bool kimiDeltaRuleForwardTakes(const at::Tensor &query, const at::Tensor &key, c
 
 at::Tensor kimiDeltaRuleForward(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
                                 const at::Tensor &decay, const at::Tensor &beta, const at::Tensor &initialState,
-                                at::Tensor *finalState) {
+                                at::Tensor *finalState, KimiDeltaSaved *saved) {
   TORCH_CHECK(kimiDeltaRuleForwardTakes(query, key, value, decay, beta, kChunk),
               "kimiDeltaRuleForward: expected bf16 [B, H, T, 128] query, key, value with packable rows, a [B, H, "
               "T, 128] decay and a [B, H, T] beta");
@@ -235,6 +239,7 @@ at::Tensor kimiDeltaRuleForward(const at::Tensor &query, const at::Tensor &key, 
   at::Tensor keysToEnd = at::empty({batch, heads, padded, kDim}, key.options());
   at::Tensor cum = at::empty({bh, padded, kDim}, f32), last = at::empty({bh, chunks, kDim}, f32);
   at::Tensor states = at::empty({bh, chunks, kDim, kDim}, key.options());
+  at::Tensor inverse = saved ? at::empty({bh, padded, kChunk}, f32) : at::Tensor();
   at::Tensor init;
   if (initialState.defined()) {
     TORCH_CHECK(initialState.numel() == bh * kDim * kDim, "kimiDeltaRuleForward: expected an initial state [B, H, 128, 128]");
@@ -248,7 +253,8 @@ at::Tensor kimiDeltaRuleForward(const at::Tensor &query, const at::Tensor &key, 
   allowSharedMemory(kimiTransformKernel, transformBytes);
   kimiTransformKernel<<<dim3(chunks, bh), 256, transformBytes, stream>>>(
       stridedRows(key), stridedRows(value), g.data_ptr<float>(), b.data_ptr<float>(), tokens, bf16Data(w),
-      bf16Data(u), bf16Data(keysToEnd), cum.data_ptr<float>(), last.data_ptr<float>());
+      bf16Data(u), bf16Data(keysToEnd), cum.data_ptr<float>(), last.data_ptr<float>(),
+      inverse.defined() ? inverse.data_ptr<float>() : nullptr);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
   const bool prefetch = asyncLoads();
@@ -270,6 +276,8 @@ at::Tensor kimiDeltaRuleForward(const at::Tensor &query, const at::Tensor &key, 
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (finalState)
     *finalState = finalOut;
+  if (saved)
+    *saved = {inverse, states, vNew};
   return out;
 }
 

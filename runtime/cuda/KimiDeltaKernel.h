@@ -34,12 +34,21 @@ bool kimiDeltaKernelEnabled();
 bool kimiDeltaRuleForwardTakes(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
                                const at::Tensor &decay, const at::Tensor &beta, int64_t chunkSize);
 
+/// What the training backward (runtime/KimiDeltaFunction.cpp) reads from
+/// the forward kernels, chunks padded to whole 64-token chunks.
+struct KimiDeltaSaved {
+  at::Tensor inverse;   ///< T = (I + A)^-1 per chunk, fp32 [B·H, n·64, 64].
+  at::Tensor states;    ///< Each chunk's entering state, bf16 [B·H, n, 128, 128].
+  at::Tensor newValues; ///< V_new, bf16 [B·H, n·64, 128].
+};
+
 /// The output [B, H, T, 128] (bf16; the query scaled by 1/sqrt(128)
 /// inside); \p initialState [B, H, 128, 128] fp32 may be undefined (zeros);
-/// \p finalState, if given, receives S_T in fp32.
+/// \p finalState, if given, receives S_T in fp32; \p saved, if given, what
+/// the backward reads.
 at::Tensor kimiDeltaRuleForward(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
                                 const at::Tensor &decay, const at::Tensor &beta, const at::Tensor &initialState,
-                                at::Tensor *finalState);
+                                at::Tensor *finalState, KimiDeltaSaved *saved = nullptr);
 
 } // namespace adapt::rt::cuda
 

@@ -193,6 +193,9 @@ void addLinearAttentionChecks(std::vector<Check> &all) {
   delta("kimi_delta.chunked", {3, 37, 10, 6, 8, true});
   delta("kimi_delta.chunked", {2, 67, 16, 16, 64, true});
   delta("kimi_delta.chunked", {1, 70, 128, 96, 64, true});
+  // Training's forward kernels at the released widths on a GPU in bf16 (three
+  // chunks, the last ragged).
+  delta("kimi_delta.chunked", {2, 130, 128, 128, 64, true});
   // The forward without a graph at the released widths: on a GPU in bf16
   // cuda::kimiDeltaRuleForward (three chunks,
   // the last ragged; one whole chunk).
