@@ -13,12 +13,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: PHASE=checks|timings h200_delta_rule.sh OUTDIR}; mkdir -p "$OUT"
 W=/tmp/adapt-h200; mkdir -p $W
-PREFIX=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')
 echo "== build $(date +%T)"
-cmake -S runtime -B $W/rt -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PREFIX" > $W/cmake-runtime.log 2>&1 || { tail -20 $W/cmake-runtime.log; exit 1; }
-cmake --build $W/rt --target adapt_runtime adapt-op-check > $W/build-runtime.log 2>&1 || { grep -m5 -A8 error $W/build-runtime.log; exit 1; }
-cmake -S bench/h200/long_context -B $W/lc -G Ninja -DAdaptRuntime_DIR=$W/rt > $W/cmake-lc.log 2>&1 || { tail -20 $W/cmake-lc.log; exit 1; }
-cmake --build $W/lc > $W/build-lc.log 2>&1 || { grep -m5 -A8 error $W/build-lc.log; exit 1; }
+source bench/h200/build_runtime.sh
 echo "== built $(date +%T)"
 
 # check NAME ENV... -- ONLY [DTYPE]: one op-check run under the given switches;

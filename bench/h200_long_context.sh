@@ -10,12 +10,8 @@ cd "$(dirname "$0")/.."
 OUT=${1:?usage: h200_long_context.sh OUTDIR [LENGTHS...]}; shift; mkdir -p "$OUT"
 LENGTHS=${*:-8192 32768 131072 524288}
 W=/tmp/adapt-h200; mkdir -p $W
-PREFIX=$(python3 -c 'import torch;print(torch.utils.cmake_prefix_path)')
 echo "== building the runtime and the bench (LibTorch only)"
-cmake -S runtime -B $W/rt -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PREFIX" > $OUT/cmake-runtime.log 2>&1 || { tail -20 $OUT/cmake-runtime.log; exit 1; }
-cmake --build $W/rt --target adapt_runtime adapt-op-check > $OUT/build-runtime.log 2>&1 || { grep -m5 -A5 error $OUT/build-runtime.log; exit 1; }
-cmake -S bench/h200/long_context -B $W/lc -G Ninja -DAdaptRuntime_DIR=$W/rt > $OUT/cmake-lc.log 2>&1 || { tail -20 $OUT/cmake-lc.log; exit 1; }
-cmake --build $W/lc > $OUT/build-lc.log 2>&1 || { grep -m5 -A5 error $OUT/build-lc.log; exit 1; }
+source bench/h200/build_runtime.sh
 
 if [ -z "${SKIP_OPS:-}" ]; then
 echo "== gated delta rule: ours (LibTorch composition) vs flash-linear-attention 0.6"

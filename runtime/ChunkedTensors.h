@@ -98,6 +98,20 @@ inline torch::Tensor decayGradient(torch::Tensor dCum, const torch::Tensor &dLas
   return dCum.flip(3).cumsum(3).flip(3);
 }
 
+/// What a delta rule node's forward keeps for its backward besides tensors:
+/// the token count \p t, the inputs' dtypes (q, k, v, decay, beta, state:
+/// the gradients go back in them), the TF32 flag and the chunk size.
+inline void saveDeltaRuleShape(torch::autograd::AutogradContext *ctx, int64_t t,
+                               std::initializer_list<torch::Tensor> inputs, bool tf32, int64_t chunk) {
+  std::vector<int64_t> dtypes;
+  for (const torch::Tensor &x : inputs)
+    dtypes.push_back(int64_t(x.scalar_type()));
+  ctx->saved_data["t"] = t;
+  ctx->saved_data["dtypes"] = dtypes;
+  ctx->saved_data["tf32"] = tf32;
+  ctx->saved_data["chunk"] = chunk;
+}
+
 /// A delta rule node's backward result: the chunked gradients of q, k, v,
 /// the decay ([.., 1] per head is squeezed), beta, and the initial state
 /// [b·h, dk, dv], each in its input's dtype (\p dtypes, as saved by the

@@ -127,11 +127,7 @@ struct DeltaRuleNode : torch::autograd::Function<DeltaRuleNode> {
     const Tf32Scope scope(tf32);
     const int64_t b = key.size(0), h = key.size(1), t = key.size(2), dk = key.size(3), dv = value.size(3);
     const double scale = 1.0 / std::sqrt(static_cast<double>(dk));
-    ctx->saved_data["t"] = t;
-    ctx->saved_data["dtypes"] = std::vector<int64_t>{int64_t(query.scalar_type()), int64_t(key.scalar_type()),
-                                                     int64_t(value.scalar_type()), int64_t(decay.scalar_type()),
-                                                     int64_t(beta.scalar_type()), int64_t(state.scalar_type())};
-    ctx->saved_data["tf32"] = tf32;
+    saveDeltaRuleShape(ctx, t, {query, key, value, decay, beta, state}, tf32, chunk);
 #ifdef ADAPT_WITH_CUDA_KERNELS
     const KernelUse train = trainingKernelUse();
     if (t > 0 && (train == KernelUse::Always || (train == KernelUse::Checked && !state.requires_grad())) &&

@@ -153,12 +153,7 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     const Tf32Scope scope(tf32);
     const int64_t b = key.size(0), h = key.size(1), t = key.size(2), dk = key.size(3), dv = value.size(3);
     const double scale = 1.0 / std::sqrt(static_cast<double>(dk));
-    ctx->saved_data["t"] = t;
-    ctx->saved_data["tf32"] = tf32;
-    ctx->saved_data["dtypes"] = std::vector<int64_t>{int64_t(query.scalar_type()), int64_t(key.scalar_type()),
-                                                     int64_t(value.scalar_type()), int64_t(decay.scalar_type()),
-                                                     int64_t(beta.scalar_type()), int64_t(state.scalar_type())};
-    ctx->saved_data["chunk"] = chunk;
+    saveDeltaRuleShape(ctx, t, {query, key, value, decay, beta, state}, tf32, chunk);
 #ifdef ADAPT_WITH_CUDA_KERNELS
     // bf16 at d 128 on the GPU: the forward kernels, which hand over T, the
     // states and V_new (bf16) for the backward below.
