@@ -2,7 +2,8 @@
 # The delta rule's CUDA kernels on a GPU machine, in two phases that share one
 # warm machine's build (/tmp/adapt-h200):
 #   PHASE=checks   op-stage checks of the default kernels, then of the switches
-#                  (the kernels with state gradients, no prefetch), bf16, and memcheck
+#                  (no prefetch) and of the opt-in switches waiting for them, bf16,
+#                  and memcheck with the opt-ins on
 #   PHASE=timings  forward and forward+backward of the op at the issue's shapes,
 #                  default against each opt-out switch, a Kineto profile at 32K, and
 #                  flash-linear-attention 0.6 (wheels carried in .whl/) last
@@ -38,17 +39,23 @@ if [ "${PHASE:-checks}" != timings ]; then
   mkdir -p $W/checks
   check default ADAPT_NONE=1 -- gated_delta_rule.chunked
   check default-nograd ADAPT_NONE=1 -- gated_delta_rule.no_grad
-  check segmented-kernels ADAPT_DELTA_RULE_TRAIN_KERNEL=1 ADAPT_DELTA_RULE_BACKWARD_KERNEL=1 -- gated_delta_rule.segmented
   check segmented ADAPT_NONE=1 -- gated_delta_rule.segmented
   check no-prefetch ADAPT_DELTA_RULE_PREFETCH=0 -- gated_delta_rule.chunked
   check kimi-kernel ADAPT_NONE=1 -- kimi_delta.no_grad
-  check kimi-node ADAPT_NONE=1 -- kimi_delta.chunked
+  # The opt-in switches waiting for these checks (docs/runtime.md).
+  check lean ADAPT_DELTA_RULE_LEAN_BACKWARD=1 -- gated_delta_rule.chunked
+  check segmented-kernels ADAPT_DELTA_RULE_TRAIN_KERNEL=1 ADAPT_DELTA_RULE_BACKWARD_KERNEL=1 -- gated_delta_rule.segmented
+  check segmented-kernels-lean ADAPT_DELTA_RULE_TRAIN_KERNEL=1 ADAPT_DELTA_RULE_BACKWARD_KERNEL=1 ADAPT_DELTA_RULE_LEAN_BACKWARD=1 -- gated_delta_rule.segmented
+  check kimi-prefetch ADAPT_KIMI_DELTA_PREFETCH=1 -- kimi_delta.no_grad
+  check kimi-train ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 -- kimi_delta.chunked
+  check kimi-train-fp32 ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 -- kimi_delta.chunked float32
   # Out-of-bounds accesses the checks' numbers could miss: memcheck over the
   # default kernels, forward and backward, at the d-128 shapes.
   SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
   if [ -n "$SAN" ]; then
     for only in ${MEMCHECK:-gated_delta_rule.chunked gated_delta_rule.segmented kimi_delta.no_grad}; do
-      ADAPT_DELTA_RULE_TRAIN_KERNEL=1 ADAPT_DELTA_RULE_BACKWARD_KERNEL=1 timeout 200 $SAN --tool memcheck --error-exitcode 9 $W/rt/adapt-op-check --device cuda \
+      ADAPT_DELTA_RULE_TRAIN_KERNEL=1 ADAPT_DELTA_RULE_BACKWARD_KERNEL=1 ADAPT_DELTA_RULE_LEAN_BACKWARD=1 \
+        ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 timeout 200 $SAN --tool memcheck --error-exitcode 9 $W/rt/adapt-op-check --device cuda \
         --seeds 1 --dtype bfloat16 --only $only --out $W/checks/memcheck > $W/memcheck.log 2>&1
       echo "-- memcheck $only: rc $? $(grep -m1 'ERROR SUMMARY' $W/memcheck.log)"
       grep -m6 -B2 -A6 "Invalid\|out of bounds" $W/memcheck.log
@@ -73,9 +80,11 @@ if [ "${PHASE:-checks}" != checks ]; then
   }
   echo "== gated delta rule $(date +%T)"
   run_shapes default ADAPT_NONE=1
+  run_shapes lean ADAPT_DELTA_RULE_LEAN_BACKWARD=1
   run_shapes no-prefetch ADAPT_DELTA_RULE_PREFETCH=0
   echo "== Kimi delta attention $(date +%T)"
   EXTRA=--per-channel run_shapes kda-default ADAPT_NONE=1
+  EXTRA=--per-channel run_shapes kda-train-kernel ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1
   echo "== profile at 32K $(date +%T)"
   timeout 120 $W/lc/long_context --delta-rule 1 32 32768 128 128 --profile $W/prof32k > $W/prof32k.log 2>&1
   grep -m3 "GPU time\|Wall" $W/prof32k/profile/breakdown.md

@@ -155,9 +155,9 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     const double scale = 1.0 / std::sqrt(static_cast<double>(dk));
     saveDeltaRuleShape(ctx, t, {query, key, value, decay, beta, state}, tf32, chunk);
 #ifdef ADAPT_WITH_CUDA_KERNELS
-    // bf16 at d 128 on the GPU: the forward kernels, which hand over T, the
-    // states and V_new (bf16) for the backward below.
-    if (t > 0 && cuda::kimiDeltaKernelEnabled() &&
+    // bf16 at d 128 on the GPU, when switched on: the forward kernels, which
+    // hand over T, the states and V_new (bf16) for the backward below.
+    if (t > 0 && cuda::kimiDeltaTrainingKernelEnabled() &&
         cuda::kimiDeltaRuleForwardTakes(query, key, value, decay, beta, chunk)) {
       cuda::KimiDeltaSaved kept;
       Tensor last;

@@ -247,6 +247,13 @@ template <int Pending> __device__ __forceinline__ void asyncWait() {
 /// faster); ADAPT_DELTA_RULE_PREFETCH=0 waits on each load instead.
 bool asyncLoads();
 
+/// ADAPT_DELTA_RULE_LEAN_BACKWARD=1: the GPU backward keeps each chunk's dS'
+/// and dV_new in bf16 (kernels 3 and 4 read them as bf16 tiles either way;
+/// only the chunk's last-decay sum reads dS' rounded) and reads dO in place
+/// when it is contiguous and fills whole chunks: 1 GiB less at 1 x 32 heads
+/// x 32K tokens (computed). Off until the op checks have run with it on a GPU.
+bool leanBackward();
+
 /// A [B, H, T, D] tensor's data and its strides over b, h and t.
 struct Strided {
   const bf16 *data;
@@ -315,6 +322,12 @@ __device__ __forceinline__ void storeChunkOutput(bf16 *out, const bf16 *qs, cons
     if (r < valid)
       *reinterpret_cast<uint32_t *>(out + r * kDim + c) = packBf16(acc[nt][2 * h], acc[nt][2 * h + 1]);
   });
+}
+
+/// Whether the environment variable \p name says "1" (the kernels' opt-in switches).
+inline bool switchedOn(const char *name) {
+  const char *v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, "1") == 0;
 }
 
 /// Whether the environment variable \p name says "0" (the kernels' opt-out switches).

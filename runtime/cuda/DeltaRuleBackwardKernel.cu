@@ -75,13 +75,23 @@ __device__ __forceinline__ void loadBackwardTiles(const BackwardTiles &s, const 
   }
 }
 
+/// Stores two values of a gradient kept in fp32.
+__device__ __forceinline__ void storePair(float *p, float a, float b) {
+  *reinterpret_cast<float2 *>(p) = make_float2(a, b);
+}
+
+/// Stores two values of a gradient kept in bf16.
+__device__ __forceinline__ void storePair(bf16 *p, float a, float b) {
+  *reinterpret_cast<uint32_t *>(p) = packBf16(a, b);
+}
+
 /// With \p Prefetch, two sets of tiles: chunk n - 1's load in flight while
-/// chunk n computes.
-template <bool Prefetch>
+/// chunk n computes. dS' and dV_new go out as \p Grad (fp32 or bf16).
+template <bool Prefetch, typename Grad>
 __global__ void __launch_bounds__(128)
     deltaRuleStateBackwardKernel(const bf16 *keysToEnd, const bf16 *queryDecayed, const bf16 *w, const bf16 *gradOut,
                                  const float *localNew, const float *cum, int chunks, const float *gradFinal,
-                                 bf16 *leaving, bf16 *gradNew, float *gradInitial) {
+                                 Grad *leaving, Grad *gradNew, float *gradInitial) {
   extern __shared__ __align__(16) unsigned char shared[];
   bf16 *dss = reinterpret_cast<bf16 *>(shared); // dS' [128][kStateRow]
   bf16 *dvn = dss + kDim * kStateRow;           // -dV_new [64][kStateRow]
@@ -102,9 +112,8 @@ __global__ void __launch_bounds__(128)
   for (int n = chunks - 1; n >= 0; --n) {
     const int64_t row0 = int64_t(n) * kChunk;
     const BackwardTiles s = BackwardTiles::at(sets + (Prefetch ? (n & 1) : 0) * BackwardTiles::kBytes);
-    // dS' (leaving the chunk): out and to shared memory in bf16 (kernel 3
-    // and the mma below read it as bf16 either way).
-    bf16 *leavingOut = leaving + ((bh * chunks + n) * kDim) * kDim;
+    // dS' (leaving the chunk): out, and to shared memory in bf16.
+    Grad *leavingOut = leaving + ((bh * chunks + n) * kDim) * kDim;
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
@@ -113,8 +122,8 @@ __global__ void __launch_bounds__(128)
         const uint32_t lo = packBf16(ds[mt][nt][0], ds[mt][nt][1]), hi = packBf16(ds[mt][nt][2], ds[mt][nt][3]);
         *reinterpret_cast<uint32_t *>(dss + r * kStateRow + c) = lo;
         *reinterpret_cast<uint32_t *>(dss + (r + 8) * kStateRow + c) = hi;
-        *reinterpret_cast<uint32_t *>(leavingOut + r * kDim + col0 + c) = lo;
-        *reinterpret_cast<uint32_t *>(leavingOut + (r + 8) * kDim + col0 + c) = hi;
+        storePair(leavingOut + r * kDim + col0 + c, ds[mt][nt][0], ds[mt][nt][1]);
+        storePair(leavingOut + (r + 8) * kDim + col0 + c, ds[mt][nt][2], ds[mt][nt][3]);
       }
     if constexpr (Prefetch) {
       if (n > 0)
@@ -140,7 +149,7 @@ __global__ void __launch_bounds__(128)
           const float2 local = Prefetch ? *reinterpret_cast<const float2 *>(s.localNew + r * kStateColumns + c)
                                         : *reinterpret_cast<const float2 *>(localNew + at);
           const float v0 = local.x + acc[nt][2 * h], v1 = local.y + acc[nt][2 * h + 1];
-          *reinterpret_cast<uint32_t *>(gradNew + at) = packBf16(v0, v1);
+          storePair(gradNew + at, v0, v1);
           *reinterpret_cast<uint32_t *>(dvn + r * kStateRow + c) = packBf16(-v0, -v1);
         }
     }
@@ -206,20 +215,30 @@ DeltaRuleStateGrads deltaRuleStateBackward(const at::Tensor &keysToEnd, const at
   TORCH_CHECK(bh <= 65535 && chunks > 0, "deltaRuleStateBackward: expected 1 to 65,535 heads and a chunk");
   const c10::cuda::CUDAGuard guard(keysToEnd.device());
   const auto f32 = localNew.options();
-  DeltaRuleStateGrads r{at::empty({bh, chunks, kDim, kDim}, keysToEnd.options()),
-                        at::empty({bh, padded, kDim}, keysToEnd.options()), at::empty({bh, kDim, kDim}, f32)};
+  const bool lean = leanBackward();
+  const auto gradOptions = lean ? keysToEnd.options() : f32;
+  DeltaRuleStateGrads r{at::empty({bh, chunks, kDim, kDim}, gradOptions), at::empty({bh, padded, kDim}, gradOptions),
+                        at::empty({bh, kDim, kDim}, f32)};
   const bool prefetch = asyncLoads();
   const size_t bytes = (kDim + kChunk) * kStateRow * sizeof(bf16) +
                        (prefetch ? 2 * BackwardTiles::kBytes : (3 * kChunk * kRow + kChunk * kStateRow) * sizeof(bf16));
-  auto kernel = prefetch ? deltaRuleStateBackwardKernel<true> : deltaRuleStateBackwardKernel<false>;
-  allowSharedMemory(kernel, bytes);
   auto bf = [](const at::Tensor &x) { return reinterpret_cast<const bf16 *>(x.data_ptr<at::BFloat16>()); };
-  auto bf16Out = [](at::Tensor &x) { return reinterpret_cast<bf16 *>(x.data_ptr<at::BFloat16>()); };
-  kernel<<<dim3(kDim / kStateColumns, bh), 128, bytes, at::cuda::getCurrentCUDAStream()>>>(
-      bf(keysToEnd), bf(queryDecayed), bf(w), bf(gradOut), localNew.data_ptr<float>(), cum.data_ptr<float>(),
-      static_cast<int>(chunks), gradFinal.data_ptr<float>(), bf16Out(r.leaving), bf16Out(r.newValues),
-      r.initial.data_ptr<float>());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  auto launch = [&](auto kernel, auto *leaving, auto *gradNew) {
+    allowSharedMemory(kernel, bytes);
+    kernel<<<dim3(kDim / kStateColumns, bh), 128, bytes, at::cuda::getCurrentCUDAStream()>>>(
+        bf(keysToEnd), bf(queryDecayed), bf(w), bf(gradOut), localNew.data_ptr<float>(), cum.data_ptr<float>(),
+        static_cast<int>(chunks), gradFinal.data_ptr<float>(), leaving, gradNew, r.initial.data_ptr<float>());
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  if (lean) {
+    auto *leaving = reinterpret_cast<bf16 *>(r.leaving.data_ptr<at::BFloat16>());
+    auto *gradNew = reinterpret_cast<bf16 *>(r.newValues.data_ptr<at::BFloat16>());
+    launch(prefetch ? deltaRuleStateBackwardKernel<true, bf16> : deltaRuleStateBackwardKernel<false, bf16>, leaving,
+           gradNew);
+  } else {
+    launch(prefetch ? deltaRuleStateBackwardKernel<true, float> : deltaRuleStateBackwardKernel<false, float>,
+           r.leaving.data_ptr<float>(), r.newValues.data_ptr<float>());
+  }
   return r;
 }
 

@@ -59,6 +59,60 @@ __device__ __forceinline__ void loadFloat(bf16 *tile, int stride, const float *x
   }
 }
 
+/// Rounds \p Rows rows of a gradient kept in fp32 [.., 128] into the bf16 \p tile.
+template <int Rows> __device__ __forceinline__ void loadGrad(bf16 *tile, int stride, const float *x, bool async) {
+  if (async)
+    loadFloatBatched<Rows, kDim>(tile, stride, x);
+  else
+    loadFloat(tile, stride, x, Rows, kDim);
+}
+
+/// Copies \p Rows rows of a gradient kept in bf16 [.., 128] into \p tile.
+template <int Rows> __device__ __forceinline__ void loadGrad(bf16 *tile, int stride, const bf16 *x, bool async) {
+  loadBf16(tile, stride, x, Rows, async);
+}
+
+/// This thread's share of sum(dS' . S) over a chunk's [128, 128] state (S
+/// in the bf16 tile \p ss), dS' kept in fp32: its 16 loads in flight together.
+__device__ __forceinline__ float stateGradDotState(const float *stateGrad, const bf16 *ss) {
+  constexpr int kLoads = kDim * kDim / 4 / 256;
+  float4 d[kLoads];
+#pragma unroll
+  for (int j = 0; j < kLoads; ++j)
+    d[j] = *reinterpret_cast<const float4 *>(stateGrad + 4 * (threadIdx.x + 256 * j));
+  float x = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kLoads; ++j) {
+    const int i = 4 * (threadIdx.x + 256 * j);
+    const bf16 *s = ss + (i / kDim) * kRow + i % kDim;
+    x += d[j].x * __bfloat162float(s[0]) + d[j].y * __bfloat162float(s[1]) + d[j].z * __bfloat162float(s[2]) +
+         d[j].w * __bfloat162float(s[3]);
+  }
+  return x;
+}
+
+/// The same with dS' kept in bf16: eight values a load, its 8 loads in flight together.
+__device__ __forceinline__ float stateGradDotState(const bf16 *stateGrad, const bf16 *ss) {
+  constexpr int kLoads = kDim * kDim / 8 / 256;
+  uint4 d[kLoads];
+#pragma unroll
+  for (int j = 0; j < kLoads; ++j)
+    d[j] = *reinterpret_cast<const uint4 *>(stateGrad + 8 * (threadIdx.x + 256 * j));
+  float x = 0.0f;
+#pragma unroll
+  for (int j = 0; j < kLoads; ++j) {
+    const int i = 8 * (threadIdx.x + 256 * j);
+    const __nv_bfloat162 *dd = reinterpret_cast<const __nv_bfloat162 *>(&d[j]);
+    const __nv_bfloat162 *sv = reinterpret_cast<const __nv_bfloat162 *>(ss + (i / kDim) * kRow + i % kDim);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 a = __bfloat1622float2(dd[e]), b = __bfloat1622float2(sv[e]);
+      x += a.x * b.x + a.y * b.y;
+    }
+  }
+  return x;
+}
+
 /// Kernel 1, a block (256 threads) per (chunk, b·h): Kd, Qd and dO as
 /// contiguous rows [B·H, n·64, 128] (bf16; dO only where \p gradOutRows is
 /// given) and localNew = P^T dO (fp32).
@@ -144,12 +198,15 @@ __device__ __forceinline__ void subtractColumnSums(float *sums, const float (&co
 /// Kernel 3, a block (256 threads) per (chunk, b·h), after the state
 /// gradient: dq (bf16 [B, H, T, 128]), dk's part through O and S' (fp32
 /// rows), dW = -dV_new S^T (bf16 rows), and the part of dG [B·H, n·64]
-/// from the scores, Qd, Kd and the chunk's last decay.
+/// from the scores, Qd, Kd and the chunk's last decay. dV_new and dS' come
+/// as \p Grad (fp32, or bf16 under leanBackward()).
+template <typename Grad>
 __global__ void __launch_bounds__(256)
     deltaRuleChunkGradKernel(Strided query, Strided key, const bf16 *gradOutRows, const bf16 *newValues,
-                             const bf16 *gradNew, const bf16 *states, const bf16 *leaving, const float *cum,
+                             const void *gradNewData, const bf16 *states, const void *leavingData, const float *cum,
                              int64_t tokens, float scale, bf16 *gradQuery, float *gradKeyPart, bf16 *gradW,
                              float *gradCumPart, bool async) {
+  const Grad *gradNew = static_cast<const Grad *>(gradNewData), *leaving = static_cast<const Grad *>(leavingData);
   extern __shared__ __align__(16) unsigned char shared[];
   bf16 *qs = reinterpret_cast<bf16 *>(shared);
   bf16 *ks = qs + kChunk * kRow;
@@ -168,13 +225,13 @@ __global__ void __launch_bounds__(256)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int mt = warp % 4, half = warp / 4;
   const bf16 *state = states + (bh * chunks + n) * kDim * kDim;
-  const bf16 *stateGrad = leaving + (bh * chunks + n) * kDim * kDim;
+  const Grad *stateGrad = leaving + (bh * chunks + n) * kDim * kDim;
   loadRows(qs, query, bh, row0, valid, async);
   loadRows(ks, key, bh, row0, valid, async);
   loadBf16(dos, kRow, gradOutRows + rows0 * kDim, kChunk, async);
   loadBf16(vns, kRow, newValues + rows0 * kDim, kChunk, async);
   loadBf16(ss, kRow, state, kDim, async);
-  loadBf16(dns, kRow, gradNew + rows0 * kDim, kChunk, async);
+  loadGrad<kChunk>(dns, kRow, gradNew + rows0 * kDim, async);
   if (tid < kChunk) {
     cs[tid] = cum[rows0 + tid];
     dc[tid] = 0.0f;
@@ -183,24 +240,8 @@ __global__ void __launch_bounds__(256)
     sums[tid] = 0.0f;
   awaitCopies(async);
   __syncthreads();
-  { // sum(dS' . S), for the chunk's last decay: eight dS' values a load, the 8 loads in flight together
-    float x = 0.0f;
-    constexpr int kLoads = kDim * kDim / 8 / 256;
-    uint4 d[kLoads];
-#pragma unroll
-    for (int j = 0; j < kLoads; ++j)
-      d[j] = *reinterpret_cast<const uint4 *>(stateGrad + 8 * (tid + 256 * j));
-#pragma unroll
-    for (int j = 0; j < kLoads; ++j) {
-      const int i = 8 * (tid + 256 * j);
-      const __nv_bfloat162 *dd = reinterpret_cast<const __nv_bfloat162 *>(&d[j]);
-      const __nv_bfloat162 *sv = reinterpret_cast<const __nv_bfloat162 *>(ss + (i / kDim) * kRow + i % kDim);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float2 a = __bfloat1622float2(dd[e]), b = __bfloat1622float2(sv[e]);
-        x += a.x * b.x + a.y * b.y;
-      }
-    }
+  { // sum(dS' . S), for the chunk's last decay
+    float x = stateGradDotState(stateGrad, ss);
     x = rowLanesSum(x);
     x += __shfl_xor_sync(0xffffffffu, x, 4);
     x += __shfl_xor_sync(0xffffffffu, x, 8);
@@ -250,7 +291,7 @@ __global__ void __launch_bounds__(256)
     });
   }
   __syncthreads(); // S and sd's writers are done
-  loadBf16(ss, kRow, stateGrad, kDim, async);
+  loadGrad<kDim>(ss, kRow, stateGrad, async);
   // dq += sd K, out.
   productAB<8, kChunk / 16>(dq, sd, kSquareRow, ks, kRow, 16 * mt, 64 * half, g, t, lane);
   forPairs<8>(16 * mt, 64 * half, g, t, [&](int nt, int h, int r, int c) {
@@ -297,12 +338,15 @@ __global__ void __launch_bounds__(256)
 /// Kernel 4, a block (256 threads) per (chunk, b·h): the gradients through
 /// W = T Xk and U = T Xv (Xk = k beta e^G, Xv = v beta) and T = (I + A)^-1
 /// with A = strictly-lower(beta_t k_t.k_i e^{G_t - G_i}): dk (bf16, with
-/// kernel 3's part), dv (bf16), dbeta and dg (fp32 [B·H, T]).
+/// kernel 3's part), dv (bf16), dbeta and dg (fp32 [B·H, T]). dV_new comes
+/// as \p Grad.
+template <typename Grad>
 __global__ void __launch_bounds__(256)
     deltaRuleTransformGradKernel(Strided key, Strided value, const float *beta, const float *cum, const float *inverse,
-                                 const bf16 *gradW, const bf16 *gradNew, const float *gradKeyPart,
+                                 const bf16 *gradW, const void *gradNewData, const float *gradKeyPart,
                                  const float *gradCumPart, int64_t tokens, bf16 *gradKey, bf16 *gradValue,
                                  float *gradBeta, float *gradDecay, bool async) {
+  const Grad *gradNew = static_cast<const Grad *>(gradNewData);
   extern __shared__ __align__(16) unsigned char shared[];
   bf16 *ks = reinterpret_cast<bf16 *>(shared);
   bf16 *vs = ks + kChunk * kRow;
@@ -323,7 +367,7 @@ __global__ void __launch_bounds__(256)
   loadRows(ks, key, bh, row0, valid, async);
   loadRows(vs, value, bh, row0, valid, async);
   loadBf16(dws, kRow, gradW + rows0 * kDim, kChunk, async);
-  loadBf16(dns, kRow, gradNew + rows0 * kDim, kChunk, async);
+  loadGrad<kChunk>(dns, kRow, gradNew + rows0 * kDim, async);
   if (async)
     loadFloatBatched<kChunk, kChunk>(ts, kSquareRow, inverse + rows0 * kChunk);
   else
@@ -463,9 +507,10 @@ DeltaRuleGrads gatedDeltaRuleBackward(const at::Tensor &query, const at::Tensor 
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const bool async = asyncLoads();
 
-  // dO as the rows [B·H, n·64, 128] kernels 2 and 3 read: dO itself when it
-  // is contiguous and the tokens fill whole chunks, else kernel 1's copy.
-  const bool dOutIsRows = dOut.is_contiguous() && tokens == padded;
+  // dO as the rows [B·H, n·64, 128] kernels 2 and 3 read: under
+  // leanBackward(), dO itself when it is contiguous and the tokens fill whole
+  // chunks; else kernel 1's copy.
+  const bool dOutIsRows = leanBackward() && dOut.is_contiguous() && tokens == padded;
   at::Tensor dOutRows = dOutIsRows ? dOut.view({bh, padded, kDim}) : at::empty({bh, padded, kDim}, key.options());
   DeltaRuleStateGrads state;
   {
@@ -479,6 +524,7 @@ DeltaRuleGrads gatedDeltaRuleBackward(const at::Tensor &query, const at::Tensor 
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     state = deltaRuleStateBackward(keysToEnd, queryDecayed, saved.w, dOutRows, localNew, saved.cum, dLast);
   }
+  const bool bf16Grads = state.leaving.scalar_type() == at::kBFloat16;
   // The gradients are allocated once kernel 2's temporaries are freed (a lower peak).
   r.query = at::empty({batch, heads, tokens, kDim}, key.options());
   r.key = at::empty_like(r.query);
@@ -488,20 +534,22 @@ DeltaRuleGrads gatedDeltaRuleBackward(const at::Tensor &query, const at::Tensor 
   {
     const size_t bytes = (5 * kChunk + kDim) * kRow * sizeof(bf16) + kChunk * kSquareRow * sizeof(bf16) +
                          (2 * kChunk + 2) * sizeof(float);
-    allowSharedMemory(deltaRuleChunkGradKernel, bytes);
-    deltaRuleChunkGradKernel<<<dim3(chunks, bh), 256, bytes, stream>>>(
-        stridedRows(query), stridedRows(key), bf16Data(dOutRows), bf16Data(saved.newValues), bf16Data(state.newValues),
-        bf16Data(saved.states), bf16Data(state.leaving), saved.cum.data_ptr<float>(), tokens, scale,
+    auto kernel = bf16Grads ? deltaRuleChunkGradKernel<bf16> : deltaRuleChunkGradKernel<float>;
+    allowSharedMemory(kernel, bytes);
+    kernel<<<dim3(chunks, bh), 256, bytes, stream>>>(
+        stridedRows(query), stridedRows(key), bf16Data(dOutRows), bf16Data(saved.newValues), state.newValues.data_ptr(),
+        bf16Data(saved.states), state.leaving.data_ptr(), saved.cum.data_ptr<float>(), tokens, scale,
         bf16Data(r.query), dKeyPart.data_ptr<float>(), bf16Data(dW), dCumPart.data_ptr<float>(), async);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   {
     const size_t bytes = 6 * kChunk * kRow * sizeof(bf16) + 3 * kChunk * kSquareRow * sizeof(bf16) +
                          4 * kChunk * sizeof(float);
-    allowSharedMemory(deltaRuleTransformGradKernel, bytes);
-    deltaRuleTransformGradKernel<<<dim3(chunks, bh), 256, bytes, stream>>>(
+    auto kernel = bf16Grads ? deltaRuleTransformGradKernel<bf16> : deltaRuleTransformGradKernel<float>;
+    allowSharedMemory(kernel, bytes);
+    kernel<<<dim3(chunks, bh), 256, bytes, stream>>>(
         stridedRows(key), stridedRows(value), b.data_ptr<float>(), saved.cum.data_ptr<float>(), saved.inverse.data_ptr<float>(),
-        bf16Data(dW), bf16Data(state.newValues), dKeyPart.data_ptr<float>(), dCumPart.data_ptr<float>(),
+        bf16Data(dW), state.newValues.data_ptr(), dKeyPart.data_ptr<float>(), dCumPart.data_ptr<float>(),
         tokens, bf16Data(r.key), bf16Data(r.value), r.beta.data_ptr<float>(), r.decay.data_ptr<float>(), async);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }

@@ -184,6 +184,11 @@ bool delta::asyncLoads() {
   return on;
 }
 
+bool delta::leanBackward() {
+  static const bool on = switchedOn("ADAPT_DELTA_RULE_LEAN_BACKWARD");
+  return on;
+}
+
 bool deltaRuleForwardTakes(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
                            const at::Tensor &decay, const at::Tensor &beta, int64_t chunkSize) {
   if (chunkSize != kChunk || !query.is_cuda() || query.dim() != 4 || key.dim() != 4 || value.dim() != 4)

@@ -56,8 +56,8 @@ at::Tensor gatedDeltaRuleForward(const at::Tensor &query, const at::Tensor &key,
 /// gradient of the state leaving it,
 ///   dV_new = localNew + Kd dS',  dS = e^{G_last} dS' + Qd^T dO - W^T dV_new.
 struct DeltaRuleStateGrads {
-  at::Tensor leaving;     ///< dS' of each chunk, bf16 [B·H, n, 128, 128] (an mma operand where it is read).
-  at::Tensor newValues;   ///< dV_new, bf16 [B·H, n·64, 128] (likewise).
+  at::Tensor leaving;     ///< dS' of each chunk [B·H, n, 128, 128]: fp32, or bf16 when leanBackward().
+  at::Tensor newValues;   ///< dV_new [B·H, n·64, 128]: fp32, or bf16 when leanBackward().
   at::Tensor initial;     ///< dS of the first chunk's entering state, fp32 [B·H, 128, 128].
 };
 

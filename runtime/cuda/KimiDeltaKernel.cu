@@ -207,6 +207,11 @@ bool kimiDeltaKernelEnabled() {
   return on;
 }
 
+bool kimiDeltaTrainingKernelEnabled() {
+  static const bool on = kimiDeltaKernelEnabled() && switchedOn("ADAPT_KIMI_DELTA_TRAIN_KERNEL");
+  return on;
+}
+
 bool kimiDeltaRuleForwardTakes(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
                                const at::Tensor &decay, const at::Tensor &beta, int64_t chunkSize) {
   // The scalar-decay kernels' conditions on q, k, v and beta (beta passed as
@@ -257,7 +262,9 @@ at::Tensor kimiDeltaRuleForward(const at::Tensor &query, const at::Tensor &key, 
       inverse.defined() ? inverse.data_ptr<float>() : nullptr);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
-  const bool prefetch = asyncLoads();
+  // The state kernel's prefetching form was checked with the scalar decay
+  // only: the per-channel one takes it on request until its checks run.
+  static const bool prefetch = asyncLoads() && switchedOn("ADAPT_KIMI_DELTA_PREFETCH");
   const size_t stateBytes = stateKernelBytes(prefetch);
   auto stateKernel = prefetch ? deltaRuleStateKernel<true, true> : deltaRuleStateKernel<false, true>;
   allowSharedMemory(stateKernel, stateBytes);

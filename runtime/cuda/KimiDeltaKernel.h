@@ -13,7 +13,8 @@
 //   3. per chunk: O = (q e^G) S_n + causal(sum_d q_td k_id e^{G_td - G_id})
 //      V_new, the scores by the same sub-chunks.
 // The forward without a graph takes it (the `kimi_delta.no_grad` op checks
-// pass on an H100, bf16 3.4e-3 against 2.5e-2, memcheck clean);
+// pass on an H100, bf16 3.4e-3 against 2.5e-2, memcheck clean; the state
+// kernel without prefetching, ADAPT_KIMI_DELTA_PREFETCH=1 asks for it);
 // ADAPT_KIMI_DELTA_KERNEL=0 keeps the LibTorch composition, the reference.
 //
 //===----------------------------------------------------------------------===//
@@ -27,6 +28,12 @@ namespace adapt::rt::cuda {
 
 /// Whether the forward without a graph takes the kernels: yes unless ADAPT_KIMI_DELTA_KERNEL=0.
 bool kimiDeltaKernelEnabled();
+
+/// Whether training's forward (KimiDeltaNode) takes them too, handing T, the
+/// states and V_new to its LibTorch backward: only with
+/// ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 until the d-128 `kimi_delta.chunked` op
+/// check has run on a GPU (written without one).
+bool kimiDeltaTrainingKernelEnabled();
 
 /// Whether kimiDeltaRuleForward takes these inputs: CUDA bf16 \p query,
 /// \p key and \p value [B, H, T, 128] with packable rows, \p decay [B, H, T,
