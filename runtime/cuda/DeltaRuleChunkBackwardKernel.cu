@@ -72,43 +72,28 @@ template <int Rows> __device__ __forceinline__ void loadGrad(bf16 *tile, int str
   loadBf16(tile, stride, x, Rows, async);
 }
 
-/// This thread's share of sum(dS' . S) over a chunk's [128, 128] state (S
-/// in the bf16 tile \p ss), dS' kept in fp32: its 16 loads in flight together.
-__device__ __forceinline__ float stateGradDotState(const float *stateGrad, const bf16 *ss) {
-  constexpr int kLoads = kDim * kDim / 4 / 256;
-  float4 d[kLoads];
-#pragma unroll
-  for (int j = 0; j < kLoads; ++j)
-    d[j] = *reinterpret_cast<const float4 *>(stateGrad + 4 * (threadIdx.x + 256 * j));
-  float x = 0.0f;
-#pragma unroll
-  for (int j = 0; j < kLoads; ++j) {
-    const int i = 4 * (threadIdx.x + 256 * j);
-    const bf16 *s = ss + (i / kDim) * kRow + i % kDim;
-    x += d[j].x * __bfloat162float(s[0]) + d[j].y * __bfloat162float(s[1]) + d[j].z * __bfloat162float(s[2]) +
-         d[j].w * __bfloat162float(s[3]);
-  }
-  return x;
-}
+/// A gradient value kept in fp32 or bf16, as fp32.
+__device__ __forceinline__ float toFloat(float x) { return x; }
+__device__ __forceinline__ float toFloat(bf16 x) { return __bfloat162float(x); }
 
-/// The same with dS' kept in bf16: eight values a load, its 8 loads in flight together.
-__device__ __forceinline__ float stateGradDotState(const bf16 *stateGrad, const bf16 *ss) {
-  constexpr int kLoads = kDim * kDim / 8 / 256;
+/// This thread's share of sum(dS' . S) over a chunk's [128, 128] state (S
+/// in the bf16 tile \p ss), dS' kept as \p Grad: 16 bytes a load, all of
+/// the thread's loads in flight together.
+template <typename Grad> __device__ __forceinline__ float stateGradDotState(const Grad *stateGrad, const bf16 *ss) {
+  constexpr int kPerLoad = 16 / sizeof(Grad), kLoads = kDim * kDim / kPerLoad / 256;
   uint4 d[kLoads];
 #pragma unroll
   for (int j = 0; j < kLoads; ++j)
-    d[j] = *reinterpret_cast<const uint4 *>(stateGrad + 8 * (threadIdx.x + 256 * j));
+    d[j] = *reinterpret_cast<const uint4 *>(stateGrad + kPerLoad * (threadIdx.x + 256 * j));
   float x = 0.0f;
 #pragma unroll
   for (int j = 0; j < kLoads; ++j) {
-    const int i = 8 * (threadIdx.x + 256 * j);
-    const __nv_bfloat162 *dd = reinterpret_cast<const __nv_bfloat162 *>(&d[j]);
-    const __nv_bfloat162 *sv = reinterpret_cast<const __nv_bfloat162 *>(ss + (i / kDim) * kRow + i % kDim);
+    const int i = kPerLoad * (threadIdx.x + 256 * j);
+    const Grad *v = reinterpret_cast<const Grad *>(&d[j]);
+    const bf16 *s = ss + (i / kDim) * kRow + i % kDim;
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float2 a = __bfloat1622float2(dd[e]), b = __bfloat1622float2(sv[e]);
-      x += a.x * b.x + a.y * b.y;
-    }
+    for (int e = 0; e < kPerLoad; ++e)
+      x += toFloat(v[e]) * __bfloat162float(s[e]);
   }
   return x;
 }
