@@ -10,6 +10,7 @@
 #include "runtime/ChunkedTensors.h"
 #include "runtime/Tf32Scope.h"
 #ifdef ADAPT_WITH_CUDA_KERNELS
+#include "runtime/cuda/DeltaRuleKernel.h"
 #include "runtime/cuda/KimiDeltaKernel.h"
 #endif
 
@@ -163,6 +164,7 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
       Tensor last;
       Tensor out = cuda::kimiDeltaRuleForward(query, key, value, decay, beta, state, &last, &kept);
       const int64_t n = kept.states.size(1);
+      ctx->saved_data["kernels"] = true;
       ctx->save_for_backward({query, key, value, decay, beta, kept.inverse.view({b, h, n, chunk, chunk}),
                               kept.states.view({b, h, n, dk, dv}), kept.newValues.view({b, h, n, chunk, dv})});
       return {out, last.view({b, h, dk, dv})};
@@ -207,8 +209,24 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
 
     // The state's gradient from the last chunk back: dS = M^T dS' + Qd^T dO - W^T P^T dO.
     Tensor localNew = torch::matmul(transposed(perChannelDecayedScores(q, k, cum)), dOut); // P^T dO
-    auto [dLeaving, dNew, ds] =
-        stateGradients(terms.transition(w), terms.keysToEnd, w, queryDecayed, dOut, localNew, dLast);
+    Tensor dLeaving, dNew, ds;
+#ifdef ADAPT_WITH_CUDA_KERNELS
+    // After the forward kernels, the same serial pass as one kernel (GDN's,
+    // its state rows decaying per key channel).
+    if (ctx->saved_data.count("kernels") > 0 && cuda::deltaRuleStateBackwardTakes(dk, dv, c)) {
+      const int64_t n = k.size(2);
+      auto rows = [&](const Tensor &x) { return x.to(torch::kBFloat16).contiguous().view({b * h, n * c, x.size(-1)}); };
+      cuda::DeltaRuleStateGrads r = cuda::deltaRuleStateBackward(
+          rows(terms.keysToEnd), rows(queryDecayed), rows(w), rows(dOut), localNew.contiguous().view({b * h, n * c, dv}),
+          terms.last.contiguous().view({b * h, n * dk}), dLast.contiguous(), /*perChannel=*/true);
+      dLeaving = r.leaving.view({b, h, n, dk, dv});
+      dNew = r.newValues.view({b, h, n, c, dv});
+      ds = r.initial;
+    }
+#endif
+    if (!dLeaving.defined())
+      std::tie(dLeaving, dNew, ds) =
+          stateGradients(terms.transition(w), terms.keysToEnd, w, queryDecayed, dOut, localNew, dLast);
 
     // Through O = Qd S + P V_new, S' = diag(e^{G_last}) S + Kd^T V_new, V_new = U - W S.
     Tensor dQueryDecayed = torch::matmul(dOut, transposed(states));

@@ -7,7 +7,8 @@
 // Per chunk: dS' is written out (fp32), dV_new = localNew + Kd dS' (written,
 // fp32), then dS = e^{G_last} dS' + Qd^T dO - W^T dV_new, where dV_new
 // enters the last product negated and rounded to bf16, as the forward's
-// operands are.
+// operands are. With Kimi's decay per key channel, row d of dS' decays by
+// e^{G_last, d} instead (Kd and Qd carry their per-channel factors already).
 //
 //===----------------------------------------------------------------------===//
 
@@ -49,8 +50,9 @@ struct BackwardTiles {
 };
 
 /// Loads the chunk at rows [rows0, rows0 + 64) of the [B·H·n·64, 128]
-/// operands into \p s (Async: cp.async; localNew and G only then).
-template <bool Async>
+/// operands into \p s (Async: cp.async; localNew and G only then, G only
+/// for a scalar decay).
+template <bool Async, bool PerChannel = false>
 __device__ __forceinline__ void loadBackwardTiles(const BackwardTiles &s, const bf16 *keysToEnd,
                                                   const bf16 *queryDecayed, const bf16 *w, const bf16 *gradOut,
                                                   const float *localNew, const float *cum, int64_t rows0, int col0) {
@@ -70,7 +72,7 @@ __device__ __forceinline__ void loadBackwardTiles(const BackwardTiles &s, const 
       const int r = i / (kStateColumns / 4), c = (i % (kStateColumns / 4)) * 4;
       copy16<true>(s.localNew + r * kStateColumns + c, localNew + (rows0 + r) * kDim + col0 + c);
     }
-    if (threadIdx.x < kChunk / 4)
+    if (!PerChannel && threadIdx.x < kChunk / 4)
       copy16<true>(s.cum + 4 * threadIdx.x, cum + rows0 + 4 * threadIdx.x);
   }
 }
@@ -86,8 +88,10 @@ __device__ __forceinline__ void storePair(bf16 *p, float a, float b) {
 }
 
 /// With \p Prefetch, two sets of tiles: chunk n - 1's load in flight while
-/// chunk n computes. dS' and dV_new go out as \p Grad (fp32 or bf16).
-template <bool Prefetch, typename Grad>
+/// chunk n computes. dS' and dV_new go out as \p Grad (fp32 or bf16). With
+/// \p PerChannel, \p cum is each chunk's last G per key channel [B·H, n,
+/// 128] rather than G per token [B·H, n·64].
+template <bool Prefetch, typename Grad, bool PerChannel = false>
 __global__ void __launch_bounds__(128)
     deltaRuleStateBackwardKernel(const bf16 *keysToEnd, const bf16 *queryDecayed, const bf16 *w, const bf16 *gradOut,
                                  const float *localNew, const float *cum, int chunks, const float *gradFinal,
@@ -105,7 +109,7 @@ __global__ void __launch_bounds__(128)
     ds[mt][nt][i] = gradFinal[(bh * kDim + r) * kDim + col0 + c];
   });
   if constexpr (Prefetch) {
-    loadBackwardTiles<true>(BackwardTiles::at(sets + ((chunks - 1) & 1) * BackwardTiles::kBytes), keysToEnd,
+    loadBackwardTiles<true, PerChannel>(BackwardTiles::at(sets + ((chunks - 1) & 1) * BackwardTiles::kBytes), keysToEnd,
                             queryDecayed, w, gradOut, localNew, cum, base + padded - kChunk, col0);
     asyncCommit();
   }
@@ -127,7 +131,7 @@ __global__ void __launch_bounds__(128)
       }
     if constexpr (Prefetch) {
       if (n > 0)
-        loadBackwardTiles<true>(BackwardTiles::at(sets + ((n - 1) & 1) * BackwardTiles::kBytes), keysToEnd,
+        loadBackwardTiles<true, PerChannel>(BackwardTiles::at(sets + ((n - 1) & 1) * BackwardTiles::kBytes), keysToEnd,
                                 queryDecayed, w, gradOut, localNew, cum, base + row0 - kChunk, col0);
       asyncCommit();
       asyncWait<1>(); // this chunk's copies have landed
@@ -135,7 +139,7 @@ __global__ void __launch_bounds__(128)
       loadBackwardTiles<false>(s, keysToEnd, queryDecayed, w, gradOut, nullptr, nullptr, base + row0, col0);
     }
     __syncthreads();
-    const float last = Prefetch ? s.cum[kChunk - 1] : cum[base + row0 + kChunk - 1];
+    const float last = PerChannel ? 0.0f : Prefetch ? s.cum[kChunk - 1] : cum[base + row0 + kChunk - 1];
     // dV_new = localNew + Kd dS': warp w takes rows [16 w, 16 w + 16), 32 columns.
     {
       float acc[4][4];
@@ -156,8 +160,13 @@ __global__ void __launch_bounds__(128)
     __syncthreads();
     // dS = e^{G_last} dS' + Qd^T dO + W^T (-dV_new): warp w takes dS's rows
     // [32 w, 32 w + 32), K = the chunk's 64 tokens.
-    const float chunkDecay = __expf(last);
-    forStateSlice(warp, g, t, [&](int mt, int nt, int i, int, int) { ds[mt][nt][i] *= chunkDecay; });
+    if constexpr (PerChannel) {
+      const float *rowLast = cum + (bh * chunks + n) * kDim;
+      forStateSlice(warp, g, t, [&](int mt, int nt, int i, int r, int) { ds[mt][nt][i] *= __expf(rowLast[r]); });
+    } else {
+      const float chunkDecay = __expf(last);
+      forStateSlice(warp, g, t, [&](int mt, int nt, int i, int, int) { ds[mt][nt][i] *= chunkDecay; });
+    }
 #pragma unroll
     for (int kk = 0; kk < kChunk / 16; ++kk) {
       uint32_t fo[2][4], fv[2][4];
@@ -200,22 +209,23 @@ bool deltaRuleStateBackwardTakes(int64_t keyDim, int64_t valueDim, int64_t chunk
 DeltaRuleStateGrads deltaRuleStateBackward(const at::Tensor &keysToEnd, const at::Tensor &queryDecayed,
                                            const at::Tensor &w, const at::Tensor &gradOut,
                                            const at::Tensor &localNew, const at::Tensor &cum,
-                                           const at::Tensor &gradFinal) {
+                                           const at::Tensor &gradFinal, bool perChannel) {
   const int64_t bh = keysToEnd.size(0), padded = keysToEnd.size(1), chunks = padded / kChunk;
   TORCH_CHECK(padded % kChunk == 0 && bf16Rows(keysToEnd, padded) && bf16Rows(queryDecayed, padded) &&
                   bf16Rows(w, padded) && bf16Rows(gradOut, padded) && queryDecayed.size(0) == bh &&
                   w.size(0) == bh && gradOut.size(0) == bh,
               "deltaRuleStateBackward: expected contiguous bf16 [B*H, n*64, 128] Kd, Qd, W and dO");
   TORCH_CHECK(localNew.scalar_type() == at::kFloat && localNew.is_contiguous() && localNew.numel() == bh * padded * kDim &&
-                  cum.scalar_type() == at::kFloat && cum.is_contiguous() && cum.numel() == bh * padded &&
+                  cum.scalar_type() == at::kFloat && cum.is_contiguous() &&
+                  cum.numel() == (perChannel ? bh * chunks * kDim : bh * padded) &&
                   gradFinal.scalar_type() == at::kFloat && gradFinal.is_contiguous() &&
                   gradFinal.numel() == bh * kDim * kDim,
-              "deltaRuleStateBackward: expected fp32 contiguous localNew [B*H, n*64, 128], cum [B*H, n*64] and "
-              "gradFinal [B*H, 128, 128]");
+              "deltaRuleStateBackward: expected fp32 contiguous localNew [B*H, n*64, 128], cum [B*H, n*64] (or "
+              "[B*H, n, 128] per channel) and gradFinal [B*H, 128, 128]");
   TORCH_CHECK(bh <= 65535 && chunks > 0, "deltaRuleStateBackward: expected 1 to 65,535 heads and a chunk");
   const c10::cuda::CUDAGuard guard(keysToEnd.device());
   const auto f32 = localNew.options();
-  const bool lean = leanBackward();
+  const bool lean = leanBackward() && !perChannel;
   const auto gradOptions = lean ? keysToEnd.options() : f32;
   DeltaRuleStateGrads r{at::empty({bh, chunks, kDim, kDim}, gradOptions), at::empty({bh, padded, kDim}, gradOptions),
                         at::empty({bh, kDim, kDim}, f32)};
@@ -230,7 +240,10 @@ DeltaRuleStateGrads deltaRuleStateBackward(const at::Tensor &keysToEnd, const at
         static_cast<int>(chunks), gradFinal.data_ptr<float>(), leaving, gradNew, r.initial.data_ptr<float>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
-  if (lean) {
+  if (perChannel) {
+    launch(prefetch ? deltaRuleStateBackwardKernel<true, float, true> : deltaRuleStateBackwardKernel<false, float, true>,
+           r.leaving.data_ptr<float>(), r.newValues.data_ptr<float>());
+  } else if (lean) {
     auto *leaving = reinterpret_cast<bf16 *>(r.leaving.data_ptr<at::BFloat16>());
     auto *gradNew = reinterpret_cast<bf16 *>(r.newValues.data_ptr<at::BFloat16>());
     launch(prefetch ? deltaRuleStateBackwardKernel<true, bf16> : deltaRuleStateBackwardKernel<false, bf16>, leaving,

@@ -67,11 +67,13 @@ bool deltaRuleStateBackwardTakes(int64_t keyDim, int64_t valueDim, int64_t chunk
 /// \p keysToEnd (Kd = k e^{G_last - G}), \p queryDecayed (Qd = q scale e^G),
 /// \p w and \p gradOut: contiguous bf16 [B·H, n·64, 128]; \p localNew (P^T
 /// dO) fp32 [B·H, n·64, 128]; \p cum fp32 [B·H, n·64]; \p gradFinal fp32
-/// [B·H, 128, 128] (the gradient of S_T).
+/// [B·H, 128, 128] (the gradient of S_T). With \p perChannel (Kimi's decay
+/// per key channel; Kd and Qd carry it per channel), \p cum is each chunk's
+/// last G per channel [B·H, n, 128], and the gradients stay fp32.
 DeltaRuleStateGrads deltaRuleStateBackward(const at::Tensor &keysToEnd, const at::Tensor &queryDecayed,
                                            const at::Tensor &w, const at::Tensor &gradOut,
                                            const at::Tensor &localNew, const at::Tensor &cum,
-                                           const at::Tensor &gradFinal);
+                                           const at::Tensor &gradFinal, bool perChannel = false);
 
 /// The gradients of gatedDeltaRuleForward's inputs: query, key, value bf16
 /// [B, H, T, 128]; decay, beta fp32 [B, H, T]; the initial state fp32 [B,
