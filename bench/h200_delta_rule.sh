@@ -49,13 +49,16 @@ if [ "${PHASE:-checks}" != timings ]; then
   check kimi-prefetch ADAPT_KIMI_DELTA_PREFETCH=1 -- kimi_delta.no_grad
   check kimi-train ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 -- kimi_delta.chunked
   check kimi-train-fp32 ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 -- kimi_delta.chunked float32
+  check kimi-scores ADAPT_KIMI_SCORES_KERNEL=1 -- kimi_delta
+  check kimi-scores-fp32 ADAPT_KIMI_SCORES_KERNEL=1 -- kimi_delta float32
+  check kimi-all ADAPT_KIMI_SCORES_KERNEL=1 ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 -- kimi_delta
   # Out-of-bounds accesses the checks' numbers could miss: memcheck over the
   # default kernels, forward and backward, at the d-128 shapes.
   SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
   if [ -n "$SAN" ]; then
     for only in ${MEMCHECK:-gated_delta_rule.chunked gated_delta_rule.segmented kimi_delta.no_grad}; do
       ADAPT_DELTA_RULE_TRAIN_KERNEL=1 ADAPT_DELTA_RULE_BACKWARD_KERNEL=1 ADAPT_DELTA_RULE_LEAN_BACKWARD=1 \
-        ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 timeout 200 $SAN --tool memcheck --error-exitcode 9 $W/rt/adapt-op-check --device cuda \
+        ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 ADAPT_KIMI_SCORES_KERNEL=1 timeout 200 $SAN --tool memcheck --error-exitcode 9 $W/rt/adapt-op-check --device cuda \
         --seeds 1 --dtype bfloat16 --only $only --out $W/checks/memcheck > $W/memcheck.log 2>&1
       echo "-- memcheck $only: rc $? $(grep -m1 'ERROR SUMMARY' $W/memcheck.log)"
       grep -m6 -B2 -A6 "Invalid\|out of bounds" $W/memcheck.log
@@ -85,6 +88,7 @@ if [ "${PHASE:-checks}" != checks ]; then
   echo "== Kimi delta attention $(date +%T)"
   EXTRA=--per-channel run_shapes kda-default ADAPT_NONE=1
   EXTRA=--per-channel run_shapes kda-train-kernel ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1
+  EXTRA=--per-channel run_shapes kda-all ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 ADAPT_KIMI_SCORES_KERNEL=1
   echo "== profile at 32K $(date +%T)"
   timeout 120 $W/lc/long_context --delta-rule 1 32 32768 128 128 --profile $W/prof32k > $W/prof32k.log 2>&1
   grep -m3 "GPU time\|Wall" $W/prof32k/profile/breakdown.md

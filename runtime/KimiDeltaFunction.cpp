@@ -12,6 +12,7 @@
 #ifdef ADAPT_WITH_CUDA_KERNELS
 #include "runtime/cuda/DeltaRuleKernel.h"
 #include "runtime/cuda/KimiDeltaKernel.h"
+#include "runtime/cuda/PerChannelScoresKernel.h"
 #endif
 
 #include <cmath>
@@ -67,6 +68,10 @@ Tensor notEarlier(int64_t m, const torch::Device &device) {
 /// i), so neither factor overflows, and one underflows only where the exact
 /// product is smaller still.
 torch::Tensor perChannelDecayedScores(const torch::Tensor &x, const torch::Tensor &y, const torch::Tensor &cum) {
+#ifdef ADAPT_WITH_CUDA_KERNELS
+  if (cuda::perChannelScoresKernelEnabled() && cuda::perChannelScoresTakes(x, y, cum))
+    return cuda::perChannelScores(x, y, cum);
+#endif
   const int64_t c = x.size(3), dk = x.size(4);
   if (c <= kSubChunk || c % kSubChunk != 0) // one block: the pairwise form
     return (x.unsqueeze(4) * y.unsqueeze(3) * decayBetween(cum)).sum(-1);
@@ -98,6 +103,10 @@ torch::Tensor perChannelDecayedScores(const torch::Tensor &x, const torch::Tenso
 
 std::pair<Tensor, Tensor> perChannelDecayedScoresBackward(const Tensor &grad, const Tensor &x, const Tensor &y,
                                                           const Tensor &cum) {
+#ifdef ADAPT_WITH_CUDA_KERNELS
+  if (cuda::perChannelScoresKernelEnabled() && cuda::perChannelScoresTakes(x, y, cum))
+    return cuda::perChannelScoresBackward(grad, x, y, cum);
+#endif
   const int64_t c = x.size(3);
   if (c <= kSubChunk || c % kSubChunk != 0) { // one block: the pairwise form
     Tensor weighted = grad.unsqueeze(-1) * decayBetween(cum); // [.., t, i, dk]

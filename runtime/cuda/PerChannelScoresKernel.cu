@@ -1,0 +1,177 @@
+//===- PerChannelScoresKernel.cu - Kimi's decayed scores and their gradient ===//
+//
+// The pairwise products of Kimi delta attention's chunked form, with a decay
+// per key channel, for chunks of up to 64 tokens and up to 128 channels:
+//   P[t][i] = sum_d x_td y_id e^{G_td - G_id}   (i <= t, zero above)
+// and, for a cotangent g of P,
+//   dx_td = sum_{i <= t} g_ti y_id e^{G_td - G_id},
+//   dy_id = sum_{t >= i} g_ti x_td e^{G_td - G_id}.
+// fp32 throughout, one exponential per term: G is a cumulative sum of log
+// decays (<= 0) down the chunk, so every exponent here is <= 0 and nothing
+// overflows; a term underflows only where its exact value is smaller still.
+// The LibTorch composition (runtime/KimiDeltaFunction.cpp) materialises
+// sub-chunk tensors 16 times a chunk's size for the same sums; these
+// kernels keep a chunk's operands in shared memory, a block per chunk.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/cuda/PerChannelScoresKernel.h"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/Exception.h>
+
+#include <cstdlib>
+#include <cstring>
+
+namespace adapt::rt::cuda {
+
+namespace {
+
+constexpr int kMaxChunk = 64;     ///< Tokens per chunk, at most.
+constexpr int kMaxChannels = 128; ///< Key channels, at most.
+constexpr int kThreads = 256;
+
+/// Copies \p count floats from global \p src to shared \p dst (float4 when aligned).
+__device__ __forceinline__ void copyFloats(float *dst, const float *src, int count) {
+  if (count % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
+    for (int i = threadIdx.x; i < count / 4; i += blockDim.x)
+      reinterpret_cast<float4 *>(dst)[i] = reinterpret_cast<const float4 *>(src)[i];
+  } else {
+    for (int i = threadIdx.x; i < count; i += blockDim.x)
+      dst[i] = src[i];
+  }
+}
+
+/// A block per chunk: P [c][c] of x, y, G [c][dk]. A warp per pair (t, i),
+/// its lanes over the channels.
+__global__ void __launch_bounds__(kThreads)
+    perChannelScoresKernel(const float *x, const float *y, const float *cum, int chunk, int channels, float *out) {
+  extern __shared__ __align__(16) float smem[];
+  float *xs = smem, *ys = xs + chunk * channels, *gs = ys + chunk * channels;
+  const int64_t item = blockIdx.x, base = item * chunk * channels;
+  copyFloats(xs, x + base, chunk * channels);
+  copyFloats(ys, y + base, chunk * channels);
+  copyFloats(gs, cum + base, chunk * channels);
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, warps = blockDim.x / 32;
+  float *o = out + item * chunk * chunk;
+  for (int pair = warp; pair < chunk * chunk; pair += warps) {
+    const int t = pair / chunk, i = pair % chunk;
+    float sum = 0.0f;
+    if (i <= t)
+      for (int d = lane; d < channels; d += 32)
+        sum += xs[t * channels + d] * ys[i * channels + d] * __expf(gs[t * channels + d] - gs[i * channels + d]);
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1)
+      sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (lane == 0)
+      o[pair] = sum;
+  }
+}
+
+/// A block per chunk: dx and dy [c][dk] from g [c][c]. A thread per
+/// (channel, row), rows strided by blockDim / channels; g's row is the same
+/// across a warp (a broadcast read), the channels consecutive.
+__global__ void __launch_bounds__(kThreads)
+    perChannelScoresBackwardKernel(const float *grad, const float *x, const float *y, const float *cum, int chunk,
+                                   int channels, float *gradX, float *gradY) {
+  extern __shared__ __align__(16) float smem[];
+  float *xs = smem, *ys = xs + chunk * channels, *gs = ys + chunk * channels, *ps = gs + chunk * channels;
+  const int64_t item = blockIdx.x, base = item * chunk * channels;
+  copyFloats(xs, x + base, chunk * channels);
+  copyFloats(ys, y + base, chunk * channels);
+  copyFloats(gs, cum + base, chunk * channels);
+  copyFloats(ps, grad + item * chunk * chunk, chunk * chunk);
+  __syncthreads();
+  const int rowsAtOnce = blockDim.x / channels, d = threadIdx.x % channels;
+  if (threadIdx.x >= rowsAtOnce * channels)
+    return;
+  for (int r = threadIdx.x / channels; r < chunk; r += rowsAtOnce) {
+    const float gr = gs[r * channels + d];
+    float dx = 0.0f, dy = 0.0f;
+    for (int i = 0; i <= r; ++i) // dx_r: keys i <= r
+      dx += ps[r * chunk + i] * ys[i * channels + d] * __expf(gr - gs[i * channels + d]);
+    for (int t = r; t < chunk; ++t) // dy_r: queries t >= r
+      dy += ps[t * chunk + r] * xs[t * channels + d] * __expf(gs[t * channels + d] - gr);
+    gradX[base + r * channels + d] = dx;
+    gradY[base + r * channels + d] = dy;
+  }
+}
+
+/// Whether x, y and cum are alike: CUDA fp32 [.., c, dk] with c <= 64, dk in [32, 128].
+bool chunkOperands(const at::Tensor &x, const at::Tensor &y, const at::Tensor &cum) {
+  if (!x.is_cuda() || x.dim() < 2 || x.scalar_type() != at::kFloat)
+    return false;
+  for (const at::Tensor *t : {&y, &cum})
+    if (t->device() != x.device() || t->scalar_type() != at::kFloat || t->sizes() != x.sizes())
+      return false;
+  const int64_t c = x.size(-2), dk = x.size(-1);
+  return c >= 1 && c <= kMaxChunk && dk >= 32 && dk <= kMaxChannels && x.numel() / (c * dk) <= INT32_MAX;
+}
+
+/// Allows \p kernel \p bytes of dynamic shared memory (above 48 KiB).
+template <typename Kernel> void allowBytes(Kernel kernel, size_t bytes) {
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+}
+
+} // namespace
+
+bool perChannelScoresKernelEnabled() {
+  static const bool on = [] {
+    const char *v = std::getenv("ADAPT_KIMI_SCORES_KERNEL");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return on;
+}
+
+bool perChannelScoresTakes(const at::Tensor &x, const at::Tensor &y, const at::Tensor &cum) {
+  return chunkOperands(x, y, cum);
+}
+
+at::Tensor perChannelScores(const at::Tensor &xIn, const at::Tensor &yIn, const at::Tensor &cumIn) {
+  TORCH_CHECK(chunkOperands(xIn, yIn, cumIn), "perChannelScores: expected CUDA fp32 x, y, cum [.., c <= 64, 32 <= dk <= 128]");
+  const at::Tensor x = xIn.contiguous(), y = yIn.contiguous(), cum = cumIn.contiguous();
+  const int chunk = static_cast<int>(x.size(-2)), channels = static_cast<int>(x.size(-1));
+  const int64_t items = x.numel() / (int64_t(chunk) * channels);
+  std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
+  shape.push_back(chunk);
+  at::Tensor out = at::empty(shape, x.options());
+  if (items == 0)
+    return out;
+  const c10::cuda::CUDAGuard guard(x.device());
+  const size_t bytes = 3 * size_t(chunk) * channels * sizeof(float);
+  allowBytes(perChannelScoresKernel, bytes);
+  perChannelScoresKernel<<<static_cast<unsigned>(items), kThreads, bytes, at::cuda::getCurrentCUDAStream()>>>(
+      x.data_ptr<float>(), y.data_ptr<float>(), cum.data_ptr<float>(), chunk, channels, out.data_ptr<float>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+std::pair<at::Tensor, at::Tensor> perChannelScoresBackward(const at::Tensor &grad, const at::Tensor &xIn,
+                                                           const at::Tensor &yIn, const at::Tensor &cumIn) {
+  TORCH_CHECK(chunkOperands(xIn, yIn, cumIn),
+              "perChannelScoresBackward: expected CUDA fp32 x, y, cum [.., c <= 64, 32 <= dk <= 128]");
+  const at::Tensor x = xIn.contiguous(), y = yIn.contiguous(), cum = cumIn.contiguous();
+  const int chunk = static_cast<int>(x.size(-2)), channels = static_cast<int>(x.size(-1));
+  const int64_t items = x.numel() / (int64_t(chunk) * channels);
+  at::Tensor g = grad.to(at::kFloat).contiguous();
+  TORCH_CHECK(g.numel() == items * chunk * chunk && g.device() == x.device(),
+              "perChannelScoresBackward: expected a cotangent [.., c, c] beside x");
+  at::Tensor dx = at::empty_like(x), dy = at::empty_like(y);
+  if (items == 0)
+    return {dx, dy};
+  const c10::cuda::CUDAGuard guard(x.device());
+  const size_t bytes = (3 * size_t(chunk) * channels + size_t(chunk) * chunk) * sizeof(float);
+  allowBytes(perChannelScoresBackwardKernel, bytes);
+  perChannelScoresBackwardKernel<<<static_cast<unsigned>(items), kThreads, bytes, at::cuda::getCurrentCUDAStream()>>>(
+      g.data_ptr<float>(), x.data_ptr<float>(), y.data_ptr<float>(), cum.data_ptr<float>(), chunk, channels,
+      dx.data_ptr<float>(), dy.data_ptr<float>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {dx, dy};
+}
+
+} // namespace adapt::rt::cuda

@@ -1,0 +1,39 @@
+//===- PerChannelScoresKernel.h - Kimi's decayed scores on the GPU -*- C++ -*-===//
+//
+// The pairwise products of the delta rule with a decay per key channel, and
+// their gradient, as one kernel each over whole chunks (fp32): what
+// runtime/KimiDeltaFunction.cpp's perChannelDecayedScores and its backward
+// compute with sub-chunk tensors. Taken only with ADAPT_KIMI_SCORES_KERNEL=1
+// until the `kimi_delta.*` op checks have run with it on a GPU (written
+// without one).
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef ADAPT_RUNTIME_CUDA_PERCHANNELSCORESKERNEL_H
+#define ADAPT_RUNTIME_CUDA_PERCHANNELSCORESKERNEL_H
+
+#include <ATen/core/Tensor.h>
+
+#include <utility>
+
+namespace adapt::rt::cuda {
+
+/// ADAPT_KIMI_SCORES_KERNEL=1: the Kimi node's scores take these kernels.
+bool perChannelScoresKernelEnabled();
+
+/// Whether the kernels take \p x, \p y and \p cum: CUDA fp32, the same
+/// shape [.., c, dk] with c <= 64 and 32 <= dk <= 128.
+bool perChannelScoresTakes(const at::Tensor &x, const at::Tensor &y, const at::Tensor &cum);
+
+/// P [.., c, c]: P[t][i] = sum_d x_td y_id e^{cum_td - cum_id} for i <= t,
+/// zero above the diagonal.
+at::Tensor perChannelScores(const at::Tensor &x, const at::Tensor &y, const at::Tensor &cum);
+
+/// {dx, dy} [.., c, dk] of perChannelScores for the cotangent \p grad [.., c, c]
+/// (its part above the diagonal is ignored).
+std::pair<at::Tensor, at::Tensor> perChannelScoresBackward(const at::Tensor &grad, const at::Tensor &x,
+                                                           const at::Tensor &y, const at::Tensor &cum);
+
+} // namespace adapt::rt::cuda
+
+#endif // ADAPT_RUNTIME_CUDA_PERCHANNELSCORESKERNEL_H
