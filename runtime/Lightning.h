@@ -13,7 +13,9 @@
 // the state carried with one decay per block. lightningAttentionBlocked is
 // that computation (the training form); lightningAttentionRecurrent is the
 // one-token-at-a-time definition (a reference). Both compute in fp32 and
-// return the input dtype; backward is LibTorch autograd's.
+// return the input dtype. The blocked form is one autograd node with its
+// backward written out (it keeps q, k, v as given and each block's entering
+// state); the recurrent form's backward is autograd's.
 //
 //===----------------------------------------------------------------------===//
 #ifndef ADAPT_RUNTIME_LIGHTNING_H

@@ -7,7 +7,9 @@
 //
 // forward and backward (q, k, v), with T a multiple of the block, not a
 // multiple, and shorter than one block, and several head counts (the decay
-// slopes depend on the head count and the layer).
+// slopes depend on the head count and the layer). The segmented form runs
+// the sequence in two parts, the second from the first's final state (as
+// context parallelism does), so the gradients also cross the state.
 //
 //===----------------------------------------------------------------------===//
 
@@ -38,6 +40,7 @@ Tensor refLightning(const Tensor &q, const Tensor &k, const Tensor &v, const Ten
 struct LightningCase {
   int64_t B, H, T, dk, dv, block; ///< block 0: the recurrent form.
   int64_t layer, layers;
+  int64_t segment = 0; ///< > 0: the blocked form on [0, segment), then on the rest from its final state.
 };
 
 Trial lightningTrial(const Ctx &c, const LightningCase &a) {
@@ -45,8 +48,19 @@ Trial lightningTrial(const Ctx &c, const LightningCase &a) {
   Input k = input(c, torch::randn({a.B, a.H, a.T, a.dk}, f64) * 0.5, true);
   Input v = input(c, torch::randn({a.B, a.H, a.T, a.dv}, f64), true);
   Tensor slopes = lightningSlopes(a.H, a.layer, a.layers);
-  Tensor ours = a.block > 0 ? lightningAttentionBlocked(q.ours, k.ours, v.ours, slopes, a.block)
-                            : lightningAttentionRecurrent(q.ours, k.ours, v.ours, slopes);
+  Tensor ours;
+  if (a.segment > 0) {
+    auto part = [&](const Tensor &x, int64_t from, int64_t to) { return x.narrow(2, from, to - from); };
+    Tensor carried;
+    Tensor first = lightningAttentionBlocked(part(q.ours, 0, a.segment), part(k.ours, 0, a.segment),
+                                             part(v.ours, 0, a.segment), slopes, a.block, {}, &carried);
+    Tensor second = lightningAttentionBlocked(part(q.ours, a.segment, a.T), part(k.ours, a.segment, a.T),
+                                              part(v.ours, a.segment, a.T), slopes, a.block, carried);
+    ours = torch::cat({first, second}, 2);
+  } else {
+    ours = a.block > 0 ? lightningAttentionBlocked(q.ours, k.ours, v.ours, slopes, a.block)
+                       : lightningAttentionRecurrent(q.ours, k.ours, v.ours, slopes);
+  }
   Tensor ref = refLightning(q.ref, k.ref, v.ref, slopes.to(f64));
   Trial t{{"slopes", slopes, refSlopes(a.H, a.layer, a.layers)}, {"out", ours, ref}};
   backward(t, ours, ref, {{"q", &q}, {"k", &k}, {"v", &v}});
@@ -59,7 +73,8 @@ void addLightningChecks(std::vector<Check> &all) {
   auto add = [&](const char *id, LightningCase a) {
     std::string shape = shapeText({{"B", a.B}, {"H", a.H}, {"T", a.T}, {"dk", a.dk}, {"dv", a.dv}}) +
                         (a.block > 0 ? " block" + std::to_string(a.block) : "") + " layer" +
-                        std::to_string(a.layer) + "/" + std::to_string(a.layers);
+                        std::to_string(a.layer) + "/" + std::to_string(a.layers) +
+                        (a.segment > 0 ? " S" + std::to_string(a.segment) : "");
     addCheck(all, id, shape, [=](const Ctx &c) { return lightningTrial(c, a); });
   };
   // Blocked: T a multiple of the block, not a multiple, shorter than one
@@ -70,6 +85,11 @@ void addLightningChecks(std::vector<Check> &all) {
   add("lightning.blocked", {2, 8, 7, 16, 16, 16, 3, 4});
   add("lightning.blocked", {1, 1, 37, 12, 12, 5, 0, 1});
   add("lightning.blocked", {2, 3, 67, 16, 24, 16, 4, 5});
+  // Two parts through the state: the first part's last block full, ragged,
+  // and the first part shorter than one block.
+  add("lightning.segmented", {2, 4, 24, 8, 8, 4, 1, 4, 12});
+  add("lightning.segmented", {1, 3, 29, 16, 16, 8, 2, 5, 13});
+  add("lightning.segmented", {2, 2, 20, 16, 24, 16, 0, 3, 5});
   // The recurrent reference form.
   add("lightning.recurrent", {2, 4, 13, 8, 8, 0, 1, 4});
   add("lightning.recurrent", {1, 3, 29, 16, 16, 0, 2, 5});
