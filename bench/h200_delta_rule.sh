@@ -89,6 +89,8 @@ if [ "${PHASE:-checks}" != checks ]; then
   EXTRA=--per-channel run_shapes kda-default ADAPT_NONE=1
   EXTRA=--per-channel run_shapes kda-train-kernel ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1
   EXTRA=--per-channel run_shapes kda-all ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 ADAPT_KIMI_SCORES_KERNEL=1
+  echo "== lightning attention (MiniMax-M1: 64 heads of 128, block 256) $(date +%T)"
+  for T in 8192 32768; do timeout 120 $W/lc/long_context --lightning 1 64 $T 128 256 --iters 5 2>&1 | tail -1; done
   echo "== profile at 32K $(date +%T)"
   timeout 120 $W/lc/long_context --delta-rule 1 32 32768 128 128 --profile $W/prof32k > $W/prof32k.log 2>&1
   grep -m3 "GPU time\|Wall" $W/prof32k/profile/breakdown.md

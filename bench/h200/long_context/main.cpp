@@ -8,6 +8,7 @@
 //   long_context --mixer gdn|dsa|hybrid --tokens T [--recompute] [--iters N] [--no-warmup] [--profile DIR]
 //   long_context --delta-rule B H T DK DV [--iters N] [--per-channel] [--profile DIR]   (the op alone;
 //      --per-channel: a decay per key channel, Kimi delta attention's)
+//   long_context --lightning B H T D BLOCK [--iters N]   (MiniMax's lightning attention alone, blocked)
 //
 // gdn: Qwen3-Next's Gated DeltaNet (16 key / 32 value heads of 128, conv 4).
 // dsa: DeepSeek-V3.2's sparse MLA with top-k 2048 and its 64-head indexer;
@@ -18,6 +19,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "runtime/Lightning.h"
 #include "runtime/LinearAttention.h"
 #include "runtime/LinearLayers.h"
 #include "runtime/Profiler.h"
@@ -144,7 +146,8 @@ template <typename F> std::pair<double, double> measure(F step, int iters) {
 
 int usage() {
   std::fprintf(stderr, "usage: long_context --mixer gdn|dsa|hybrid --tokens T [--recompute] [--iters N] [--profile DIR]\n"
-                       "       long_context --delta-rule B H T DK DV [--iters N] [--per-channel] [--profile DIR]\n");
+                       "       long_context --delta-rule B H T DK DV [--iters N] [--per-channel] [--profile DIR]\n"
+                       "       long_context --lightning B H T D BLOCK [--iters N]\n");
   return 2;
 }
 
@@ -154,7 +157,7 @@ int main(int argc, char **argv) {
   std::string mixer;
   int64_t tokens = 0, iters = 3;
   bool recomputeLayers = false;
-  std::vector<int64_t> op;
+  std::vector<int64_t> op, lightning;
   std::string profileDir;
   bool perChannel = false;
   for (int i = 1; i < argc; ++i) {
@@ -173,6 +176,9 @@ int main(int argc, char **argv) {
       profileDir = argv[++i];
     else if (a == "--no-warmup")
       warmUp = false;
+    else if (a == "--lightning" && i + 5 < argc)
+      for (int k = 0; k < 5; ++k)
+        lightning.push_back(std::atoll(argv[++i]));
     else if (a == "--delta-rule" && i + 5 < argc)
       for (int k = 0; k < 5; ++k)
         op.push_back(std::atoll(argv[++i]));
@@ -180,6 +186,22 @@ int main(int argc, char **argv) {
       return usage();
   }
   torch::manual_seed(0);
+  if (!lightning.empty()) { // lightning attention alone: bf16 q, k, v [B, H, T, D], MiniMax's slopes
+    const int64_t B = lightning[0], H = lightning[1], T = lightning[2], D = lightning[3], block = lightning[4];
+    auto opts = torch::dtype(kDtype).device(kCuda);
+    torch::Tensor q = (torch::randn({B, H, T, D}, opts) * 0.1).requires_grad_();
+    torch::Tensor k = (torch::randn({B, H, T, D}, opts) * 0.1).requires_grad_();
+    torch::Tensor v = torch::randn({B, H, T, D}, opts).requires_grad_();
+    torch::Tensor slopes = lightningSlopes(H, 1, 80);
+    torch::Tensor cot = torch::randn({B, H, T, D}, opts);
+    auto [fwd, fwdPeak] =
+        measure([&] { torch::NoGradGuard g; lightningAttentionBlocked(q, k, v, slopes, block); }, int(iters));
+    auto [both, peak] = measure([&] { lightningAttentionBlocked(q, k, v, slopes, block).backward(cot); }, int(iters));
+    std::printf("{\"op\": \"lightning_blocked\", \"B\": %lld, \"H\": %lld, \"T\": %lld, \"d\": %lld, \"block\": %lld, "
+                "\"forward_ms\": %.3f, \"forward_backward_ms\": %.3f, \"peak_gib\": %.3f}\n",
+                (long long)B, (long long)H, (long long)T, (long long)D, (long long)block, fwd, both, peak);
+    return 0;
+  }
   if (!op.empty()) {
     // The gated delta rule alone, as flash-linear-attention's chunk_gated_delta_rule
     // is benchmarked: q, k L2-normalised, bf16 inputs, scalar decay per head.
