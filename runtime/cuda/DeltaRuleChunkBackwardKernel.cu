@@ -27,6 +27,7 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <type_traits>
 
 namespace adapt::rt::cuda {
 
@@ -72,28 +73,50 @@ template <int Rows> __device__ __forceinline__ void loadGrad(bf16 *tile, int str
   loadBf16(tile, stride, x, Rows, async);
 }
 
-/// A gradient value kept in fp32 or bf16, as fp32.
-__device__ __forceinline__ float toFloat(float x) { return x; }
-__device__ __forceinline__ float toFloat(bf16 x) { return __bfloat162float(x); }
-
 /// This thread's share of sum(dS' . S) over a chunk's [128, 128] state (S
-/// in the bf16 tile \p ss), dS' kept as \p Grad: 16 bytes a load, all of
-/// the thread's loads in flight together.
-template <typename Grad> __device__ __forceinline__ float stateGradDotState(const Grad *stateGrad, const bf16 *ss) {
-  constexpr int kPerLoad = 16 / sizeof(Grad), kLoads = kDim * kDim / kPerLoad / 256;
+/// in the bf16 tile \p ss), dS' kept in fp32: with \p async its 16 loads in
+/// flight together (the code the H100 checks ran, kept as it was).
+__device__ __forceinline__ float stateGradDotState(const float *stateGrad, const bf16 *ss, bool async) {
+  float x = 0.0f;
+  auto add = [&](const float4 &d, int i) {
+    const bf16 *s = ss + (4 * i / kDim) * kRow + (4 * i) % kDim;
+    x += d.x * __bfloat162float(s[0]) + d.y * __bfloat162float(s[1]) + d.z * __bfloat162float(s[2]) +
+         d.w * __bfloat162float(s[3]);
+  };
+  if (async) {
+    float4 d[kDim * kDim / 4 / 256];
+#pragma unroll
+    for (int j = 0; j < kDim * kDim / 4 / 256; ++j)
+      d[j] = *reinterpret_cast<const float4 *>(stateGrad + 4 * (threadIdx.x + 256 * j));
+#pragma unroll
+    for (int j = 0; j < kDim * kDim / 4 / 256; ++j)
+      add(d[j], threadIdx.x + 256 * j);
+  } else {
+    for (int i = threadIdx.x; i < kDim * kDim / 4; i += blockDim.x)
+      add(*reinterpret_cast<const float4 *>(stateGrad + 4 * i), i);
+  }
+  return x;
+}
+
+/// The same with dS' kept in bf16 (leanBackward()): eight values a 16-byte
+/// load, the thread's 8 loads in flight together.
+__device__ __forceinline__ float stateGradDotState(const bf16 *stateGrad, const bf16 *ss, bool) {
+  constexpr int kLoads = kDim * kDim / 8 / 256;
   uint4 d[kLoads];
 #pragma unroll
   for (int j = 0; j < kLoads; ++j)
-    d[j] = *reinterpret_cast<const uint4 *>(stateGrad + kPerLoad * (threadIdx.x + 256 * j));
+    d[j] = *reinterpret_cast<const uint4 *>(stateGrad + 8 * (threadIdx.x + 256 * j));
   float x = 0.0f;
 #pragma unroll
   for (int j = 0; j < kLoads; ++j) {
-    const int i = kPerLoad * (threadIdx.x + 256 * j);
-    const Grad *v = reinterpret_cast<const Grad *>(&d[j]);
-    const bf16 *s = ss + (i / kDim) * kRow + i % kDim;
+    const int i = 8 * (threadIdx.x + 256 * j);
+    const __nv_bfloat162 *pairs = reinterpret_cast<const __nv_bfloat162 *>(&d[j]);
+    const __nv_bfloat162 *state = reinterpret_cast<const __nv_bfloat162 *>(ss + (i / kDim) * kRow + i % kDim);
 #pragma unroll
-    for (int e = 0; e < kPerLoad; ++e)
-      x += toFloat(v[e]) * __bfloat162float(s[e]);
+    for (int e = 0; e < 4; ++e) {
+      const float2 a = __bfloat1622float2(pairs[e]), b = __bfloat1622float2(state[e]);
+      x += a.x * b.x + a.y * b.y;
+    }
   }
   return x;
 }
@@ -226,7 +249,7 @@ __global__ void __launch_bounds__(256)
   awaitCopies(async);
   __syncthreads();
   { // sum(dS' . S), for the chunk's last decay
-    float x = stateGradDotState(stateGrad, ss);
+    float x = stateGradDotState(stateGrad, ss, async);
     x = rowLanesSum(x);
     x += __shfl_xor_sync(0xffffffffu, x, 4);
     x += __shfl_xor_sync(0xffffffffu, x, 8);
@@ -284,7 +307,8 @@ __global__ void __launch_bounds__(256)
       *reinterpret_cast<uint32_t *>(gradQuery + (bh * tokens + row0 + r) * kDim + c) =
           packBf16(dq[nt][2 * h], dq[nt][2 * h + 1]);
   });
-  awaitCopies(async);
+  if constexpr (std::is_same_v<Grad, bf16>) // its dS' came by cp.async
+    awaitCopies(async);
   __syncthreads(); // dS' in place
   // dKd = V_new dS'^T: dk = e^{G_last - G} dKd + sd^T q; dG -= Kd . dKd,
   // and the chunk's last dG gets their sum.
