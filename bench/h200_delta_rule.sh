@@ -50,8 +50,8 @@ if [ "${PHASE:-checks}" != timings ]; then
   check kimi-prefetch ADAPT_KIMI_DELTA_PREFETCH=1 -- kimi_delta.no_grad
   check kimi-train ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 -- kimi_delta.chunked
   check kimi-train-fp32 ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 -- kimi_delta.chunked float32
-  check kimi-scores ADAPT_KIMI_SCORES_KERNEL=1 -- kimi_delta.chunked
-  check kimi-scores-fp32 ADAPT_KIMI_SCORES_KERNEL=1 -- kimi_delta.chunked float32
+  check kimi-scores ADAPT_KIMI_SCORES_KERNEL=1 -- kimi_scores
+  check kimi-scores-fp32 ADAPT_KIMI_SCORES_KERNEL=1 -- kimi_scores float32
   check kimi-all ADAPT_KIMI_SCORES_KERNEL=1 ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 -- kimi_delta
   # Out-of-bounds accesses the checks' numbers could miss: memcheck over the
   # default kernels, forward and backward, at the d-128 shapes.

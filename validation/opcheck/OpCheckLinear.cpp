@@ -9,6 +9,7 @@
 
 #include "validation/opcheck/OpCheckHarness.h"
 
+#include "runtime/KimiDeltaFunction.h"
 #include "runtime/LinearAttention.h"
 
 namespace adapt::rt::opcheck {
@@ -145,6 +146,30 @@ Trial l2Trial(const Ctx &c, int64_t N, int64_t D) {
   return t;
 }
 
+/// Kimi's per-channel decayed scores alone, P[t][i] = sum_d x_td y_id
+/// e^{G_td - G_id} (i <= t), and the backward written for them (dx, dy), at
+/// chunk shapes [B, H, n, c, dk], against float64 pairs and autograd: on a
+/// GPU with ADAPT_KIMI_SCORES_KERNEL=1 these are the kernels'. The inputs
+/// hold the tested dtype's values stored in fp32, as the node's chunks do,
+/// so the scores come out fp32 in both precisions (compared as "scores":
+/// the harness asks "out" for the tested dtype); G is a cumulative sum of
+/// log decays down each chunk.
+Trial kimiScoresTrial(const Ctx &c, int64_t B, int64_t H, int64_t n, int64_t chunk, int64_t dk) {
+  Input x = input(c, torch::randn({B, H, n, chunk, dk}, f64), true, torch::kFloat32);
+  Input y = input(c, torch::randn({B, H, n, chunk, dk}, f64), true, torch::kFloat32);
+  Input cum = input(c, torch::log_sigmoid(torch::randn({B, H, n, chunk, dk}, f64) + 2.0).cumsum(3), false,
+                    torch::kFloat32);
+  Tensor ours = perChannelDecayedScores(x.ours, y.ours, cum.ours);
+  Tensor exponent = cum.ref.unsqueeze(4) - cum.ref.unsqueeze(3); // [.., t, i, dk]: G_t - G_i
+  Tensor later = torch::ones({chunk, chunk}, torch::kBool).triu(1).view({chunk, chunk, 1});
+  Tensor ref = (x.ref.unsqueeze(4) * y.ref.unsqueeze(3) * exponent.masked_fill(later, -INFINITY).exp()).sum(-1);
+  Tensor cot = torch::randn(ref.sizes(), f64).to(c.dtype).to(f64);
+  ref.backward(cot);
+  auto [dx, dy] = perChannelDecayedScoresBackward(cot.to(c.device, torch::kFloat32), x.ours.detach(), y.ours.detach(),
+                                                  cum.ours);
+  return {{"scores", ours, ref}, {"grad x", dx, x.ref.grad(), true}, {"grad y", dy, y.ref.grad(), true}};
+}
+
 } // namespace
 
 void addLinearAttentionChecks(std::vector<Check> &all) {
@@ -193,6 +218,15 @@ void addLinearAttentionChecks(std::vector<Check> &all) {
   delta("kimi_delta.chunked", {3, 37, 10, 6, 8, true});
   delta("kimi_delta.chunked", {2, 67, 16, 16, 64, true});
   delta("kimi_delta.chunked", {1, 70, 128, 96, 64, true});
+  // The per-channel scores alone: one block (c <= 16, the pairwise form),
+  // sub-chunks, and Kimi's chunk at d 128 (the kernels' shapes on a GPU).
+  auto scores = [&](int64_t B, int64_t H, int64_t n, int64_t chunk, int64_t dk) {
+    std::string shape = shapeText({{"B", B}, {"H", H}, {"n", n}, {"c", chunk}, {"dk", dk}});
+    addCheck(all, "kimi_scores.pairs", shape, [=](const Ctx &c) { return kimiScoresTrial(c, B, H, n, chunk, dk); });
+  };
+  scores(2, 2, 3, 16, 8);
+  scores(1, 2, 2, 48, 32);
+  scores(1, 2, 2, 64, 128);
   // Training's forward kernels at the released widths on a GPU in bf16 (three
   // chunks, the last ragged).
   delta("kimi_delta.chunked", {2, 130, 128, 128, 64, true});
