@@ -12,6 +12,9 @@
 #define ADAPT_RUNTIME_CHUNKEDTENSORS_H
 
 #include <torch/torch.h>
+#ifdef ADAPT_WITH_CUDA_KERNELS
+#include "runtime/cuda/DeltaRuleKernel.h"
+#endif
 
 #include <tuple>
 #include <vector>
@@ -89,6 +92,27 @@ stateGradients(const torch::Tensor &transition, const torch::Tensor &keysToEnd, 
   torch::Tensor dLeaving = torch::stack(leaving, 1).view({b, h, n, dk, dv});
   return {dLeaving, localNew + torch::matmul(keysToEnd, dLeaving), ds};
 }
+
+#ifdef ADAPT_WITH_CUDA_KERNELS
+/// stateGradients as one serial kernel (cuda::deltaRuleStateBackward, d 128,
+/// chunk 64; the operands go in as bf16 rows): \p decays is G per token
+/// [b, h, n, c, 1], or with \p perChannel each chunk's last G per key
+/// channel [b, h, n, 1, dk]. Returns what stateGradients does, in fp32.
+inline std::tuple<torch::Tensor, torch::Tensor, torch::Tensor>
+stateGradientsOnGpu(const torch::Tensor &keysToEnd, const torch::Tensor &w, const torch::Tensor &queryDecayed,
+                    const torch::Tensor &dOut, const torch::Tensor &localNew, const torch::Tensor &decays,
+                    const torch::Tensor &last, bool perChannel) {
+  const int64_t b = w.size(0), h = w.size(1), n = w.size(2), c = w.size(3), dk = w.size(4), dv = dOut.size(4);
+  auto rows = [&](const torch::Tensor &x) {
+    return x.to(torch::kBFloat16).contiguous().view({b * h, n * c, x.size(-1)});
+  };
+  cuda::DeltaRuleStateGrads r = cuda::deltaRuleStateBackward(
+      rows(keysToEnd), rows(queryDecayed), rows(w), rows(dOut), localNew.contiguous().view({b * h, n * c, dv}),
+      decays.contiguous().view({b * h, -1}), last.contiguous(), perChannel);
+  return {r.leaving.view({b, h, n, dk, dv}).to(torch::kFloat32), r.newValues.view({b, h, n, c, dv}).to(torch::kFloat32),
+          r.initial};
+}
+#endif
 
 /// The log decays' gradient [b, h, n, c, G] from \p dCum, the gradient of
 /// their cumulative sums G within each chunk, and \p dLastCum [b, h, n, 1, G],

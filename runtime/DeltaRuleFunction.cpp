@@ -207,16 +207,9 @@ struct DeltaRuleNode : torch::autograd::Function<DeltaRuleNode> {
 #ifdef ADAPT_WITH_CUDA_KERNELS
     // After the bf16 forward kernels; with a state gradient only when asked.
     if (kernels && (!statesFlow || trainingKernelUse() == KernelUse::Always) &&
-        cuda::deltaRuleStateBackwardTakes(dk, dv, c)) {
-      auto rows = [&](const Tensor &x) { return x.to(torch::kBFloat16).contiguous().view({b * h, n * c, x.size(-1)}); };
-      cuda::DeltaRuleStateGrads r = cuda::deltaRuleStateBackward(
-          rows(terms.keysToEnd), rows(queryDecayed), rows(w), rows(dOut),
-          localNewValues.contiguous().view({b * h, n * c, dv}), cum.contiguous().view({b * h, n * c}),
-          dLast.contiguous());
-      dLeaving = r.leaving.view({b, h, n, dk, dv}).to(torch::kFloat32);
-      dNew = r.newValues.view({b, h, n, c, dv}).to(torch::kFloat32);
-      ds = r.initial;
-    }
+        cuda::deltaRuleStateBackwardTakes(dk, dv, c))
+      std::tie(dLeaving, dNew, ds) = stateGradientsOnGpu(terms.keysToEnd, w, queryDecayed, dOut, localNewValues, cum,
+                                                         dLast, /*perChannel=*/false);
 #endif
     if (!dLeaving.defined())
       std::tie(dLeaving, dNew, ds) =

@@ -222,16 +222,9 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
 #ifdef ADAPT_WITH_CUDA_KERNELS
     // After the forward kernels, the same serial pass as one kernel (GDN's,
     // its state rows decaying per key channel).
-    if (ctx->saved_data.count("kernels") > 0 && cuda::deltaRuleStateBackwardTakes(dk, dv, c)) {
-      const int64_t n = k.size(2);
-      auto rows = [&](const Tensor &x) { return x.to(torch::kBFloat16).contiguous().view({b * h, n * c, x.size(-1)}); };
-      cuda::DeltaRuleStateGrads r = cuda::deltaRuleStateBackward(
-          rows(terms.keysToEnd), rows(queryDecayed), rows(w), rows(dOut), localNew.contiguous().view({b * h, n * c, dv}),
-          terms.last.contiguous().view({b * h, n * dk}), dLast.contiguous(), /*perChannel=*/true);
-      dLeaving = r.leaving.view({b, h, n, dk, dv});
-      dNew = r.newValues.view({b, h, n, c, dv});
-      ds = r.initial;
-    }
+    if (ctx->saved_data.count("kernels") > 0 && cuda::deltaRuleStateBackwardTakes(dk, dv, c))
+      std::tie(dLeaving, dNew, ds) = stateGradientsOnGpu(terms.keysToEnd, w, queryDecayed, dOut, localNew, terms.last,
+                                                         dLast, /*perChannel=*/true);
 #endif
     if (!dLeaving.defined())
       std::tie(dLeaving, dNew, ds) =
