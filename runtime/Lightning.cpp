@@ -114,11 +114,11 @@ struct BlockDecays {
     block = torch::exp(-rate * double(b));
   }
 
-  /// The last block's keys, decayed to its own end (its first \p length
-  /// rows of \p keys [B, H, b, dk]): e^{-s (L - 1 - j)} k_j.
-  Tensor lastKeys(const Tensor &keys, int64_t length) const {
-    const Tensor j = torch::arange(length, keys.options()).view({1, 1, length, 1});
-    return keys.narrow(2, 0, length) * torch::exp(-rate * (double(length - 1) - j));
+  /// The decay of the last block's key j to its own end, e^{-s (L - 1 - j)}
+  /// for its \p length tokens [1, H, L, 1].
+  Tensor lastKeyDecay(int64_t length, const torch::TensorOptions &options) const {
+    const Tensor j = torch::arange(length, options).view({1, 1, length, 1});
+    return torch::exp(-rate * (double(length - 1) - j));
   }
 };
 
@@ -146,7 +146,9 @@ struct LightningNode : torch::autograd::Function<LightningNode> {
     // The last block, of its own length L: e^{-s L} S + sum_j e^{-s (L-1-j)} k_j^T v_j.
     const int64_t length = tokens - (blocks - 1) * block;
     const Tensor last = entering.back() * torch::exp(-decays.rate * double(length)) +
-                        torch::matmul(decays.lastKeys(kb.select(2, blocks - 1), length).transpose(-1, -2),
+                        torch::matmul((kb.select(2, blocks - 1).narrow(2, 0, length) *
+                                       decays.lastKeyDecay(length, qb.options()))
+                                          .transpose(-1, -2),
                                       vb.select(2, blocks - 1).narrow(2, 0, length));
     const Tensor out = intra + torch::matmul(qb * decays.query, states);
     ctx->saved_data["block"] = block;
@@ -194,12 +196,11 @@ struct LightningNode : torch::autograd::Function<LightningNode> {
     }
     if (dLast.defined()) { // the last block's own term of the final state
       const Tensor g = dLast.to(torch::kFloat32);
-      const Tensor lastKeys = decays.lastKeys(kb.select(2, blocks - 1), length);
+      const Tensor decay = decays.lastKeyDecay(length, qb.options());
       const Tensor lastValues = vb.select(2, blocks - 1).narrow(2, 0, length);
-      const Tensor j = torch::arange(length, qb.options()).view({1, 1, length, 1});
-      dk.select(2, blocks - 1).narrow(2, 0, length).add_(torch::matmul(lastValues, g.transpose(-1, -2)) *
-                                                         torch::exp(-decays.rate * (double(length - 1) - j)));
-      dv.select(2, blocks - 1).narrow(2, 0, length).add_(torch::matmul(lastKeys, g));
+      dk.select(2, blocks - 1).narrow(2, 0, length).add_(torch::matmul(lastValues, g.transpose(-1, -2)) * decay);
+      dv.select(2, blocks - 1).narrow(2, 0, length).add_(
+          torch::matmul(kb.select(2, blocks - 1).narrow(2, 0, length) * decay, g));
     }
     return {fromBlocks(dq, tokens, q.scalar_type()), fromBlocks(dk, tokens, k.scalar_type()),
             fromBlocks(dv, tokens, v.scalar_type()), Tensor(),
