@@ -96,6 +96,11 @@ if [ "${PHASE:-checks}" != checks ]; then
   timeout 120 $W/lc/long_context --delta-rule 1 32 32768 128 128 --profile $W/prof32k > $W/prof32k.log 2>&1
   grep -m3 "GPU time\|Wall" $W/prof32k/profile/breakdown.md
   python3 bench/h200/trace_kernels.py $W/prof32k/profile/trace.json 3 14 2>&1 | tail -18
+  echo "== Kimi profile at 8K, all opt-ins on $(date +%T)"
+  ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 ADAPT_KIMI_SCORES_KERNEL=1 timeout 120 \
+    $W/lc/long_context --delta-rule 1 32 8192 128 128 --per-channel --profile $W/profkda > $W/profkda.log 2>&1
+  grep -m3 "GPU time\|Wall" $W/profkda/profile/breakdown.md
+  python3 bench/h200/trace_kernels.py $W/profkda/profile/trace.json 3 14 2>&1 | tail -18
   [ -n "${SKIP_FLA:-}" ] && { echo "== done $(date +%T)"; exit 0; }
   echo "== fla 0.6 $(date +%T)"
   mkdir -p /tmp/fla && for w in .whl/*.whl; do python3 -m zipfile -e $w /tmp/fla; done
