@@ -38,6 +38,14 @@ torch::Tensor l2Normalize(const torch::Tensor &x, double eps) {
   return x * torch::rsqrt((x * x).sum(-1, /*keepdim=*/true) + eps);
 }
 
+DeltaRuleInputs deltaInputs(const torch::Tensor &query, const torch::Tensor &key, const torch::Tensor &value,
+                            const torch::Tensor &decay, const torch::Tensor &beta) {
+  const auto dtype = value.scalar_type();
+  return {l2Normalize(query.to(torch::kFloat32)).to(dtype).transpose(1, 2),
+          l2Normalize(key.to(torch::kFloat32)).to(dtype).transpose(1, 2), value.transpose(1, 2),
+          decay.transpose(1, 2), beta.transpose(1, 2)};
+}
+
 torch::Tensor gatedRmsNorm(const torch::Tensor &x, const torch::Tensor &weight,
                            const torch::Tensor &gate, double eps) {
   const auto dtype = x.scalar_type();

@@ -63,6 +63,15 @@ struct DeltaRuleInputs {
   torch::Tensor beta;  ///< [B, H, T] write strength.
 };
 
+/// The delta rule's inputs from a layer's [B, T, heads, ...] tensors: heads
+/// before time, query and key L2-normalised in fp32 (as the reference) and
+/// rounded back to the value's dtype, as flash-linear-attention's fused
+/// l2norm does. In bf16 training the op so gets bf16 q, k and v, which its
+/// CUDA kernels need (with fp32 q and k every layer fell back to the LibTorch
+/// composition); fp32 layers stay fp32 throughout.
+DeltaRuleInputs deltaInputs(const torch::Tensor &query, const torch::Tensor &key, const torch::Tensor &value,
+                            const torch::Tensor &decay, const torch::Tensor &beta);
+
 /// The recurrent form: one state update per token. A reference, O(T) steps.
 /// Returns [B, H, T, dv] in the query's dtype; \p finalState (if given)
 /// receives S_T [B, H, dk, dv] in fp32.

@@ -38,14 +38,6 @@ std::array<torch::Tensor, 3> convolvedQkv(const torch::Tensor &mixed, const torc
           qkv[2].reshape({batch, seqLen, valueHeads, valueDim})};
 }
 
-/// The delta rule's inputs from [B, T, heads, ...] tensors: heads before
-/// time, query and key L2-normalised in fp32 (as the reference kernel).
-DeltaRuleInputs deltaInputs(const torch::Tensor &query, const torch::Tensor &key, const torch::Tensor &value,
-                            const torch::Tensor &decay, const torch::Tensor &beta) {
-  return {l2Normalize(query.to(torch::kFloat32)).transpose(1, 2), l2Normalize(key.to(torch::kFloat32)).transpose(1, 2),
-          value.transpose(1, 2), decay.transpose(1, 2), beta.transpose(1, 2)};
-}
-
 /// The delta rule over one stretch, from \p entering's state, filling
 /// \p leaving's; [B, T, heads, dv] in \p dtype. Unsegmented: the layer
 /// runs long sequences in segments itself (forwardInSegments).

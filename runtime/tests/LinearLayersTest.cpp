@@ -11,6 +11,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "runtime/LinearAttention.h"
 #include "runtime/LinearLayers.h"
 #include "runtime/SparseAttention.h"
 #include "runtime/tests/CpuMemory.h"
@@ -21,6 +22,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <functional>
 #include <stdexcept>
 #include <thread>
@@ -346,4 +348,30 @@ TEST(LinearLayers, SegmentsKeepOnlyTheOutputAndTheCarriedStates) {
   // And the node keeps no more than that (6.4x measured; allocation counts
   // are deterministic): a saved intermediate too many shows here.
   EXPECT_LT(onePass, 8 * segmented) << "one pass kept " << onePass << " bytes";
+}
+
+/// In bf16 training the delta rule gets bf16 q, k and v, the dtype its CUDA
+/// kernels take: with fp32 q and k every Gated DeltaNet and Kimi layer fell
+/// back to the LibTorch composition. q and k are still normalised in fp32
+/// (unit rows to bf16's rounding), and an fp32 layer stays fp32.
+TEST(LinearLayers, DeltaInputsKeepTheActivationsDtype) {
+  torch::manual_seed(3);
+  const auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16);
+  torch::Tensor q = torch::randn({2, 5, 3, 16}, bf16) * 4, k = torch::randn({2, 5, 3, 16}, bf16),
+                v = torch::randn({2, 5, 3, 8}, bf16);
+  torch::Tensor g = -torch::rand({2, 5, 3}), beta = torch::rand({2, 5, 3}, bf16);
+  const DeltaRuleInputs in = deltaInputs(q, k, v, g, beta);
+  for (const torch::Tensor *x : {&in.query, &in.key, &in.value})
+    EXPECT_EQ(x->scalar_type(), torch::kBFloat16);
+  EXPECT_EQ(in.query.sizes(), (std::vector<int64_t>{2, 3, 5, 16}));
+  EXPECT_EQ(in.decay.sizes(), (std::vector<int64_t>{2, 3, 5}));
+  // The fp32 normalisation rounded once: within bf16's half ulp (2^-9) of it.
+  torch::Tensor exact = l2Normalize(q.to(torch::kFloat32)).transpose(1, 2);
+  EXPECT_LE((in.query.to(torch::kFloat32) - exact).abs().max().item<double>(), std::ldexp(1.0, -9));
+  torch::Tensor norms = in.key.to(torch::kFloat32).pow(2).sum(-1).sqrt();
+  EXPECT_LE((norms - 1).abs().max().item<double>(), 0.01); // 16 values each off by <= 2^-9 relative
+  const DeltaRuleInputs f32 = deltaInputs(q.to(torch::kFloat32), k.to(torch::kFloat32), v.to(torch::kFloat32), g,
+                                          beta.to(torch::kFloat32));
+  EXPECT_EQ(f32.query.scalar_type(), torch::kFloat32);
+  EXPECT_TRUE(torch::equal(f32.query, exact));
 }
