@@ -6,7 +6,8 @@
 # usage: bench/h200_validate.sh OUTDIR   (after bench/h200_check.sh built the runtime)
 # env: FAMILIES (default: all in .h200/la-gen), DTYPES (bf16), LORA_RANK (LoRA rank, 4;
 #      8 or more takes the fused expert LoRA kernel on the GPU), TRAIN_ARGS (more flags for
-#      our trainer's training runs, e.g. --no-cuda-graphs), TAG (appended to the record's name)
+#      our trainer's training runs, e.g. --no-cuda-graphs), TAG (appended to the record's name),
+#      SEQ_LEN (tokens per sequence, 16; 200 runs the delta rule over four 64-token chunks)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: h200_validate.sh OUTDIR}; mkdir -p "$OUT"
@@ -17,7 +18,7 @@ for f in ${FAMILIES:-$(ls .h200/la-gen)}; do
   for dt in ${DTYPES:-bf16}; do
     echo -n "$f cuda $dt: "
     python3 validation/loss_alignment.py .h200/tiny/$f $W/la-$f/train $W/la-out-$f-$dt --device cuda --dtype $dt \
-      --rank ${LORA_RANK:-4} $(for a in ${TRAIN_ARGS:-}; do echo "--train-arg=$a"; done) 2>&1 | tail -3
+      --rank ${LORA_RANK:-4} --seq-len ${SEQ_LEN:-16} $(for a in ${TRAIN_ARGS:-}; do echo "--train-arg=$a"; done) 2>&1 | tail -3
     cp $W/la-out-$f-$dt/loss-alignment.json $OUT/loss-alignment-$f-cuda-$dt${LORA_RANK:+-r$LORA_RANK}${TAG:-}.json 2>/dev/null
   done
 done

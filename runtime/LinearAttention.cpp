@@ -31,7 +31,7 @@ torch::Tensor causalConv1dSilu(const torch::Tensor &x, const torch::Tensor &weig
   torch::Tensor out = torch::conv1d(x.transpose(1, 2).to(w.scalar_type()), w, /*bias=*/{}, /*stride=*/1,
                                     /*padding=*/kernel - 1, /*dilation=*/1, /*groups=*/x.size(2));
   out = torch::silu(out.narrow(2, 0, seqLen));
-  return out.transpose(1, 2).to(x.scalar_type());
+  return out.transpose(1, 2).to(x.scalar_type()).contiguous();
 }
 
 torch::Tensor l2Normalize(const torch::Tensor &x, double eps) {

@@ -28,7 +28,9 @@ namespace adapt::rt {
 
 /// Causal depthwise convolution over time followed by SiLU, as transformers'
 /// causal_conv1d_fn fallback: x [B, T, C], \p weight [C, 1, K] or [C, K];
-/// output t sees inputs t-K+1..t (zeros before the start). Returns [B, T, C].
+/// output t sees inputs t-K+1..t (zeros before the start). Returns [B, T, C]
+/// row-major: the q, k and v split from it then reach the delta rule's CUDA
+/// kernels with unit-stride rows (a [B, C, T] transposed view did not).
 /// \p previous [B, K-1, C], when defined, are the inputs just before x (the
 /// previous rank's under context parallelism) instead of zeros.
 torch::Tensor causalConv1dSilu(const torch::Tensor &x, const torch::Tensor &weight,

@@ -350,19 +350,27 @@ TEST(LinearLayers, SegmentsKeepOnlyTheOutputAndTheCarriedStates) {
   EXPECT_LT(onePass, 8 * segmented) << "one pass kept " << onePass << " bytes";
 }
 
-/// In bf16 training the delta rule gets bf16 q, k and v, the dtype its CUDA
-/// kernels take: with fp32 q and k every Gated DeltaNet and Kimi layer fell
-/// back to the LibTorch composition. q and k are still normalised in fp32
-/// (unit rows to bf16's rounding), and an fp32 layer stays fp32.
+/// In bf16 training the delta rule gets bf16 q, k and v with unit-stride
+/// rows, what its CUDA kernels take: with fp32 q and k, and rows strided by
+/// T after the convolution, every Gated DeltaNet and Kimi layer fell back to
+/// the LibTorch composition. q and k are still normalised in fp32 (unit rows
+/// to bf16's rounding), and an fp32 layer stays fp32.
 TEST(LinearLayers, DeltaInputsKeepTheActivationsDtype) {
   torch::manual_seed(3);
   const auto bf16 = torch::TensorOptions().dtype(torch::kBFloat16);
-  torch::Tensor q = torch::randn({2, 5, 3, 16}, bf16) * 4, k = torch::randn({2, 5, 3, 16}, bf16),
-                v = torch::randn({2, 5, 3, 8}, bf16);
+  // q, k, v as the layers split them from the convolution's [B, T, C] output.
+  torch::Tensor mixed = causalConv1dSilu(torch::randn({2, 5, 6 * 16 + 3 * 8}, bf16),
+                                         torch::randn({6 * 16 + 3 * 8, 1, 4}, bf16));
+  ASSERT_TRUE(mixed.is_contiguous());
+  auto parts = torch::split_with_sizes(mixed, {3 * 16, 3 * 16, 3 * 8}, -1);
+  torch::Tensor q = parts[0].reshape({2, 5, 3, 16}) * 4, k = parts[1].reshape({2, 5, 3, 16}),
+                v = parts[2].reshape({2, 5, 3, 8});
   torch::Tensor g = -torch::rand({2, 5, 3}), beta = torch::rand({2, 5, 3}, bf16);
   const DeltaRuleInputs in = deltaInputs(q, k, v, g, beta);
-  for (const torch::Tensor *x : {&in.query, &in.key, &in.value})
+  for (const torch::Tensor *x : {&in.query, &in.key, &in.value}) {
     EXPECT_EQ(x->scalar_type(), torch::kBFloat16);
+    EXPECT_EQ(x->stride(3), 1);
+  }
   EXPECT_EQ(in.query.sizes(), (std::vector<int64_t>{2, 3, 5, 16}));
   EXPECT_EQ(in.decay.sizes(), (std::vector<int64_t>{2, 3, 5}));
   // The fp32 normalisation rounded once: within bf16's half ulp (2^-9) of it.
