@@ -92,6 +92,9 @@ if [ "${PHASE:-checks}" != checks ]; then
   EXTRA=--per-channel run_shapes kda-all ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 ADAPT_KIMI_SCORES_KERNEL=1
   echo "== lightning attention (MiniMax-M1: 64 heads of 128, block 256) $(date +%T)"
   for T in 8192 32768; do timeout 120 $W/lc/long_context --lightning 1 64 $T 128 256 --iters 5 2>&1 | tail -1; done
+  echo "== one Gated DeltaNet layer (Qwen3-Next's heads at hidden 7,168), and the 3:1 hybrid block $(date +%T)"
+  for T in 8192 131072; do timeout 120 $W/lc/long_context --mixer gdn --tokens $T --iters 2 2>&1 | tail -1; done
+  timeout 120 $W/lc/long_context --mixer hybrid --tokens 131072 --recompute --iters 1 2>&1 | tail -1
   echo "== profile at 32K $(date +%T)"
   timeout 120 $W/lc/long_context --delta-rule 1 32 32768 128 128 --profile $W/prof32k > $W/prof32k.log 2>&1
   grep -m3 "GPU time\|Wall" $W/prof32k/profile/breakdown.md

@@ -145,12 +145,14 @@ torch::Tensor GatedDeltaNetLayer::forwardStretch(const torch::Tensor &x, bool tr
 
   torch::Tensor beta = torch::sigmoid(b);
   torch::Tensor decay = -aLog.to(torch::kFloat32).exp() * torch::softplus(a.to(torch::kFloat32) + dtBias);
+  // q and k normalised per key head, then repeated to the value heads (the
+  // same rows as transformers' repeat-then-normalise, at half the work).
+  DeltaRuleInputs in = deltaInputs(query, key, value, decay, beta);
   if (perGroup > 1) {
-    query = query.repeat_interleave(perGroup, 2);
-    key = key.repeat_interleave(perGroup, 2);
+    in.query = in.query.repeat_interleave(perGroup, 1);
+    in.key = in.key.repeat_interleave(perGroup, 1);
   }
-  torch::Tensor core =
-      deltaRuleStretch(deltaInputs(query, key, value, decay, beta), def, entering, leaving, x.scalar_type());
+  torch::Tensor core = deltaRuleStretch(in, def, entering, leaving, x.scalar_type());
   core = gatedRmsNorm(core, norm, z, normEps);
   return outProj.forward(core.reshape({batch, seqLen, valueDim}), training);
 }
