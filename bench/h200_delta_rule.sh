@@ -53,12 +53,14 @@ if [ "${PHASE:-checks}" != timings ]; then
   check kimi-scores ADAPT_KIMI_SCORES_KERNEL=1 -- kimi_scores
   check kimi-scores-fp32 ADAPT_KIMI_SCORES_KERNEL=1 -- kimi_scores float32
   check kimi-all ADAPT_KIMI_SCORES_KERNEL=1 ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 -- kimi_delta
+  check conv ADAPT_CONV_KERNEL=1 -- causal_conv1d
+  check conv-fp32 ADAPT_CONV_KERNEL=1 -- causal_conv1d float32
   # Out-of-bounds accesses the checks' numbers could miss: memcheck over the
   # default kernels, forward and backward, at the d-128 shapes.
   SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
   if [ -n "$SAN" ]; then
-    for only in ${MEMCHECK:-gated_delta_rule.chunked kimi_delta.chunked}; do
-      ADAPT_DELTA_RULE_TRAIN_KERNEL=1 ADAPT_DELTA_RULE_BACKWARD_KERNEL=1 ADAPT_DELTA_RULE_LEAN_BACKWARD=1 \
+    for only in ${MEMCHECK:-gated_delta_rule.chunked kimi_delta.chunked causal_conv1d}; do
+      ADAPT_CONV_KERNEL=1 ADAPT_DELTA_RULE_TRAIN_KERNEL=1 ADAPT_DELTA_RULE_BACKWARD_KERNEL=1 ADAPT_DELTA_RULE_LEAN_BACKWARD=1 \
         ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 ADAPT_KIMI_SCORES_KERNEL=1 timeout 200 $SAN --tool memcheck --error-exitcode 9 $W/rt/adapt-op-check --device cuda \
         --seeds 1 --dtype bfloat16 --only $only --out $W/checks/memcheck > $W/memcheck.log 2>&1
       echo "-- memcheck $only: rc $? $(grep -m1 'ERROR SUMMARY' $W/memcheck.log)"
@@ -93,7 +95,10 @@ if [ "${PHASE:-checks}" != checks ]; then
   echo "== lightning attention (MiniMax-M1: 64 heads of 128, block 256) $(date +%T)"
   for T in 8192 32768; do timeout 120 $W/lc/long_context --lightning 1 64 $T 128 256 --iters 5 2>&1 | tail -1; done
   echo "== one Gated DeltaNet layer (Qwen3-Next's heads at hidden 7,168), and the 3:1 hybrid block $(date +%T)"
-  for T in 8192 131072; do timeout 120 $W/lc/long_context --mixer gdn --tokens $T --iters 2 2>&1 | tail -1; done
+  for T in 8192 131072; do
+    echo "default $(timeout 120 $W/lc/long_context --mixer gdn --tokens $T --iters 2 2>&1 | tail -1)"
+    echo "conv-kernel $(ADAPT_CONV_KERNEL=1 timeout 120 $W/lc/long_context --mixer gdn --tokens $T --iters 2 2>&1 | tail -1)"
+  done
   timeout 120 $W/lc/long_context --mixer hybrid --tokens 131072 --recompute --iters 1 2>&1 | tail -1
   echo "== profile at 32K $(date +%T)"
   timeout 120 $W/lc/long_context --delta-rule 1 32 32768 128 128 --profile $W/prof32k > $W/prof32k.log 2>&1

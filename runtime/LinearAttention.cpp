@@ -7,6 +7,7 @@
 #include "runtime/Recompute.h"
 
 #ifdef ADAPT_WITH_CUDA_KERNELS
+#include "runtime/cuda/CausalConvKernel.h"
 #include "runtime/cuda/KimiDeltaKernel.h"
 #endif
 
@@ -16,12 +17,38 @@
 
 namespace adapt::rt {
 
+#ifdef ADAPT_WITH_CUDA_KERNELS
+namespace {
+
+/// The convolution + SiLU as one CUDA kernel each way
+/// (runtime/cuda/CausalConvKernel.h); backward recomputes the pre-activation.
+struct CausalConvSiluNode : torch::autograd::Function<CausalConvSiluNode> {
+  static torch::Tensor forward(torch::autograd::AutogradContext *ctx, const torch::Tensor &x,
+                               const torch::Tensor &weight) {
+    ctx->save_for_backward({x, weight});
+    return cuda::causalConvSilu(x, weight);
+  }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext *ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    auto [dx, dw] = cuda::causalConvSiluBackward(saved[0], saved[1], grads[0], ctx->needs_input_grad(1));
+    return {dx, dw.defined() ? dw.reshape(saved[1].sizes()).to(saved[1].scalar_type()) : torch::Tensor()};
+  }
+};
+
+} // namespace
+#endif
+
 torch::Tensor causalConv1dSilu(const torch::Tensor &x, const torch::Tensor &weight,
                                const torch::Tensor &previous) {
   if (previous.defined()) { // The previous inputs instead of zero padding.
     const int64_t before = previous.size(1);
     return causalConv1dSilu(torch::cat({previous.to(x.scalar_type()), x}, 1), weight).narrow(1, before, x.size(1));
   }
+#ifdef ADAPT_WITH_CUDA_KERNELS
+  if (cuda::causalConvKernelEnabled() && cuda::causalConvTakes(x, weight))
+    return CausalConvSiluNode::apply(x, weight);
+#endif
   TORCH_CHECK(x.dim() == 3, "causalConv1dSilu: expected x [B, T, C], got ", x.sizes());
   torch::Tensor w = weight.dim() == 2 ? weight.unsqueeze(1) : weight;
   TORCH_CHECK(w.dim() == 3 && w.size(1) == 1 && w.size(0) == x.size(2),

@@ -240,7 +240,10 @@ void addLinearAttentionChecks(std::vector<Check> &all) {
   delta("kimi_delta.chunked", {2, 100, 12, 8, 32, true});
   delta("kimi_delta.chunked", {2, 101, 8, 6, 48, true});
 
-  for (auto [T, C, K] : std::vector<std::array<int64_t, 3>>{{13, 10, 4}, {3, 7, 4}, {17, 5, 2}})
+  // The last two: several 64-step runs of the CUDA kernel (ADAPT_CONV_KERNEL=1),
+  // the last one ragged, and K 3.
+  for (auto [T, C, K] :
+       std::vector<std::array<int64_t, 3>>{{13, 10, 4}, {3, 7, 4}, {17, 5, 2}, {200, 72, 4}, {130, 7, 3}})
     addCheck(all, "causal_conv1d.silu", shapeText({{"B", 2}, {"T", T}, {"C", C}, {"K", K}}),
              [=](const Ctx &c) { return convTrial(c, T, C, K); });
   for (auto [N, D] : std::vector<std::array<int64_t, 2>>{{13, 16}, {7, 33}, {5, 264}}) {
