@@ -55,12 +55,14 @@ if [ "${PHASE:-checks}" != timings ]; then
   check kimi-all ADAPT_KIMI_SCORES_KERNEL=1 ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 -- kimi_delta
   check conv ADAPT_CONV_KERNEL=1 -- causal_conv1d
   check conv-fp32 ADAPT_CONV_KERNEL=1 -- causal_conv1d float32
+  check gated-norm ADAPT_GATED_NORM_KERNEL=1 -- norm.gated_rms
+  check gated-norm-fp32 ADAPT_GATED_NORM_KERNEL=1 -- norm.gated_rms float32
   # Out-of-bounds accesses the checks' numbers could miss: memcheck over the
   # default kernels, forward and backward, at the d-128 shapes.
   SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
   if [ -n "$SAN" ]; then
-    for only in ${MEMCHECK:-gated_delta_rule.chunked kimi_delta.chunked causal_conv1d}; do
-      ADAPT_CONV_KERNEL=1 ADAPT_DELTA_RULE_TRAIN_KERNEL=1 ADAPT_DELTA_RULE_BACKWARD_KERNEL=1 ADAPT_DELTA_RULE_LEAN_BACKWARD=1 \
+    for only in ${MEMCHECK:-gated_delta_rule.chunked kimi_delta.chunked causal_conv1d norm.gated_rms}; do
+      ADAPT_CONV_KERNEL=1 ADAPT_GATED_NORM_KERNEL=1 ADAPT_DELTA_RULE_TRAIN_KERNEL=1 ADAPT_DELTA_RULE_BACKWARD_KERNEL=1 ADAPT_DELTA_RULE_LEAN_BACKWARD=1 \
         ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 ADAPT_KIMI_SCORES_KERNEL=1 timeout 200 $SAN --tool memcheck --error-exitcode 9 $W/rt/adapt-op-check --device cuda \
         --seeds 1 --dtype bfloat16 --only $only --out $W/checks/memcheck > $W/memcheck.log 2>&1
       echo "-- memcheck $only: rc $? $(grep -m1 'ERROR SUMMARY' $W/memcheck.log)"
@@ -98,6 +100,7 @@ if [ "${PHASE:-checks}" != checks ]; then
   for T in 8192 131072; do
     echo "default $(timeout 120 $W/lc/long_context --mixer gdn --tokens $T --iters 2 2>&1 | tail -1)"
     echo "conv-kernel $(ADAPT_CONV_KERNEL=1 timeout 120 $W/lc/long_context --mixer gdn --tokens $T --iters 2 2>&1 | tail -1)"
+    echo "conv+norm-kernels $(ADAPT_CONV_KERNEL=1 ADAPT_GATED_NORM_KERNEL=1 timeout 120 $W/lc/long_context --mixer gdn --tokens $T --iters 2 2>&1 | tail -1)"
   done
   timeout 120 $W/lc/long_context --mixer hybrid --tokens 131072 --recompute --iters 1 2>&1 | tail -1
   echo "== profile at 32K $(date +%T)"

@@ -8,6 +8,7 @@
 
 #ifdef ADAPT_WITH_CUDA_KERNELS
 #include "runtime/cuda/CausalConvKernel.h"
+#include "runtime/cuda/GatedNormKernel.h"
 #include "runtime/cuda/KimiDeltaKernel.h"
 #endif
 
@@ -33,6 +34,39 @@ struct CausalConvSiluNode : torch::autograd::Function<CausalConvSiluNode> {
     const auto saved = ctx->get_saved_variables();
     auto [dx, dw] = cuda::causalConvSiluBackward(saved[0], saved[1], grads[0], ctx->needs_input_grad(1));
     return {dx, dw.defined() ? dw.reshape(saved[1].sizes()).to(saved[1].scalar_type()) : torch::Tensor()};
+  }
+};
+
+/// The linear-attention output's gated norm as one CUDA kernel each way
+/// (runtime/cuda/GatedNormKernel.h): keeps x, the gate and each row's rstd,
+/// where the composition kept several fp32 copies.
+struct GatedNormNode : torch::autograd::Function<GatedNormNode> {
+  static torch::Tensor forward(torch::autograd::AutogradContext *ctx, const torch::Tensor &x,
+                               const torch::Tensor &weight, const torch::Tensor &gate, double eps, bool sigmoid) {
+    const auto kind = sigmoid ? cuda::NormGate::Sigmoid : cuda::NormGate::Silu;
+    const torch::Tensor rows = x.contiguous(), gates = gate.contiguous(); // kept as the kernels read them
+    auto [y, rstd] = cuda::gatedNormForward(rows, gates, weight, eps, kind);
+    ctx->save_for_backward({rows, weight, gates, rstd});
+    ctx->saved_data["sigmoid"] = sigmoid;
+    return y.view(x.sizes());
+  }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext *ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor &x = saved[0], &weight = saved[1], &gate = saved[2], &rstd = saved[3];
+    const bool sigmoid = ctx->saved_data["sigmoid"].toBool();
+    auto [dx, dg] = cuda::gatedNormBackward(x, gate, weight, rstd, grads[0],
+                                            sigmoid ? cuda::NormGate::Sigmoid : cuda::NormGate::Silu);
+    torch::Tensor dw;
+    if (ctx->needs_input_grad(1)) { // a trained norm weight (not LoRA's case): sum over rows of dy n act(gate)
+      const int64_t width = x.size(-1);
+      torch::Tensor g = gate.reshape({-1, width}).to(torch::kFloat32);
+      torch::Tensor n = x.reshape({-1, width}).to(torch::kFloat32) * rstd.unsqueeze(1);
+      dw = (grads[0].reshape({-1, width}).to(torch::kFloat32) * n * (sigmoid ? torch::sigmoid(g) : torch::silu(g)))
+               .sum(0)
+               .to(weight.scalar_type());
+    }
+    return {dx.view(x.sizes()), dw, dg.view(x.sizes()), torch::Tensor(), torch::Tensor()};
   }
 };
 
@@ -75,6 +109,10 @@ DeltaRuleInputs deltaInputs(const torch::Tensor &query, const torch::Tensor &key
 
 torch::Tensor gatedRmsNorm(const torch::Tensor &x, const torch::Tensor &weight,
                            const torch::Tensor &gate, double eps) {
+#ifdef ADAPT_WITH_CUDA_KERNELS
+  if (cuda::gatedNormKernelEnabled() && cuda::gatedNormFits(x, gate, weight))
+    return GatedNormNode::apply(x, weight, gate, eps, /*sigmoid=*/false);
+#endif
   const auto dtype = x.scalar_type();
   torch::Tensor h = x.to(torch::kFloat32);
   h = h * torch::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
@@ -85,6 +123,10 @@ torch::Tensor gatedRmsNorm(const torch::Tensor &x, const torch::Tensor &weight,
 
 torch::Tensor sigmoidGatedRmsNorm(const torch::Tensor &x, const torch::Tensor &weight,
                                   const torch::Tensor &gate, double eps) {
+#ifdef ADAPT_WITH_CUDA_KERNELS
+  if (cuda::gatedNormKernelEnabled() && cuda::gatedNormFits(x, gate, weight))
+    return GatedNormNode::apply(x, weight, gate, eps, /*sigmoid=*/true);
+#endif
   torch::Tensor h = x.to(torch::kFloat32);
   h = h * torch::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
   h = weight.to(torch::kFloat32) * h * torch::sigmoid(gate.to(torch::kFloat32));
