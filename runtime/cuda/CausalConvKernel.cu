@@ -16,6 +16,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/cuda/CausalConvKernel.h"
+#include "runtime/cuda/Switches.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -26,8 +27,6 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 namespace adapt::rt::cuda {
@@ -159,10 +158,7 @@ at::Tensor weightRows(const at::Tensor &weight, int64_t channels) {
 } // namespace
 
 bool causalConvKernelEnabled() {
-  static const bool on = [] {
-    const char *v = std::getenv("ADAPT_CONV_KERNEL");
-    return v != nullptr && std::strcmp(v, "1") == 0;
-  }();
+  static const bool on = switchedOn("ADAPT_CONV_KERNEL");
   return on;
 }
 

@@ -12,6 +12,7 @@
 #define ADAPT_RUNTIME_CUDA_DELTARULE_CUH
 
 #include "runtime/cuda/Mma.cuh"
+#include "runtime/cuda/Switches.h"
 
 #include <ATen/core/Tensor.h>
 
@@ -322,18 +323,6 @@ __device__ __forceinline__ void storeChunkOutput(bf16 *out, const bf16 *qs, cons
     if (r < valid)
       *reinterpret_cast<uint32_t *>(out + r * kDim + c) = packBf16(acc[nt][2 * h], acc[nt][2 * h + 1]);
   });
-}
-
-/// Whether the environment variable \p name says "1" (the kernels' opt-in switches).
-inline bool switchedOn(const char *name) {
-  const char *v = std::getenv(name);
-  return v != nullptr && std::strcmp(v, "1") == 0;
-}
-
-/// Whether the environment variable \p name says "0" (the kernels' opt-out switches).
-inline bool switchedOff(const char *name) {
-  const char *v = std::getenv(name);
-  return v != nullptr && std::strcmp(v, "0") == 0;
 }
 
 /// A [B, H, T, 128] bf16 tensor's rows for the kernels.

@@ -1,13 +1,14 @@
 //===- GatedNormKernel.cu - the linear-attention output's gated norm ------===//
 //
-// One warp per row over 16-byte packs, as RmsNormKernel.cu: pass one reduces
+// One warp per row over 16-byte packs (RowNorm.cuh): pass one reduces
 // the row's sum of squares (forward) or sum of dn * x (backward) with warp
 // shuffles, pass two reads the row again (from L1) and writes the result.
 //
 //===----------------------------------------------------------------------===//
 
 #include "runtime/cuda/GatedNormKernel.h"
-#include "runtime/cuda/Packed.cuh"
+#include "runtime/cuda/RowNorm.cuh"
+#include "runtime/cuda/Switches.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -17,22 +18,13 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 namespace adapt::rt::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kRowsPerBlock = kThreads / 32;
-
-__device__ __forceinline__ float warpSum(float v) {
-  for (int offset = 16; offset > 0; offset /= 2)
-    v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
+using namespace rownorm;
 
 /// The gate's activation and its derivative.
 template <NormGate G> struct Gate;
@@ -61,14 +53,7 @@ __global__ void __launch_bounds__(kThreads)
   if (row >= rows)
     return;
   const T *in = x + row * width, *gs = gate + row * width;
-  float squares = 0.0f;
-  for (int64_t h = lane * int64_t(P::kSize); h < width; h += 32 * P::kSize) {
-    const P v = P::load(in + h);
-#pragma unroll
-    for (int i = 0; i < P::kSize; ++i)
-      squares += v.v[i] * v.v[i];
-  }
-  const float rstd = rsqrtf(warpSum(squares) / static_cast<float>(width) + eps);
+  const float rstd = rowRstd(in, width, lane, eps);
   if (lane == 0)
     rstdOut[row] = rstd;
   for (int64_t h = lane * int64_t(P::kSize); h < width; h += 32 * P::kSize) {
@@ -116,8 +101,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-int blocksFor(int64_t rows) { return static_cast<int>((rows + kRowsPerBlock - 1) / kRowsPerBlock); }
-
 /// Runs \p body with x's and the weight's element types and the gate kind.
 template <typename Body>
 void dispatch(const at::Tensor &x, const at::Tensor &weight, NormGate kind, const Body &body) {
@@ -135,10 +118,7 @@ void dispatch(const at::Tensor &x, const at::Tensor &weight, NormGate kind, cons
 } // namespace
 
 bool gatedNormKernelEnabled() {
-  static const bool on = [] {
-    const char *v = std::getenv("ADAPT_GATED_NORM_KERNEL");
-    return v != nullptr && std::strcmp(v, "1") == 0;
-  }();
+  static const bool on = switchedOn("ADAPT_GATED_NORM_KERNEL");
   return on;
 }
 

@@ -16,6 +16,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/cuda/PerChannelScoresKernel.h"
+#include "runtime/cuda/Switches.h"
 
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
@@ -24,8 +25,6 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 
-#include <cstdlib>
-#include <cstring>
 
 namespace adapt::rt::cuda {
 
@@ -121,10 +120,7 @@ template <typename Kernel> void allowBytes(Kernel kernel, size_t bytes) {
 } // namespace
 
 bool perChannelScoresKernelEnabled() {
-  static const bool on = [] {
-    const char *v = std::getenv("ADAPT_KIMI_SCORES_KERNEL");
-    return v != nullptr && std::strcmp(v, "1") == 0;
-  }();
+  static const bool on = switchedOn("ADAPT_KIMI_SCORES_KERNEL");
   return on;
 }
 

@@ -8,7 +8,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/cuda/RmsNormKernel.h"
-#include "runtime/cuda/Packed.cuh"
+#include "runtime/cuda/RowNorm.cuh"
 
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -23,14 +23,7 @@ namespace adapt::rt::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kRowsPerBlock = kThreads / 32;
-
-__device__ __forceinline__ float warpSum(float v) {
-  for (int offset = 16; offset > 0; offset /= 2)
-    v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
+using namespace rownorm;
 
 /// The scale of element h: (w[h] + offset), or 1 without a weight.
 template <typename W>
@@ -48,14 +41,7 @@ __global__ void rmsNormForwardKernel(const T *__restrict__ x, const W *__restric
   if (row >= rows)
     return;
   const T *in = x + row * width;
-  float squares = 0.0f;
-  for (int64_t h = lane * int64_t(P::kSize); h < width; h += 32 * P::kSize) {
-    const P v = P::load(in + h);
-#pragma unroll
-    for (int i = 0; i < P::kSize; ++i)
-      squares += v.v[i] * v.v[i];
-  }
-  const float rstd = rsqrtf(warpSum(squares) / static_cast<float>(width) + eps);
+  const float rstd = rowRstd(in, width, lane, eps);
   if (lane == 0)
     rstdOut[row] = rstd;
   for (int64_t h = lane * int64_t(P::kSize); h < width; h += 32 * P::kSize) {
@@ -96,8 +82,6 @@ __global__ void rmsNormBackwardKernel(const T *__restrict__ x, const W *__restri
     out.store(gradX + row * width + h);
   }
 }
-
-int blocksFor(int64_t rows) { return static_cast<int>((rows + kRowsPerBlock - 1) / kRowsPerBlock); }
 
 /// Runs \p body with scalar_t (x's dtype) and weight_t (the weight's dtype,
 /// x's when there is none).

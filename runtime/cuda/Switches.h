@@ -1,0 +1,30 @@
+//===- Switches.h - the CUDA kernels' environment switches -----*- C++ -*-===//
+//
+// Kernels written or changed without a GPU wait behind an opt-in switch until
+// their op checks have run on one (docs/runtime.md lists them); checked ones
+// keep an opt-out. Each kernel reads its switch once per process.
+//
+//===----------------------------------------------------------------------===//
+#ifndef ADAPT_RUNTIME_CUDA_SWITCHES_H
+#define ADAPT_RUNTIME_CUDA_SWITCHES_H
+
+#include <cstdlib>
+#include <cstring>
+
+namespace adapt::rt::cuda {
+
+/// Whether the environment variable \p name says "1" (an opt-in switch).
+inline bool switchedOn(const char *name) {
+  const char *v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
+/// Whether the environment variable \p name says "0" (an opt-out switch).
+inline bool switchedOff(const char *name) {
+  const char *v = std::getenv(name);
+  return v != nullptr && std::strcmp(v, "0") == 0;
+}
+
+} // namespace adapt::rt::cuda
+
+#endif // ADAPT_RUNTIME_CUDA_SWITCHES_H
