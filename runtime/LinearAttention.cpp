@@ -48,7 +48,7 @@ struct GatedNormNode : torch::autograd::Function<GatedNormNode> {
     auto [y, rstd] = cuda::gatedNormForward(rows, gates, weight, eps, kind);
     ctx->save_for_backward({rows, weight, gates, rstd});
     ctx->saved_data["sigmoid"] = sigmoid;
-    return y.view(x.sizes());
+    return y; // x's shape (the kernels keep it)
   }
   static torch::autograd::tensor_list backward(torch::autograd::AutogradContext *ctx,
                                                torch::autograd::tensor_list grads) {
@@ -66,7 +66,7 @@ struct GatedNormNode : torch::autograd::Function<GatedNormNode> {
                .sum(0)
                .to(weight.scalar_type());
     }
-    return {dx.view(x.sizes()), dw, dg.view(x.sizes()), torch::Tensor(), torch::Tensor()};
+    return {dx, dw, dg, torch::Tensor(), torch::Tensor()};
   }
 };
 

@@ -20,8 +20,6 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
-#include <cstdlib>
-#include <cstring>
 
 namespace adapt::rt::cuda::delta {
 

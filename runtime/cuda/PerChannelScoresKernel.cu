@@ -25,7 +25,6 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
 
-
 namespace adapt::rt::cuda {
 
 namespace {
