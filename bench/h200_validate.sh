@@ -8,6 +8,7 @@
 #      8 or more takes the fused expert LoRA kernel on the GPU), TRAIN_ARGS (more flags for
 #      our trainer's training runs, e.g. --no-cuda-graphs), TAG (appended to the record's name),
 #      SEQ_LEN (tokens per sequence, 16; 200 runs the delta rule over four 64-token chunks)
+# Each run's line ends with which guarded ops ran their CUDA kernels (ours/kernels.json).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: h200_validate.sh OUTDIR}; mkdir -p "$OUT"
@@ -19,6 +20,15 @@ for f in ${FAMILIES:-$(ls .h200/la-gen)}; do
     echo -n "$f cuda $dt: "
     python3 validation/loss_alignment.py .h200/tiny/$f $W/la-$f/train $W/la-out-$f-$dt --device cuda --dtype $dt \
       --rank ${LORA_RANK:-4} --seq-len ${SEQ_LEN:-16} $(for a in ${TRAIN_ARGS:-}; do echo "--train-arg=$a"; done) 2>&1 | tail -3
+    # Which guarded ops reached their CUDA kernels in our run (runtime/KernelLedger.h).
+    python3 -c 'import json, sys
+d = json.load(open(sys.argv[1]))
+def tally(v):
+    return " ".join([str(v["kernel"]), "kernel"] + (["/", str(v["switched_off"]), "off"] if v["switched_off"] else [])
+                    + (["/", str(v["refused"]), "REFUSED"] if v["refused"] else []))
+print("  kernels:", "; ".join(k + " " + tally(v) for k, v in d["sites"].items()))' \
+      $W/la-out-$f-$dt/ours/kernels.json 2>/dev/null || echo "  kernels: no kernels.json"
+    cp $W/la-out-$f-$dt/ours/kernels.json $OUT/kernels-$f-cuda-$dt${TAG:-}.json 2>/dev/null
     cp $W/la-out-$f-$dt/loss-alignment.json $OUT/loss-alignment-$f-cuda-$dt${LORA_RANK:+-r$LORA_RANK}${TAG:-}.json 2>/dev/null
   done
 done

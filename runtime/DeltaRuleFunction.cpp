@@ -8,6 +8,7 @@
 
 #include "runtime/DeltaRuleFunction.h"
 #include "runtime/ChunkedTensors.h"
+#include "runtime/KernelLedger.h"
 #include "runtime/Tf32Scope.h"
 
 #ifdef ADAPT_WITH_CUDA_KERNELS
@@ -130,8 +131,9 @@ struct DeltaRuleNode : torch::autograd::Function<DeltaRuleNode> {
     saveDeltaRuleShape(ctx, t, {query, key, value, decay, beta, state}, tf32, chunk);
 #ifdef ADAPT_WITH_CUDA_KERNELS
     const KernelUse train = trainingKernelUse();
-    if (t > 0 && (train == KernelUse::Always || (train == KernelUse::Checked && !state.requires_grad())) &&
-        cuda::deltaRuleForwardTakes(query, key, value, decay, beta, chunk)) {
+    if (t > 0 && chooseKernel("gated_delta_rule.train", key,
+                              train == KernelUse::Always || (train == KernelUse::Checked && !state.requires_grad()),
+                              cuda::deltaRuleForwardTakes(query, key, value, decay, beta, chunk))) {
       // The inputs themselves are kept (bf16), and the kernels' bf16 states,
       // V_new and W: the backward rebuilds the fp32 chunks it needs.
       cuda::DeltaRuleSaved saved;
@@ -260,8 +262,9 @@ std::vector<Tensor> scalarDecayDeltaRule(const DeltaRuleInputs &in, int64_t chun
                                          bool tf32) {
   const int64_t b = in.key.size(0), h = in.key.size(1), dk = in.key.size(3), dv = in.value.size(3);
 #ifdef ADAPT_WITH_CUDA_KERNELS
-  if (!deltaRuleNeedsGraph(in, initialState) && forwardKernelEnabled() &&
-      cuda::deltaRuleForwardTakes(in.query, in.key, in.value, in.decay, in.beta, chunkSize)) {
+  if (!deltaRuleNeedsGraph(in, initialState) &&
+      chooseKernel("gated_delta_rule.no_grad", in.key, forwardKernelEnabled(),
+                   cuda::deltaRuleForwardTakes(in.query, in.key, in.value, in.decay, in.beta, chunkSize))) {
     Tensor last;
     Tensor out = cuda::gatedDeltaRuleForward(in.query, in.key, in.value, in.decay, in.beta, initialState, &last);
     return {out, last};

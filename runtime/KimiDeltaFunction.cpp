@@ -8,6 +8,7 @@
 
 #include "runtime/KimiDeltaFunction.h"
 #include "runtime/ChunkedTensors.h"
+#include "runtime/KernelLedger.h"
 #include "runtime/Tf32Scope.h"
 #ifdef ADAPT_WITH_CUDA_KERNELS
 #include "runtime/cuda/DeltaRuleKernel.h"
@@ -69,7 +70,8 @@ Tensor notEarlier(int64_t m, const torch::Device &device) {
 /// product is smaller still.
 torch::Tensor perChannelDecayedScores(const torch::Tensor &x, const torch::Tensor &y, const torch::Tensor &cum) {
 #ifdef ADAPT_WITH_CUDA_KERNELS
-  if (cuda::perChannelScoresKernelEnabled() && cuda::perChannelScoresTakes(x, y, cum))
+  if (chooseKernel("kimi_scores.forward", x, cuda::perChannelScoresKernelEnabled(),
+                   cuda::perChannelScoresTakes(x, y, cum)))
     return cuda::perChannelScores(x, y, cum);
 #endif
   const int64_t c = x.size(3), dk = x.size(4);
@@ -104,7 +106,8 @@ torch::Tensor perChannelDecayedScores(const torch::Tensor &x, const torch::Tenso
 std::pair<Tensor, Tensor> perChannelDecayedScoresBackward(const Tensor &grad, const Tensor &x, const Tensor &y,
                                                           const Tensor &cum) {
 #ifdef ADAPT_WITH_CUDA_KERNELS
-  if (cuda::perChannelScoresKernelEnabled() && cuda::perChannelScoresTakes(x, y, cum))
+  if (chooseKernel("kimi_scores.backward", x, cuda::perChannelScoresKernelEnabled(),
+                   cuda::perChannelScoresTakes(x, y, cum)))
     return cuda::perChannelScoresBackward(grad, x, y, cum);
 #endif
   const int64_t c = x.size(3);
@@ -167,8 +170,8 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
 #ifdef ADAPT_WITH_CUDA_KERNELS
     // bf16 at d 128 on the GPU, when switched on: the forward kernels, which
     // hand over T, the states and V_new (bf16) for the backward below.
-    if (t > 0 && cuda::kimiDeltaTrainingKernelEnabled() &&
-        cuda::kimiDeltaRuleForwardTakes(query, key, value, decay, beta, chunk)) {
+    if (t > 0 && chooseKernel("kimi_delta_rule.train", key, cuda::kimiDeltaTrainingKernelEnabled(),
+                              cuda::kimiDeltaRuleForwardTakes(query, key, value, decay, beta, chunk))) {
       cuda::KimiDeltaSaved kept;
       Tensor last;
       Tensor out = cuda::kimiDeltaRuleForward(query, key, value, decay, beta, state, &last, &kept);

@@ -3,6 +3,7 @@
 #include "runtime/Layers.h"
 #include "runtime/ExpertRows.h"
 #include "runtime/FusedExperts.h"
+#include "runtime/KernelLedger.h"
 #include "runtime/RouterLogits.h"
 #include "runtime/SparseAttention.h"
 
@@ -243,8 +244,9 @@ torch::Tensor ExpertLinear::forward(const torch::Tensor &x, const ExpertGroups &
     auto [a, b] = groupedFactors(x.scalar_type());
 #ifdef ADAPT_WITH_CUDA_KERNELS
     // The fused node where the grouped GEMM runs on the GPU for every operand.
-    if (x.is_cuda() && x.size(0) > 0 && !weight.requires_grad() && cuda::lowRankSupported(a.size(1)) &&
-        hasGroupedMm(x, weight) && hasGroupedMm(x, a)) {
+    if (x.size(0) > 0 && chooseKernel("experts.lora_grouped_gemm", x, !weight.requires_grad(),
+                                      x.is_cuda() && cuda::lowRankSupported(a.size(1)) && hasGroupedMm(x, weight) &&
+                                          hasGroupedMm(x, a))) {
       torch::Tensor y = ExpertLoraFunction::apply(x, a, b * scale, weight, groups.offsets, groups.expertOfRow);
       return bias.defined() ? y + bias.index_select(0, groups.expertOfRow) : y;
     }

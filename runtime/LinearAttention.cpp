@@ -2,6 +2,7 @@
 
 #include "runtime/LinearAttention.h"
 #include "runtime/DeltaRuleFunction.h"
+#include "runtime/KernelLedger.h"
 #include "runtime/KimiDeltaFunction.h"
 #include "runtime/Ops.h"
 #include "runtime/Recompute.h"
@@ -80,7 +81,7 @@ torch::Tensor causalConv1dSilu(const torch::Tensor &x, const torch::Tensor &weig
     return causalConv1dSilu(torch::cat({previous.to(x.scalar_type()), x}, 1), weight).narrow(1, before, x.size(1));
   }
 #ifdef ADAPT_WITH_CUDA_KERNELS
-  if (cuda::causalConvKernelEnabled() && cuda::causalConvTakes(x, weight))
+  if (chooseKernel("causal_conv1d_silu", x, cuda::causalConvKernelEnabled(), cuda::causalConvTakes(x, weight)))
     return CausalConvSiluNode::apply(x, weight);
 #endif
   TORCH_CHECK(x.dim() == 3, "causalConv1dSilu: expected x [B, T, C], got ", x.sizes());
@@ -110,7 +111,7 @@ DeltaRuleInputs deltaInputs(const torch::Tensor &query, const torch::Tensor &key
 torch::Tensor gatedRmsNorm(const torch::Tensor &x, const torch::Tensor &weight,
                            const torch::Tensor &gate, double eps) {
 #ifdef ADAPT_WITH_CUDA_KERNELS
-  if (cuda::gatedNormKernelEnabled() && cuda::gatedNormFits(x, gate, weight))
+  if (chooseKernel("gated_rms_norm.silu", x, cuda::gatedNormKernelEnabled(), cuda::gatedNormFits(x, gate, weight)))
     return GatedNormNode::apply(x, weight, gate, eps, /*sigmoid=*/false);
 #endif
   const auto dtype = x.scalar_type();
@@ -124,7 +125,8 @@ torch::Tensor gatedRmsNorm(const torch::Tensor &x, const torch::Tensor &weight,
 torch::Tensor sigmoidGatedRmsNorm(const torch::Tensor &x, const torch::Tensor &weight,
                                   const torch::Tensor &gate, double eps) {
 #ifdef ADAPT_WITH_CUDA_KERNELS
-  if (cuda::gatedNormKernelEnabled() && cuda::gatedNormFits(x, gate, weight))
+  if (chooseKernel("gated_rms_norm.sigmoid", x, cuda::gatedNormKernelEnabled(),
+                   cuda::gatedNormFits(x, gate, weight)))
     return GatedNormNode::apply(x, weight, gate, eps, /*sigmoid=*/true);
 #endif
   torch::Tensor h = x.to(torch::kFloat32);
@@ -226,8 +228,9 @@ torch::Tensor chunkedRun(const DeltaRuleInputs &in, const char *op, int64_t chun
     r = scalarDecayDeltaRule(in, chunkSize, initialState, tensorCores);
   } else {
 #ifdef ADAPT_WITH_CUDA_KERNELS
-    if (!deltaRuleNeedsGraph(in, initialState) && cuda::kimiDeltaKernelEnabled() &&
-        cuda::kimiDeltaRuleForwardTakes(in.query, in.key, in.value, in.decay, in.beta, chunkSize)) {
+    if (!deltaRuleNeedsGraph(in, initialState) &&
+        chooseKernel("kimi_delta_rule.no_grad", in.key, cuda::kimiDeltaKernelEnabled(),
+                     cuda::kimiDeltaRuleForwardTakes(in.query, in.key, in.value, in.decay, in.beta, chunkSize))) {
       torch::Tensor last;
       torch::Tensor out = cuda::kimiDeltaRuleForward(in.query, in.key, in.value, in.decay, in.beta, initialState, &last);
       if (finalState)

@@ -4,6 +4,7 @@
 
 #include "runtime/Errors.h"
 #include "runtime/GeneratedOps.h"
+#include "runtime/KernelLedger.h"
 #ifdef ADAPT_WITH_CUDA_KERNELS
 #include "runtime/cuda/GroupKernel.h"
 #include "runtime/cuda/RmsNormKernel.h"
@@ -59,7 +60,7 @@ struct FusedRmsNorm : torch::autograd::Function<FusedRmsNorm> {
 
 torch::Tensor rmsNormByKernel(const torch::Tensor &x, const torch::Tensor &weight, double eps, double offset) {
 #ifdef ADAPT_WITH_CUDA_KERNELS
-  if (cuda::rmsNormKernelFits(x, weight))
+  if (chooseKernel("rms_norm", x, true, cuda::rmsNormKernelFits(x, weight)))
     return FusedRmsNorm::apply(x, weight.defined() ? weight : torch::empty({0}, x.options()), eps, offset);
 #endif
   return torch::Tensor();
@@ -201,7 +202,7 @@ bool rotaryKernelFits(const torch::Tensor &x, const RopeTables &t) {
 
 torch::Tensor applyRope(const torch::Tensor &x, const RopeTables &t, bool interleaved) {
 #ifdef ADAPT_WITH_CUDA_KERNELS
-  if (rotaryKernelFits(x, t))
+  if (chooseKernel("rope", x, true, rotaryKernelFits(x, t)))
     return FusedRope::apply(x, t.cos, t.sin, interleaved);
 #endif
   const int64_t rot = t.cos.size(-1);
@@ -485,7 +486,7 @@ Routing route(const torch::Tensor &logits, const FfnDef &ffn, const torch::Tenso
   if (!ffn.generatedRouter.empty())
     return routeGenerated(l, ffn, bias);
 #ifdef ADAPT_WITH_CUDA_KERNELS
-  if (std::optional<cuda::RouteSpec> spec = kernelRoute(l, ffn)) {
+  if (std::optional<cuda::RouteSpec> spec = kernelRoute(l, ffn); chooseKernel("moe.route", l, true, spec.has_value())) {
     // The composition's softmax router ignores a correction bias (chooseExperts); so does this.
     const bool biased = bias.defined() && spec->sigmoid;
     auto out = FusedRoute::apply(l, biased ? bias : torch::empty({0}, l.options()), spec->sigmoid,
@@ -526,7 +527,8 @@ ExpertGroups groupByExpert(const Routing &routing, int64_t experts, int64_t alig
   RECORD_FUNCTION("adapt::moe.permute", c10::ArrayRef<const c10::IValue>{}); // a --profile scope
   const int64_t k = routing.experts.size(1);
 #ifdef ADAPT_WITH_CUDA_KERNELS
-  if (cuda::groupKernelFits(routing.experts, experts)) { // a stable counting sort
+  if (chooseKernel("moe.group", routing.experts, true, cuda::groupKernelFits(routing.experts, experts))) {
+    // a stable counting sort
     cuda::GroupedPairs p = cuda::groupPairs(routing.experts, routing.weights, experts, align);
     ExpertGroups g{p.tokenOfRow, p.weightOfRow, p.expertOfRow, p.offsets, p.rowCounts, p.counts, p.rowOfPair, k};
     if (routing.weights.requires_grad()) // the rows' weights keep their gradient (Llama-4 scales inputs by them)

@@ -11,6 +11,7 @@
 #include "runtime/SparseAttention.h"
 
 #include "runtime/Errors.h"
+#include "runtime/KernelLedger.h"
 #ifdef ADAPT_WITH_CUDA_KERNELS
 #include "runtime/cuda/FusedIndexerKernel.h"
 #include "runtime/cuda/IndexerKernel.h"
@@ -58,6 +59,7 @@ SparseSelection lightningTopKBf16(const torch::Tensor &q, const torch::Tensor &k
   bool fused = true;
   for (int64_t b = 0; b < batch; ++b)
     fused = fused && cuda::fusedIndexerTakes(q[b].transpose(0, 1), k[b]);
+  fused = chooseKernel("lightning_indexer.fused", q, true, fused);
   const int64_t tile = fused ? 2 * keyLen : heads * keyLen; // Elements of bf16 size per query.
   const int64_t block = std::max<int64_t>(1, std::min<int64_t>({seqLen, 65535, tileBudget / tile}));
   // relu(scale * s) = scale * relu(s) for scale > 0: the scale joins the weights.
@@ -115,7 +117,9 @@ SparseSelection lightningTopK(const torch::Tensor &q, const torch::Tensor &k,
   const int64_t block =
       std::max<int64_t>(1, std::min(std::max<int64_t>(queryBlock, 1), tileBudget / std::max<int64_t>(1, heads * keyLen)));
 #ifdef ADAPT_WITH_CUDA_KERNELS
-  if (q.is_cuda() && q.scalar_type() == torch::kBFloat16 && k.scalar_type() == torch::kBFloat16 && heads <= 256)
+  if (q.is_cuda() && chooseKernel("lightning_indexer.bf16", q, true,
+                                  q.scalar_type() == torch::kBFloat16 && k.scalar_type() == torch::kBFloat16 &&
+                                      heads <= 256))
     return lightningTopKBf16(q, k, headWeights, scale, keep, tileBudget, queryOffset);
 #endif
   // As transformers: q [B, S, H, D] @ k^T [B, 1, D, T] in fp32, scaled, relu,
@@ -197,10 +201,11 @@ SparseShapes shapesOf(const torch::Tensor &q, const torch::Tensor &k, const torc
 /// take this attention (MLA's latents at the released widths, bf16 on the
 /// GPU), else undefined. Forward and backward ask here, so they agree.
 torch::Tensor latentKernelRows(const SparseShapes &s, const torch::Tensor &qt, const torch::Tensor &keys) {
-  if (!s.valuesInKeys || s.kvHeads != 1)
-    return {};
-  torch::Tensor rows = keys.view({s.batch * s.keyLen, s.qkDim});
-  return cuda::sparseLatentForwardTakes(qt, rows, s.vDim) ? rows : torch::Tensor();
+  const bool latent = s.valuesInKeys && s.kvHeads == 1;
+  torch::Tensor rows = latent ? keys.view({s.batch * s.keyLen, s.qkDim}) : torch::Tensor();
+  return chooseKernel("sparse_mla.latent", qt, true, latent && cuda::sparseLatentForwardTakes(qt, rows, s.vDim))
+             ? rows
+             : torch::Tensor();
 }
 #endif
 

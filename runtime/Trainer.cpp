@@ -10,6 +10,7 @@
 #include "runtime/ParallelStep.h"
 #include "runtime/Pipeline.h"
 #include "runtime/Profiler.h"
+#include "runtime/KernelLedger.h"
 #include "runtime/RunReport.h"
 #include "runtime/TensorParallel.h"
 #include "runtime/FileSystem.h"
@@ -220,6 +221,30 @@ Trainer::~Trainer() {
     ::close(metricsFd);
 }
 
+
+void Trainer::reportKernels(bool final) const {
+  if (!opts.device.is_cuda() || !writes())
+    return;
+  const std::vector<KernelTally> tallies = kernelTallies();
+  if (final) {
+    writeFileAtomic(joinPath(opts.outDir, "kernels.json"), kernelLedgerJson(tallies));
+    return;
+  }
+  if (!cudaKernelsBuiltIn()) {
+    std::fprintf(stderr, "CUDA kernels: not built into this runtime (nvcc was missing); every op runs as LibTorch "
+                         "composition\n");
+    return;
+  }
+  std::fprintf(stderr, "CUDA kernels in step %lld: %s\n", (long long)completed, kernelLedgerLine(tallies).c_str());
+  int64_t refused = 0;
+  for (const KernelTally &t : tallies)
+    refused += t.refused;
+  if (refused > 0)
+    std::fprintf(stderr,
+                 "warning: %lld calls ran the LibTorch composition because their kernel does not take their shapes, "
+                 "dtypes or layouts (OUT/kernels.json at the end; docs/runtime.md lists what each kernel takes)\n",
+                 (long long)refused);
+}
 
 void Trainer::writeReport() const {
   if (!writes())
@@ -484,6 +509,8 @@ int Trainer::run(const PackedDataset &data, const PackedDataset *eval) {
     if (cuda)
       torch::cuda::synchronize();
     completed = index + 1;
+    if (index == firstStep)
+      reportKernels(/*final=*/false);
     lastLoss = lossValue;
     lastLr = lr;
 
@@ -629,6 +656,7 @@ int Trainer::run(const PackedDataset &data, const PackedDataset *eval) {
   if (checkpointStep != completed)
     saveCheckpoint();
   writeReport();
+  reportKernels(/*final=*/true);
   if (!opts.gradientsPath.empty() && writes())
     writeSafetensors(opts.gradientsPath, gradients);
   if (tty && !(opts.logEvery > 0))

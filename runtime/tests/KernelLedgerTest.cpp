@@ -1,0 +1,52 @@
+//===- KernelLedgerTest.cpp - the tally of guarded kernel sites -----------===//
+//
+// The GPU benchmarks read OUT/kernels.json to tell whether a layer ran its
+// CUDA kernels or silently fell back to the composition (session 42's
+// finding). Here the ledger's contract, with meta tensors standing for the
+// GPU's: off-CPU calls are counted as kernel, off or refused, CPU calls are
+// not, and the line and JSON say what was counted.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/KernelLedger.h"
+#include "runtime/Json.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+using namespace adapt::rt;
+
+TEST(KernelLedger, CountsEachChoiceOfOffCpuCallsAndNotCpuOnes) {
+  resetKernelLedger();
+  const torch::Tensor gpu = torch::empty({4, 128}, torch::TensorOptions().device(torch::kMeta));
+  const torch::Tensor cpu = torch::empty({4, 128});
+  EXPECT_TRUE(chooseKernel("test.delta", gpu, true, true));
+  EXPECT_TRUE(chooseKernel("test.delta", gpu, true, true));
+  EXPECT_FALSE(chooseKernel("test.delta", gpu, false, true)); // switched off
+  EXPECT_FALSE(chooseKernel("test.delta", gpu, true, false)); // refused: the fallback the ledger exists for
+  EXPECT_FALSE(chooseKernel("test.conv", gpu, false, false)); // off wins over refused: the switch decided
+  EXPECT_TRUE(chooseKernel("test.cpu", cpu, true, true));     // the answer still holds, uncounted
+
+  const std::vector<KernelTally> tallies = kernelTallies();
+  ASSERT_EQ(tallies.size(), 2u);
+  EXPECT_EQ(tallies[0].site, "test.conv");
+  EXPECT_EQ(tallies[0].switchedOff, 1);
+  EXPECT_EQ(tallies[0].refused, 0);
+  EXPECT_EQ(tallies[1].site, "test.delta");
+  EXPECT_EQ(tallies[1].kernel, 2);
+  EXPECT_EQ(tallies[1].switchedOff, 1);
+  EXPECT_EQ(tallies[1].refused, 1);
+  EXPECT_EQ(kernelLedgerLine(tallies), "test.conv: 0 kernel, 1 off; test.delta: 2 kernel, 1 off, 1 refused");
+
+  const JsonValue json = parseJson(kernelLedgerJson(tallies), "kernels.json");
+  ASSERT_NE(json.find("built_in"), nullptr);
+  EXPECT_EQ(json.find("built_in")->asBool(), cudaKernelsBuiltIn());
+  const JsonValue *delta = json.find("sites")->find("test.delta");
+  ASSERT_NE(delta, nullptr);
+  EXPECT_EQ(delta->find("kernel")->asInt(), 2);
+  EXPECT_EQ(delta->find("refused")->asInt(), 1);
+
+  resetKernelLedger();
+  EXPECT_TRUE(kernelTallies().empty());
+  EXPECT_EQ(kernelLedgerLine(kernelTallies()), "no guarded kernel site was called");
+}
