@@ -158,7 +158,7 @@ at::Tensor weightRows(const at::Tensor &weight, int64_t channels) {
 } // namespace
 
 bool causalConvKernelEnabled() {
-  static const bool on = switchedOn("ADAPT_CONV_KERNEL");
+  static const bool on = !switchedOff("ADAPT_CONV_KERNEL");
   return on;
 }
 

@@ -246,11 +246,12 @@ template <int Pending> __device__ __forceinline__ void asyncWait() {
 /// faster); ADAPT_DELTA_RULE_PREFETCH=0 waits on each load instead.
 bool asyncLoads();
 
-/// ADAPT_DELTA_RULE_LEAN_BACKWARD=1: the GPU backward keeps each chunk's dS'
+/// On by default (ADAPT_DELTA_RULE_LEAN_BACKWARD=0: off): the GPU backward keeps each chunk's dS'
 /// and dV_new in bf16 (kernels 3 and 4 read them as bf16 tiles either way;
 /// only the chunk's last-decay sum reads dS' rounded) and reads dO in place
 /// when it is contiguous and fills whole chunks: 1 GiB less at 1 x 32 heads
-/// x 32K tokens (computed). Off until the op checks have run with it on a GPU.
+/// x 32K tokens (measured on an H200, session 43: 6.54 -> 5.54 GiB peak, and
+/// 12.4 -> 11.9 ms forward + backward). Its op checks passed there.
 bool leanBackward();
 
 /// A [B, H, T, D] tensor's data and its strides over b, h and t.

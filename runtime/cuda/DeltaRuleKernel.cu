@@ -185,7 +185,7 @@ bool delta::asyncLoads() {
 }
 
 bool delta::leanBackward() {
-  static const bool on = switchedOn("ADAPT_DELTA_RULE_LEAN_BACKWARD");
+  static const bool on = !switchedOff("ADAPT_DELTA_RULE_LEAN_BACKWARD");
   return on;
 }
 

@@ -118,7 +118,7 @@ void dispatch(const at::Tensor &x, const at::Tensor &weight, NormGate kind, cons
 } // namespace
 
 bool gatedNormKernelEnabled() {
-  static const bool on = switchedOn("ADAPT_GATED_NORM_KERNEL");
+  static const bool on = !switchedOff("ADAPT_GATED_NORM_KERNEL");
   return on;
 }
 

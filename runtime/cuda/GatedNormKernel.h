@@ -8,8 +8,9 @@
 // op checks' float64 reference bounds both). The LibTorch compositions in
 // runtime/LinearAttention.cpp (gatedRmsNorm, sigmoidGatedRmsNorm: eight or so
 // passes, several fp32 copies kept for backward) stay the CPU path and the
-// reference. Taken with ADAPT_GATED_NORM_KERNEL=1 until the `norm.gated_rms*`
-// op checks have run with it on a GPU (written without one). The backward
+// reference. On by default since the `norm.gated_rms*` op checks passed on
+// an H200 in bf16 (session 43); ADAPT_GATED_NORM_KERNEL=0 keeps the
+// composition. The backward
 // gives x's and the gate's gradients; the caller adds the (frozen in LoRA
 // runs) weight's from the saved rstd when it is needed.
 //
@@ -26,7 +27,7 @@ namespace adapt::rt::cuda {
 /// The gate's activation.
 enum class NormGate { Silu, Sigmoid };
 
-/// ADAPT_GATED_NORM_KERNEL=1: the gated norms take these kernels where they fit.
+/// Whether the gated norms take these kernels where they fit (ADAPT_GATED_NORM_KERNEL=0: never).
 bool gatedNormKernelEnabled();
 
 /// Whether the kernels take \p x and \p gate (CUDA, one shape, one dtype of

@@ -208,7 +208,7 @@ bool kimiDeltaKernelEnabled() {
 }
 
 bool kimiDeltaTrainingKernelEnabled() {
-  static const bool on = kimiDeltaKernelEnabled() && switchedOn("ADAPT_KIMI_DELTA_TRAIN_KERNEL");
+  static const bool on = kimiDeltaKernelEnabled() && !switchedOff("ADAPT_KIMI_DELTA_TRAIN_KERNEL");
   return on;
 }
 
@@ -262,9 +262,9 @@ at::Tensor kimiDeltaRuleForward(const at::Tensor &query, const at::Tensor &key, 
       inverse.defined() ? inverse.data_ptr<float>() : nullptr);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
-  // The state kernel's prefetching form was checked with the scalar decay
-  // only: the per-channel one takes it on request until its checks run.
-  static const bool prefetch = asyncLoads() && switchedOn("ADAPT_KIMI_DELTA_PREFETCH");
+  // The state kernel's prefetching form (checked with per-channel decays on
+  // an H200, session 43); ADAPT_KIMI_DELTA_PREFETCH=0 keeps the plain one.
+  static const bool prefetch = asyncLoads() && !switchedOff("ADAPT_KIMI_DELTA_PREFETCH");
   const size_t stateBytes = stateKernelBytes(prefetch);
   auto stateKernel = prefetch ? deltaRuleStateKernel<true, true> : deltaRuleStateKernel<false, true>;
   allowSharedMemory(stateKernel, stateBytes);

@@ -14,7 +14,8 @@
 //      V_new, the scores by the same sub-chunks.
 // The forward without a graph takes it (the `kimi_delta.no_grad` op checks
 // pass on an H100, bf16 3.4e-3 against 2.5e-2, memcheck clean; the state
-// kernel without prefetching, ADAPT_KIMI_DELTA_PREFETCH=1 asks for it);
+// kernel's prefetching form since its checks passed on an H200 in session 43,
+// ADAPT_KIMI_DELTA_PREFETCH=0 keeps the plain one);
 // ADAPT_KIMI_DELTA_KERNEL=0 keeps the LibTorch composition, the reference.
 //
 //===----------------------------------------------------------------------===//
@@ -30,9 +31,9 @@ namespace adapt::rt::cuda {
 bool kimiDeltaKernelEnabled();
 
 /// Whether training's forward (KimiDeltaNode) takes them too, handing T, the
-/// states and V_new to its LibTorch backward: only with
-/// ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 until the d-128 `kimi_delta.chunked` op
-/// check has run on a GPU (written without one).
+/// states and V_new to its backward: on since the d-128 `kimi_delta.chunked`
+/// and `kimi_delta.segmented` op checks passed on an H200 (session 43);
+/// ADAPT_KIMI_DELTA_TRAIN_KERNEL=0 keeps the composition in training.
 bool kimiDeltaTrainingKernelEnabled();
 
 /// Whether kimiDeltaRuleForward takes these inputs: CUDA bf16 \p query,

@@ -119,7 +119,7 @@ template <typename Kernel> void allowBytes(Kernel kernel, size_t bytes) {
 } // namespace
 
 bool perChannelScoresKernelEnabled() {
-  static const bool on = switchedOn("ADAPT_KIMI_SCORES_KERNEL");
+  static const bool on = !switchedOff("ADAPT_KIMI_SCORES_KERNEL");
   return on;
 }
 

@@ -2,7 +2,8 @@
 //
 // Kernels written or changed without a GPU wait behind an opt-in switch until
 // their op checks have run on one (docs/runtime.md lists them); checked ones
-// keep an opt-out. Each kernel reads its switch once per process.
+// keep an opt-out. Each kernel reads its switch once per process. Which
+// calls reached a kernel is counted in runtime/KernelLedger.h.
 //
 //===----------------------------------------------------------------------===//
 #ifndef ADAPT_RUNTIME_CUDA_SWITCHES_H
