@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The experts' low-rank kernel (runtime/cuda/LowRankKernel.cu) with and without
+# ADAPT_LOW_RANK_EARLY_LOADS=1 on a GPU machine: the `expert` op checks in bf16
+# and fp32 with the switch on, then one Qwen3-30B-A3B layer (batch 2 x 4096,
+# LoRA r=16) profiled twice, --profile 2, each kernel's time per step from the
+# Chrome trace. Needs the runtime built (bench/h200/build_runtime.sh, sourced
+# here) and .h200/q30-L1 (bench/h200_prepare.sh 1).
+# usage: bench/h200_low_rank.sh OUTDIR
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:?usage: h200_low_rank.sh OUTDIR}; mkdir -p "$OUT"
+W=/tmp/adapt-h200; mkdir -p $W
+source bench/h200/build_runtime.sh
+for dtype in bfloat16 float32; do
+  ADAPT_LOW_RANK_EARLY_LOADS=1 timeout 60 $W/rt/adapt-op-check --device cuda --seeds 2 --dtype $dtype --only expert \
+    --out $W/lr-checks-$dtype > $W/lr-checks-$dtype.log 2>&1
+  echo "-- expert $dtype, early loads: rc $? $(grep -c '| pass |' $W/lr-checks-$dtype/op-stage.md 2>/dev/null) pass," \
+    "$(grep -c '| FAIL |' $W/lr-checks-$dtype/op-stage.md 2>/dev/null) fail"
+done
+python3 - "$W/lr-data.jsonl" <<'PY'
+import json, random, sys
+random.seed(0)
+with open(sys.argv[1], "w") as f:
+    for _ in range(16):
+        f.write(json.dumps({"input_ids": [random.randrange(151936) for _ in range(8192)]}) + "\n")
+PY
+python3 bench/make_random_qwen3_moe.py bench/h200/qwen3-30b-a3b-config.json --layers 1 --out /dev/shm/lr-model > /dev/null
+cmake -S .h200/q30-L1 -B $W/train-L1 -G Ninja -DCMAKE_BUILD_TYPE=Release -DAdaptRuntime_DIR=$W/rt > /dev/null 2>&1
+cmake --build $W/train-L1 > $W/build-L1.log 2>&1 || { echo "build failed"; tail -20 $W/build-L1.log; exit 1; }
+for early in 0 1; do
+  rm -rf $W/lr-prof-$early
+  ADAPT_LOW_RANK_EARLY_LOADS=$early timeout 120 $W/train-L1/train --model /dev/shm/lr-model --data $W/lr-data.jsonl \
+    --out $W/lr-prof-$early --steps 4 --batch 2 --seq-len 4096 --device cuda --dtype bf16 --lr 1e-4 \
+    --checkpoint-every 1000 --log-every 0 --profile 2 > $W/lr-prof-$early.log 2>&1
+  echo "-- early loads $early: rc $?, loss $(tail -1 $W/lr-prof-$early/metrics.jsonl | python3 -c 'import json,sys; print(json.load(sys.stdin)["loss"])')"
+  python3 bench/h200/trace_kernels.py $W/lr-prof-$early/profile/trace.json 2 80 2>&1 | grep -E "ms/step|LowRank" | head -8
+  cp $W/lr-prof-$early/profile/breakdown.md $OUT/breakdown-early$early.md 2>/dev/null
+done
+rm -rf /dev/shm/lr-model
