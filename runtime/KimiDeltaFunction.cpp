@@ -242,14 +242,17 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     Tensor dInverse = torch::matmul(dW, transposed(terms.keysWeighted)) + torch::matmul(dNew, transposed(xv));
     Tensor dXk = torch::matmul(transposed(inverse), dW), dXv = torch::matmul(transposed(inverse), dNew);
     Tensor dSystem = -torch::matmul(torch::matmul(transposed(inverse), dInverse), transposed(inverse)) * m.strict;
-    Tensor keyPairs = perChannelDecayedScores(k, k, cum);
     auto [dqScores, dkScores] = perChannelDecayedScoresBackward(dScores, q, k, cum);
-    auto [dkRows, dkColumns] = perChannelDecayedScoresBackward(dSystem * bt, k, k, cum);
+    // The system is the scores of x = b k against k: their backward's x
+    // gradient gives k's row term (times b) and b's term (its dot with k),
+    // so the key pairs P_kk themselves (a scores pass) are never rebuilt.
+    auto [dKeysBeta, dkColumns] = perChannelDecayedScoresBackward(dSystem, k * bt, k, cum);
+    Tensor dkRows = dKeysBeta * bt;
 
     Tensor dq = (dqScores + dQueryDecayed * terms.gamma) * scale;
     Tensor dKey = dkScores + dkRows + dkColumns + dXk * bt * terms.gamma + dKeysToEnd * terms.toEnd;
     Tensor dValue = dXv * bt;
-    Tensor dBeta = (dSystem * keyPairs).sum(-1, true) + (dXk * k * terms.gamma).sum(-1, true) + (dXv * v).sum(-1, true);
+    Tensor dBeta = (dKeysBeta * k).sum(-1, true) + (dXk * k * terms.gamma).sum(-1, true) + (dXv * v).sum(-1, true);
     // The cumulative decay, per channel: every e^{+-G} factor, then the chunk's last G.
     Tensor keysToEndTerm = dKeysToEnd * terms.keysToEnd;
     Tensor dCum = q * dqScores - k * dkScores + k * dkRows - k * dkColumns + dQueryDecayed * queryDecayed +
