@@ -249,14 +249,20 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     auto [dKeysBeta, dkColumns] = perChannelDecayedScoresBackward(dSystem, k * bt, k, cum);
     Tensor dkRows = dKeysBeta * bt;
 
-    Tensor dq = (dqScores + dQueryDecayed * terms.gamma) * scale;
-    Tensor dKey = dkScores + dkRows + dkColumns + dXk * bt * terms.gamma + dKeysToEnd * terms.toEnd;
+    // The sums below accumulate in place (addcmul_): each [.., c, dk] fp32
+    // pass costs ~0.1 ms at 32 heads x 8K tokens, and this backward is made
+    // of them once the scores are kernels.
+    Tensor dq = dqScores.addcmul(dQueryDecayed, terms.gamma).mul_(scale);
+    Tensor dKey = (dkScores + dkRows).add_(dkColumns).addcmul_(dXk, bt * terms.gamma).addcmul_(dKeysToEnd, terms.toEnd);
     Tensor dValue = dXv * bt;
-    Tensor dBeta = (dKeysBeta * k).sum(-1, true) + (dXk * k * terms.gamma).sum(-1, true) + (dXv * v).sum(-1, true);
+    Tensor dBeta = (dKeysBeta * k).addcmul_(dXk, k * terms.gamma).sum(-1, true) + (dXv * v).sum(-1, true);
     // The cumulative decay, per channel: every e^{+-G} factor, then the chunk's last G.
     Tensor keysToEndTerm = dKeysToEnd * terms.keysToEnd;
-    Tensor dCum = q * dqScores - k * dkScores + k * dkRows - k * dkColumns + dQueryDecayed * queryDecayed +
-                  dXk * terms.keysWeighted - keysToEndTerm;
+    Tensor dCum = (q * dqScores)
+                      .addcmul_(k, (dkRows - dkScores).sub_(dkColumns))
+                      .addcmul_(dQueryDecayed, queryDecayed)
+                      .addcmul_(dXk, terms.keysWeighted)
+                      .sub_(keysToEndTerm);
     Tensor dLastCum = keysToEndTerm.sum(3, true) + (dLeaving * states).sum(-1).unsqueeze(3) * terms.last.exp();
     return chunkedGradients(dq, dKey, dValue, decayGradient(dCum, dLastCum), dBeta, ds, t, dtypes);
   }
