@@ -71,6 +71,50 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+/// A block per chunk, as perChannelScoresKernel, but a thread per pair
+/// (t, i <= t) summing over the channels in registers: no cross-lane
+/// reduction and no warps idle above the diagonal (the warp-per-pair form
+/// spent 3.1 ms a call at 1 x 32 heads x 8K on the H200, the backward, which
+/// needs no reduction, 1.3 ms for two outputs). Rows sit in shared memory
+/// with a stride of channels + 1 floats: a warp's pairs are mostly one query
+/// row (a broadcast) against consecutive key rows, which then fall in
+/// distinct banks. Taken with ADAPT_KIMI_SCORES_PAIRS=1 until the
+/// `kimi_scores` and `kimi_delta.*` op checks run with it on a GPU.
+__global__ void __launch_bounds__(kThreads)
+    perChannelScoresPairsKernel(const float *x, const float *y, const float *cum, int chunk, int channels,
+                                float *out) {
+  extern __shared__ __align__(16) float smem[];
+  const int stride = channels + 1;
+  float *xs = smem, *ys = xs + chunk * stride, *gs = ys + chunk * stride;
+  const int64_t item = blockIdx.x, base = item * chunk * channels;
+  for (int e = threadIdx.x; e < chunk * channels; e += blockDim.x) {
+    const int r = e / channels, d = e % channels;
+    xs[r * stride + d] = x[base + e];
+    ys[r * stride + d] = y[base + e];
+    gs[r * stride + d] = cum[base + e];
+  }
+  __syncthreads();
+  float *o = out + item * chunk * chunk;
+  const int pairs = chunk * (chunk + 1) / 2;
+  for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
+    // Pair p of the lower triangle, row by row: t(t + 1)/2 <= p < (t + 1)(t + 2)/2.
+    int t = static_cast<int>((sqrtf(8.0f * static_cast<float>(p) + 1.0f) - 1.0f) * 0.5f);
+    while (t * (t + 1) / 2 > p)
+      --t;
+    while ((t + 1) * (t + 2) / 2 <= p)
+      ++t;
+    const int i = p - t * (t + 1) / 2;
+    const float *xt = xs + t * stride, *gt = gs + t * stride, *yi = ys + i * stride, *gi = gs + i * stride;
+    float sum = 0.0f;
+    for (int d = 0; d < channels; ++d)
+      sum += xt[d] * yi[d] * __expf(gt[d] - gi[d]);
+    o[t * chunk + i] = sum;
+  }
+  for (int p = threadIdx.x; p < chunk * chunk; p += blockDim.x)
+    if (p % chunk > p / chunk)
+      o[p] = 0.0f;
+}
+
 /// A block per chunk: dx and dy [c][dk] from g [c][c]. A thread per
 /// (channel, row), rows strided by blockDim / channels; g's row is the same
 /// across a warp (a broadcast read), the channels consecutive.
@@ -138,9 +182,11 @@ at::Tensor perChannelScores(const at::Tensor &xIn, const at::Tensor &yIn, const 
   if (items == 0)
     return out;
   const c10::cuda::CUDAGuard guard(x.device());
-  const size_t bytes = 3 * size_t(chunk) * channels * sizeof(float);
-  allowBytes(perChannelScoresKernel, bytes);
-  perChannelScoresKernel<<<static_cast<unsigned>(items), kThreads, bytes, at::cuda::getCurrentCUDAStream()>>>(
+  static const bool pairs = switchedOn("ADAPT_KIMI_SCORES_PAIRS");
+  const auto kernel = pairs ? perChannelScoresPairsKernel : perChannelScoresKernel;
+  const size_t bytes = 3 * size_t(chunk) * (channels + (pairs ? 1 : 0)) * sizeof(float);
+  allowBytes(kernel, bytes);
+  kernel<<<static_cast<unsigned>(items), kThreads, bytes, at::cuda::getCurrentCUDAStream()>>>(
       x.data_ptr<float>(), y.data_ptr<float>(), cum.data_ptr<float>(), chunk, channels, out.data_ptr<float>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;

@@ -26,7 +26,8 @@ bool perChannelScoresKernelEnabled();
 bool perChannelScoresTakes(const at::Tensor &x, const at::Tensor &y, const at::Tensor &cum);
 
 /// P [.., c, c]: P[t][i] = sum_d x_td y_id e^{cum_td - cum_id} for i <= t,
-/// zero above the diagonal.
+/// zero above the diagonal. ADAPT_KIMI_SCORES_PAIRS=1 takes the thread-per-pair
+/// form (unchecked on a GPU yet).
 at::Tensor perChannelScores(const at::Tensor &x, const at::Tensor &y, const at::Tensor &cum);
 
 /// {dx, dy} [.., c, dk] of perChannelScores for the cotangent \p grad [.., c, c]
