@@ -295,6 +295,62 @@ __device__ __forceinline__ void invertUnitLower(float *a, int tid) {
   }
 }
 
+/// Whether the transform kernels invert by 16-row blocks
+/// (invertUnitLowerBlocked): ADAPT_DELTA_RULE_BLOCK_INVERSE=1, written in
+/// session 43 without a GPU; the op checks on one decide its default.
+bool blockInverse();
+
+/// invertUnitLower by 16-row blocks, with the same layout and result (up to
+/// fp32 summation order): each diagonal block by one warp (15 dependent
+/// steps under __syncwarp), then block rows 1 to 3 in turn,
+/// T_IJ = -T_II sum_{K=J}^{I-1} A_IK T_KJ, the sums through \p scratch
+/// (3 x 16 x 16 fp32, free memory of the caller's). Seven block barriers
+/// where the row-by-row form takes 126: that serial chain is most of the
+/// transform kernel's 2.1 ms at 1 x 32 heads x 32K on the H200.
+__device__ __forceinline__ void invertUnitLowerBlocked(float *a, float *scratch, int tid) {
+  constexpr int S = kChunk + 1, B = 16, Blocks = kChunk / B;
+  const int warp = tid / 32, lane = tid % 32;
+  if (warp < Blocks) { // diagonal block `warp`, lane j < 16 its column j
+    const int o = B * warp, j = lane;
+    for (int r = 1; r < B; ++r) {
+      float sum = 0.0f;
+      if (j < r) { // T[j][j] = 1 is not stored: that term is A[r][j] itself
+        sum = a[(o + r) * S + o + j];
+        for (int m = j + 1; m < r; ++m)
+          sum += a[(o + r) * S + o + m] * a[(o + m) * S + o + j];
+      }
+      __syncwarp(); // the warp has read row r before it is overwritten
+      if (j < r)
+        a[(o + r) * S + o + j] = -sum;
+      __syncwarp();
+    }
+  }
+  __syncthreads();
+  for (int I = 1; I < Blocks; ++I) {
+    // X_J = sum_{K=J}^{I-1} A_IK T_KJ for every J < I (row block I still A).
+    for (int e = tid; e < I * B * B; e += blockDim.x) {
+      const int J = e / (B * B), r = (e / B) % B, c = e % B;
+      const float *arow = a + (B * I + r) * S;
+      float sum = 0.0f;
+      for (int m = B * J; m < B * I; ++m) // T[m][J*16 + c]: the unit diagonal where m is that column
+        sum += arow[m] * (m == B * J + c ? 1.0f : a[m * S + B * J + c]);
+      scratch[e] = sum;
+    }
+    __syncthreads();
+    // T_IJ = -T_II X_J, T_II unit lower (its strict part stored).
+    for (int e = tid; e < I * B * B; e += blockDim.x) {
+      const int J = e / (B * B), r = (e / B) % B, c = e % B;
+      const float *trow = a + (B * I + r) * S + B * I;
+      const float *x = scratch + J * B * B;
+      float sum = x[r * B + c];
+      for (int m = 0; m < r; ++m)
+        sum += trow[m] * x[m * B + c];
+      a[(B * I + r) * S + B * J + c] = -sum;
+    }
+    __syncthreads();
+  }
+}
+
 /// Writes rows [0, 64) of T \p ts [64][kSquareRow] times \p rhs [64][kRow]
 /// (bf16) to the contiguous [64, 128] rows at \p dst: W = T Xk or U = T Xv
 /// of a chunk, a warp per 16 rows (mt) and 64 columns (half).

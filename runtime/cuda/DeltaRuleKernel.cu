@@ -54,7 +54,8 @@ __device__ __forceinline__ void chunkCumsum(float *cum, const float *decay, int 
 /// ([64, 128] bf16 each) and its cumulative log decays.
 __global__ void __launch_bounds__(256) deltaRuleTransformKernel(Strided key, Strided value, const float *decay,
                                                                 const float *beta, int64_t tokens, bf16 *w, bf16 *u,
-                                                                float *cumOut, float *inverseOut, bool async) {
+                                                                float *cumOut, float *inverseOut, bool async,
+                                                                bool blocked) {
   extern __shared__ __align__(16) unsigned char shared[];
   bf16 *ks = reinterpret_cast<bf16 *>(shared);      // k, then beta k exp(G)
   bf16 *vs = ks + kChunk * kRow;                     // v, then beta v
@@ -92,7 +93,11 @@ __global__ void __launch_bounds__(256) deltaRuleTransformKernel(Strided key, Str
       }
   }
   __syncthreads();
-  invertUnitLower(a, tid); // T = (I + A)^-1 in place of A's strictly lower part
+  // T = (I + A)^-1 in place of A's strictly lower part (ts is free until below).
+  if (blocked)
+    invertUnitLowerBlocked(a, reinterpret_cast<float *>(ts), tid);
+  else
+    invertUnitLower(a, tid);
   // T in bf16 (ones on the diagonal), and in fp32 for the backward when asked;
   // the right-hand sides in place.
   for (int i = tid; i < kChunk * kChunk; i += blockDim.x) {
@@ -184,6 +189,11 @@ bool delta::asyncLoads() {
   return on;
 }
 
+bool delta::blockInverse() {
+  static const bool on = switchedOn("ADAPT_DELTA_RULE_BLOCK_INVERSE");
+  return on;
+}
+
 bool delta::leanBackward() {
   static const bool on = !switchedOff("ADAPT_DELTA_RULE_LEAN_BACKWARD");
   return on;
@@ -240,7 +250,7 @@ at::Tensor gatedDeltaRuleForward(const at::Tensor &query, const at::Tensor &key,
   deltaRuleTransformKernel<<<dim3(chunks, bh), 256, transformBytes, stream>>>(
       stridedRows(key), stridedRows(value), g.data_ptr<float>(), b.data_ptr<float>(), tokens,
       reinterpret_cast<bf16 *>(w.data_ptr<at::BFloat16>()), reinterpret_cast<bf16 *>(u.data_ptr<at::BFloat16>()),
-      cum.data_ptr<float>(), inverse.defined() ? inverse.data_ptr<float>() : nullptr, async);
+      cum.data_ptr<float>(), inverse.defined() ? inverse.data_ptr<float>() : nullptr, async, blockInverse());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
   const size_t stateBytes = stateKernelBytes(prefetch);

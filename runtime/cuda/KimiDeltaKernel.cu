@@ -95,7 +95,7 @@ __device__ void perChannelPairs(float *out, const bf16 *x, const bf16 *y, const 
 /// inverseOut is given (training: the backward reads it).
 __global__ void __launch_bounds__(256)
     kimiTransformKernel(Strided key, Strided value, const float *decay, const float *beta, int64_t tokens, bf16 *w,
-                        bf16 *u, bf16 *keysToEnd, float *cumOut, float *lastOut, float *inverseOut) {
+                        bf16 *u, bf16 *keysToEnd, float *cumOut, float *lastOut, float *inverseOut, bool blocked) {
   extern __shared__ __align__(16) unsigned char shared[];
   bf16 *ks = reinterpret_cast<bf16 *>(shared); // k, then beta k e^G
   bf16 *vs = ks + kChunk * kRow;                // v, then beta v
@@ -130,7 +130,10 @@ __global__ void __launch_bounds__(256)
     a[r * kPairRow + c] = c < r ? a[r * kPairRow + c] * betas[r] : 0.0f;
   }
   __syncthreads();
-  invertUnitLower(a, tid);
+  if (blocked) // ts is free until T is written to it below
+    invertUnitLowerBlocked(a, reinterpret_cast<float *>(ts), tid);
+  else
+    invertUnitLower(a, tid);
   for (int i = tid; i < kChunk * kChunk; i += blockDim.x) {
     const int r = i / kChunk, c = i % kChunk;
     const float x = c < r ? a[r * kPairRow + c] : c == r ? 1.0f : 0.0f;
@@ -259,7 +262,7 @@ at::Tensor kimiDeltaRuleForward(const at::Tensor &query, const at::Tensor &key, 
   kimiTransformKernel<<<dim3(chunks, bh), 256, transformBytes, stream>>>(
       stridedRows(key), stridedRows(value), g.data_ptr<float>(), b.data_ptr<float>(), tokens, bf16Data(w),
       bf16Data(u), bf16Data(keysToEnd), cum.data_ptr<float>(), last.data_ptr<float>(),
-      inverse.defined() ? inverse.data_ptr<float>() : nullptr);
+      inverse.defined() ? inverse.data_ptr<float>() : nullptr, blockInverse());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
   // The state kernel's prefetching form (checked with per-channel decays on
