@@ -25,7 +25,7 @@ for f in ${FAMILIES:-$(ls .h200/la-gen)}; do
 d = json.load(open(sys.argv[1]))
 def tally(v):
     return " ".join([str(v["kernel"]), "kernel"] + (["/", str(v["switched_off"]), "off"] if v["switched_off"] else [])
-                    + (["/", str(v["refused"]), "REFUSED"] if v["refused"] else []))
+                    + (["/", str(v["refused"]), "REFUSED (first:", v.get("first_refused", "?") + ")"] if v["refused"] else []))
 print("  kernels:", "; ".join(k + " " + tally(v) for k, v in d["sites"].items()))' \
       $W/la-out-$f-$dt/ours/kernels.json 2>/dev/null || echo "  kernels: no kernels.json"
     cp $W/la-out-$f-$dt/ours/kernels.json $OUT/kernels-$f-cuda-$dt${TAG:-}.json 2>/dev/null

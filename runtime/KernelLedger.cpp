@@ -4,6 +4,8 @@
 
 #include "runtime/Json.h"
 
+#include <c10/util/StringUtil.h>
+
 #include <algorithm>
 #include <map>
 #include <mutex>
@@ -33,12 +35,15 @@ bool chooseKernel(const char *site, const at::Tensor &x, bool enabled, bool take
     std::lock_guard<std::mutex> guard(l.lock);
     KernelTally &t = l.sites[site];
     t.site = site;
-    if (!enabled)
+    if (!enabled) {
       ++t.switchedOff;
-    else if (!takes)
-      ++t.refused;
-    else
+    } else if (!takes) {
+      if (t.refused++ == 0) // what the kernel refused, for the warning
+        t.firstRefused = std::string(c10::toString(x.scalar_type())) + " " + c10::str(x.sizes()) + " strides " +
+                         c10::str(x.strides());
+    } else {
       ++t.kernel;
+    }
   }
   return enabled && takes;
 }
@@ -69,15 +74,19 @@ std::string kernelLedgerLine(const std::vector<KernelTally> &tallies) {
     if (t.switchedOff > 0)
       line += ", " + std::to_string(t.switchedOff) + " off";
     if (t.refused > 0)
-      line += ", " + std::to_string(t.refused) + " refused";
+      line += ", " + std::to_string(t.refused) + " refused (first: " + t.firstRefused + ")";
   }
   return line;
 }
 
 std::string kernelLedgerJson(const std::vector<KernelTally> &tallies) {
   JsonValue sites = JsonValue::object({});
-  for (const KernelTally &t : tallies)
-    sites.set(t.site, JsonValue::object({{"kernel", t.kernel}, {"switched_off", t.switchedOff}, {"refused", t.refused}}));
+  for (const KernelTally &t : tallies) {
+    JsonValue site = JsonValue::object({{"kernel", t.kernel}, {"switched_off", t.switchedOff}, {"refused", t.refused}});
+    if (t.refused > 0)
+      site.set("first_refused", t.firstRefused);
+    sites.set(t.site, std::move(site));
+  }
   return JsonValue::object({{"built_in", cudaKernelsBuiltIn()}, {"sites", std::move(sites)}}).dump(2) + "\n";
 }
 

@@ -29,6 +29,7 @@ struct KernelTally {
   int64_t kernel = 0;     ///< calls that ran the CUDA kernel
   int64_t switchedOff = 0; ///< calls whose kernel was off (its switch, or autograd needs it lacks)
   int64_t refused = 0;    ///< calls the kernel could not take (shape, dtype, layout)
+  std::string firstRefused; ///< the first refused call's input: dtype, sizes and strides
 };
 
 /// Whether the site \p site runs its kernel: `enabled && takes`. Counts the
@@ -42,12 +43,13 @@ std::vector<KernelTally> kernelTallies();
 /// Forgets every count (the trainer resets after its first step's line).
 void resetKernelLedger();
 
-/// One line for people: "site: N kernel[, N off][, N refused]; ...", or
+/// One line for people: "site: N kernel[, N off][, N refused (first:
+/// bfloat16 [2, 16, 200, 64] strides [...])]; ...", or
 /// "no guarded kernel site was called" when the ledger is empty.
 std::string kernelLedgerLine(const std::vector<KernelTally> &tallies);
 
 /// The tallies as JSON: {"built_in": bool, "sites": {site: {"kernel": N,
-/// "switched_off": N, "refused": N}}}.
+/// "switched_off": N, "refused": N[, "first_refused": "..."]}}}.
 std::string kernelLedgerJson(const std::vector<KernelTally> &tallies);
 
 /// Whether this runtime was built with its CUDA kernels (nvcc found at

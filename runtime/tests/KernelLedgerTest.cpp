@@ -24,6 +24,8 @@ TEST(KernelLedger, CountsEachChoiceOfOffCpuCallsAndNotCpuOnes) {
   EXPECT_TRUE(chooseKernel("test.delta", gpu, true, true));
   EXPECT_FALSE(chooseKernel("test.delta", gpu, false, true)); // switched off
   EXPECT_FALSE(chooseKernel("test.delta", gpu, true, false)); // refused: the fallback the ledger exists for
+  const torch::Tensor later = torch::empty({2, 64}, torch::TensorOptions().device(torch::kMeta).dtype(torch::kBFloat16));
+  EXPECT_FALSE(chooseKernel("test.delta", later, true, false)); // a second refusal keeps the first one's input
   EXPECT_FALSE(chooseKernel("test.conv", gpu, false, false)); // off wins over refused: the switch decided
   EXPECT_TRUE(chooseKernel("test.cpu", cpu, true, true));     // the answer still holds, uncounted
 
@@ -35,8 +37,10 @@ TEST(KernelLedger, CountsEachChoiceOfOffCpuCallsAndNotCpuOnes) {
   EXPECT_EQ(tallies[1].site, "test.delta");
   EXPECT_EQ(tallies[1].kernel, 2);
   EXPECT_EQ(tallies[1].switchedOff, 1);
-  EXPECT_EQ(tallies[1].refused, 1);
-  EXPECT_EQ(kernelLedgerLine(tallies), "test.conv: 0 kernel, 1 off; test.delta: 2 kernel, 1 off, 1 refused");
+  EXPECT_EQ(tallies[1].refused, 2);
+  EXPECT_EQ(tallies[1].firstRefused, "Float [4, 128] strides [128, 1]");
+  EXPECT_EQ(kernelLedgerLine(tallies), "test.conv: 0 kernel, 1 off; test.delta: 2 kernel, 1 off, 2 refused "
+                                       "(first: Float [4, 128] strides [128, 1])");
 
   const JsonValue json = parseJson(kernelLedgerJson(tallies), "kernels.json");
   ASSERT_NE(json.find("built_in"), nullptr);
@@ -44,7 +48,9 @@ TEST(KernelLedger, CountsEachChoiceOfOffCpuCallsAndNotCpuOnes) {
   const JsonValue *delta = json.find("sites")->find("test.delta");
   ASSERT_NE(delta, nullptr);
   EXPECT_EQ(delta->find("kernel")->asInt(), 2);
-  EXPECT_EQ(delta->find("refused")->asInt(), 1);
+  EXPECT_EQ(delta->find("refused")->asInt(), 2);
+  EXPECT_EQ(delta->find("first_refused")->asString(), "Float [4, 128] strides [128, 1]");
+  EXPECT_EQ(json.find("sites")->find("test.conv")->find("first_refused"), nullptr);
 
   resetKernelLedger();
   EXPECT_TRUE(kernelTallies().empty());
