@@ -67,6 +67,8 @@ if [ "${PHASE:-checks}" != timings ]; then
   check low-rank-early ADAPT_LOW_RANK_EARLY_LOADS=1 -- expert
   check block-inverse ADAPT_DELTA_RULE_BLOCK_INVERSE=1 -- gated_delta_rule
   check block-inverse-kimi ADAPT_DELTA_RULE_BLOCK_INVERSE=1 -- kimi_delta
+  check two-blocks ADAPT_DELTA_RULE_TWO_BLOCKS=1 -- gated_delta_rule
+  check two-blocks-no-lean ADAPT_DELTA_RULE_TWO_BLOCKS=1 ADAPT_DELTA_RULE_LEAN_BACKWARD=0 -- gated_delta_rule.chunked
   check low-rank-early-fp32 ADAPT_LOW_RANK_EARLY_LOADS=1 -- expert float32
   # Out-of-bounds accesses the checks' numbers could miss: memcheck over the
   # kernels, forward and backward, at the d-128 shapes.
@@ -75,7 +77,7 @@ if [ "${PHASE:-checks}" != timings ]; then
     for only in ${MEMCHECK:-gated_delta_rule.chunked kimi_delta.chunked kimi_scores causal_conv1d norm.gated_rms expert}; do
       ADAPT_CONV_KERNEL=1 ADAPT_GATED_NORM_KERNEL=1 ADAPT_DELTA_RULE_TRAIN_KERNEL=1 ADAPT_DELTA_RULE_BACKWARD_KERNEL=1 ADAPT_DELTA_RULE_LEAN_BACKWARD=1 \
         ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 ADAPT_KIMI_SCORES_KERNEL=1 \
-        ADAPT_KIMI_SCORES_PAIRS=1 ADAPT_LOW_RANK_EARLY_LOADS=1 ADAPT_DELTA_RULE_BLOCK_INVERSE=1 timeout ${MEMCHECK_TIMEOUT:-200} $SAN --tool memcheck --error-exitcode 9 $W/rt/adapt-op-check --device cuda \
+        ADAPT_KIMI_SCORES_PAIRS=1 ADAPT_LOW_RANK_EARLY_LOADS=1 ADAPT_DELTA_RULE_BLOCK_INVERSE=1 ADAPT_DELTA_RULE_TWO_BLOCKS=1 timeout ${MEMCHECK_TIMEOUT:-200} $SAN --tool memcheck --error-exitcode 9 $W/rt/adapt-op-check --device cuda \
         --seeds 1 --dtype bfloat16 --only $only --out $W/checks/memcheck > $W/memcheck.log 2>&1
       echo "-- memcheck $only: rc $? $(grep -m1 'ERROR SUMMARY' $W/memcheck.log)"
       grep -m6 -B2 -A6 "Invalid\|out of bounds" $W/memcheck.log
@@ -101,6 +103,8 @@ if [ "${PHASE:-checks}" != checks ]; then
   echo "== gated delta rule $(date +%T)"
   run_shapes default ADAPT_NONE=1
   run_shapes block-inverse ADAPT_DELTA_RULE_BLOCK_INVERSE=1
+  run_shapes two-blocks ADAPT_DELTA_RULE_TWO_BLOCKS=1
+  run_shapes block-inverse+two-blocks ADAPT_DELTA_RULE_BLOCK_INVERSE=1 ADAPT_DELTA_RULE_TWO_BLOCKS=1
   run_shapes no-lean ADAPT_DELTA_RULE_LEAN_BACKWARD=0
   run_shapes no-prefetch ADAPT_DELTA_RULE_PREFETCH=0
   echo "== Kimi delta attention $(date +%T)"

@@ -17,6 +17,7 @@
 
 #include "runtime/cuda/DeltaRule.cuh"
 #include "runtime/cuda/DeltaRuleKernel.h"
+#include "runtime/cuda/Switches.h"
 
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
@@ -348,8 +349,13 @@ __global__ void __launch_bounds__(256)
 /// W = T Xk and U = T Xv (Xk = k beta e^G, Xv = v beta) and T = (I + A)^-1
 /// with A = strictly-lower(beta_t k_t.k_i e^{G_t - G_i}): dk (bf16, with
 /// kernel 3's part), dv (bf16), dbeta and dg (fp32 [B·H, T]). dV_new comes
-/// as \p Grad.
-template <typename Grad>
+/// as \p Grad. With \p ScaledInEpilogue (ADAPT_DELTA_RULE_TWO_BLOCKS=1,
+/// written in session 43 without a GPU) dT = (dW K^T) diag(beta e^G) +
+/// (dU V^T) diag(beta) takes its column scales in the epilogue, so the Xk
+/// and Xv tiles and their pass are gone: 96 KiB of shared memory instead of
+/// 130, two blocks per SM instead of one (the kernel was 2.6 ms of 12.4 at
+/// 1 x 32 heads x 32K on the H200, latency-bound at 8 warps per SM).
+template <typename Grad, bool ScaledInEpilogue>
 __global__ void __launch_bounds__(256)
     deltaRuleTransformGradKernel(Strided key, Strided value, const float *beta, const float *cum, const float *inverse,
                                  const bf16 *gradW, const void *gradNewData, const float *gradKeyPart,
@@ -359,9 +365,10 @@ __global__ void __launch_bounds__(256)
   extern __shared__ __align__(16) unsigned char shared[];
   bf16 *ks = reinterpret_cast<bf16 *>(shared);
   bf16 *vs = ks + kChunk * kRow;
-  bf16 *xks = vs + kChunk * kRow;  // k beta e^G
-  bf16 *xvs = xks + kChunk * kRow; // v beta
-  bf16 *dws = xvs + kChunk * kRow; // dW
+  constexpr int kScaledTiles = ScaledInEpilogue ? 0 : 2;
+  bf16 *xks = vs + kChunk * kRow;  // k beta e^G (not with ScaledInEpilogue)
+  bf16 *xvs = xks + kChunk * kRow; // v beta (likewise)
+  bf16 *dws = vs + (1 + kScaledTiles) * kChunk * kRow; // dW
   bf16 *dns = dws + kChunk * kRow; // dV_new = dU
   bf16 *ts = dns + kChunk * kRow;  // T [64][kSquareRow]
   bf16 *sq1 = ts + kChunk * kSquareRow; // dT, then dA . beta D
@@ -389,13 +396,23 @@ __global__ void __launch_bounds__(256)
   }
   awaitCopies(async);
   __syncthreads();
-  for (int i = tid; i < kChunk * kDim; i += blockDim.x) {
-    const int r = i / kDim, c = i % kDim;
-    xks[r * kRow + c] = __float2bfloat16(__bfloat162float(ks[r * kRow + c]) * bs[r] * __expf(cs[r]));
-    xvs[r * kRow + c] = __float2bfloat16(__bfloat162float(vs[r * kRow + c]) * bs[r]);
-  }
-  __syncthreads();
-  { // dT = dW Xk^T + dU Xv^T
+  if constexpr (ScaledInEpilogue) { // dT = (dW K^T) diag(beta e^G) + (dU V^T) diag(beta)
+    float acc[4][4], accValues[4][4];
+    zero(acc);
+    zero(accValues);
+    productABt<4, kDim / 16>(acc, dws, kRow, ks, kRow, 16 * mt, 32 * half, g, t);
+    productABt<4, kDim / 16>(accValues, dns, kRow, vs, kRow, 16 * mt, 32 * half, g, t);
+    forTile<4>(16 * mt, 32 * half, g, t, [&](int nt, int i, int r, int c) {
+      sq1[r * kSquareRow + c] = __float2bfloat16(bs[c] * (acc[nt][i] * __expf(cs[c]) + accValues[nt][i]));
+    });
+  } else {
+    for (int i = tid; i < kChunk * kDim; i += blockDim.x) {
+      const int r = i / kDim, c = i % kDim;
+      xks[r * kRow + c] = __float2bfloat16(__bfloat162float(ks[r * kRow + c]) * bs[r] * __expf(cs[r]));
+      xvs[r * kRow + c] = __float2bfloat16(__bfloat162float(vs[r * kRow + c]) * bs[r]);
+    }
+    __syncthreads();
+    // dT = dW Xk^T + dU Xv^T
     float acc[4][4];
     zero(acc);
     productABt<4, kDim / 16>(acc, dws, kRow, xks, kRow, 16 * mt, 32 * half, g, t);
@@ -480,6 +497,12 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+/// ADAPT_DELTA_RULE_TWO_BLOCKS=1: kernel 4 with its dT scales in the epilogue.
+bool twoBlocksPerSm() {
+  static const bool on = switchedOn("ADAPT_DELTA_RULE_TWO_BLOCKS");
+  return on;
+}
+
 const bf16 *bf16Data(const at::Tensor &x) { return reinterpret_cast<const bf16 *>(x.data_ptr<at::BFloat16>()); }
 bf16 *bf16Data(at::Tensor &x) { return reinterpret_cast<bf16 *>(x.data_ptr<at::BFloat16>()); }
 
@@ -552,9 +575,13 @@ DeltaRuleGrads gatedDeltaRuleBackward(const at::Tensor &query, const at::Tensor 
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
   {
-    const size_t bytes = 6 * kChunk * kRow * sizeof(bf16) + 3 * kChunk * kSquareRow * sizeof(bf16) +
-                         4 * kChunk * sizeof(float);
-    auto kernel = bf16Grads ? deltaRuleTransformGradKernel<bf16> : deltaRuleTransformGradKernel<float>;
+    const bool twoBlocks = twoBlocksPerSm();
+    const size_t bytes = (twoBlocks ? 4 : 6) * kChunk * kRow * sizeof(bf16) +
+                         3 * kChunk * kSquareRow * sizeof(bf16) + 4 * kChunk * sizeof(float);
+    auto kernel = twoBlocks ? (bf16Grads ? deltaRuleTransformGradKernel<bf16, true>
+                                         : deltaRuleTransformGradKernel<float, true>)
+                            : (bf16Grads ? deltaRuleTransformGradKernel<bf16, false>
+                                         : deltaRuleTransformGradKernel<float, false>);
     allowSharedMemory(kernel, bytes);
     kernel<<<dim3(chunks, bh), 256, bytes, stream>>>(
         stridedRows(key), stridedRows(value), b.data_ptr<float>(), saved.cum.data_ptr<float>(), saved.inverse.data_ptr<float>(),
