@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <vector>
 
@@ -193,6 +194,49 @@ std::string expertLoadOverTime(const std::vector<JsonValue> &lines) {
 
 } // namespace
 
+/// The kernel ledger's tally (OUT/kernels.json, written on a GPU;
+/// runtime/KernelLedger.h) as a table: each guarded op's calls that ran its
+/// CUDA kernel, were switched off or were refused, sites with refusals
+/// first. Empty without a readable file.
+std::string kernelTable(const std::string &outDir) {
+  std::ifstream in(joinPath(outDir, "kernels.json"));
+  if (!in)
+    return "";
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  JsonValue ledger;
+  try {
+    ledger = parseJson(text, "kernels.json");
+  } catch (const std::exception &) {
+    return "";
+  }
+  const JsonValue *sites = ledger.find("sites");
+  if (!sites || !sites->isObject())
+    return "";
+  auto count = [](const JsonValue &site, const char *key) {
+    const JsonValue *v = site.find(key);
+    return v && v->isInt() ? v->asInt() : int64_t(0);
+  };
+  std::vector<const std::pair<std::string, JsonValue> *> rows;
+  for (const auto &entry : sites->asObject())
+    rows.push_back(&entry);
+  std::stable_sort(rows.begin(), rows.end(), [&](const auto *a, const auto *b) {
+    return (count(a->second, "refused") > 0) > (count(b->second, "refused") > 0);
+  });
+  std::ostringstream html;
+  html << "<h2>CUDA kernels</h2><p>Which guarded ops ran their CUDA kernel, over the eager steps (a captured CUDA "
+          "graph replays them without asking). A refused call ran the LibTorch composition: its shapes, dtypes or "
+          "layout are not the kernel's. Source: kernels.json.</p><table class='heat'><tr><th>op</th><th>kernel</th>"
+          "<th>switched off</th><th>refused</th><th>first refused input</th></tr>";
+  for (const auto *row : rows) {
+    const JsonValue *first = row->second.find("first_refused");
+    html << "<tr><th>" << escaped(row->first) << "</th><td>" << count(row->second, "kernel") << "</td><td>"
+         << count(row->second, "switched_off") << "</td><td>" << count(row->second, "refused") << "</td><td>"
+         << (first && first->isString() ? escaped(first->asString()) : "") << "</td></tr>";
+  }
+  html << "</table>";
+  return html.str();
+}
+
 void writeRunReport(const std::string &outDir) {
   std::ifstream in(joinPath(outDir, "metrics.jsonl"));
   std::vector<JsonValue> lines;
@@ -262,6 +306,7 @@ void writeRunReport(const std::string &outDir) {
       }
   }
   html << expertLoadOverTime(lines);
+  html << kernelTable(outDir);
   html << "</body></html>\n";
   writeFileAtomic(joinPath(outDir, "report.html"), html.str());
 }

@@ -7,7 +7,8 @@
 // time per step and each rank's peak memory. One self-contained file (inline
 // SVG, no scripts, no network; every chart's points also as a data-series
 // attribute), rewritten by the trainer at every checkpoint, every eval and
-// at the end.
+// at the end. On a GPU it ends with the kernel ledger's table
+// (OUT/kernels.json, runtime/KernelLedger.h).
 //
 //===----------------------------------------------------------------------===//
 #ifndef ADAPT_RUNTIME_RUNREPORT_H

@@ -226,10 +226,9 @@ void Trainer::reportKernels(bool final) const {
   if (!opts.device.is_cuda() || !writes())
     return;
   const std::vector<KernelTally> tallies = kernelTallies();
-  if (final) {
-    writeFileAtomic(joinPath(opts.outDir, "kernels.json"), kernelLedgerJson(tallies));
+  writeFileAtomic(joinPath(opts.outDir, "kernels.json"), kernelLedgerJson(tallies)); // report.html shows it
+  if (final)
     return;
-  }
   if (!cudaKernelsBuiltIn()) {
     std::fprintf(stderr, "CUDA kernels: not built into this runtime (nvcc was missing); every op runs as LibTorch "
                          "composition\n");
@@ -655,8 +654,8 @@ int Trainer::run(const PackedDataset &data, const PackedDataset *eval) {
   }
   if (checkpointStep != completed)
     saveCheckpoint();
-  writeReport();
   reportKernels(/*final=*/true);
+  writeReport();
   if (!opts.gradientsPath.empty() && writes())
     writeSafetensors(opts.gradientsPath, gradients);
   if (tty && !(opts.logEvery > 0))

@@ -159,8 +159,9 @@ private:
   /// Rewrites OUT/report.html (rank 0; a failure only warns).
   void writeReport() const;
   /// On a GPU, which guarded ops ran their CUDA kernels (runtime/KernelLedger.h):
-  /// after the first step a line on stderr, with a warning for calls a kernel
-  /// refused; at the end (\p final) OUT/kernels.json with the run's tally.
+  /// OUT/kernels.json with the tally so far, after the first step and at the
+  /// end (\p final); after the first step also a line on stderr, with a
+  /// warning for calls a kernel refused.
   void reportKernels(bool final) const;
   /// The mean next-token loss over \p eval's first options.evalBatches
   /// batches (every target token counted once; dropout off, no gradient).

@@ -9,10 +9,16 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/KernelLedger.h"
+#include "runtime/FileSystem.h"
 #include "runtime/Json.h"
+#include "runtime/RunReport.h"
+#include "runtime/tests/TempDir.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+
+#include <fstream>
+#include <iterator>
 
 using namespace adapt::rt;
 
@@ -55,4 +61,35 @@ TEST(KernelLedger, CountsEachChoiceOfOffCpuCallsAndNotCpuOnes) {
   resetKernelLedger();
   EXPECT_TRUE(kernelTallies().empty());
   EXPECT_EQ(kernelLedgerLine(kernelTallies()), "no guarded kernel site was called");
+}
+
+TEST(KernelLedger, TheRunReportShowsTheTallyRefusalsFirst) {
+  // What a GPU run leaves: metrics.jsonl and kernels.json; report.html ends
+  // with the table, the site whose kernel refused calls on top.
+  resetKernelLedger();
+  const torch::Tensor gpu = torch::empty({2, 16, 200, 64}, torch::TensorOptions().device(torch::kMeta));
+  chooseKernel("a.fine", gpu, true, true);
+  chooseKernel("z.refused", gpu, true, false);
+  adapt::rt::testing::TempDir dir;
+  dir.write("metrics.jsonl", "{\"step\": 1, \"loss\": 2.5, \"lr\": 0.001, \"tokens_per_s\": 100.0}\n");
+  dir.write("kernels.json", kernelLedgerJson(kernelTallies()));
+  resetKernelLedger();
+  writeRunReport(dir.path);
+  std::ifstream in(dir / "report.html");
+  const std::string html((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t table = html.find("<h2>CUDA kernels</h2>");
+  ASSERT_NE(table, std::string::npos);
+  const size_t refused = html.find("<th>z.refused</th>", table), fine = html.find("<th>a.fine</th>", table);
+  ASSERT_NE(refused, std::string::npos);
+  ASSERT_NE(fine, std::string::npos);
+  EXPECT_LT(refused, fine);
+  EXPECT_NE(html.find("Float [2, 16, 200, 64] strides [204800, 12800, 64, 1]", refused), std::string::npos);
+
+  // A run without the file (the CPU) has no table; a broken file is skipped.
+  dir.write("kernels.json", "{not json");
+  writeRunReport(dir.path);
+  std::ifstream again(dir / "report.html");
+  const std::string plain((std::istreambuf_iterator<char>(again)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(plain.find("CUDA kernels"), std::string::npos);
+  EXPECT_NE(plain.find("Training run"), std::string::npos);
 }
