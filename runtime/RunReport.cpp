@@ -1,6 +1,7 @@
 //===- RunReport.cpp - a run's curves as a page people look at ------------===//
 
 #include "runtime/RunReport.h"
+#include "runtime/Errors.h"
 #include "runtime/FileSystem.h"
 #include "runtime/Json.h"
 
@@ -8,7 +9,6 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <iterator>
 #include <sstream>
 #include <vector>
 
@@ -192,21 +192,15 @@ std::string expertLoadOverTime(const std::vector<JsonValue> &lines) {
   return html.str();
 }
 
-} // namespace
-
 /// The kernel ledger's tally (OUT/kernels.json, written on a GPU;
 /// runtime/KernelLedger.h) as a table: each guarded op's calls that ran its
 /// CUDA kernel, were switched off or were refused, sites with refusals
 /// first. Empty without a readable file.
 std::string kernelTable(const std::string &outDir) {
-  std::ifstream in(joinPath(outDir, "kernels.json"));
-  if (!in)
-    return "";
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   JsonValue ledger;
   try {
-    ledger = parseJson(text, "kernels.json");
-  } catch (const std::exception &) {
+    ledger = readJsonFile(joinPath(outDir, "kernels.json"));
+  } catch (const RuntimeError &) { // none (a CPU run) or unreadable: no table
     return "";
   }
   const JsonValue *sites = ledger.find("sites");
@@ -236,6 +230,8 @@ std::string kernelTable(const std::string &outDir) {
   html << "</table>";
   return html.str();
 }
+
+} // namespace
 
 void writeRunReport(const std::string &outDir) {
   std::ifstream in(joinPath(outDir, "metrics.jsonl"));

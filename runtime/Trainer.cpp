@@ -241,7 +241,7 @@ void Trainer::reportKernels(bool final) const {
   if (refused > 0)
     std::fprintf(stderr,
                  "warning: %lld calls ran the LibTorch composition because their kernel does not take their shapes, "
-                 "dtypes or layouts (OUT/kernels.json at the end; docs/runtime.md lists what each kernel takes)\n",
+                 "dtypes or layouts (OUT/kernels.json; docs/runtime.md lists what each kernel takes)\n",
                  (long long)refused);
 }
 
