@@ -3,9 +3,9 @@
 # warm machine's build (/tmp/adapt-h200):
 #   PHASE=checks   op-stage checks of the default kernels, then of the switches
 #                  (no prefetch) and of the opt-in switches waiting for them, bf16,
-#                  and memcheck with the opt-ins on (SKIP_CHECKS=1: only what session
-#                  43 could not run: the fp32 gated norm, the opt-ins written then,
-#                  and memcheck)
+#                  and memcheck with the switches on (SKIP_CHECKS=1: only the
+#                  fp32 gated norm, session 43's switches (defaults since session
+#                  44) in fp32 and their opt-outs, and memcheck)
 #   PHASE=timings  forward and forward+backward of the op at the issue's shapes,
 #                  default against each opt-out switch, a Kineto profile at 32K, and
 #                  flash-linear-attention 0.6 (wheels carried in .whl/) last
@@ -61,16 +61,14 @@ if [ "${PHASE:-checks}" != timings ]; then
   check gated-norm ADAPT_GATED_NORM_KERNEL=1 -- norm.gated_rms
   fi
   check gated-norm-fp32 ADAPT_GATED_NORM_KERNEL=1 -- norm.gated_rms float32
-  # The opt-ins written in session 43 without a GPU.
-  check kimi-scores-pairs ADAPT_KIMI_SCORES_PAIRS=1 -- kimi_scores
-  check kimi-scores-pairs-fp32 ADAPT_KIMI_SCORES_PAIRS=1 -- kimi_scores float32
-  check kimi-pairs-delta ADAPT_KIMI_SCORES_PAIRS=1 -- kimi_delta
-  check low-rank-early ADAPT_LOW_RANK_EARLY_LOADS=1 -- expert
-  check low-rank-early-fp32 ADAPT_LOW_RANK_EARLY_LOADS=1 -- expert float32
-  check block-inverse ADAPT_DELTA_RULE_BLOCK_INVERSE=1 -- gated_delta_rule
-  check block-inverse-kimi ADAPT_DELTA_RULE_BLOCK_INVERSE=1 -- kimi_delta
-  check two-blocks ADAPT_DELTA_RULE_TWO_BLOCKS=1 -- gated_delta_rule
-  check two-blocks-no-lean ADAPT_DELTA_RULE_TWO_BLOCKS=1 ADAPT_DELTA_RULE_LEAN_BACKWARD=0 -- gated_delta_rule.chunked
+  # Session 43's opt-ins, the defaults since session 44's checks: the
+  # defaults in fp32 too, and their opt-outs (the forms they replaced).
+  check kimi-scores-pairs-fp32 ADAPT_NONE=1 -- kimi_scores float32
+  check kimi-scores-warp ADAPT_KIMI_SCORES_PAIRS=0 -- kimi_scores
+  check gdn-fp32 ADAPT_NONE=1 -- gated_delta_rule.chunked float32
+  check row-inverse ADAPT_DELTA_RULE_BLOCK_INVERSE=0 -- gated_delta_rule
+  check one-block ADAPT_DELTA_RULE_TWO_BLOCKS=0 -- gated_delta_rule.chunked
+  check two-blocks-no-lean ADAPT_DELTA_RULE_LEAN_BACKWARD=0 -- gated_delta_rule.chunked
   # Out-of-bounds accesses the checks' numbers could miss: memcheck over the
   # kernels, forward and backward, at the d-128 shapes.
   SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
@@ -78,7 +76,7 @@ if [ "${PHASE:-checks}" != timings ]; then
     for only in ${MEMCHECK:-gated_delta_rule.chunked kimi_delta.chunked kimi_scores causal_conv1d norm.gated_rms expert}; do
       ADAPT_CONV_KERNEL=1 ADAPT_GATED_NORM_KERNEL=1 ADAPT_DELTA_RULE_TRAIN_KERNEL=1 ADAPT_DELTA_RULE_BACKWARD_KERNEL=1 ADAPT_DELTA_RULE_LEAN_BACKWARD=1 \
         ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 ADAPT_KIMI_SCORES_KERNEL=1 \
-        ADAPT_KIMI_SCORES_PAIRS=1 ADAPT_LOW_RANK_EARLY_LOADS=1 ADAPT_DELTA_RULE_BLOCK_INVERSE=1 ADAPT_DELTA_RULE_TWO_BLOCKS=1 timeout ${MEMCHECK_TIMEOUT:-200} $SAN --tool memcheck --error-exitcode 9 $W/rt/adapt-op-check --device cuda \
+        timeout ${MEMCHECK_TIMEOUT:-200} $SAN --tool memcheck --error-exitcode 9 $W/rt/adapt-op-check --device cuda \
         --seeds 1 --dtype bfloat16 --only $only --out $W/checks/memcheck > $W/memcheck.log 2>&1
       echo "-- memcheck $only: rc $? $(grep -m1 'ERROR SUMMARY' $W/memcheck.log)"
       grep -m6 -B2 -A6 "Invalid\|out of bounds" $W/memcheck.log
@@ -103,15 +101,15 @@ if [ "${PHASE:-checks}" != checks ]; then
   }
   echo "== gated delta rule $(date +%T)"
   run_shapes default ADAPT_NONE=1
-  run_shapes block-inverse ADAPT_DELTA_RULE_BLOCK_INVERSE=1
-  run_shapes two-blocks ADAPT_DELTA_RULE_TWO_BLOCKS=1
-  run_shapes block-inverse+two-blocks ADAPT_DELTA_RULE_BLOCK_INVERSE=1 ADAPT_DELTA_RULE_TWO_BLOCKS=1
+  run_shapes row-inverse ADAPT_DELTA_RULE_BLOCK_INVERSE=0
+  run_shapes one-block ADAPT_DELTA_RULE_TWO_BLOCKS=0
+  run_shapes session-43 ADAPT_DELTA_RULE_BLOCK_INVERSE=0 ADAPT_DELTA_RULE_TWO_BLOCKS=0
   run_shapes no-lean ADAPT_DELTA_RULE_LEAN_BACKWARD=0
   run_shapes no-prefetch ADAPT_DELTA_RULE_PREFETCH=0
   echo "== Kimi delta attention $(date +%T)"
   EXTRA=--per-channel run_shapes kda-default ADAPT_NONE=1
-  EXTRA=--per-channel run_shapes kda-scores-pairs ADAPT_KIMI_SCORES_PAIRS=1
-  EXTRA=--per-channel run_shapes kda-pairs+block-inverse ADAPT_KIMI_SCORES_PAIRS=1 ADAPT_DELTA_RULE_BLOCK_INVERSE=1
+  EXTRA=--per-channel run_shapes kda-scores-warp ADAPT_KIMI_SCORES_PAIRS=0
+  EXTRA=--per-channel run_shapes kda-session-43 ADAPT_KIMI_SCORES_PAIRS=0 ADAPT_DELTA_RULE_BLOCK_INVERSE=0
   EXTRA=--per-channel run_shapes kda-no-scores-kernel ADAPT_KIMI_SCORES_KERNEL=0
   EXTRA=--per-channel run_shapes kda-composition ADAPT_KIMI_DELTA_TRAIN_KERNEL=0 ADAPT_KIMI_SCORES_KERNEL=0
   echo "== lightning attention (MiniMax-M1: 64 heads of 128, block 256) $(date +%T)"

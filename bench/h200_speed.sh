@@ -13,6 +13,9 @@
 #      run adapt with --no-cuda-graphs, and compare speed and per-step losses),
 #      NAME (q30: Qwen3-30B-A3B's widths; qn: Qwen3-Next-80B-A3B's, whose
 #      weights bench/fill_random_weights.py makes from .h200/qn-L<N>-model),
+#      COMPARE_ENV (e.g. "ADAPT_RESIDUAL_NORM_KERNEL=0": also run adapt with
+#      these environment settings, the baseline beside the default in the
+#      same call; speed, peak and the losses' largest relative difference),
 #      PEER_TARGETS (the peer's LoRA modules; default q/k/v/o, plus
 #      in_proj_qkvz and out_proj for qn), PEER_ARGS (more flags for
 #      bench/peer_hf_peft.py, e.g. --bypass-fla-triton-guard when fla's wheels
@@ -49,6 +52,12 @@ for n in ${DEPTHS:-1 12}; do
       --seq-len $SEQ --device cuda --dtype bf16 --lr 1e-4 --checkpoint-every 1000 --log-every 0 --no-cuda-graphs \
       ${EXTRA:-} > $W/eager-L$n.log 2>&1 || { echo "L$n: adapt (eager) failed"; tail -5 $W/eager-L$n.log; }
   fi
+  if [ -n "${COMPARE_ENV:-}" ]; then # the baseline: the same run under COMPARE_ENV
+    rm -rf $W/compare-L$n
+    env $COMPARE_ENV $W/train-L$n/train --model $M/model-L$n --data $W/data.jsonl --out $W/compare-L$n --steps $STEPS \
+      --batch $BATCH --seq-len $SEQ --device cuda --dtype bf16 --lr 1e-4 --checkpoint-every 1000 --log-every 0 \
+      ${EXTRA:-} > $W/compare-L$n.log 2>&1 || { echo "L$n: adapt ($COMPARE_ENV) failed"; tail -5 $W/compare-L$n.log; }
+  fi
   grep -h "CUDA graph" $W/run-L$n.log
   if [ "${PEER:-1}" = 1 ] && [[ " ${PEER_DEPTHS:-$n} " == *" $n "* ]]; then
     python3 bench/peer_hf_peft.py $M/model-L$n --batch $BATCH --seq-len $SEQ --steps 6 --rank 16 --alpha 32 \
@@ -64,7 +73,7 @@ for n in ${DEPTHS:-1 12}; do
   rm -rf $M/model-L$n
 done
 python3 - "$W" "$OUT" $((BATCH * SEQ)) ${DEPTHS:-1 12} <<'PY'
-import json, sys
+import json, os, sys
 w, out, tokens, depths = sys.argv[1], sys.argv[2], int(sys.argv[3]), [int(d) for d in sys.argv[4:]]
 rows = {}
 for n in depths:
@@ -87,6 +96,16 @@ for n in depths:
         rows[n]["graph_steps"] = sum(1 for r in m if r.get("cuda_graph"))
         rows[n]["loss_rel_diff_max"] = max(abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(m, e))
         rows[n]["grad_norm_rel_diff_max"] = max(abs(a["grad_norm"] - b["grad_norm"]) / b["grad_norm"] for a, b in zip(m, e))
+    except (OSError, ValueError, KeyError):
+        pass
+    try:  # COMPARE_ENV: the baseline's run
+        b = [json.loads(l) for l in open(f"{w}/compare-L{n}/metrics.jsonl")]
+        bs = sorted(r["tokens_per_s"] for r in b[2:]) or [b[-1]["tokens_per_s"]]
+        rows[n]["compare_env"] = os.environ.get("COMPARE_ENV")
+        rows[n]["compare_tokens_per_s"] = bs[len(bs) // 2]
+        rows[n]["compare_peak_gib"] = max(max(r.get("peak_device_gib", [0])) for r in b)
+        rows[n]["speedup_over_compare"] = rows[n]["adapt_tokens_per_s"] / rows[n]["compare_tokens_per_s"]
+        rows[n]["compare_loss_rel_diff_max"] = max(abs(x["loss"] - y["loss"]) / abs(y["loss"]) for x, y in zip(m, b))
     except (OSError, ValueError, KeyError):
         pass
     if peer.get("tokens_per_s"):

@@ -135,14 +135,6 @@ torch::Tensor sigmoidGatedRmsNorm(const torch::Tensor &x, const torch::Tensor &w
   return h.to(x.scalar_type());
 }
 
-torch::Tensor zeroCentredRmsNorm(const torch::Tensor &x, const torch::Tensor &weight, double eps) {
-  if (torch::Tensor y = rmsNormByKernel(x, weight, eps, 1.0); y.defined())
-    return y;
-  torch::Tensor h = x.to(torch::kFloat32);
-  h = h * torch::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
-  return (h * (1.0 + weight.to(torch::kFloat32))).to(x.scalar_type());
-}
-
 namespace {
 
 /// The inputs in fp32 with the query scaled and the decay as [B, H, T, G]

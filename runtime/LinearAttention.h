@@ -50,10 +50,6 @@ torch::Tensor gatedRmsNorm(const torch::Tensor &x, const torch::Tensor &weight,
 torch::Tensor sigmoidGatedRmsNorm(const torch::Tensor &x, const torch::Tensor &weight,
                                   const torch::Tensor &gate, double eps);
 
-/// Zero-centred RMSNorm (Qwen3-Next): rmsnorm(x) * (1 + weight), all in fp32,
-/// result in x's dtype.
-torch::Tensor zeroCentredRmsNorm(const torch::Tensor &x, const torch::Tensor &weight, double eps);
-
 /// The inputs of the gated delta rule for H heads over T tokens.
 struct DeltaRuleInputs {
   torch::Tensor query; ///< [B, H, T, dk], unscaled (the op scales by 1/sqrt(dk)).

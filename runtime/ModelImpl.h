@@ -353,15 +353,26 @@ public:
       const bool keep = capture != nullptr;
       RecomputedFunction body = [this, &layer, &ld, i, training, keep, &attn, &ffn,
                                  t = it == tables.end() ? none : it->second](const torch::Tensor &in) {
-        torch::Tensor normed = norm(in, layer.inputNorm);
+        // The plain stream (h = in + a) passes through residualRmsNorm, which
+        // on the GPU fuses the add into the norm and the stream's gradient
+        // into the norm's backward; scaled or normed residuals compose.
+        const bool plainStream =
+            !ld.normedResidual && ld.attentionResidualAlpha == 1.0 && ld.attentionResidualBeta == 1.0;
+        auto [stream, normed] = plainStream
+                                    ? residualRmsNorm(in, {}, layer.inputNorm, def.normEps, def.normWeightOffset)
+                                    : std::pair(in, norm(in, layer.inputNorm));
         torch::Tensor a = layer.isDeltaNet    ? layer.deltaNet.forward(normed, training)
                           : layer.isLightning ? layer.lightning.forward(normed, training)
                           : layer.isKimiDelta ? layer.kimiDelta.forward(normed, training)
                                               : layer.attention.forward(normed, t, training);
-        torch::Tensor h = scaledResidual(ld.normedResidual ? normed : in, a, ld.attentionResidualAlpha,
-                                         ld.attentionResidualBeta);
+        torch::Tensor h, ffnIn;
+        if (plainStream) {
+          std::tie(h, ffnIn) = residualRmsNorm(stream, a, layer.postAttentionNorm, def.normEps, def.normWeightOffset);
+        } else {
+          h = scaledResidual(ld.normedResidual ? normed : in, a, ld.attentionResidualAlpha, ld.attentionResidualBeta);
+          ffnIn = norm(h, layer.postAttentionNorm);
+        }
         torch::Tensor load;
-        torch::Tensor ffnIn = norm(h, layer.postAttentionNorm);
         torch::Tensor forced;
         if (!forcedRouting.empty() && layer.ffn.isMoe()) {
           auto found = forcedRouting.find(layer.ffn.blockPath());

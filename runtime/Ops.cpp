@@ -11,6 +11,7 @@
 #include "runtime/cuda/RopeKernel.h"
 #include "runtime/cuda/RouteKernel.h"
 #include "runtime/cuda/SwiGluKernel.h"
+#include "runtime/cuda/Switches.h"
 #endif
 
 #include <ATen/record_function.h>
@@ -54,9 +55,95 @@ struct FusedRmsNorm : torch::autograd::Function<FusedRmsNorm> {
     return {gradX, gradWeight, torch::Tensor(), torch::Tensor()};
   }
 };
+
+/// Whether the decoder's residual stream takes the residual norm kernels:
+/// opt-in (ADAPT_RESIDUAL_NORM_KERNEL=1) until the `norm.residual_rms`
+/// checks run on a GPU.
+bool residualNormKernelOn() {
+  static const bool on = cuda::switchedOn("ADAPT_RESIDUAL_NORM_KERNEL");
+  return on;
+}
+
+/// residualRmsNorm by the kernels: outputs {h, y}. With a branch, h is new
+/// (the add's result); without one, h is the residual returned as is (a view
+/// autograd gives this node), so the stream's gradient of h still arrives
+/// here. The backward's one kernel sums that gradient into the norm's input
+/// gradient, which goes to the residual and, with a branch, to the branch.
+struct ResidualRmsNorm : torch::autograd::Function<ResidualRmsNorm> {
+  static torch::autograd::tensor_list forward(torch::autograd::AutogradContext *ctx, const torch::Tensor &residual,
+                                              const torch::Tensor &branch, const torch::Tensor &weightOrEmpty,
+                                              bool hasBranch, double eps, double offset) {
+    const torch::Tensor weight = weightOrEmpty.numel() > 0 ? weightOrEmpty : torch::Tensor();
+    torch::Tensor h, y, rstd;
+    if (hasBranch) {
+      std::tie(h, y, rstd) = cuda::residualRmsNormForward(residual, branch, weight, eps, offset);
+    } else {
+      h = residual;
+      std::tie(y, rstd) = cuda::rmsNormForward(residual, weight, eps, offset);
+    }
+    ctx->save_for_backward({h, weightOrEmpty, rstd});
+    ctx->saved_data["offset"] = offset;
+    ctx->saved_data["hasBranch"] = hasBranch;
+    ctx->set_materialize_grads(false);
+    return {h, y};
+  }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext *ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const torch::Tensor &h = saved[0], &rstd = saved[2];
+    const torch::Tensor weight = saved[1].numel() > 0 ? saved[1] : torch::Tensor();
+    const torch::Tensor &gradStream = grads[0], &gradY = grads[1];
+    torch::Tensor gradH;
+    if (gradY.defined())
+      gradH = cuda::rmsNormBackward(h, weight, rstd, gradY, ctx->saved_data["offset"].toDouble(), gradStream);
+    else if (gradStream.defined())
+      gradH = gradStream;
+    torch::Tensor gradWeight;
+    if (ctx->needs_input_grad(2) && gradY.defined()) { // trained norm weights: sum over rows of g * h * rstd
+      const int64_t width = h.size(-1);
+      gradWeight = (gradY.reshape({-1, width}).to(torch::kFloat32) * h.reshape({-1, width}).to(torch::kFloat32) *
+                    rstd.unsqueeze(1))
+                       .sum(0)
+                       .to(weight.scalar_type());
+    }
+    const bool hasBranch = ctx->saved_data["hasBranch"].toBool();
+    return {gradH, hasBranch ? gradH : torch::Tensor(), gradWeight, torch::Tensor(), torch::Tensor(),
+            torch::Tensor()};
+  }
+};
 #endif
 
 } // namespace
+
+std::pair<torch::Tensor, torch::Tensor> residualRmsNorm(const torch::Tensor &residual, const torch::Tensor &branch,
+                                                        const torch::Tensor &weight, double eps, bool zeroCentred) {
+#ifdef ADAPT_WITH_CUDA_KERNELS
+  // rmsNorm's kernel rule: a weight of another dtype keeps the reference's
+  // two roundings unless the norm is zero-centred.
+  const bool weightFits = zeroCentred || !weight.defined() || weight.scalar_type() == residual.scalar_type();
+  const bool branchFits = !branch.defined() || (branch.sizes() == residual.sizes() &&
+                                                branch.scalar_type() == residual.scalar_type() &&
+                                                branch.device() == residual.device());
+  if (residual.is_cuda() &&
+      chooseKernel("residual_rms_norm", residual, residualNormKernelOn(),
+                   weightFits && branchFits && cuda::rmsNormKernelFits(residual, weight))) {
+    auto out = ResidualRmsNorm::apply(residual, branch.defined() ? branch : torch::empty({0}, residual.options()),
+                                      weight.defined() ? weight : torch::empty({0}, residual.options()),
+                                      branch.defined(), eps, zeroCentred ? 1.0 : 0.0);
+    return {out[0], out[1]};
+  }
+#endif
+  torch::Tensor h = branch.defined() ? residual + branch : residual;
+  return {h, zeroCentred ? zeroCentredRmsNorm(h, weight, eps) : rmsNorm(h, weight, eps)};
+}
+
+torch::Tensor zeroCentredRmsNorm(const torch::Tensor &x, const torch::Tensor &weight, double eps) {
+  if (torch::Tensor y = rmsNormByKernel(x, weight, eps, 1.0); y.defined())
+    return y;
+  torch::Tensor h = x.to(torch::kFloat32);
+  h = h * torch::rsqrt(h.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return (h * (1.0 + weight.to(torch::kFloat32))).to(x.scalar_type());
+}
 
 torch::Tensor rmsNormByKernel(const torch::Tensor &x, const torch::Tensor &weight, double eps, double offset) {
 #ifdef ADAPT_WITH_CUDA_KERNELS

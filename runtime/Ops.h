@@ -27,6 +27,24 @@ torch::Tensor rmsNorm(const torch::Tensor &x, const torch::Tensor &weight, doubl
 /// undefined tensor: the caller then runs its composition.
 torch::Tensor rmsNormByKernel(const torch::Tensor &x, const torch::Tensor &weight, double eps, double offset);
 
+/// Zero-centred RMSNorm (Qwen3-Next): rmsnorm(x) * (1 + weight), all in fp32,
+/// result in x's dtype.
+torch::Tensor zeroCentredRmsNorm(const torch::Tensor &x, const torch::Tensor &weight, double eps);
+
+/// The decoder's residual stream entering a norm: {h, norm(h)} with
+/// h = \p residual + \p branch, or h = \p residual itself when \p branch is
+/// undefined; the norm is zeroCentredRmsNorm when \p zeroCentred, else
+/// rmsNorm. Callers use the returned h (not \p residual) as the stream from
+/// here on, so that h's gradient from the stream reaches this op. On the GPU
+/// (ADAPT_RESIDUAL_NORM_KERNEL, runtime/cuda/RmsNormKernel.h) it is one kernel
+/// each way: the forward writes h and the norm in one pass, and the backward
+/// adds h's gradient from the stream into the norm's input gradient in the
+/// same pass, where autograd would sum the two with one more kernel (one
+/// pass of [tokens, hidden] fewer in the forward and four in the backward
+/// per decoder layer). Elsewhere the composition, which is the reference.
+std::pair<torch::Tensor, torch::Tensor> residualRmsNorm(const torch::Tensor &residual, const torch::Tensor &branch,
+                                                        const torch::Tensor &weight, double eps, bool zeroCentred);
+
 /// Rotary tables for positions 0..T-1: cos and sin [T, rotaryDim] in fp32,
 /// already multiplied by YaRN's attention factor.
 struct RopeTables {

@@ -349,8 +349,8 @@ __global__ void __launch_bounds__(256)
 /// W = T Xk and U = T Xv (Xk = k beta e^G, Xv = v beta) and T = (I + A)^-1
 /// with A = strictly-lower(beta_t k_t.k_i e^{G_t - G_i}): dk (bf16, with
 /// kernel 3's part), dv (bf16), dbeta and dg (fp32 [B·H, T]). dV_new comes
-/// as \p Grad. With \p ScaledInEpilogue (ADAPT_DELTA_RULE_TWO_BLOCKS=1,
-/// written in session 43 without a GPU) dT = (dW K^T) diag(beta e^G) +
+/// as \p Grad. With \p ScaledInEpilogue (the default since
+/// session 44's checks; ADAPT_DELTA_RULE_TWO_BLOCKS=0 opts out) dT = (dW K^T) diag(beta e^G) +
 /// (dU V^T) diag(beta) takes its column scales in the epilogue, so the Xk
 /// and Xv tiles and their pass are gone: 96 KiB of shared memory instead of
 /// 130, two blocks per SM instead of one (the kernel was 2.6 ms of 12.4 at
@@ -497,9 +497,10 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-/// ADAPT_DELTA_RULE_TWO_BLOCKS=1: kernel 4 with its dT scales in the epilogue.
+/// Kernel 4 with its dT scales in the epilogue, two blocks per SM (default;
+/// ADAPT_DELTA_RULE_TWO_BLOCKS=0: the Xk/Xv tiles, one block).
 bool twoBlocksPerSm() {
-  static const bool on = switchedOn("ADAPT_DELTA_RULE_TWO_BLOCKS");
+  static const bool on = !switchedOff("ADAPT_DELTA_RULE_TWO_BLOCKS");
   return on;
 }
 

@@ -190,7 +190,7 @@ bool delta::asyncLoads() {
 }
 
 bool delta::blockInverse() {
-  static const bool on = switchedOn("ADAPT_DELTA_RULE_BLOCK_INVERSE");
+  static const bool on = !switchedOff("ADAPT_DELTA_RULE_BLOCK_INVERSE");
   return on;
 }
 

@@ -13,7 +13,6 @@
 
 #include "runtime/cuda/LowRankKernel.h"
 #include "runtime/cuda/Packed.cuh"
-#include "runtime/cuda/Switches.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -72,14 +71,14 @@ __device__ __forceinline__ void loadBatch(const T *__restrict__ out, int64_t fir
       values[i] = *reinterpret_cast<const Pair<T> *>(out + (firstRow + batch + i) * outStride + col);
 }
 
-/// The tile's rows, kBatchRows at a time. With \p Early (opt-in, see
-/// lowRankEarlyLoads) nothing waits on anything it does not need: the first
-/// batch of outputs and the first row's factor columns are loaded before the
-/// shared tile and its barrier, and each next batch while the current one is
-/// computed. Without it each 64-row block waits through three dependent
-/// loads in turn (the tile, the factor, the outputs), which left the kernel
-/// at ~2.2x its traffic on an H100 (session 39's profile).
-template <typename T, int Rank, bool Early>
+/// The tile's rows, kBatchRows at a time: each 64-row block waits through
+/// three dependent loads in turn (the tile, the factor, the outputs), which
+/// left the kernel at ~2.2x its traffic on an H100 (session 39's profile).
+/// Issuing the first outputs and factor columns before the barrier and each
+/// next batch during the current one (session 43) was slower on an H100:
+/// 206 against 136 us a step at one Qwen3-30B-A3B layer (session 44), the
+/// doubled registers costing more occupancy than the overlap gained.
+template <typename T, int Rank>
 __global__ void addLowRankRowsKernel(T *__restrict__ out, const T *__restrict__ low, const T *__restrict__ factor,
                                      const int64_t *__restrict__ expertOfRow, int64_t rows, int64_t width,
                                      int64_t outStride, int64_t lowStride) {
@@ -92,11 +91,6 @@ __global__ void addLowRankRowsKernel(T *__restrict__ out, const T *__restrict__ 
   float column0[Rank], column1[Rank];
   int64_t loaded = -1;
   Pair<T> values[kBatchRows];
-  if (Early && active) {
-    loadBatch(out, firstRow, 0, tileRows, outStride, col, values);
-    loaded = expertOfRow[firstRow];
-    loadColumns<T, Rank>(factor, loaded, width, col, column0, column1);
-  }
   for (int i = threadIdx.x; i < tileRows * Rank; i += blockDim.x)
     lowTile[i / Rank][i % Rank] = static_cast<float>(low[(firstRow + i / Rank) * lowStride + i % Rank]);
   for (int i = threadIdx.x; i < tileRows; i += blockDim.x)
@@ -105,11 +99,7 @@ __global__ void addLowRankRowsKernel(T *__restrict__ out, const T *__restrict__ 
   if (!active)
     return;
   for (int batch = 0; batch < tileRows; batch += kBatchRows) {
-    Pair<T> next[kBatchRows];
-    if (!Early)
-      loadBatch(out, firstRow, batch, tileRows, outStride, col, values);
-    else if (batch + kBatchRows < tileRows)
-      loadBatch(out, firstRow, batch + kBatchRows, tileRows, outStride, col, next);
+    loadBatch(out, firstRow, batch, tileRows, outStride, col, values);
 #pragma unroll
     for (int i = 0; i < kBatchRows; ++i) {
       const int row = batch + i;
@@ -129,10 +119,6 @@ __global__ void addLowRankRowsKernel(T *__restrict__ out, const T *__restrict__ 
       *reinterpret_cast<Pair<T> *>(out + (firstRow + row) * outStride + col) =
           Pair<T>{static_cast<T>(acc0), static_cast<T>(acc1)};
     }
-    if (Early)
-#pragma unroll
-      for (int i = 0; i < kBatchRows; ++i)
-        values[i] = next[i];
   }
 }
 
@@ -142,18 +128,12 @@ void launch(at::Tensor &out, const at::Tensor &low, const at::Tensor &factor, co
   const int threads = (width / 2) % kThreads == 0 || (width / 2) % (kThreads / 2) != 0 ? kThreads : kThreads / 2;
   const dim3 grid(static_cast<unsigned>((rows + kTileRows - 1) / kTileRows),
                   static_cast<unsigned>((width / 2 + threads - 1) / threads));
-  auto kernel = lowRankEarlyLoads() ? addLowRankRowsKernel<T, Rank, true> : addLowRankRowsKernel<T, Rank, false>;
-  kernel<<<grid, threads, 0, at::cuda::getCurrentCUDAStream()>>>(out.data_ptr<T>(), low.data_ptr<T>(),
-                                                                  factor.data_ptr<T>(), expertOfRow.data_ptr<int64_t>(),
-                                                                  rows, width, out.stride(0), low.stride(0));
+  addLowRankRowsKernel<T, Rank><<<grid, threads, 0, at::cuda::getCurrentCUDAStream()>>>(
+      out.data_ptr<T>(), low.data_ptr<T>(), factor.data_ptr<T>(), expertOfRow.data_ptr<int64_t>(), rows, width,
+      out.stride(0), low.stride(0));
 }
 
 } // namespace
-
-bool lowRankEarlyLoads() {
-  static const bool on = switchedOn("ADAPT_LOW_RANK_EARLY_LOADS");
-  return on;
-}
 
 bool lowRankSupported(int64_t rank) { return rank > 0 && rank <= 32 && rank % 8 == 0; }
 

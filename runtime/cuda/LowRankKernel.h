@@ -20,11 +20,6 @@ namespace adapt::rt::cuda {
 /// rows whole 16-byte vectors; two columns of it held in registers).
 bool lowRankSupported(int64_t rank);
 
-/// ADAPT_LOW_RANK_EARLY_LOADS=1: addLowRankRows issues its loads before the
-/// shared tile's barrier and one batch ahead (written without a GPU in
-/// session 43; the `expert` op checks on a GPU decide its default).
-bool lowRankEarlyLoads();
-
 /// out[i, :] += low[i, :] @ factor[expertOfRow[i]]^T for every row i, in
 /// fp32, rounded once into \p out. \p out [R, N], \p low [R, r] and \p factor
 /// [E, N, r] are CUDA tensors of one dtype, N even; \p factor is contiguous,

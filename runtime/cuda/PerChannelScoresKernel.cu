@@ -78,8 +78,9 @@ __global__ void __launch_bounds__(kThreads)
 /// needs no reduction, 1.3 ms for two outputs). Rows sit in shared memory
 /// with a stride of channels + 1 floats: a warp's pairs are mostly one query
 /// row (a broadcast) against consecutive key rows, which then fall in
-/// distinct banks. Taken with ADAPT_KIMI_SCORES_PAIRS=1 until the
-/// `kimi_scores` and `kimi_delta.*` op checks run with it on a GPU.
+/// distinct banks. The default since the `kimi_scores` and
+/// `kimi_delta.*` op checks passed with it on an H100 (session 44);
+/// ADAPT_KIMI_SCORES_PAIRS=0 takes the warp-per-pair form.
 __global__ void __launch_bounds__(kThreads)
     perChannelScoresPairsKernel(const float *x, const float *y, const float *cum, int chunk, int channels,
                                 float *out) {
@@ -182,7 +183,7 @@ at::Tensor perChannelScores(const at::Tensor &xIn, const at::Tensor &yIn, const 
   if (items == 0)
     return out;
   const c10::cuda::CUDAGuard guard(x.device());
-  static const bool pairs = switchedOn("ADAPT_KIMI_SCORES_PAIRS");
+  static const bool pairs = !switchedOff("ADAPT_KIMI_SCORES_PAIRS");
   const auto kernel = pairs ? perChannelScoresPairsKernel : perChannelScoresKernel;
   const size_t bytes = 3 * size_t(chunk) * (channels + (pairs ? 1 : 0)) * sizeof(float);
   allowBytes(kernel, bytes);

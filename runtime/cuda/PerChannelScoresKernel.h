@@ -26,8 +26,8 @@ bool perChannelScoresKernelEnabled();
 bool perChannelScoresTakes(const at::Tensor &x, const at::Tensor &y, const at::Tensor &cum);
 
 /// P [.., c, c]: P[t][i] = sum_d x_td y_id e^{cum_td - cum_id} for i <= t,
-/// zero above the diagonal. ADAPT_KIMI_SCORES_PAIRS=1 takes the thread-per-pair
-/// form (unchecked on a GPU yet).
+/// zero above the diagonal. A thread per pair by default,
+/// ADAPT_KIMI_SCORES_PAIRS=0 a warp per pair.
 at::Tensor perChannelScores(const at::Tensor &x, const at::Tensor &y, const at::Tensor &cum);
 
 /// {dx, dy} [.., c, dk] of perChannelScores for the cotangent \p grad [.., c, c]

@@ -3,7 +3,9 @@
 // One warp per row: pass one reduces the row's sum of squares (forward) or
 // sum of w'*g*x (backward) with warp shuffles, pass two reads the row again
 // (from L1, as the same warp just read it) and writes the result. Every
-// access moves 16 bytes (Packed.cuh).
+// access moves 16 bytes (Packed.cuh). The decoder's residual stream takes
+// the residual forms: the add before the norm in the forward's pass one, and
+// the residual path's gradient summed into the backward's output.
 //
 //===----------------------------------------------------------------------===//
 
@@ -18,6 +20,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include <algorithm>
+#include <tuple>
 
 namespace adapt::rt::cuda {
 
@@ -53,10 +56,51 @@ __global__ void rmsNormForwardKernel(const T *__restrict__ x, const W *__restric
   }
 }
 
+/// h = residual + branch, rounded to T as the composition's add stores it,
+/// then the norm of that h: pass one writes h and reduces its squares, pass
+/// two reads back what this lane wrote (its own stores, from L1/L2) and
+/// writes y.
+template <typename T, typename W>
+__global__ void residualRmsNormForwardKernel(const T *__restrict__ residual, const T *__restrict__ branch,
+                                             const W *__restrict__ weight, T *__restrict__ sum, T *__restrict__ y,
+                                             float *__restrict__ rstdOut, int64_t rows, int64_t width, float eps,
+                                             float offset) {
+  using P = Pack<T>;
+  const int lane = threadIdx.x % 32;
+  const int64_t row = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / 32;
+  if (row >= rows)
+    return;
+  const int64_t base = row * width;
+  float squares = 0.0f;
+  for (int64_t h = lane * int64_t(P::kSize); h < width; h += 32 * P::kSize) {
+    P u = P::load(residual + base + h);
+    const P v = P::load(branch + base + h);
+#pragma unroll
+    for (int i = 0; i < P::kSize; ++i) {
+      u.v[i] = static_cast<float>(static_cast<T>(u.v[i] + v.v[i]));
+      squares += u.v[i] * u.v[i];
+    }
+    u.store(sum + base + h);
+  }
+  const float rstd = rsqrtf(warpSum(squares) / static_cast<float>(width) + eps);
+  if (lane == 0)
+    rstdOut[row] = rstd;
+  for (int64_t h = lane * int64_t(P::kSize); h < width; h += 32 * P::kSize) {
+    P v = P::load(sum + base + h);
+#pragma unroll
+    for (int i = 0; i < P::kSize; ++i)
+      v.v[i] = v.v[i] * rstd * scaleAt(weight, h + i, offset);
+    v.store(y + base + h);
+  }
+}
+
+/// d x of the norm, plus \p gradResidual (nullable): the gradient that
+/// reaches x along the residual stream, summed here instead of by autograd.
 template <typename T, typename W>
 __global__ void rmsNormBackwardKernel(const T *__restrict__ x, const W *__restrict__ weight,
                                       const float *__restrict__ rstdIn, const T *__restrict__ gradY,
-                                      T *__restrict__ gradX, int64_t rows, int64_t width, float offset) {
+                                      const T *__restrict__ gradResidual, T *__restrict__ gradX, int64_t rows,
+                                      int64_t width, float offset) {
   using P = Pack<T>;
   const int lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / 32;
@@ -79,6 +123,12 @@ __global__ void rmsNormBackwardKernel(const T *__restrict__ x, const W *__restri
 #pragma unroll
     for (int i = 0; i < P::kSize; ++i)
       out.v[i] = rstd * d.v[i] * scaleAt(weight, h + i, offset) - v.v[i] * correction;
+    if (gradResidual) {
+      const P r = P::load(gradResidual + row * width + h);
+#pragma unroll
+      for (int i = 0; i < P::kSize; ++i)
+        out.v[i] += r.v[i];
+    }
     out.store(gradX + row * width + h);
   }
 }
@@ -126,10 +176,37 @@ std::pair<at::Tensor, at::Tensor> rmsNormForward(const at::Tensor &x, const at::
   return {y, rstd};
 }
 
+std::tuple<at::Tensor, at::Tensor, at::Tensor> residualRmsNormForward(const at::Tensor &residual,
+                                                                     const at::Tensor &branch,
+                                                                     const at::Tensor &weight, double eps,
+                                                                     double offset) {
+  TORCH_CHECK(branch.sizes() == residual.sizes() && branch.scalar_type() == residual.scalar_type() &&
+                  branch.device() == residual.device(),
+              "residualRmsNormForward: expected the branch like the residual ", residual.sizes(), ", found ",
+              branch.sizes());
+  const c10::cuda::CUDAGuard guard(residual.device());
+  const at::Tensor r = residual.contiguous(), a = branch.contiguous();
+  const at::Tensor w = weight.defined() ? weight.contiguous() : at::Tensor();
+  const int64_t width = r.size(-1), rows = r.numel() / width;
+  at::Tensor sum = at::empty_like(r), y = at::empty_like(r), rstd = at::empty({rows}, r.options().dtype(at::kFloat));
+  dispatchTypes(r, w, [&](auto xTag, auto wTag) {
+    using T = decltype(xTag);
+    using W = decltype(wTag);
+    residualRmsNormForwardKernel<T, W><<<blocksFor(rows), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+        r.data_ptr<T>(), a.data_ptr<T>(), w.defined() ? w.data_ptr<W>() : nullptr, sum.data_ptr<T>(),
+        y.data_ptr<T>(), rstd.data_ptr<float>(), rows, width, static_cast<float>(eps), static_cast<float>(offset));
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {sum, y, rstd};
+}
+
 at::Tensor rmsNormBackward(const at::Tensor &x, const at::Tensor &weight, const at::Tensor &rstd,
-                           const at::Tensor &gradY, double offset) {
+                           const at::Tensor &gradY, double offset, const at::Tensor &gradResidual) {
   const c10::cuda::CUDAGuard guard(x.device());
   const at::Tensor in = x.contiguous(), g = gradY.contiguous(), w = weight.defined() ? weight.contiguous() : at::Tensor();
+  const at::Tensor res = gradResidual.defined() ? gradResidual.to(in.scalar_type()).contiguous() : at::Tensor();
+  TORCH_CHECK(!res.defined() || res.sizes() == in.sizes(), "rmsNormBackward: expected the residual gradient ",
+              in.sizes(), ", found ", res.sizes());
   const int64_t width = in.size(-1), rows = in.numel() / width;
   at::Tensor gradX = at::empty_like(in);
   dispatchTypes(in, w, [&](auto xTag, auto wTag) {
@@ -137,7 +214,7 @@ at::Tensor rmsNormBackward(const at::Tensor &x, const at::Tensor &weight, const 
     using W = decltype(wTag);
     rmsNormBackwardKernel<T, W><<<blocksFor(rows), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
         in.data_ptr<T>(), w.defined() ? w.data_ptr<W>() : nullptr, rstd.data_ptr<float>(), g.data_ptr<T>(),
-        gradX.data_ptr<T>(), rows, width, static_cast<float>(offset));
+        res.defined() ? res.data_ptr<T>() : nullptr, gradX.data_ptr<T>(), rows, width, static_cast<float>(offset));
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return gradX;

@@ -17,6 +17,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <tuple>
 #include <utility>
 
 namespace adapt::rt::cuda {
@@ -31,9 +32,19 @@ bool rmsNormKernelFits(const at::Tensor &x, const at::Tensor &weight);
 std::pair<at::Tensor, at::Tensor> rmsNormForward(const at::Tensor &x, const at::Tensor &weight, double eps,
                                                  double offset);
 
-/// d x from d y, the saved \p rstd and the same \p weight and \p offset.
+/// {h, y, rstd} for h = \p residual + \p branch (same shape and dtype,
+/// rounded to it as an add stores it) and y the norm of h, in one pass each
+/// over the rows: the decoder's add before its norm without an extra pass.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> residualRmsNormForward(const at::Tensor &residual,
+                                                                     const at::Tensor &branch,
+                                                                     const at::Tensor &weight, double eps,
+                                                                     double offset);
+
+/// d x from d y, the saved \p rstd and the same \p weight and \p offset,
+/// plus \p gradResidual (x's gradient along the residual stream, summed in
+/// the same pass) when it is defined.
 at::Tensor rmsNormBackward(const at::Tensor &x, const at::Tensor &weight, const at::Tensor &rstd,
-                           const at::Tensor &gradY, double offset);
+                           const at::Tensor &gradY, double offset, const at::Tensor &gradResidual = at::Tensor());
 
 } // namespace adapt::rt::cuda
 

@@ -67,6 +67,29 @@ Trial rmsNormTrial(const Ctx &c, int64_t B, int64_t T, int64_t D, bool withWeigh
   return t;
 }
 
+/// The decoder's residual stream into its norm (residualRmsNorm): h =
+/// r + a (or r alone, \p withBranch false) and norm(h) scaled by w or
+/// (1 + w), compared as one tensor [h, norm(h)] so that one cotangent drives
+/// both outputs: r's gradient is then the stream's plus the norm's, which the
+/// GPU's backward kernel sums in one pass (ADAPT_RESIDUAL_NORM_KERNEL=1).
+Trial residualRmsNormTrial(const Ctx &c, int64_t B, int64_t T, int64_t D, bool withBranch, bool zeroCentred) {
+  Input r = input(c, torch::randn({B, T, D}, f64) * 1.5 + 0.3, true);
+  Input a = input(c, torch::randn({B, T, D}, f64), withBranch);
+  Input w = input(c, torch::randn({D}, f64) * 0.5 + (zeroCentred ? 0.0 : 1.0), true);
+  const double eps = 1e-6;
+  auto [h, y] = residualRmsNorm(r.ours, withBranch ? a.ours : Tensor(), w.ours, eps, zeroCentred);
+  Tensor ours = torch::cat({h, y}, -1);
+  Tensor refH = withBranch ? r.ref + a.ref : r.ref;
+  Tensor refY = refH / torch::sqrt((refH * refH).sum(-1, true) / double(D) + eps) * (zeroCentred ? 1.0 + w.ref : w.ref);
+  Tensor ref = torch::cat({refH, refY}, -1);
+  Trial t{{"out", ours, ref}};
+  std::vector<std::pair<std::string, Input *>> grads{{"residual", &r}, {"weight", &w}};
+  if (withBranch)
+    grads.push_back({"branch", &a});
+  backward(t, ours, ref, grads);
+  return t;
+}
+
 //===-- RoPE --------------------------------------------------------------===//
 
 /// Inverse frequencies and the cos/sin multiplier, in double, from the
@@ -558,6 +581,14 @@ std::vector<Check> registry() {
     for (auto [B, T, D] : Shapes{{2, 7, 10}, {1, 13, 17}, {2, 7, 24}, {2, 5, 520}})
       add(weight ? "rms_norm.weight" : "rms_norm.weightless", S({{"B", B}, {"T", T}, {"D", D}}),
           [=](const Ctx &c) { return rmsNormTrial(c, B, T, D, weight); });
+  // The residual stream's norms: 24, 520 and 2,048 (Qwen3-30B-A3B's hidden)
+  // fit the kernels' packs, 17 stays on the composition.
+  for (bool branch : {true, false})
+    for (bool zeroCentred : {false, true})
+      for (auto [B, T, D] : Shapes{{2, 7, 24}, {1, 13, 17}, {2, 5, 520}, {1, 6, 2048}})
+        add(std::string("norm.residual_rms") + (branch ? "" : ".stream_only") + (zeroCentred ? ".zero_centred" : ""),
+            S({{"B", B}, {"T", T}, {"D", D}}),
+            [=](const Ctx &c) { return residualRmsNormTrial(c, B, T, D, branch, zeroCentred); });
 
   // RoPE on x [2, 3, T, D]; shapes are (T, D, rotaryDim).
   auto rope = [&](const std::string &id, RopeDef r, const Shapes &shapes, bool strided = false) {

@@ -11,6 +11,7 @@
 
 #include "runtime/KimiDeltaFunction.h"
 #include "runtime/LinearAttention.h"
+#include "runtime/Ops.h"
 
 namespace adapt::rt::opcheck {
 
