@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The residual stream's norm kernels (ADAPT_RESIDUAL_NORM_KERNEL=1: the add
-# before the norm and the stream's gradient summed in the norm's backward;
-# runtime/cuda/RmsNormKernel.cu) on a GPU machine, in one call:
+# The residual stream's norm kernels (the add before the norm and the
+# stream's gradient summed in the norm's backward; runtime/cuda/RmsNormKernel.cu;
+# on by default, ADAPT_RESIDUAL_NORM_KERNEL=0 off) on a GPU machine, in one call:
 #   1. op checks with the switch on, bf16 and fp32: `norm.residual_rms*` and
 #      `rms_norm` (whose backward kernel gained the residual gradient), and
 #      compute-sanitizer's memcheck over `norm.residual_rms`;

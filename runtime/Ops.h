@@ -36,7 +36,7 @@ torch::Tensor zeroCentredRmsNorm(const torch::Tensor &x, const torch::Tensor &we
 /// undefined; the norm is zeroCentredRmsNorm when \p zeroCentred, else
 /// rmsNorm. Callers use the returned h (not \p residual) as the stream from
 /// here on, so that h's gradient from the stream reaches this op. On the GPU
-/// (ADAPT_RESIDUAL_NORM_KERNEL, runtime/cuda/RmsNormKernel.h) it is one kernel
+/// (runtime/cuda/RmsNormKernel.h; ADAPT_RESIDUAL_NORM_KERNEL=0 opts out) it is one kernel
 /// each way: the forward writes h and the norm in one pass, and the backward
 /// adds h's gradient from the stream into the norm's input gradient in the
 /// same pass, where autograd would sum the two with one more kernel (one
