@@ -20,11 +20,6 @@ namespace adapt::rt::cuda {
 /// rows whole 16-byte vectors; two columns of it held in registers).
 bool lowRankSupported(int64_t rank);
 
-/// ADAPT_LOW_RANK_MMA=1: addLowRankRows takes bf16 at rank 16 or 32 on
-/// tensor cores (written in session 44 without a GPU; the `expert` op checks
-/// on one decide its default).
-bool lowRankMma();
-
 /// out[i, :] += low[i, :] @ factor[expertOfRow[i]]^T for every row i, in
 /// fp32, rounded once into \p out. \p out [R, N], \p low [R, r] and \p factor
 /// [E, N, r] are CUDA tensors of one dtype, N even; \p factor is contiguous,

@@ -703,9 +703,8 @@ std::vector<Check> registry() {
     // Rank 16 over several 16-row tiles: the fused grouped-GEMM + LoRA node on CUDA.
     expert(id, {45, 6, 3, 32, 40, 16, 4, 16, swapped});
   }
-  // The low-rank kernel's tensor-core form (ADAPT_LOW_RANK_MMA=1) at rank
-  // 32 (two mma k-steps), and at rank 16 over unaligned groups, whose 16-row
-  // tiles mix experts (its per-element path).
+  // The low-rank kernel at rank 32, and at rank 16 over unaligned groups,
+  // whose tiles mix experts.
   expert("expert_lora.peft", {45, 6, 3, 32, 40, 16, -1, 32, false});
   expert("expert_lora.peft", {45, 6, 3, 32, 40, 1, -1, 16, false});
   expert("expert_lora.peft_bias", {13, 5, 2, 24, 16, 1, -1, 4, false, true});
