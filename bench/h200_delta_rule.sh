@@ -13,6 +13,9 @@
 # Logs stay in /tmp/adapt-h200; the summary goes to stdout (pipe it to $OUT).
 # Each phase takes ~8 min with a cold build (~135 s): one device call each.
 #   PHASE=both     the two, in that order
+# fla compiles its Triton kernels on first use: in session 44 its GDN rows
+# took 150 s and its KDA produced no row in 150 s more, so KDA runs one shape
+# by default (FLA_KDA_SHAPES, FLA_KDA_TIMEOUT).
 # usage: PHASE=checks|timings|both [CHECK_TIMEOUT=110] [SKIP_FLA=1] [SKIP_FLA_KDA=1] [MEMCHECK="ids"] [MEMCHECK_TIMEOUT=200] bench/h200_delta_rule.sh OUTDIR
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -144,6 +147,7 @@ if [ "${PHASE:-checks}" != checks ]; then
   mkdir -p /tmp/fla && for w in .whl/*.whl; do python3 -m zipfile -e $w /tmp/fla; done
   PYTHONPATH=/tmp/fla timeout ${FLA_TIMEOUT:-240} python3 bench/h200/fla_delta_rule.py --bypass-triton-guard $SHAPES 2>&1 | grep -v Warning | tail -4
   [ -z "${SKIP_FLA_KDA:-}" ] &&
-    PYTHONPATH=/tmp/fla timeout ${FLA_TIMEOUT:-240} python3 bench/h200/fla_delta_rule.py --bypass-triton-guard --per-channel $SHAPES 2>&1 | grep -v Warning | tail -4
+    PYTHONPATH=/tmp/fla timeout ${FLA_KDA_TIMEOUT:-240} python3 bench/h200/fla_delta_rule.py --bypass-triton-guard --per-channel \
+      ${FLA_KDA_SHAPES:-1 32 8192 128 128} 2>&1 | grep -v Warning | tail -4
 fi
 echo "== done $(date +%T)"
