@@ -34,11 +34,25 @@ __device__ __forceinline__ float scaleAt(const W *weight, int64_t h, float offse
   return weight ? static_cast<float>(weight[h]) + offset : 1.0f;
 }
 
+/// The forward's second pass over one row: y = x * rstd * (w + offset), by
+/// the row's warp (\p lane: this thread's).
+template <typename T, typename W>
+__device__ __forceinline__ void writeNormedRow(const T *x, const W *weight, T *y, int64_t width, int lane, float rstd,
+                                               float offset) {
+  using P = Pack<T>;
+  for (int64_t h = lane * int64_t(P::kSize); h < width; h += 32 * P::kSize) {
+    P v = P::load(x + h);
+#pragma unroll
+    for (int i = 0; i < P::kSize; ++i)
+      v.v[i] = v.v[i] * rstd * scaleAt(weight, h + i, offset);
+    v.store(y + h);
+  }
+}
+
 template <typename T, typename W>
 __global__ void rmsNormForwardKernel(const T *__restrict__ x, const W *__restrict__ weight, T *__restrict__ y,
                                      float *__restrict__ rstdOut, int64_t rows, int64_t width, float eps,
                                      float offset) {
-  using P = Pack<T>;
   const int lane = threadIdx.x % 32;
   const int64_t row = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / 32;
   if (row >= rows)
@@ -47,13 +61,7 @@ __global__ void rmsNormForwardKernel(const T *__restrict__ x, const W *__restric
   const float rstd = rowRstd(in, width, lane, eps);
   if (lane == 0)
     rstdOut[row] = rstd;
-  for (int64_t h = lane * int64_t(P::kSize); h < width; h += 32 * P::kSize) {
-    P v = P::load(in + h);
-#pragma unroll
-    for (int i = 0; i < P::kSize; ++i)
-      v.v[i] = v.v[i] * rstd * scaleAt(weight, h + i, offset);
-    v.store(y + row * width + h);
-  }
+  writeNormedRow(in, weight, y + row * width, width, lane, rstd, offset);
 }
 
 /// h = residual + branch, rounded to T as the composition's add stores it,
@@ -85,13 +93,7 @@ __global__ void residualRmsNormForwardKernel(const T *__restrict__ residual, con
   const float rstd = rsqrtf(warpSum(squares) / static_cast<float>(width) + eps);
   if (lane == 0)
     rstdOut[row] = rstd;
-  for (int64_t h = lane * int64_t(P::kSize); h < width; h += 32 * P::kSize) {
-    P v = P::load(sum + base + h);
-#pragma unroll
-    for (int i = 0; i < P::kSize; ++i)
-      v.v[i] = v.v[i] * rstd * scaleAt(weight, h + i, offset);
-    v.store(y + base + h);
-  }
+  writeNormedRow(sum + base, weight, y + base, width, lane, rstd, offset);
 }
 
 /// d x of the norm, plus \p gradResidual (nullable): the gradient that
