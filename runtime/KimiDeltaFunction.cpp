@@ -12,6 +12,7 @@
 #include "runtime/Tf32Scope.h"
 #ifdef ADAPT_WITH_CUDA_KERNELS
 #include "runtime/cuda/DeltaRuleKernel.h"
+#include "runtime/cuda/KimiBackwardTailKernel.h"
 #include "runtime/cuda/KimiDeltaKernel.h"
 #include "runtime/cuda/PerChannelScoresKernel.h"
 #endif
@@ -247,23 +248,39 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     // gradient gives k's row term (times b) and b's term (its dot with k),
     // so the key pairs P_kk themselves (a scores pass) are never rebuilt.
     auto [dKeysBeta, dkColumns] = perChannelDecayedScoresBackward(dSystem, k * bt, k, cum);
-    Tensor dkRows = dKeysBeta * bt;
 
-    // The sums below accumulate in place (addcmul_): each [.., c, dk] fp32
-    // pass costs ~0.1 ms at 32 heads x 8K tokens, and this backward is made
-    // of them once the scores are kernels.
-    Tensor dq = dqScores.addcmul(dQueryDecayed, terms.gamma).mul_(scale);
-    Tensor dKey = (dkScores + dkRows).add_(dkColumns).addcmul_(dXk, bt * terms.gamma).addcmul_(dKeysToEnd, terms.toEnd);
+    // The sums of products into dq, dk, dG and beta's key terms: one kernel
+    // on the GPU when switched on (runtime/cuda/KimiBackwardTailKernel.h,
+    // which states them as formulas), else the composition below.
+    Tensor dq, dKey, dCum, dBetaKeys, keysToEndSums;
+#ifdef ADAPT_WITH_CUDA_KERNELS
+    if (chooseKernel("kimi_delta_rule.backward_tail", k, cuda::kimiBackwardTailEnabled(),
+                     cuda::kimiBackwardTailTakes(k))) {
+      cuda::KimiBackwardTail tail = cuda::kimiBackwardTail(q, k, cum, bt, dqScores, dQueryDecayed, dkScores, dKeysBeta,
+                                                           dkColumns, dXk, dKeysToEnd, scale);
+      dq = tail.query, dKey = tail.key, dCum = tail.cum, dBetaKeys = tail.betaKeys;
+      keysToEndSums = tail.keysToEndSums;
+    }
+#endif
+    if (!dq.defined()) {
+      // In place where it can (addcmul_): each [.., c, dk] fp32 pass costs
+      // ~0.1 ms at 32 heads x 8K tokens.
+      Tensor dkRows = dKeysBeta * bt;
+      dq = dqScores.addcmul(dQueryDecayed, terms.gamma).mul_(scale);
+      dKey = (dkScores + dkRows).add_(dkColumns).addcmul_(dXk, bt * terms.gamma).addcmul_(dKeysToEnd, terms.toEnd);
+      dBetaKeys = (dKeysBeta * k).addcmul_(dXk, k * terms.gamma).sum(-1, true);
+      // The cumulative decay, per channel: every e^{+-G} factor, then the chunk's last G.
+      Tensor keysToEndTerm = dKeysToEnd * terms.keysToEnd;
+      dCum = (q * dqScores)
+                 .addcmul_(k, (dkRows - dkScores).sub_(dkColumns))
+                 .addcmul_(dQueryDecayed, queryDecayed)
+                 .addcmul_(dXk, terms.keysWeighted)
+                 .sub_(keysToEndTerm);
+      keysToEndSums = keysToEndTerm.sum(3, true);
+    }
     Tensor dValue = dXv * bt;
-    Tensor dBeta = (dKeysBeta * k).addcmul_(dXk, k * terms.gamma).sum(-1, true) + (dXv * v).sum(-1, true);
-    // The cumulative decay, per channel: every e^{+-G} factor, then the chunk's last G.
-    Tensor keysToEndTerm = dKeysToEnd * terms.keysToEnd;
-    Tensor dCum = (q * dqScores)
-                      .addcmul_(k, (dkRows - dkScores).sub_(dkColumns))
-                      .addcmul_(dQueryDecayed, queryDecayed)
-                      .addcmul_(dXk, terms.keysWeighted)
-                      .sub_(keysToEndTerm);
-    Tensor dLastCum = keysToEndTerm.sum(3, true) + (dLeaving * states).sum(-1).unsqueeze(3) * terms.last.exp();
+    Tensor dBeta = dBetaKeys + (dXv * v).sum(-1, true);
+    Tensor dLastCum = keysToEndSums + (dLeaving * states).sum(-1).unsqueeze(3) * terms.last.exp();
     return chunkedGradients(dq, dKey, dValue, decayGradient(dCum, dLastCum), dBeta, ds, t, dtypes);
   }
 };

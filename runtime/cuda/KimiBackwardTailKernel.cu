@@ -1,0 +1,127 @@
+//===- KimiBackwardTailKernel.cu - Kimi's backward sums in one pass -------===//
+//
+// A block of 128 threads per chunk, thread d on key channel d, down the
+// chunk's rows: each row's loads are 128 consecutive floats per tensor. The
+// beta sums reduce across the channels by warp shuffles and then across the
+// four warps in shared memory; the chunk-end sums stay in a register per
+// channel.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/cuda/KimiBackwardTailKernel.h"
+#include "runtime/cuda/Switches.h"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/Exception.h>
+
+#include <vector>
+
+namespace adapt::rt::cuda {
+
+namespace {
+
+constexpr int kThreads = 128; ///< One per key channel (dk <= 128).
+constexpr int kMaxChunk = 64;
+
+/// The ten chunk tensors' data, all [items, c, dk] contiguous.
+struct TailInputs {
+  const float *q, *k, *cum, *dqScores, *dQueryDecayed, *dkScores, *dKeysBeta, *dkColumns, *dXk, *dKeysToEnd;
+  const float *beta; ///< [items, c]
+};
+
+__global__ void __launch_bounds__(kThreads)
+    kimiBackwardTailKernel(TailInputs in, int chunk, int channels, float scale, float *dq, float *dKey, float *dCum,
+                           float *betaKeys, float *keysToEndSums) {
+  __shared__ float rowSums[kMaxChunk];
+  const int d = threadIdx.x, lane = d % 32;
+  const bool active = d < channels;
+  const int64_t item = blockIdx.x, base = item * chunk * channels;
+  for (int i = d; i < chunk; i += blockDim.x)
+    rowSums[i] = 0.0f;
+  __syncthreads();
+  const float last = active ? in.cum[base + int64_t(chunk - 1) * channels + d] : 0.0f;
+  float columnSum = 0.0f;
+  for (int i = 0; i < chunk; ++i) {
+    const int64_t at = base + int64_t(i) * channels + d;
+    const float b = in.beta[item * chunk + i];
+    float betaPart = 0.0f;
+    if (active) {
+      const float g = in.cum[at], gamma = __expf(g), toEnd = __expf(last - g);
+      const float q = in.q[at], k = in.k[at];
+      const float dqS = in.dqScores[at], dQD = in.dQueryDecayed[at], dkS = in.dkScores[at];
+      const float dKB = in.dKeysBeta[at], dkC = in.dkColumns[at], dXk = in.dXk[at], dKE = in.dKeysToEnd[at];
+      dq[at] = (dqS + dQD * gamma) * scale;
+      dKey[at] = dkS + dKB * b + dkC + dXk * b * gamma + dKE * toEnd;
+      const float keysToEndTerm = dKE * k * toEnd;
+      dCum[at] = q * dqS + k * (dKB * b - dkS - dkC) + dQD * q * gamma + dXk * k * b * gamma - keysToEndTerm;
+      betaPart = dKB * k + dXk * k * gamma;
+      columnSum += keysToEndTerm;
+    }
+    for (int offset = 16; offset > 0; offset /= 2)
+      betaPart += __shfl_xor_sync(0xffffffffu, betaPart, offset);
+    if (lane == 0)
+      atomicAdd(&rowSums[i], betaPart);
+  }
+  __syncthreads();
+  for (int i = d; i < chunk; i += blockDim.x)
+    betaKeys[item * chunk + i] = rowSums[i];
+  if (active)
+    keysToEndSums[item * channels + d] = columnSum;
+}
+
+} // namespace
+
+bool kimiBackwardTailEnabled() {
+  static const bool on = switchedOn("ADAPT_KIMI_BACKWARD_TAIL_KERNEL");
+  return on;
+}
+
+bool kimiBackwardTailTakes(const at::Tensor &key) {
+  return key.is_cuda() && key.scalar_type() == at::kFloat && key.dim() >= 2 && key.size(-2) >= 1 &&
+         key.size(-2) <= kMaxChunk && key.size(-1) >= 1 && key.size(-1) <= kThreads;
+}
+
+KimiBackwardTail kimiBackwardTail(const at::Tensor &q, const at::Tensor &k, const at::Tensor &cum,
+                                  const at::Tensor &beta, const at::Tensor &dqScores, const at::Tensor &dQueryDecayed,
+                                  const at::Tensor &dkScores, const at::Tensor &dKeysBeta, const at::Tensor &dkColumns,
+                                  const at::Tensor &dXk, const at::Tensor &dKeysToEnd, double scale) {
+  TORCH_CHECK(kimiBackwardTailTakes(k), "kimiBackwardTail: expected CUDA fp32 chunks [.., c <= 64, dk <= 128], found ",
+              k.sizes());
+  const int64_t chunk = k.size(-2), channels = k.size(-1), items = k.numel() / (chunk * channels);
+  std::vector<at::Tensor> kept; // contiguous copies where a view was passed
+  auto data = [&](const at::Tensor &x, const char *name) {
+    TORCH_CHECK(x.sizes() == k.sizes() && x.scalar_type() == at::kFloat && x.device() == k.device(),
+                "kimiBackwardTail: expected ", name, " like the keys ", k.sizes(), ", found ", x.sizes());
+    kept.push_back(x.contiguous());
+    return kept.back().data_ptr<float>();
+  };
+  TORCH_CHECK(beta.numel() == items * chunk && beta.scalar_type() == at::kFloat && beta.device() == k.device(),
+              "kimiBackwardTail: expected beta [.., c, 1] fp32 beside the keys ", k.sizes());
+  const c10::cuda::CUDAGuard guard(k.device());
+  const at::Tensor b = beta.contiguous();
+  TailInputs in{data(q, "q"),         data(k, "k"),           data(cum, "cum"),
+                data(dqScores, "dqScores"), data(dQueryDecayed, "dQueryDecayed"), data(dkScores, "dkScores"),
+                data(dKeysBeta, "dKeysBeta"), data(dkColumns, "dkColumns"), data(dXk, "dXk"),
+                data(dKeysToEnd, "dKeysToEnd"), b.data_ptr<float>()};
+  KimiBackwardTail r;
+  r.query = at::empty(k.sizes(), k.options());
+  r.key = at::empty(k.sizes(), k.options());
+  r.cum = at::empty(k.sizes(), k.options());
+  std::vector<int64_t> rowShape(k.sizes().begin(), k.sizes().end()), columnShape = rowShape;
+  rowShape.back() = 1;
+  columnShape[columnShape.size() - 2] = 1;
+  r.betaKeys = at::empty(rowShape, k.options());
+  r.keysToEndSums = at::empty(columnShape, k.options());
+  if (items > 0)
+    kimiBackwardTailKernel<<<static_cast<unsigned>(items), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+        in, static_cast<int>(chunk), static_cast<int>(channels), static_cast<float>(scale), r.query.data_ptr<float>(),
+        r.key.data_ptr<float>(), r.cum.data_ptr<float>(), r.betaKeys.data_ptr<float>(),
+        r.keysToEndSums.data_ptr<float>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return r;
+}
+
+} // namespace adapt::rt::cuda

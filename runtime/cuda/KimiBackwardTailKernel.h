@@ -1,0 +1,54 @@
+//===- KimiBackwardTailKernel.h - Kimi's backward sums in one pass -*- C++ -*-===//
+//
+// The last step of Kimi delta attention's backward (runtime/KimiDeltaFunction.cpp):
+// the query, key and cumulative-decay gradients and the key terms of beta's,
+// each a sum of products of the chunk tensors [.., c, dk] with e^G and
+// e^{G_last - G}. The composition makes ~25 fp32 passes over [.., c, dk]
+// (the profile at 1 x 32 heads x 8K on an H100: ~2.7 ms of elementwise
+// kernels); this kernel reads its ten inputs once and writes three outputs,
+// the exponentials computed from G in registers. A block per chunk, a thread
+// per key channel. Opt-in (ADAPT_KIMI_BACKWARD_TAIL_KERNEL=1; written in
+// session 44 without a GPU) until the `kimi_delta.*` op checks run with it.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef ADAPT_RUNTIME_CUDA_KIMIBACKWARDTAILKERNEL_H
+#define ADAPT_RUNTIME_CUDA_KIMIBACKWARDTAILKERNEL_H
+
+#include <ATen/core/Tensor.h>
+
+namespace adapt::rt::cuda {
+
+/// Whether the Kimi node's backward takes the tail kernel (ADAPT_KIMI_BACKWARD_TAIL_KERNEL=1).
+bool kimiBackwardTailEnabled();
+
+/// Whether the kernel takes chunk tensors like \p key: CUDA fp32
+/// [.., c, dk] with c <= 64 and dk <= 128.
+bool kimiBackwardTailTakes(const at::Tensor &key);
+
+/// The tail's results, all fp32.
+struct KimiBackwardTail {
+  at::Tensor query;         ///< dq [.., c, dk] (times the query's scale).
+  at::Tensor key;           ///< dk [.., c, dk].
+  at::Tensor cum;           ///< d G [.., c, dk], before the chunk-last terms.
+  at::Tensor betaKeys;      ///< beta's key terms, summed over dk [.., c, 1].
+  at::Tensor keysToEndSums; ///< sum over the chunk's rows of dKd * Kd [.., 1, dk].
+};
+
+/// With G = \p cum, L = G's last row, gamma = e^G, toEnd = e^{L - G} and
+/// beta = \p beta [.., c, 1], for the scaled query \p q and key \p k:
+///   dq   = (dqScores + dQueryDecayed gamma) scale
+///   dk   = dkScores + dKeysBeta beta + dkColumns + dXk beta gamma + dKeysToEnd toEnd
+///   dG   = q dqScores + k (dKeysBeta beta - dkScores - dkColumns) + dQueryDecayed q gamma
+///          + dXk k beta gamma - dKeysToEnd k toEnd
+///   betaKeys = sum_d (dKeysBeta k + dXk k gamma)
+///   keysToEndSums = sum_rows dKeysToEnd k toEnd
+/// Every tensor [.., c, dk] but \p beta; all fp32 on one CUDA device.
+KimiBackwardTail kimiBackwardTail(const at::Tensor &q, const at::Tensor &k, const at::Tensor &cum,
+                                  const at::Tensor &beta, const at::Tensor &dqScores, const at::Tensor &dQueryDecayed,
+                                  const at::Tensor &dkScores, const at::Tensor &dKeysBeta, const at::Tensor &dkColumns,
+                                  const at::Tensor &dXk, const at::Tensor &dKeysToEnd, double scale);
+
+} // namespace adapt::rt::cuda
+
+#endif // ADAPT_RUNTIME_CUDA_KIMIBACKWARDTAILKERNEL_H
