@@ -26,6 +26,17 @@ namespace adapt::rt {
 namespace {
 
 #ifdef ADAPT_WITH_CUDA_KERNELS
+/// A trained norm weight's gradient (not LoRA's case, whose norms are
+/// frozen): the sum over rows of dy * x * rstd, in fp32, as \p type.
+torch::Tensor normWeightGradient(const torch::Tensor &gradY, const torch::Tensor &x, const torch::Tensor &rstd,
+                                 torch::ScalarType type) {
+  const int64_t width = x.size(-1);
+  return (gradY.reshape({-1, width}).to(torch::kFloat32) * x.reshape({-1, width}).to(torch::kFloat32) *
+          rstd.unsqueeze(1))
+      .sum(0)
+      .to(type);
+}
+
 /// RMSNorm by one CUDA kernel each way (runtime/cuda/RmsNormKernel.h);
 /// saves the input and the rows' fp32 rstd. An autograd Function's tensor
 /// inputs must be defined, so "no weight" comes as an empty tensor.
@@ -44,14 +55,8 @@ struct FusedRmsNorm : torch::autograd::Function<FusedRmsNorm> {
     const torch::Tensor &x = saved[0], &rstd = saved[2];
     const torch::Tensor weight = saved[1].defined() && saved[1].numel() > 0 ? saved[1] : torch::Tensor();
     torch::Tensor gradX = cuda::rmsNormBackward(x, weight, rstd, grads[0], ctx->saved_data["offset"].toDouble());
-    torch::Tensor gradWeight;
-    if (ctx->needs_input_grad(1)) { // trained norm weights (not LoRA's case): sum over rows of g * x * rstd
-      const int64_t width = x.size(-1);
-      gradWeight = (grads[0].reshape({-1, width}).to(torch::kFloat32) * x.reshape({-1, width}).to(torch::kFloat32) *
-                    rstd.unsqueeze(1))
-                       .sum(0)
-                       .to(weight.scalar_type());
-    }
+    torch::Tensor gradWeight =
+        ctx->needs_input_grad(1) ? normWeightGradient(grads[0], x, rstd, weight.scalar_type()) : torch::Tensor();
     return {gradX, gradWeight, torch::Tensor(), torch::Tensor()};
   }
 };
@@ -98,14 +103,9 @@ struct ResidualRmsNorm : torch::autograd::Function<ResidualRmsNorm> {
       gradH = cuda::rmsNormBackward(h, weight, rstd, gradY, ctx->saved_data["offset"].toDouble(), gradStream);
     else if (gradStream.defined())
       gradH = gradStream;
-    torch::Tensor gradWeight;
-    if (ctx->needs_input_grad(2) && gradY.defined()) { // trained norm weights: sum over rows of g * h * rstd
-      const int64_t width = h.size(-1);
-      gradWeight = (gradY.reshape({-1, width}).to(torch::kFloat32) * h.reshape({-1, width}).to(torch::kFloat32) *
-                    rstd.unsqueeze(1))
-                       .sum(0)
-                       .to(weight.scalar_type());
-    }
+    torch::Tensor gradWeight = ctx->needs_input_grad(2) && gradY.defined()
+                                   ? normWeightGradient(gradY, h, rstd, weight.scalar_type())
+                                   : torch::Tensor();
     const bool hasBranch = ctx->saved_data["hasBranch"].toBool();
     return {gradH, hasBranch ? gradH : torch::Tensor(), gradWeight, torch::Tensor(), torch::Tensor(),
             torch::Tensor()};
