@@ -77,7 +77,7 @@ def main(argv):
         both, peak = timed(forward_backward)
         print(json.dumps({"op": "fla.chunk_kda" if per_channel else "fla.chunk_gated_delta_rule", "B": B, "H": H, "T": T, "dk": DK, "dv": DV,
                           "forward_ms": round(fwd, 3), "forward_backward_ms": round(both, 3),
-                          "peak_gib": round(peak, 3),
+                          "ns_per_token": round(both * 1e6 / (B * T), 1), "peak_gib": round(peak, 3),
                           "backward_guard_bypassed": bypass}), flush=True)
 
 

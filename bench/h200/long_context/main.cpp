@@ -231,9 +231,9 @@ int main(int argc, char **argv) {
     }
     std::printf("{\"op\": \"gated_delta_rule_chunked\", \"B\": %lld, \"H\": %lld, \"T\": %lld, \"dk\": %lld, "
                 "\"dv\": %lld, \"per_channel\": %s, \"forward_ms\": %.3f, \"forward_backward_ms\": %.3f, "
-                "\"peak_gib\": %.3f}\n",
+                "\"ns_per_token\": %.1f, \"peak_gib\": %.3f}\n",
                 (long long)B, (long long)H, (long long)T, (long long)DK, (long long)DV, perChannel ? "true" : "false",
-                fwd, both, peak);
+                fwd, both, both * 1e6 / double(B * T), peak);
     return 0;
   }
   if (tokens <= 0 || (mixer != "gdn" && mixer != "dsa" && mixer != "hybrid"))
