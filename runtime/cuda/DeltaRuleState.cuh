@@ -65,9 +65,10 @@ __device__ __forceinline__ void loadStateTiles(const StateTiles &s, const Stride
 /// chunks in order: writes each chunk's entering state (bf16) and V_new.
 /// Warp w holds the state's rows [32 w, 32 w + 32) as mma accumulators.
 /// With \p Prefetch, \p Stages sets of tiles (stateStages()): chunks n + 1
-/// to n + Stages - 1 in flight while chunk n computes. With \p PerChannel (Kimi's decay per key channel),
-/// \p key holds k e^{G_last - G} and \p cum each chunk's last G per channel:
-/// the state's row r decays by e^{G_last, r} and V_new enters undecayed.
+/// to n + Stages - 1 in flight while chunk n computes. With \p PerChannel
+/// (Kimi's decay per key channel), \p key holds k e^{G_last - G} and \p cum
+/// each chunk's last G per channel: the state's row r decays by
+/// e^{G_last, r} and V_new enters undecayed.
 template <bool Prefetch, bool PerChannel = false, int Stages = 2>
 __global__ void __launch_bounds__(128)
     deltaRuleStateKernel(Strided key, const bf16 *w, const bf16 *u, const float *cum, int64_t tokens, int chunks,

@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(kThreads)
                            T *__restrict__ y, float *__restrict__ rstdOut, int64_t rows, int64_t width, float eps) {
   using P = Pack<T>;
   const int lane = threadIdx.x % 32;
-  const int64_t row = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / 32;
+  const int64_t row = warpRow();
   if (row >= rows)
     return;
   const T *in = x + row * width, *gs = gate + row * width;
@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(kThreads)
                             T *__restrict__ gradGate, int64_t rows, int64_t width) {
   using P = Pack<T>;
   const int lane = threadIdx.x % 32;
-  const int64_t row = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / 32;
+  const int64_t row = warpRow();
   if (row >= rows)
     return;
   const int64_t base = row * width;

@@ -54,7 +54,7 @@ __global__ void rmsNormForwardKernel(const T *__restrict__ x, const W *__restric
                                      float *__restrict__ rstdOut, int64_t rows, int64_t width, float eps,
                                      float offset) {
   const int lane = threadIdx.x % 32;
-  const int64_t row = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / 32;
+  const int64_t row = warpRow();
   if (row >= rows)
     return;
   const T *in = x + row * width;
@@ -75,7 +75,7 @@ __global__ void residualRmsNormForwardKernel(const T *__restrict__ residual, con
                                              float offset) {
   using P = Pack<T>;
   const int lane = threadIdx.x % 32;
-  const int64_t row = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / 32;
+  const int64_t row = warpRow();
   if (row >= rows)
     return;
   const int64_t base = row * width;
@@ -105,7 +105,7 @@ __global__ void rmsNormBackwardKernel(const T *__restrict__ x, const W *__restri
                                       int64_t width, float offset) {
   using P = Pack<T>;
   const int lane = threadIdx.x % 32;
-  const int64_t row = blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / 32;
+  const int64_t row = warpRow();
   if (row >= rows)
     return;
   const T *in = x + row * width, *g = gradY + row * width;

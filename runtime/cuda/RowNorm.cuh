@@ -17,6 +17,10 @@ namespace adapt::rt::cuda::rownorm {
 constexpr int kThreads = 256;                 ///< Threads per block.
 constexpr int kRowsPerBlock = kThreads / 32;  ///< One row per warp.
 
+/// The row this thread's warp takes: each block's kRowsPerBlock rows, a
+/// warp each (past the last row when the block overhangs it).
+__device__ __forceinline__ int64_t warpRow() { return blockIdx.x * int64_t(kRowsPerBlock) + threadIdx.x / 32; }
+
 /// The sum of \p v over the warp, in every lane.
 __device__ __forceinline__ float warpSum(float v) {
   for (int offset = 16; offset > 0; offset /= 2)
