@@ -5,9 +5,8 @@
 #                  (no prefetch) and of the opt-in switches waiting for them, bf16,
 #                  and memcheck with the switches on (SKIP_CHECKS=1: only the
 #                  fp32 gated norm, session 43's switches (defaults since session
-#                  44) in fp32 and their opt-outs, session 44's opt-ins
-#                  ADAPT_DELTA_RULE_STAGES and ADAPT_KIMI_BACKWARD_TAIL_KERNEL,
-#                  and memcheck with them on)
+#                  44) in fp32 and their opt-outs, Kimi's backward tail kernel
+#                  (default since session 45) and its opt-out, and memcheck)
 #   PHASE=timings  forward and forward+backward of the op at the issue's shapes,
 #                  default against each opt-out switch, a Kineto profile at 32K, and
 #                  flash-linear-attention 0.6 (wheels carried in .whl/) last
@@ -74,23 +73,18 @@ if [ "${PHASE:-checks}" != timings ]; then
   check row-inverse ADAPT_DELTA_RULE_BLOCK_INVERSE=0 -- gated_delta_rule
   check one-block ADAPT_DELTA_RULE_TWO_BLOCKS=0 -- gated_delta_rule.chunked
   check two-blocks-no-lean ADAPT_DELTA_RULE_LEAN_BACKWARD=0 -- gated_delta_rule.chunked
-  # Session 44's opt-in, waiting for these checks: the recurrence kernels
-  # with 3 or 4 chunks of tiles in flight (the backward's at most 3).
-  check stages-3 ADAPT_DELTA_RULE_STAGES=3 -- gated_delta_rule
-  check stages-4 ADAPT_DELTA_RULE_STAGES=4 -- gated_delta_rule
-  check stages-4-fp32 ADAPT_DELTA_RULE_STAGES=4 -- gated_delta_rule.chunked float32
-  check stages-4-kimi ADAPT_DELTA_RULE_STAGES=4 -- kimi_delta
-  check stages-3-no-lean ADAPT_DELTA_RULE_STAGES=3 ADAPT_DELTA_RULE_LEAN_BACKWARD=0 -- gated_delta_rule.chunked
-  # And Kimi's backward tail as one kernel.
-  check kimi-tail ADAPT_KIMI_BACKWARD_TAIL_KERNEL=1 -- kimi_delta
-  check kimi-tail-fp32 ADAPT_KIMI_BACKWARD_TAIL_KERNEL=1 -- kimi_delta.chunked float32
+  # Kimi's backward tail as one kernel (default since session 45), and the
+  # composition it replaced.
+  check kimi-tail ADAPT_NONE=1 -- kimi_delta
+  check kimi-tail-fp32 ADAPT_NONE=1 -- kimi_delta.chunked float32
+  check kimi-no-tail ADAPT_KIMI_BACKWARD_TAIL_KERNEL=0 -- kimi_delta.chunked
   # Out-of-bounds accesses the checks' numbers could miss: memcheck over the
   # kernels, forward and backward, at the d-128 shapes.
   SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
   if [ -n "$SAN" ]; then
     for only in ${MEMCHECK:-gated_delta_rule.chunked kimi_delta.chunked kimi_scores causal_conv1d norm.gated_rms expert}; do
       ADAPT_CONV_KERNEL=1 ADAPT_GATED_NORM_KERNEL=1 ADAPT_DELTA_RULE_TRAIN_KERNEL=1 ADAPT_DELTA_RULE_BACKWARD_KERNEL=1 ADAPT_DELTA_RULE_LEAN_BACKWARD=1 \
-        ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 ADAPT_KIMI_SCORES_KERNEL=1 ADAPT_DELTA_RULE_STAGES=${MEMCHECK_STAGES:-4} ADAPT_KIMI_BACKWARD_TAIL_KERNEL=1 \
+        ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 ADAPT_KIMI_SCORES_KERNEL=1 \
         timeout ${MEMCHECK_TIMEOUT:-200} $SAN --tool memcheck --error-exitcode 9 $W/rt/adapt-op-check --device cuda \
         --seeds 1 --dtype bfloat16 --only $only --out $W/checks/memcheck > $W/memcheck.log 2>&1
       echo "-- memcheck $only: rc $? $(grep -m1 'ERROR SUMMARY' $W/memcheck.log)"
@@ -119,16 +113,12 @@ if [ "${PHASE:-checks}" != checks ]; then
   run_shapes row-inverse ADAPT_DELTA_RULE_BLOCK_INVERSE=0
   run_shapes one-block ADAPT_DELTA_RULE_TWO_BLOCKS=0
   run_shapes session-43 ADAPT_DELTA_RULE_BLOCK_INVERSE=0 ADAPT_DELTA_RULE_TWO_BLOCKS=0
-  run_shapes stages-3 ADAPT_DELTA_RULE_STAGES=3
-  run_shapes stages-4 ADAPT_DELTA_RULE_STAGES=4
   run_shapes no-lean ADAPT_DELTA_RULE_LEAN_BACKWARD=0
   run_shapes no-prefetch ADAPT_DELTA_RULE_PREFETCH=0
   echo "== Kimi delta attention $(date +%T)"
   EXTRA=--per-channel run_shapes kda-default ADAPT_NONE=1
   EXTRA=--per-channel run_shapes kda-scores-warp ADAPT_KIMI_SCORES_PAIRS=0
-  EXTRA=--per-channel run_shapes kda-stages-4 ADAPT_DELTA_RULE_STAGES=4
-  EXTRA=--per-channel run_shapes kda-tail ADAPT_KIMI_BACKWARD_TAIL_KERNEL=1
-  EXTRA=--per-channel run_shapes kda-tail+stages-4 ADAPT_KIMI_BACKWARD_TAIL_KERNEL=1 ADAPT_DELTA_RULE_STAGES=4
+  EXTRA=--per-channel run_shapes kda-no-tail ADAPT_KIMI_BACKWARD_TAIL_KERNEL=0
   EXTRA=--per-channel run_shapes kda-session-43 ADAPT_KIMI_SCORES_PAIRS=0 ADAPT_DELTA_RULE_BLOCK_INVERSE=0
   EXTRA=--per-channel run_shapes kda-no-scores-kernel ADAPT_KIMI_SCORES_KERNEL=0
   EXTRA=--per-channel run_shapes kda-composition ADAPT_KIMI_DELTA_TRAIN_KERNEL=0 ADAPT_KIMI_SCORES_KERNEL=0

@@ -300,16 +300,6 @@ __device__ __forceinline__ void invertUnitLower(float *a, int tid) {
 /// H100 (session 44); ADAPT_DELTA_RULE_BLOCK_INVERSE=0 substitutes row by row.
 bool blockInverse();
 
-/// How many chunks' tiles the recurrence kernels keep in flight: 2 (double
-/// buffers, the default) or, with ADAPT_DELTA_RULE_STAGES=3 or 4 (written in
-/// session 44 without a GPU; the op checks on one decide its default), 3 or
-/// 4 sets, so each chunk's loads were issued two or three chunks earlier.
-/// Session 44's profile at 1 x 32 heads x 32K had the state kernel at ~3.2 us
-/// a chunk, several times its mma and load work: latency-bound, with one
-/// block of four warps per SM. The backward's state kernel takes at most 3
-/// (its sets are 64 KiB).
-int stateStages();
-
 /// invertUnitLower by 16-row blocks, with the same layout and result (up to
 /// fp32 summation order): each diagonal block by one warp (15 dependent
 /// steps under __syncwarp), then block rows 1 to 3 in turn,

@@ -87,12 +87,11 @@ __device__ __forceinline__ void storePair(bf16 *p, float a, float b) {
   *reinterpret_cast<uint32_t *>(p) = packBf16(a, b);
 }
 
-/// With \p Prefetch, \p Stages sets of tiles (2, or 3 under
-/// stateStages()): chunks n - 1 to n - Stages + 1 in flight while chunk n
-/// computes. dS' and dV_new go out as \p Grad (fp32 or bf16). With
+/// With \p Prefetch, two sets of tiles: chunk n - 1's load in flight while
+/// chunk n computes. dS' and dV_new go out as \p Grad (fp32 or bf16). With
 /// \p PerChannel, \p cum is each chunk's last G per key channel [B·H, n,
 /// 128] rather than G per token [B·H, n·64].
-template <bool Prefetch, typename Grad, bool PerChannel = false, int Stages = 2>
+template <bool Prefetch, typename Grad, bool PerChannel = false>
 __global__ void __launch_bounds__(128)
     deltaRuleStateBackwardKernel(const bf16 *keysToEnd, const bf16 *queryDecayed, const bf16 *w, const bf16 *gradOut,
                                  const float *localNew, const float *cum, int chunks, const float *gradFinal,
@@ -110,18 +109,13 @@ __global__ void __launch_bounds__(128)
     ds[mt][nt][i] = gradFinal[(bh * kDim + r) * kDim + col0 + c];
   });
   if constexpr (Prefetch) {
-#pragma unroll
-    for (int p = 0; p < Stages - 1; ++p) { // one commit group per chunk, even past the first
-      const int c = chunks - 1 - p;
-      if (c >= 0)
-        loadBackwardTiles<true, PerChannel>(BackwardTiles::at(sets + (c % Stages) * BackwardTiles::kBytes), keysToEnd,
-                                            queryDecayed, w, gradOut, localNew, cum, base + int64_t(c) * kChunk, col0);
-      asyncCommit();
-    }
+    loadBackwardTiles<true, PerChannel>(BackwardTiles::at(sets + ((chunks - 1) & 1) * BackwardTiles::kBytes), keysToEnd,
+                            queryDecayed, w, gradOut, localNew, cum, base + padded - kChunk, col0);
+    asyncCommit();
   }
   for (int n = chunks - 1; n >= 0; --n) {
     const int64_t row0 = int64_t(n) * kChunk;
-    const BackwardTiles s = BackwardTiles::at(sets + (Prefetch ? n % Stages : 0) * BackwardTiles::kBytes);
+    const BackwardTiles s = BackwardTiles::at(sets + (Prefetch ? (n & 1) : 0) * BackwardTiles::kBytes);
     // dS' (leaving the chunk): out, and to shared memory in bf16.
     Grad *leavingOut = leaving + ((bh * chunks + n) * kDim) * kDim;
 #pragma unroll
@@ -136,14 +130,11 @@ __global__ void __launch_bounds__(128)
         storePair(leavingOut + (r + 8) * kDim + col0 + c, ds[mt][nt][2], ds[mt][nt][3]);
       }
     if constexpr (Prefetch) {
-      // Into the set chunk n + 1 used (every thread passed its last barrier).
-      const int ahead = n - (Stages - 1);
-      if (ahead >= 0)
-        loadBackwardTiles<true, PerChannel>(BackwardTiles::at(sets + (ahead % Stages) * BackwardTiles::kBytes),
-                                            keysToEnd, queryDecayed, w, gradOut, localNew, cum,
-                                            base + int64_t(ahead) * kChunk, col0);
+      if (n > 0)
+        loadBackwardTiles<true, PerChannel>(BackwardTiles::at(sets + ((n - 1) & 1) * BackwardTiles::kBytes), keysToEnd,
+                                queryDecayed, w, gradOut, localNew, cum, base + row0 - kChunk, col0);
       asyncCommit();
-      asyncWait<Stages - 1>(); // chunk n's group, committed Stages - 1 groups ago, has landed
+      asyncWait<1>(); // this chunk's copies have landed
     } else {
       loadBackwardTiles<false>(s, keysToEnd, queryDecayed, w, gradOut, nullptr, nullptr, base + row0, col0);
     }
@@ -239,10 +230,8 @@ DeltaRuleStateGrads deltaRuleStateBackward(const at::Tensor &keysToEnd, const at
   DeltaRuleStateGrads r{at::empty({bh, chunks, kDim, kDim}, gradOptions), at::empty({bh, padded, kDim}, gradOptions),
                         at::empty({bh, kDim, kDim}, f32)};
   const bool prefetch = asyncLoads();
-  const bool three = prefetch && stateStages() >= 3;
   const size_t bytes = (kDim + kChunk) * kStateRow * sizeof(bf16) +
-                       (prefetch ? (three ? 3 : 2) * BackwardTiles::kBytes
-                                 : (3 * kChunk * kRow + kChunk * kStateRow) * sizeof(bf16));
+                       (prefetch ? 2 * BackwardTiles::kBytes : (3 * kChunk * kRow + kChunk * kStateRow) * sizeof(bf16));
   auto bf = [](const at::Tensor &x) { return reinterpret_cast<const bf16 *>(x.data_ptr<at::BFloat16>()); };
   auto launch = [&](auto kernel, auto *leaving, auto *gradNew) {
     allowSharedMemory(kernel, bytes);
@@ -252,21 +241,15 @@ DeltaRuleStateGrads deltaRuleStateBackward(const at::Tensor &keysToEnd, const at
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
   if (perChannel) {
-    launch(three      ? deltaRuleStateBackwardKernel<true, float, true, 3>
-           : prefetch ? deltaRuleStateBackwardKernel<true, float, true>
-                      : deltaRuleStateBackwardKernel<false, float, true>,
+    launch(prefetch ? deltaRuleStateBackwardKernel<true, float, true> : deltaRuleStateBackwardKernel<false, float, true>,
            r.leaving.data_ptr<float>(), r.newValues.data_ptr<float>());
   } else if (lean) {
     auto *leaving = reinterpret_cast<bf16 *>(r.leaving.data_ptr<at::BFloat16>());
     auto *gradNew = reinterpret_cast<bf16 *>(r.newValues.data_ptr<at::BFloat16>());
-    launch(three      ? deltaRuleStateBackwardKernel<true, bf16, false, 3>
-           : prefetch ? deltaRuleStateBackwardKernel<true, bf16>
-                      : deltaRuleStateBackwardKernel<false, bf16>,
-           leaving, gradNew);
+    launch(prefetch ? deltaRuleStateBackwardKernel<true, bf16> : deltaRuleStateBackwardKernel<false, bf16>, leaving,
+           gradNew);
   } else {
-    launch(three      ? deltaRuleStateBackwardKernel<true, float, false, 3>
-           : prefetch ? deltaRuleStateBackwardKernel<true, float>
-                      : deltaRuleStateBackwardKernel<false, float>,
+    launch(prefetch ? deltaRuleStateBackwardKernel<true, float> : deltaRuleStateBackwardKernel<false, float>,
            r.leaving.data_ptr<float>(), r.newValues.data_ptr<float>());
   }
   return r;

@@ -20,8 +20,6 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 
 namespace adapt::rt::cuda {
 
@@ -196,14 +194,6 @@ bool delta::blockInverse() {
   return on;
 }
 
-int delta::stateStages() {
-  static const int stages = [] {
-    const char *v = std::getenv("ADAPT_DELTA_RULE_STAGES");
-    return v && std::strcmp(v, "3") == 0 ? 3 : v && std::strcmp(v, "4") == 0 ? 4 : 2;
-  }();
-  return stages;
-}
-
 bool delta::leanBackward() {
   static const bool on = !switchedOff("ADAPT_DELTA_RULE_LEAN_BACKWARD");
   return on;
@@ -263,12 +253,8 @@ at::Tensor gatedDeltaRuleForward(const at::Tensor &query, const at::Tensor &key,
       cum.data_ptr<float>(), inverse.defined() ? inverse.data_ptr<float>() : nullptr, async, blockInverse());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
-  const int stages = prefetch ? stateStages() : 1;
-  const size_t stateBytes = stateKernelBytes(stages);
-  auto stateKernel = stages == 4   ? deltaRuleStateKernel<true, false, 4>
-                     : stages == 3 ? deltaRuleStateKernel<true, false, 3>
-                     : prefetch    ? deltaRuleStateKernel<true>
-                                   : deltaRuleStateKernel<false>;
+  const size_t stateBytes = stateKernelBytes(prefetch);
+  auto stateKernel = prefetch ? deltaRuleStateKernel<true> : deltaRuleStateKernel<false>;
   allowSharedMemory(stateKernel, stateBytes);
   stateKernel<<<dim3(kDim / kStateColumns, bh), 128, stateBytes, stream>>>(
       stridedRows(key), reinterpret_cast<const bf16 *>(w.data_ptr<at::BFloat16>()),

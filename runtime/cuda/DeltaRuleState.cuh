@@ -64,12 +64,11 @@ __device__ __forceinline__ void loadStateTiles(const StateTiles &s, const Stride
 /// Kernel 2, a block (128 threads) per (32 value columns, b·h), over the
 /// chunks in order: writes each chunk's entering state (bf16) and V_new.
 /// Warp w holds the state's rows [32 w, 32 w + 32) as mma accumulators.
-/// With \p Prefetch, \p Stages sets of tiles (stateStages()): chunks n + 1
-/// to n + Stages - 1 in flight while chunk n computes. With \p PerChannel
-/// (Kimi's decay per key channel), \p key holds k e^{G_last - G} and \p cum
-/// each chunk's last G per channel: the state's row r decays by
-/// e^{G_last, r} and V_new enters undecayed.
-template <bool Prefetch, bool PerChannel = false, int Stages = 2>
+/// With \p Prefetch, two sets of tiles: chunk n + 1's load in flight while
+/// chunk n computes. With \p PerChannel (Kimi's decay per key channel),
+/// \p key holds k e^{G_last - G} and \p cum each chunk's last G per channel:
+/// the state's row r decays by e^{G_last, r} and V_new enters undecayed.
+template <bool Prefetch, bool PerChannel = false>
 __global__ void __launch_bounds__(128)
     deltaRuleStateKernel(Strided key, const bf16 *w, const bf16 *u, const float *cum, int64_t tokens, int chunks,
                          const float *initialState, bf16 *states, bf16 *newValues, float *finalState) {
@@ -86,17 +85,12 @@ __global__ void __launch_bounds__(128)
     s[mt][nt][i] = initialState ? initialState[(bh * kDim + r) * kDim + col0 + c] : 0.0f;
   });
   if constexpr (Prefetch) {
-#pragma unroll
-    for (int p = 0; p < Stages - 1; ++p) { // one commit group per chunk, even past the last
-      if (p < chunks)
-        loadStateTiles<true, PerChannel>(StateTiles::at(sets + p * StateTiles::kBytes), key, w, u, cum, bh, padded,
-                                         tokens, p, col0);
-      asyncCommit();
-    }
+    loadStateTiles<true, PerChannel>(StateTiles::at(sets), key, w, u, cum, bh, padded, tokens, 0, col0);
+    asyncCommit();
   }
   for (int n = 0; n < chunks; ++n) {
     const int64_t row0 = int64_t(n) * kChunk;
-    const StateTiles tiles = StateTiles::at(sets + (Prefetch ? n % Stages : 0) * StateTiles::kBytes);
+    const StateTiles tiles = StateTiles::at(sets + (Prefetch ? (n & 1) : 0) * StateTiles::kBytes);
     // The entering state: to shared memory (bf16, an mma operand) and out.
     bf16 *stateOut = states + ((bh * chunks + n) * kDim) * kDim;
 #pragma unroll
@@ -111,13 +105,11 @@ __global__ void __launch_bounds__(128)
         *reinterpret_cast<uint32_t *>(stateOut + (r + 8) * kDim + col0 + c) = hi;
       }
     if constexpr (Prefetch) {
-      // Into the set chunk n - 1 used (every thread passed its last barrier).
-      const int ahead = n + Stages - 1;
-      if (ahead < chunks)
-        loadStateTiles<true, PerChannel>(StateTiles::at(sets + (ahead % Stages) * StateTiles::kBytes), key, w, u, cum,
-                                         bh, padded, tokens, ahead, col0);
+      if (n + 1 < chunks)
+        loadStateTiles<true, PerChannel>(StateTiles::at(sets + ((n + 1) & 1) * StateTiles::kBytes), key, w, u, cum, bh, padded,
+                             tokens, n + 1, col0);
       asyncCommit();
-      asyncWait<Stages - 1>(); // chunk n's group, committed Stages - 1 groups ago, has landed
+      asyncWait<1>(); // this chunk's copies have landed
     } else {
       loadStateTiles<false, PerChannel>(tiles, key, w, u, cum, bh, padded, tokens, n, col0);
     }
@@ -174,11 +166,11 @@ __global__ void __launch_bounds__(128)
     });
 }
 
-/// Dynamic shared memory of deltaRuleStateKernel: the state, V_new and
-/// \p sets sets of tiles (1 without prefetching, else its Stages). A set is
-/// laid out by StateTiles::at whether or not U's columns are loaded into it.
-inline size_t stateKernelBytes(int sets) {
-  return (kDim + kChunk) * kStateRow * sizeof(bf16) + sets * StateTiles::kBytes;
+/// Dynamic shared memory of deltaRuleStateKernel: the state, V_new and one
+/// set of tiles, or two when prefetching. A set is laid out by
+/// StateTiles::at whether or not U's columns are loaded into it.
+inline size_t stateKernelBytes(bool prefetch) {
+  return (kDim + kChunk) * kStateRow * sizeof(bf16) + (prefetch ? 2 : 1) * StateTiles::kBytes;
 }
 
 } // namespace adapt::rt::cuda::delta

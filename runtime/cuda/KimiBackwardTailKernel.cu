@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(kThreads)
 } // namespace
 
 bool kimiBackwardTailEnabled() {
-  static const bool on = switchedOn("ADAPT_KIMI_BACKWARD_TAIL_KERNEL");
+  static const bool on = !switchedOff("ADAPT_KIMI_BACKWARD_TAIL_KERNEL");
   return on;
 }
 

@@ -268,12 +268,8 @@ at::Tensor kimiDeltaRuleForward(const at::Tensor &query, const at::Tensor &key, 
   // The state kernel's prefetching form (checked with per-channel decays on
   // an H200, session 43); ADAPT_KIMI_DELTA_PREFETCH=0 keeps the plain one.
   static const bool prefetch = asyncLoads() && !switchedOff("ADAPT_KIMI_DELTA_PREFETCH");
-  const int stages = prefetch ? stateStages() : 1;
-  const size_t stateBytes = stateKernelBytes(stages);
-  auto stateKernel = stages == 4   ? deltaRuleStateKernel<true, true, 4>
-                     : stages == 3 ? deltaRuleStateKernel<true, true, 3>
-                     : prefetch    ? deltaRuleStateKernel<true, true>
-                                   : deltaRuleStateKernel<false, true>;
+  const size_t stateBytes = stateKernelBytes(prefetch);
+  auto stateKernel = prefetch ? deltaRuleStateKernel<true, true> : deltaRuleStateKernel<false, true>;
   allowSharedMemory(stateKernel, stateBytes);
   stateKernel<<<dim3(kDim / kStateColumns, bh), 128, stateBytes, stream>>>(
       stridedRows(keysToEnd), bf16Data(w), bf16Data(u), last.data_ptr<float>(), tokens, chunks,
