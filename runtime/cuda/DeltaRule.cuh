@@ -29,8 +29,10 @@ constexpr int kChunk = 64;         ///< Tokens per chunk.
 constexpr int kDim = 128;          ///< dk = dv.
 constexpr int kRow = kDim + 8;     ///< Shared row of a [64, 128] tile, in bf16.
 constexpr int kSquareRow = kChunk + 8; ///< Shared row of a [64, 64] tile, in bf16.
-constexpr int kStateColumns = 32;  ///< Value columns per recurrence block.
-constexpr int kStateRow = kStateColumns + 8;
+constexpr int kStateColumns = 32;  ///< Value columns per recurrence block (the forward's may take 16).
+/// Shared row of a [.., Columns] state tile, in bf16 (16 bytes of padding).
+constexpr int stateRowOf(int columns) { return columns + 8; }
+constexpr int kStateRow = stateRowOf(kStateColumns);
 
 /// Two floats as a bf16 pair (lower index in the low half).
 __device__ __forceinline__ uint32_t packBf16(float lo, float hi) {
@@ -54,30 +56,34 @@ __device__ __forceinline__ void loadFragmentATransposed(uint32_t (&a)[4], const 
   ldmatrixX4Trans(a, tile + (k0 + (matrix / 2) * 8 + lane % 8) * stride + m0 + (matrix % 2) * 8);
 }
 
-/// The [128, 32] slice of a state (or its gradient) that a recurrence block
-/// keeps in mma accumulators: warp w holds rows [32 w, 32 w + 32) as two
-/// m-tiles of four n-tiles.
-using StateSlice = float[2][4][4];
+/// The [128, Columns] slice of a state (or its gradient) that a recurrence
+/// block keeps in mma accumulators: warp w holds rows [32 w, 32 w + 32) as
+/// two m-tiles of Columns / 8 n-tiles.
+template <int Columns = kStateColumns> using StateSliceOf = float[2][Columns / 8][4];
+using StateSlice = StateSliceOf<>;
 
-/// Calls f(mt, nt, i, row, column) for each of the warp's StateSlice
-/// elements (row in [0, 128), column in [0, 32)).
-template <typename F> __device__ __forceinline__ void forStateSlice(int warp, int g, int t, F f) {
+/// Calls f(mt, nt, i, row, column) for each of the warp's StateSliceOf<Columns>
+/// elements (row in [0, 128), column in [0, Columns)).
+template <int Columns = kStateColumns, typename F>
+__device__ __forceinline__ void forStateSlice(int warp, int g, int t, F f) {
 #pragma unroll
   for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
+    for (int nt = 0; nt < Columns / 8; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i)
         f(mt, nt, i, 32 * warp + 16 * mt + g + (i / 2) * 8, 8 * nt + 2 * t + i % 2);
 }
 
 /// acc = rows [16 warp, 16 warp + 16) of the [64][kRow] tile \p rows times
-/// the [128][kStateRow] tile \p state: a warp's share of a chunk's [64, 32]
-/// product with the state slice.
-__device__ __forceinline__ void chunkRowsTimesState(float (&acc)[4][4], const bf16 *rows, const bf16 *state, int warp,
-                                                    int g, int t, int lane) {
+/// the [128][stateRowOf(Columns)] tile \p state: a warp's share of a
+/// chunk's [64, Columns] product with the state slice.
+template <int Columns = kStateColumns>
+__device__ __forceinline__ void chunkRowsTimesState(float (&acc)[Columns / 8][4], const bf16 *rows, const bf16 *state,
+                                                    int warp, int g, int t, int lane) {
+  static_assert(Columns % 16 == 0, "n-tiles come in pairs");
 #pragma unroll
-  for (int nt = 0; nt < 4; ++nt)
+  for (int nt = 0; nt < Columns / 8; ++nt)
 #pragma unroll
     for (int i = 0; i < 4; ++i)
       acc[nt][i] = 0.0f;
@@ -86,9 +92,9 @@ __device__ __forceinline__ void chunkRowsTimesState(float (&acc)[4][4], const bf
     uint32_t fa[4];
     loadFragmentA(fa, rows + 16 * warp * kRow, kRow, kk, g, t);
 #pragma unroll
-    for (int np = 0; np < 2; ++np) {
+    for (int np = 0; np < Columns / 16; ++np) {
       uint32_t fb[4];
-      loadFragmentsB(fb, state, kStateRow, 16 * kk, 16 * np, lane);
+      loadFragmentsB(fb, state, stateRowOf(Columns), 16 * kk, 16 * np, lane);
       mma16816(acc[2 * np], fa, fb[0], fb[1]);
       mma16816(acc[2 * np + 1], fa, fb[2], fb[3]);
     }
@@ -253,6 +259,14 @@ bool asyncLoads();
 /// x 32K tokens (measured on an H200, session 43: 6.54 -> 5.54 GiB peak, and
 /// 12.4 -> 11.9 ms forward + backward). Its op checks passed there.
 bool leanBackward();
+
+/// The value columns a block of the forward's state kernel takes for \p heads
+/// sequences (B·H): 32, or 16 where a block per 32 columns would leave SMs
+/// idle or one block on each (heads x 4 <= the SM count; 1 x 32 heads on
+/// 132 SMs), so that two blocks share each SM and hide each other's latency.
+/// ADAPT_DELTA_RULE_STATE_COLUMNS=16 or 32 sets it; unset: 32 (opt-in,
+/// written in session 45 without a GPU, until its checks run).
+int stateColumns(int64_t heads);
 
 /// A [B, H, T, D] tensor's data and its strides over b, h and t.
 struct Strided {

@@ -20,6 +20,8 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 
 namespace adapt::rt::cuda {
 
@@ -199,6 +201,23 @@ bool delta::leanBackward() {
   return on;
 }
 
+int delta::stateColumns(int64_t heads) {
+  static const int forced = [] {
+    const char *v = std::getenv("ADAPT_DELTA_RULE_STATE_COLUMNS");
+    if (v == nullptr)
+      return 32;
+    if (std::strcmp(v, "16") == 0 || std::strcmp(v, "32") == 0)
+      return std::atoi(v);
+    TORCH_CHECK(std::strcmp(v, "auto") == 0, "ADAPT_DELTA_RULE_STATE_COLUMNS: expected 16, 32 or auto, found '", v,
+                "'");
+    return 0;
+  }();
+  if (forced != 0)
+    return forced;
+  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+  return heads * (kDim / 32) <= sms ? 16 : 32;
+}
+
 bool deltaRuleForwardTakes(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
                            const at::Tensor &decay, const at::Tensor &beta, int64_t chunkSize) {
   if (chunkSize != kChunk || !query.is_cuda() || query.dim() != 4 || key.dim() != 4 || value.dim() != 4)
@@ -253,10 +272,9 @@ at::Tensor gatedDeltaRuleForward(const at::Tensor &query, const at::Tensor &key,
       cum.data_ptr<float>(), inverse.defined() ? inverse.data_ptr<float>() : nullptr, async, blockInverse());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
-  const size_t stateBytes = stateKernelBytes(prefetch);
-  auto stateKernel = prefetch ? deltaRuleStateKernel<true> : deltaRuleStateKernel<false>;
-  allowSharedMemory(stateKernel, stateBytes);
-  stateKernel<<<dim3(kDim / kStateColumns, bh), 128, stateBytes, stream>>>(
+  const int columns = stateColumns(bh);
+  auto stateKernel = stateKernelFor<false>(prefetch, columns);
+  stateKernel<<<dim3(kDim / columns, bh), 128, stateKernelBytes(prefetch, columns), stream>>>(
       stridedRows(key), reinterpret_cast<const bf16 *>(w.data_ptr<at::BFloat16>()),
       reinterpret_cast<const bf16 *>(u.data_ptr<at::BFloat16>()), cum.data_ptr<float>(), tokens, chunks,
       init.defined() ? init.data_ptr<float>() : nullptr, reinterpret_cast<bf16 *>(states.data_ptr<at::BFloat16>()),

@@ -2,9 +2,9 @@
 //
 // The serial kernel of the chunked delta rule's forward, shared by Gated
 // DeltaNet's scalar decay (DeltaRuleKernel.cu) and Kimi's per-channel decay
-// (KimiDeltaKernel.cu): a block per (32 value columns, b·h) walks the
-// chunks in order with the state [128, 32] in mma accumulators (fp32),
-// writing each chunk's entering state and V_new = U - W S in bf16.
+// (KimiDeltaKernel.cu): a block per (32 or 16 value columns, b·h) walks
+// the chunks in order with the state [128, columns] in mma accumulators
+// (fp32), writing each chunk's entering state and V_new = U - W S in bf16.
 //
 //===----------------------------------------------------------------------===//
 
@@ -15,11 +15,13 @@
 
 namespace adapt::rt::cuda::delta {
 
-/// One chunk's operands of the state recurrence in shared memory.
-struct StateTiles {
+/// One chunk's operands of the state recurrence in shared memory, for a
+/// block of \p Columns value columns.
+template <int Columns> struct StateTiles {
+  static constexpr int kStateRow = stateRowOf(Columns);
   bf16 *ws;   ///< W [64][kRow]
   bf16 *ks;   ///< k [64][kRow]
-  bf16 *us;   ///< U's 32 columns [64][kStateRow] (prefetching only)
+  bf16 *us;   ///< U's Columns columns [64][kStateRow] (prefetching only)
   float *cum; ///< G of the chunk's tokens [64], or of its last token per key channel [128]
   /// The bytes of one set (a multiple of 16).
   static constexpr size_t kBytes = (2 * kChunk * kRow + kChunk * kStateRow) * sizeof(bf16) + kDim * sizeof(float);
@@ -34,11 +36,11 @@ struct StateTiles {
 };
 
 /// Loads chunk \p n's W, k (zeros past the \p tokens) and G into \p s, and
-/// with Async (cp.async) U's 32 columns too. PerChannel (Kimi): \p key holds
-/// the keys already decayed to the chunk's end, and \p cum the last token's
-/// G per key channel [B·H, n, 128].
-template <bool Async, bool PerChannel = false>
-__device__ __forceinline__ void loadStateTiles(const StateTiles &s, const Strided &key, const bf16 *w, const bf16 *u,
+/// with Async (cp.async) U's Columns columns too. PerChannel (Kimi): \p key
+/// holds the keys already decayed to the chunk's end, and \p cum the last
+/// token's G per key channel [B·H, n, 128].
+template <bool Async, bool PerChannel, int Columns>
+__device__ __forceinline__ void loadStateTiles(const StateTiles<Columns> &s, const Strided &key, const bf16 *w, const bf16 *u,
                                                const float *cum, int64_t bh, int64_t padded, int64_t tokens, int n,
                                                int col0) {
   const int64_t row0 = int64_t(n) * kChunk, rows0 = bh * padded + row0;
@@ -49,9 +51,9 @@ __device__ __forceinline__ void loadStateTiles(const StateTiles &s, const Stride
     copy16<Async>(s.ks + r * kRow + c, key.row(bh, valid ? row0 + r : 0) + c, valid);
   }
   if constexpr (Async)
-    for (int i = threadIdx.x; i < kChunk * kStateColumns / 8; i += blockDim.x) {
-      const int r = i / (kStateColumns / 8), c = (i % (kStateColumns / 8)) * 8;
-      copy16<true>(s.us + r * kStateRow + c, u + (rows0 + r) * kDim + col0 + c);
+    for (int i = threadIdx.x; i < kChunk * Columns / 8; i += blockDim.x) {
+      const int r = i / (Columns / 8), c = (i % (Columns / 8)) * 8;
+      copy16<true>(s.us + r * StateTiles<Columns>::kStateRow + c, u + (rows0 + r) * kDim + col0 + c);
     }
   if constexpr (PerChannel) {
     if (threadIdx.x < kDim / 4)
@@ -61,42 +63,44 @@ __device__ __forceinline__ void loadStateTiles(const StateTiles &s, const Stride
   }
 }
 
-/// Kernel 2, a block (128 threads) per (32 value columns, b·h), over the
-/// chunks in order: writes each chunk's entering state (bf16) and V_new.
+/// Kernel 2, a block (128 threads) per (\p Columns value columns, b·h), over
+/// the chunks in order: writes each chunk's entering state (bf16) and V_new.
 /// Warp w holds the state's rows [32 w, 32 w + 32) as mma accumulators.
 /// With \p Prefetch, two sets of tiles: chunk n + 1's load in flight while
 /// chunk n computes. With \p PerChannel (Kimi's decay per key channel),
 /// \p key holds k e^{G_last - G} and \p cum each chunk's last G per channel:
 /// the state's row r decays by e^{G_last, r} and V_new enters undecayed.
-template <bool Prefetch, bool PerChannel = false>
+template <bool Prefetch, bool PerChannel = false, int Columns = kStateColumns>
 __global__ void __launch_bounds__(128)
     deltaRuleStateKernel(Strided key, const bf16 *w, const bf16 *u, const float *cum, int64_t tokens, int chunks,
                          const float *initialState, bf16 *states, bf16 *newValues, float *finalState) {
+  using Tiles = StateTiles<Columns>;
+  constexpr int kStateRow = Tiles::kStateRow, NT = Columns / 8, NP = Columns / 16;
   extern __shared__ __align__(16) unsigned char shared[];
   bf16 *ss = reinterpret_cast<bf16 *>(shared); // the entering state [128][kStateRow]
   bf16 *vn = ss + kDim * kStateRow;             // decayed V_new [64][kStateRow]
   unsigned char *sets = reinterpret_cast<unsigned char *>(vn + kChunk * kStateRow);
   const int64_t bh = blockIdx.y;
-  const int col0 = blockIdx.x * kStateColumns;
+  const int col0 = blockIdx.x * Columns;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int64_t padded = int64_t(chunks) * kChunk;
-  StateSlice s;
-  forStateSlice(warp, g, t, [&](int mt, int nt, int i, int r, int c) {
+  StateSliceOf<Columns> s;
+  forStateSlice<Columns>(warp, g, t, [&](int mt, int nt, int i, int r, int c) {
     s[mt][nt][i] = initialState ? initialState[(bh * kDim + r) * kDim + col0 + c] : 0.0f;
   });
   if constexpr (Prefetch) {
-    loadStateTiles<true, PerChannel>(StateTiles::at(sets), key, w, u, cum, bh, padded, tokens, 0, col0);
+    loadStateTiles<true, PerChannel>(Tiles::at(sets), key, w, u, cum, bh, padded, tokens, 0, col0);
     asyncCommit();
   }
   for (int n = 0; n < chunks; ++n) {
     const int64_t row0 = int64_t(n) * kChunk;
-    const StateTiles tiles = StateTiles::at(sets + (Prefetch ? (n & 1) : 0) * StateTiles::kBytes);
+    const Tiles tiles = Tiles::at(sets + (Prefetch ? (n & 1) : 0) * Tiles::kBytes);
     // The entering state: to shared memory (bf16, an mma operand) and out.
     bf16 *stateOut = states + ((bh * chunks + n) * kDim) * kDim;
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt)
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt) {
+      for (int nt = 0; nt < NT; ++nt) {
         const int r = 32 * warp + 16 * mt + g, c = 8 * nt + 2 * t;
         const uint32_t lo = packBf16(s[mt][nt][0], s[mt][nt][1]), hi = packBf16(s[mt][nt][2], s[mt][nt][3]);
         *reinterpret_cast<uint32_t *>(ss + r * kStateRow + c) = lo;
@@ -106,7 +110,7 @@ __global__ void __launch_bounds__(128)
       }
     if constexpr (Prefetch) {
       if (n + 1 < chunks)
-        loadStateTiles<true, PerChannel>(StateTiles::at(sets + ((n + 1) & 1) * StateTiles::kBytes), key, w, u, cum, bh, padded,
+        loadStateTiles<true, PerChannel>(Tiles::at(sets + ((n + 1) & 1) * Tiles::kBytes), key, w, u, cum, bh, padded,
                              tokens, n + 1, col0);
       asyncCommit();
       asyncWait<1>(); // this chunk's copies have landed
@@ -116,12 +120,12 @@ __global__ void __launch_bounds__(128)
     __syncthreads();
     const float *cs = tiles.cum;
     const float last = PerChannel ? 0.0f : cs[kChunk - 1];
-    // V_new = U - W S: warp w takes rows [16 w, 16 w + 16), 32 columns.
+    // V_new = U - W S: warp w takes rows [16 w, 16 w + 16), Columns columns.
     {
-      float acc[4][4];
-      chunkRowsTimesState(acc, tiles.ws, ss, warp, g, t, lane);
+      float acc[NT][4];
+      chunkRowsTimesState<Columns>(acc, tiles.ws, ss, warp, g, t, lane);
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
+      for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int r = 16 * warp + g + 8 * h, c = 8 * nt + 2 * t;
@@ -137,22 +141,23 @@ __global__ void __launch_bounds__(128)
     __syncthreads();
     // S <- exp(G_last) S + k^T (exp(G_last - G) V_new).
     if constexpr (PerChannel) {
-      forStateSlice(warp, g, t, [&](int mt, int nt, int i, int r, int) { s[mt][nt][i] *= __expf(cs[r]); });
+      forStateSlice<Columns>(warp, g, t, [&](int mt, int nt, int i, int r, int) { s[mt][nt][i] *= __expf(cs[r]); });
     } else {
       const float chunkDecay = __expf(last);
-      forStateSlice(warp, g, t, [&](int mt, int nt, int i, int, int) { s[mt][nt][i] *= chunkDecay; });
+      forStateSlice<Columns>(warp, g, t, [&](int mt, int nt, int i, int, int) { s[mt][nt][i] *= chunkDecay; });
     }
 #pragma unroll
     for (int kk = 0; kk < kChunk / 16; ++kk) {
-      uint32_t fb[2][4];
-      loadFragmentsB(fb[0], vn, kStateRow, 16 * kk, 0, lane);
-      loadFragmentsB(fb[1], vn, kStateRow, 16 * kk, 16, lane);
+      uint32_t fb[NP][4];
+#pragma unroll
+      for (int np = 0; np < NP; ++np)
+        loadFragmentsB(fb[np], vn, kStateRow, 16 * kk, 16 * np, lane);
 #pragma unroll
       for (int mt = 0; mt < 2; ++mt) {
         uint32_t fa[4];
         loadFragmentATransposed(fa, tiles.ks, kRow, 16 * kk, 32 * warp + 16 * mt, lane);
 #pragma unroll
-        for (int np = 0; np < 2; ++np) {
+        for (int np = 0; np < NP; ++np) {
           mma16816(s[mt][2 * np], fa, fb[np][0], fb[np][1]);
           mma16816(s[mt][2 * np + 1], fa, fb[np][2], fb[np][3]);
         }
@@ -161,16 +166,28 @@ __global__ void __launch_bounds__(128)
     __syncthreads(); // before the next chunk's tiles overwrite these
   }
   if (finalState)
-    forStateSlice(warp, g, t, [&](int mt, int nt, int i, int r, int c) {
+    forStateSlice<Columns>(warp, g, t, [&](int mt, int nt, int i, int r, int c) {
       finalState[(bh * kDim + r) * kDim + col0 + c] = s[mt][nt][i];
     });
 }
 
-/// Dynamic shared memory of deltaRuleStateKernel: the state, V_new and one
-/// set of tiles, or two when prefetching. A set is laid out by
-/// StateTiles::at whether or not U's columns are loaded into it.
-inline size_t stateKernelBytes(bool prefetch) {
-  return (kDim + kChunk) * kStateRow * sizeof(bf16) + (prefetch ? 2 : 1) * StateTiles::kBytes;
+/// Dynamic shared memory of deltaRuleStateKernel over \p columns (32 or
+/// 16): the state, V_new and one set of tiles, or two when prefetching. A
+/// set is laid out by StateTiles::at whether or not U's columns are loaded.
+inline size_t stateKernelBytes(bool prefetch, int columns) {
+  const size_t set = columns == 16 ? StateTiles<16>::kBytes : StateTiles<32>::kBytes;
+  return (kDim + kChunk) * stateRowOf(columns) * sizeof(bf16) + (prefetch ? 2 : 1) * set;
+}
+
+/// The forward's state kernel for \p columns (32 or 16; stateColumns()) and
+/// \p prefetch, with the shared memory it needs allowed.
+template <bool PerChannel> auto stateKernelFor(bool prefetch, int columns) {
+  auto kernel = columns == 16 ? (prefetch ? deltaRuleStateKernel<true, PerChannel, 16>
+                                          : deltaRuleStateKernel<false, PerChannel, 16>)
+                              : (prefetch ? deltaRuleStateKernel<true, PerChannel, 32>
+                                          : deltaRuleStateKernel<false, PerChannel, 32>);
+  allowSharedMemory(kernel, stateKernelBytes(prefetch, columns));
+  return kernel;
 }
 
 } // namespace adapt::rt::cuda::delta
