@@ -205,7 +205,7 @@ int delta::stateColumns(int64_t heads) {
   static const int forced = [] {
     const char *v = std::getenv("ADAPT_DELTA_RULE_STATE_COLUMNS");
     if (v == nullptr)
-      return 32;
+      return 0; // auto
     if (std::strcmp(v, "16") == 0 || std::strcmp(v, "32") == 0)
       return std::atoi(v);
     TORCH_CHECK(std::strcmp(v, "auto") == 0, "ADAPT_DELTA_RULE_STATE_COLUMNS: expected 16, 32 or auto, found '", v,
