@@ -15,7 +15,8 @@
 #   PHASE=both     the two, in that order
 # fla compiles its Triton kernels on first use: in session 44 its GDN rows
 # took 150 s and its KDA produced no row in 150 s more, so KDA runs one shape
-# by default (FLA_KDA_SHAPES, FLA_KDA_TIMEOUT).
+# by default (FLA_KDA_SHAPES, FLA_KDA_TIMEOUT); the compiled kernels come back
+# as OUTDIR/fla-cache.tgz for a later call to carry (bench/h200/fla_env.sh).
 # usage: PHASE=checks|timings|both [CHECK_TIMEOUT=110] [SKIP_FLA=1] [SKIP_FLA_KDA=1] [MEMCHECK="ids"] [MEMCHECK_TIMEOUT=200] bench/h200_delta_rule.sh OUTDIR
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -140,10 +141,11 @@ if [ "${PHASE:-checks}" != checks ]; then
   python3 bench/h200/trace_kernels.py $W/profkda/profile/trace.json 3 14 2>&1 | tail -18
   [ -n "${SKIP_FLA:-}" ] && { echo "== done $(date +%T)"; exit 0; }
   echo "== fla 0.6 $(date +%T)"
-  mkdir -p /tmp/fla && for w in .whl/*.whl; do python3 -m zipfile -e $w /tmp/fla; done
-  PYTHONPATH=/tmp/fla timeout ${FLA_TIMEOUT:-240} python3 bench/h200/fla_delta_rule.py --bypass-triton-guard $SHAPES 2>&1 | grep -v Warning | tail -4
+  source bench/h200/fla_env.sh
+  timeout ${FLA_TIMEOUT:-240} python3 bench/h200/fla_delta_rule.py --bypass-triton-guard $SHAPES 2>&1 | grep -v Warning | tail -4
   [ -z "${SKIP_FLA_KDA:-}" ] &&
-    PYTHONPATH=/tmp/fla timeout ${FLA_KDA_TIMEOUT:-240} python3 bench/h200/fla_delta_rule.py --bypass-triton-guard --per-channel \
+    timeout ${FLA_KDA_TIMEOUT:-240} python3 bench/h200/fla_delta_rule.py --bypass-triton-guard --per-channel \
       ${FLA_KDA_SHAPES:-1 32 8192 128 128} 2>&1 | grep -v Warning | tail -4
+  save_fla_cache "$OUT"
 fi
 echo "== done $(date +%T)"

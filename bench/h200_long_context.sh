@@ -21,8 +21,10 @@ while [ $# -ge 5 ]; do
   timeout 300 $W/lc/long_context --delta-rule $1 $2 $3 $4 $5 | tee -a $OUT/delta_rule.jsonl
   shift 5
 done
+source bench/h200/fla_env.sh
 if python3 -c 'import fla' 2>/dev/null; then
   timeout 300 python3 bench/h200/fla_delta_rule.py --bypass-triton-guard $SHAPES | tee -a $OUT/delta_rule.jsonl
+  save_fla_cache "$OUT"
 else
   echo "flash-linear-attention is not installed (carry .whl/)" | tee -a $OUT/delta_rule.jsonl
 fi

@@ -49,7 +49,8 @@ for extra in "" --per-channel; do
 done
 [ -n "${SKIP_FLA:-}" ] && { echo "== done $(date +%T)"; exit 0; }
 echo "== fla 0.6 $(date +%T)"
-mkdir -p /tmp/fla && for w in .whl/*.whl; do python3 -m zipfile -e $w /tmp/fla; done
-PYTHONPATH=/tmp/fla timeout ${FLA_TIMEOUT:-150} python3 bench/h200/fla_delta_rule.py --bypass-triton-guard 1 32 32768 128 128 \
+source bench/h200/fla_env.sh
+timeout ${FLA_TIMEOUT:-150} python3 bench/h200/fla_delta_rule.py --bypass-triton-guard 1 32 32768 128 128 \
   2>&1 | grep -v Warning | tail -2
+save_fla_cache "$OUT"
 echo "== done $(date +%T)"
