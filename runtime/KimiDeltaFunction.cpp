@@ -136,6 +136,20 @@ std::pair<Tensor, Tensor> perChannelDecayedScoresBackward(const Tensor &grad, co
   return {dx.reshape(x.sizes()), dy.reshape(y.sizes())};
 }
 
+PairedScoreGradients pairedDecayedScoresBackward(const Tensor &gradA, const Tensor &xA, const Tensor &gradB,
+                                                 const Tensor &xB, const Tensor &y, const Tensor &cum) {
+#ifdef ADAPT_WITH_CUDA_KERNELS
+  if (chooseKernel("kimi_scores.paired_backward", y, cuda::pairedScoresBackwardEnabled(),
+                   cuda::perChannelScoresTakes(xA, y, cum) && cuda::perChannelScoresTakes(xB, y, cum))) {
+    cuda::PairedScoreGradients g = cuda::perChannelScoresPairedBackward(gradA, xA, gradB, xB, y, cum);
+    return {g.xA, g.xB, g.y};
+  }
+#endif
+  auto [dxA, dyA] = perChannelDecayedScoresBackward(gradA, xA, y, cum);
+  auto [dxB, dyB] = perChannelDecayedScoresBackward(gradB, xB, y, cum);
+  return {dxA, dxB, dyA.add_(dyB)};
+}
+
 namespace {
 
 /// What forward and backward both derive from the inputs.
@@ -243,11 +257,12 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     Tensor dInverse = torch::matmul(dW, transposed(terms.keysWeighted)) + torch::matmul(dNew, transposed(xv));
     Tensor dXk = torch::matmul(transposed(inverse), dW), dXv = torch::matmul(transposed(inverse), dNew);
     Tensor dSystem = -torch::matmul(torch::matmul(transposed(inverse), dInverse), transposed(inverse)) * m.strict;
-    auto [dqScores, dkScores] = perChannelDecayedScoresBackward(dScores, q, k, cum);
-    // The system is the scores of x = b k against k: their backward's x
-    // gradient gives k's row term (times b) and b's term (its dot with k),
-    // so the key pairs P_kk themselves (a scores pass) are never rebuilt.
-    auto [dKeysBeta, dkColumns] = perChannelDecayedScoresBackward(dSystem, k * bt, k, cum);
+    // The output's scores are q's against k, the system's x = b k's against
+    // k: the latter's x gradient gives k's row term (times b) and b's term
+    // (its dot with k), so the key pairs P_kk themselves (a scores pass) are
+    // never rebuilt. Only the sum of the two key-column gradients is needed.
+    const PairedScoreGradients scoreGrads = pairedDecayedScoresBackward(dScores, q, dSystem, k * bt, k, cum);
+    const Tensor &dqScores = scoreGrads.xA, &dKeysBeta = scoreGrads.xB, &dkColumns = scoreGrads.y;
 
     // The sums of products into dq, dk, dG and beta's key terms: one kernel
     // on the GPU when switched on (runtime/cuda/KimiBackwardTailKernel.h,
@@ -256,7 +271,7 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
 #ifdef ADAPT_WITH_CUDA_KERNELS
     if (chooseKernel("kimi_delta_rule.backward_tail", k, cuda::kimiBackwardTailEnabled(),
                      cuda::kimiBackwardTailTakes(k))) {
-      cuda::KimiBackwardTail tail = cuda::kimiBackwardTail(q, k, cum, bt, dqScores, dQueryDecayed, dkScores, dKeysBeta,
+      cuda::KimiBackwardTail tail = cuda::kimiBackwardTail(q, k, cum, bt, dqScores, dQueryDecayed, Tensor(), dKeysBeta,
                                                            dkColumns, dXk, dKeysToEnd, scale);
       dq = tail.query, dKey = tail.key, dCum = tail.cum, dBetaKeys = tail.betaKeys;
       keysToEndSums = tail.keysToEndSums;
@@ -267,12 +282,12 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
       // ~0.1 ms at 32 heads x 8K tokens.
       Tensor dkRows = dKeysBeta * bt;
       dq = dqScores.addcmul(dQueryDecayed, terms.gamma).mul_(scale);
-      dKey = (dkScores + dkRows).add_(dkColumns).addcmul_(dXk, bt * terms.gamma).addcmul_(dKeysToEnd, terms.toEnd);
+      dKey = (dkColumns + dkRows).addcmul_(dXk, bt * terms.gamma).addcmul_(dKeysToEnd, terms.toEnd);
       dBetaKeys = (dKeysBeta * k).addcmul_(dXk, k * terms.gamma).sum(-1, true);
       // The cumulative decay, per channel: every e^{+-G} factor, then the chunk's last G.
       Tensor keysToEndTerm = dKeysToEnd * terms.keysToEnd;
       dCum = (q * dqScores)
-                 .addcmul_(k, (dkRows - dkScores).sub_(dkColumns))
+                 .addcmul_(k, dkRows - dkColumns)
                  .addcmul_(dQueryDecayed, queryDecayed)
                  .addcmul_(dXk, terms.keysWeighted)
                  .sub_(keysToEndTerm);

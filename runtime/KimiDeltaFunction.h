@@ -40,6 +40,19 @@ std::pair<torch::Tensor, torch::Tensor> perChannelDecayedScoresBackward(const to
                                                                         const torch::Tensor &x, const torch::Tensor &y,
                                                                         const torch::Tensor &cum);
 
+/// The gradients of perChannelDecayedScores(xA, y, cum) for \p gradA and of
+/// perChannelDecayedScores(xB, y, cum) for \p gradB: {dxA, dxB, dyA + dyB}.
+/// One CUDA kernel where switched on (ADAPT_KIMI_SCORES_PAIRED_BACKWARD=1),
+/// each decay factor computed once for both; else two
+/// perChannelDecayedScoresBackward calls. Op check:
+/// `kimi_scores.paired_backward`.
+struct PairedScoreGradients {
+  torch::Tensor xA, xB, y;
+};
+PairedScoreGradients pairedDecayedScoresBackward(const torch::Tensor &gradA, const torch::Tensor &xA,
+                                                 const torch::Tensor &gradB, const torch::Tensor &xB,
+                                                 const torch::Tensor &y, const torch::Tensor &cum);
+
 /// {output [B, H, T, dv] in the query's dtype, S_T [B, H, dk, dv] fp32} of
 /// the chunked delta rule with a decay per key channel ([B, H, T, dk]), from
 /// \p initialState (undefined: zeros), differentiable in every input and the

@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(kThreads)
     if (active) {
       const float g = in.cum[at], gamma = __expf(g), toEnd = __expf(last - g);
       const float q = in.q[at], k = in.k[at];
-      const float dqS = in.dqScores[at], dQD = in.dQueryDecayed[at], dkS = in.dkScores[at];
+      const float dqS = in.dqScores[at], dQD = in.dQueryDecayed[at], dkS = in.dkScores ? in.dkScores[at] : 0.0f;
       const float dKB = in.dKeysBeta[at], dkC = in.dkColumns[at], dXk = in.dXk[at], dKE = in.dKeysToEnd[at];
       dq[at] = (dqS + dQD * gamma) * scale;
       dKey[at] = dkS + dKB * b + dkC + dXk * b * gamma + dKE * toEnd;
@@ -103,7 +103,7 @@ KimiBackwardTail kimiBackwardTail(const at::Tensor &q, const at::Tensor &k, cons
   const c10::cuda::CUDAGuard guard(k.device());
   const at::Tensor b = beta.contiguous();
   TailInputs in{data(q, "q"),         data(k, "k"),           data(cum, "cum"),
-                data(dqScores, "dqScores"), data(dQueryDecayed, "dQueryDecayed"), data(dkScores, "dkScores"),
+                data(dqScores, "dqScores"), data(dQueryDecayed, "dQueryDecayed"), dkScores.defined() ? data(dkScores, "dkScores") : nullptr,
                 data(dKeysBeta, "dKeysBeta"), data(dkColumns, "dkColumns"), data(dXk, "dXk"),
                 data(dKeysToEnd, "dKeysToEnd"), b.data_ptr<float>()};
   KimiBackwardTail r;

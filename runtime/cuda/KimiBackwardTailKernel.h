@@ -45,6 +45,8 @@ struct KimiBackwardTail {
 ///   betaKeys = sum_d (dKeysBeta k + dXk k gamma)
 ///   keysToEndSums = sum_rows dKeysToEnd k toEnd
 /// Every tensor [.., c, dk] but \p beta; all fp32 on one CUDA device.
+/// dkScores and dkColumns enter only as their sum: \p dkScores may be
+/// undefined, with the sum passed as \p dkColumns.
 KimiBackwardTail kimiBackwardTail(const at::Tensor &q, const at::Tensor &k, const at::Tensor &cum,
                                   const at::Tensor &beta, const at::Tensor &dqScores, const at::Tensor &dQueryDecayed,
                                   const at::Tensor &dkScores, const at::Tensor &dKeysBeta, const at::Tensor &dkColumns,

@@ -145,6 +145,50 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+constexpr int kPairedThreads = 512;
+
+/// perChannelScoresBackwardKernel for two cotangents that share y and G
+/// (Kimi's backward: the output scores' with x = the query, the system's
+/// with x = beta k): dxA and dxB [c][dk] and dy = dyA + dyB, from one
+/// exponential per (row, key, channel) where two calls take two, and one
+/// launch. A thread per (channel, row), as there; 160 KiB of shared memory
+/// at c 64, dk 128.
+__global__ void __launch_bounds__(kPairedThreads)
+    perChannelScoresPairedBackwardKernel(const float *gradA, const float *xA, const float *gradB, const float *xB,
+                                         const float *y, const float *cum, int chunk, int channels, float *gradXA,
+                                         float *gradXB, float *gradY) {
+  extern __shared__ __align__(16) float smem[];
+  const int tile = chunk * channels;
+  float *xas = smem, *xbs = xas + tile, *ys = xbs + tile, *gs = ys + tile;
+  float *pa = gs + tile, *pb = pa + chunk * chunk;
+  const int64_t item = blockIdx.x, base = item * tile;
+  copyFloats(xas, xA + base, tile);
+  copyFloats(xbs, xB + base, tile);
+  copyFloats(ys, y + base, tile);
+  copyFloats(gs, cum + base, tile);
+  copyFloats(pa, gradA + item * chunk * chunk, chunk * chunk);
+  copyFloats(pb, gradB + item * chunk * chunk, chunk * chunk);
+  __syncthreads();
+  const int rowsAtOnce = blockDim.x / channels, d = threadIdx.x % channels;
+  if (threadIdx.x >= rowsAtOnce * channels)
+    return;
+  for (int r = threadIdx.x / channels; r < chunk; r += rowsAtOnce) {
+    const float gr = gs[r * channels + d];
+    float dxa = 0.0f, dxb = 0.0f, dy = 0.0f;
+    for (int i = 0; i <= r; ++i) { // dx_r: keys i <= r
+      const float ye = ys[i * channels + d] * __expf(gr - gs[i * channels + d]);
+      dxa += pa[r * chunk + i] * ye;
+      dxb += pb[r * chunk + i] * ye;
+    }
+    for (int t = r; t < chunk; ++t) // dy_r: queries t >= r
+      dy += (pa[t * chunk + r] * xas[t * channels + d] + pb[t * chunk + r] * xbs[t * channels + d]) *
+            __expf(gs[t * channels + d] - gr);
+    gradXA[base + r * channels + d] = dxa;
+    gradXB[base + r * channels + d] = dxb;
+    gradY[base + r * channels + d] = dy;
+  }
+}
+
 /// Whether x, y and cum are alike: CUDA fp32 [.., c, dk] with c <= 64, dk in [32, 128].
 bool chunkOperands(const at::Tensor &x, const at::Tensor &y, const at::Tensor &cum) {
   if (!x.is_cuda() || x.dim() < 2 || x.scalar_type() != at::kFloat)
@@ -170,6 +214,11 @@ bool perChannelScoresKernelEnabled() {
 
 bool perChannelScoresTakes(const at::Tensor &x, const at::Tensor &y, const at::Tensor &cum) {
   return chunkOperands(x, y, cum);
+}
+
+bool pairedScoresBackwardEnabled() {
+  static const bool on = switchedOn("ADAPT_KIMI_SCORES_PAIRED_BACKWARD");
+  return on;
 }
 
 at::Tensor perChannelScores(const at::Tensor &xIn, const at::Tensor &yIn, const at::Tensor &cumIn) {
@@ -214,6 +263,32 @@ std::pair<at::Tensor, at::Tensor> perChannelScoresBackward(const at::Tensor &gra
       dx.data_ptr<float>(), dy.data_ptr<float>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {dx, dy};
+}
+
+PairedScoreGradients perChannelScoresPairedBackward(const at::Tensor &gradA, const at::Tensor &xAIn,
+                                                    const at::Tensor &gradB, const at::Tensor &xBIn,
+                                                    const at::Tensor &yIn, const at::Tensor &cumIn) {
+  TORCH_CHECK(chunkOperands(xAIn, yIn, cumIn) && chunkOperands(xBIn, yIn, cumIn),
+              "perChannelScoresPairedBackward: expected CUDA fp32 xA, xB, y, cum [.., c <= 64, 32 <= dk <= 128]");
+  const at::Tensor xA = xAIn.contiguous(), xB = xBIn.contiguous(), y = yIn.contiguous(), cum = cumIn.contiguous();
+  const int chunk = static_cast<int>(y.size(-2)), channels = static_cast<int>(y.size(-1));
+  const int64_t items = y.numel() / (int64_t(chunk) * channels);
+  const at::Tensor ga = gradA.to(at::kFloat).contiguous(), gb = gradB.to(at::kFloat).contiguous();
+  TORCH_CHECK(ga.numel() == items * chunk * chunk && gb.numel() == ga.numel() && ga.device() == y.device() &&
+                  gb.device() == y.device(),
+              "perChannelScoresPairedBackward: expected two cotangents [.., c, c] beside y");
+  PairedScoreGradients r{at::empty_like(xA), at::empty_like(xB), at::empty_like(y)};
+  if (items == 0)
+    return r;
+  const c10::cuda::CUDAGuard guard(y.device());
+  const size_t bytes = (4 * size_t(chunk) * channels + 2 * size_t(chunk) * chunk) * sizeof(float);
+  allowBytes(perChannelScoresPairedBackwardKernel, bytes);
+  perChannelScoresPairedBackwardKernel<<<static_cast<unsigned>(items), kPairedThreads, bytes,
+                                         at::cuda::getCurrentCUDAStream()>>>(
+      ga.data_ptr<float>(), xA.data_ptr<float>(), gb.data_ptr<float>(), xB.data_ptr<float>(), y.data_ptr<float>(),
+      cum.data_ptr<float>(), chunk, channels, r.xA.data_ptr<float>(), r.xB.data_ptr<float>(), r.y.data_ptr<float>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return r;
 }
 
 } // namespace adapt::rt::cuda

@@ -35,6 +35,26 @@ at::Tensor perChannelScores(const at::Tensor &x, const at::Tensor &y, const at::
 std::pair<at::Tensor, at::Tensor> perChannelScoresBackward(const at::Tensor &grad, const at::Tensor &x,
                                                            const at::Tensor &y, const at::Tensor &cum);
 
+/// Whether the Kimi node's backward takes perChannelScoresPairedBackward
+/// (ADAPT_KIMI_SCORES_PAIRED_BACKWARD=1; written in session 45 without a
+/// GPU, opt-in until the `kimi_scores.paired_backward` and `kimi_delta.*` op
+/// checks run with it on one).
+bool pairedScoresBackwardEnabled();
+
+/// The gradients of two perChannelScores products that share y and cum.
+struct PairedScoreGradients {
+  at::Tensor xA; ///< d xA [.., c, dk]
+  at::Tensor xB; ///< d xB [.., c, dk]
+  at::Tensor y;  ///< d y from both [.., c, dk]
+};
+
+/// perChannelScoresBackward(gradA, xA, y, cum) and (gradB, xB, y, cum) in
+/// one kernel, their y gradients summed: each e^{cum_t - cum_i} is computed
+/// once for both (Kimi's backward: its output scores and its system).
+PairedScoreGradients perChannelScoresPairedBackward(const at::Tensor &gradA, const at::Tensor &xA,
+                                                    const at::Tensor &gradB, const at::Tensor &xB, const at::Tensor &y,
+                                                    const at::Tensor &cum);
+
 } // namespace adapt::rt::cuda
 
 #endif // ADAPT_RUNTIME_CUDA_PERCHANNELSCORESKERNEL_H

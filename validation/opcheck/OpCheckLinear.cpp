@@ -171,6 +171,30 @@ Trial kimiScoresTrial(const Ctx &c, int64_t B, int64_t H, int64_t n, int64_t chu
   return {{"scores", ours, ref}, {"grad x", dx, x.ref.grad(), true}, {"grad y", dy, y.ref.grad(), true}};
 }
 
+/// pairedDecayedScoresBackward against autograd through two scores
+/// products sharing y and G in float64: Kimi's backward shape (the output's
+/// cotangent on and below the diagonal, the system's strictly below).
+Trial kimiPairedScoresTrial(const Ctx &c, int64_t B, int64_t H, int64_t n, int64_t chunk, int64_t dk) {
+  Input xa = input(c, torch::randn({B, H, n, chunk, dk}, f64), true, torch::kFloat32);
+  Input xb = input(c, torch::randn({B, H, n, chunk, dk}, f64), true, torch::kFloat32);
+  Input y = input(c, torch::randn({B, H, n, chunk, dk}, f64), true, torch::kFloat32);
+  Input cum = input(c, torch::log_sigmoid(torch::randn({B, H, n, chunk, dk}, f64) + 2.0).cumsum(3), false,
+                    torch::kFloat32);
+  Tensor later = torch::ones({chunk, chunk}, torch::kBool).triu(1).view({chunk, chunk, 1});
+  Tensor decay = (cum.ref.unsqueeze(4) - cum.ref.unsqueeze(3)).masked_fill(later, -INFINITY).exp(); // [.., t, i, dk]
+  Tensor scoresA = (xa.ref.unsqueeze(4) * y.ref.unsqueeze(3) * decay).sum(-1);
+  Tensor scoresB = (xb.ref.unsqueeze(4) * y.ref.unsqueeze(3) * decay).sum(-1);
+  Tensor cotA = torch::randn(scoresA.sizes(), f64).tril().to(c.dtype).to(f64);
+  Tensor cotB = torch::randn(scoresB.sizes(), f64).tril(-1).to(c.dtype).to(f64);
+  ((scoresA * cotA).sum() + (scoresB * cotB).sum()).backward();
+  PairedScoreGradients ours = pairedDecayedScoresBackward(cotA.to(c.device, torch::kFloat32), xa.ours.detach(),
+                                                          cotB.to(c.device, torch::kFloat32), xb.ours.detach(),
+                                                          y.ours.detach(), cum.ours);
+  return {{"grad xA", ours.xA, xa.ref.grad(), true},
+          {"grad xB", ours.xB, xb.ref.grad(), true},
+          {"grad y", ours.y, y.ref.grad(), true}};
+}
+
 } // namespace
 
 void addLinearAttentionChecks(std::vector<Check> &all) {
@@ -224,6 +248,8 @@ void addLinearAttentionChecks(std::vector<Check> &all) {
   auto scores = [&](int64_t B, int64_t H, int64_t n, int64_t chunk, int64_t dk) {
     std::string shape = shapeText({{"B", B}, {"H", H}, {"n", n}, {"c", chunk}, {"dk", dk}});
     addCheck(all, "kimi_scores.pairs", shape, [=](const Ctx &c) { return kimiScoresTrial(c, B, H, n, chunk, dk); });
+    addCheck(all, "kimi_scores.paired_backward", shape,
+             [=](const Ctx &c) { return kimiPairedScoresTrial(c, B, H, n, chunk, dk); });
   };
   scores(2, 2, 3, 16, 8);
   scores(1, 2, 2, 48, 32);
