@@ -86,6 +86,9 @@ if [ "${PHASE:-checks}" != timings ]; then
   check kimi-paired-fp32 ADAPT_KIMI_SCORES_PAIRED_BACKWARD=1 -- kimi_scores float32
   check kimi-paired-delta ADAPT_KIMI_SCORES_PAIRED_BACKWARD=1 -- kimi_delta
   check kimi-paired-delta-fp32 ADAPT_KIMI_SCORES_PAIRED_BACKWARD=1 -- kimi_delta.chunked float32
+  # Session 45's head slices of Kimi's backward (the default only past 128
+  # MiB a tensor), forced down to one head.
+  check kimi-slices ADAPT_KIMI_BACKWARD_SLICE_HEADS=1 -- kimi_delta.chunked
   # Out-of-bounds accesses the checks' numbers could miss: memcheck over the
   # kernels, forward and backward, at the d-128 shapes.
   SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
@@ -128,6 +131,7 @@ if [ "${PHASE:-checks}" != checks ]; then
   EXTRA=--per-channel run_shapes kda-scores-warp ADAPT_KIMI_SCORES_PAIRS=0
   EXTRA=--per-channel run_shapes kda-no-tail ADAPT_KIMI_BACKWARD_TAIL_KERNEL=0
   EXTRA=--per-channel run_shapes kda-paired ADAPT_KIMI_SCORES_PAIRED_BACKWARD=1
+  EXTRA=--per-channel run_shapes kda-one-pass ADAPT_KIMI_BACKWARD_SLICE_HEADS=1024
   EXTRA=--per-channel run_shapes kda-session-43 ADAPT_KIMI_SCORES_PAIRS=0 ADAPT_DELTA_RULE_BLOCK_INVERSE=0
   EXTRA=--per-channel run_shapes kda-no-scores-kernel ADAPT_KIMI_SCORES_KERNEL=0
   EXTRA=--per-channel run_shapes kda-composition ADAPT_KIMI_DELTA_TRAIN_KERNEL=0 ADAPT_KIMI_SCORES_KERNEL=0

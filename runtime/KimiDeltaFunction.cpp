@@ -17,7 +17,9 @@
 #include "runtime/cuda/PerChannelScoresKernel.h"
 #endif
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 namespace adapt::rt {
 
@@ -152,6 +154,23 @@ PairedScoreGradients pairedDecayedScoresBackward(const Tensor &gradA, const Tens
 
 namespace {
 
+/// Heads per slice of the Kimi node's backward for B sequences of
+/// \p paddedTokens tokens and \p keyDim channels: as many as keep one
+/// [B, heads, T, dk] fp32 tensor within 128 MiB (all of 32 heads at 8K
+/// tokens, 8 at 32K), or ADAPT_KIMI_BACKWARD_SLICE_HEADS=N.
+int64_t backwardSliceHeads(int64_t batch, int64_t heads, int64_t paddedTokens, int64_t keyDim) {
+  if (const char *v = std::getenv("ADAPT_KIMI_BACKWARD_SLICE_HEADS")) {
+    char *end = nullptr;
+    const long long n = std::strtoll(v, &end, 10);
+    TORCH_CHECK(end != v && *end == '\0' && n > 0, "ADAPT_KIMI_BACKWARD_SLICE_HEADS: expected a positive count, found '",
+                v, "'");
+    return n;
+  }
+  constexpr int64_t kSliceBytes = int64_t(128) << 20;
+  const int64_t perHead = std::max<int64_t>(1, batch * paddedTokens * keyDim * int64_t(sizeof(float)));
+  return std::max<int64_t>(1, kSliceBytes / perHead);
+}
+
 /// What forward and backward both derive from the inputs.
 struct KimiTerms {
   Tensor gamma;     ///< e^G.
@@ -214,10 +233,49 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     return {fromChunks(out, t, query.scalar_type()), s.view({b, h, dk, dv})};
   }
 
+  /// The backward over slices of the heads (backwardSliceHeads), each
+  /// slice's fp32 intermediates freed before the next: at 1 x 32 heads x 32K
+  /// tokens one [B, H, T, 128] fp32 tensor is 512 MiB and the backward holds
+  /// dozens of them. The gradients are written into whole tensors.
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
                                                  torch::autograd::variable_list grads) {
-    const Tf32Scope scope(ctx->saved_data["tf32"].toBool());
     const std::vector<Tensor> saved = ctx->get_saved_variables();
+    const int64_t heads = saved[1].size(1), c = ctx->saved_data["chunk"].toInt();
+    const int64_t paddedTokens = (saved[1].size(2) + c - 1) / c * c;
+    const int64_t step = backwardSliceHeads(saved[1].size(0), heads, paddedTokens, saved[1].size(3));
+    if (step >= heads)
+      return backwardHeads(ctx, saved, grads);
+    torch::autograd::variable_list whole;
+    for (int64_t h0 = 0; h0 < heads; h0 += step) {
+      const int64_t count = std::min(step, heads - h0);
+      auto slice = [&](const Tensor &x) { return x.defined() ? x.narrow(1, h0, count) : x; };
+      std::vector<Tensor> savedSlice;
+      for (const Tensor &x : saved)
+        savedSlice.push_back(slice(x));
+      const torch::autograd::variable_list part = backwardHeads(ctx, savedSlice, {slice(grads[0]), slice(grads[1])});
+      if (whole.empty())
+        for (const Tensor &g : part) {
+          if (!g.defined()) {
+            whole.emplace_back();
+            continue;
+          }
+          std::vector<int64_t> sizes = g.sizes().vec();
+          sizes[1] = heads;
+          whole.push_back(torch::empty(sizes, g.options()));
+        }
+      for (size_t i = 0; i < part.size(); ++i)
+        if (part[i].defined())
+          whole[i].narrow(1, h0, count).copy_(part[i]);
+    }
+    return whole;
+  }
+
+  /// The backward of heads [B, h, ..] of the node: \p saved and \p grads
+  /// narrowed to them.
+  static torch::autograd::variable_list backwardHeads(torch::autograd::AutogradContext *ctx,
+                                                      const std::vector<Tensor> &saved,
+                                                      const torch::autograd::variable_list &grads) {
+    const Tf32Scope scope(ctx->saved_data["tf32"].toBool());
     // fp32 from the composition, bf16 states and V_new from the kernels.
     const Tensor &inverse = saved[5], states = saved[6].to(torch::kFloat32), newValues = saved[7].to(torch::kFloat32);
     const int64_t t = ctx->saved_data["t"].toInt(), c = ctx->saved_data["chunk"].toInt();
