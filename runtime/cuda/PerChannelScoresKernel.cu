@@ -116,58 +116,34 @@ __global__ void __launch_bounds__(kThreads)
       o[p] = 0.0f;
 }
 
-/// A block per chunk: dx and dy [c][dk] from g [c][c]. A thread per
-/// (channel, row), rows strided by blockDim / channels; g's row is the same
-/// across a warp (a broadcast read), the channels consecutive.
-__global__ void __launch_bounds__(kThreads)
-    perChannelScoresBackwardKernel(const float *grad, const float *x, const float *y, const float *cum, int chunk,
-                                   int channels, float *gradX, float *gradY) {
-  extern __shared__ __align__(16) float smem[];
-  float *xs = smem, *ys = xs + chunk * channels, *gs = ys + chunk * channels, *ps = gs + chunk * channels;
-  const int64_t item = blockIdx.x, base = item * chunk * channels;
-  copyFloats(xs, x + base, chunk * channels);
-  copyFloats(ys, y + base, chunk * channels);
-  copyFloats(gs, cum + base, chunk * channels);
-  copyFloats(ps, grad + item * chunk * chunk, chunk * chunk);
-  __syncthreads();
-  const int rowsAtOnce = blockDim.x / channels, d = threadIdx.x % channels;
-  if (threadIdx.x >= rowsAtOnce * channels)
-    return;
-  for (int r = threadIdx.x / channels; r < chunk; r += rowsAtOnce) {
-    const float gr = gs[r * channels + d];
-    float dx = 0.0f, dy = 0.0f;
-    for (int i = 0; i <= r; ++i) // dx_r: keys i <= r
-      dx += ps[r * chunk + i] * ys[i * channels + d] * __expf(gr - gs[i * channels + d]);
-    for (int t = r; t < chunk; ++t) // dy_r: queries t >= r
-      dy += ps[t * chunk + r] * xs[t * channels + d] * __expf(gs[t * channels + d] - gr);
-    gradX[base + r * channels + d] = dx;
-    gradY[base + r * channels + d] = dy;
-  }
-}
-
 constexpr int kPairedThreads = 512;
 
-/// perChannelScoresBackwardKernel for two cotangents that share y and G
-/// (Kimi's backward: the output scores' with x = the query, the system's
-/// with x = beta k): dxA and dxB [c][dk] and dy = dyA + dyB, from one
-/// exponential per (row, key, channel) where two calls take two, and one
-/// launch. A thread per (channel, row), as there; 160 KiB of shared memory
-/// at c 64, dk 128.
-__global__ void __launch_bounds__(kPairedThreads)
-    perChannelScoresPairedBackwardKernel(const float *gradA, const float *xA, const float *gradB, const float *xB,
-                                         const float *y, const float *cum, int chunk, int channels, float *gradXA,
-                                         float *gradXB, float *gradY) {
+/// A block per chunk: dx and dy [c][dk] from g [c][c]. A thread per
+/// (channel, row), rows strided by blockDim / channels; g's row is the same
+/// across a warp (a broadcast read), the channels consecutive. With
+/// \p Paired, two cotangents that share y and G (Kimi's backward: the
+/// output scores' with x = the query, the system's with x = beta k): dxA,
+/// dxB and dy = dyA + dyB from one exponential per (row, key, channel)
+/// where two launches take two; 160 KiB of shared memory at c 64, dk 128.
+/// Unpaired, the B operands are unused (null).
+template <bool Paired>
+__global__ void __launch_bounds__(Paired ? kPairedThreads : kThreads)
+    perChannelScoresBackwardKernel(const float *gradA, const float *xA, const float *gradB, const float *xB,
+                                   const float *y, const float *cum, int chunk, int channels, float *gradXA,
+                                   float *gradXB, float *gradY) {
   extern __shared__ __align__(16) float smem[];
   const int tile = chunk * channels;
-  float *xas = smem, *xbs = xas + tile, *ys = xbs + tile, *gs = ys + tile;
-  float *pa = gs + tile, *pb = pa + chunk * chunk;
+  float *xas = smem, *xbs = xas + (Paired ? tile : 0), *ys = xbs + tile, *gs = ys + tile;
+  float *pa = gs + tile, *pb = pa + (Paired ? chunk * chunk : 0);
   const int64_t item = blockIdx.x, base = item * tile;
   copyFloats(xas, xA + base, tile);
-  copyFloats(xbs, xB + base, tile);
   copyFloats(ys, y + base, tile);
   copyFloats(gs, cum + base, tile);
   copyFloats(pa, gradA + item * chunk * chunk, chunk * chunk);
-  copyFloats(pb, gradB + item * chunk * chunk, chunk * chunk);
+  if constexpr (Paired) {
+    copyFloats(xbs, xB + base, tile);
+    copyFloats(pb, gradB + item * chunk * chunk, chunk * chunk);
+  }
   __syncthreads();
   const int rowsAtOnce = blockDim.x / channels, d = threadIdx.x % channels;
   if (threadIdx.x >= rowsAtOnce * channels)
@@ -178,13 +154,18 @@ __global__ void __launch_bounds__(kPairedThreads)
     for (int i = 0; i <= r; ++i) { // dx_r: keys i <= r
       const float ye = ys[i * channels + d] * __expf(gr - gs[i * channels + d]);
       dxa += pa[r * chunk + i] * ye;
-      dxb += pb[r * chunk + i] * ye;
+      if constexpr (Paired)
+        dxb += pb[r * chunk + i] * ye;
     }
-    for (int t = r; t < chunk; ++t) // dy_r: queries t >= r
-      dy += (pa[t * chunk + r] * xas[t * channels + d] + pb[t * chunk + r] * xbs[t * channels + d]) *
-            __expf(gs[t * channels + d] - gr);
+    for (int t = r; t < chunk; ++t) { // dy_r: queries t >= r
+      float term = pa[t * chunk + r] * xas[t * channels + d];
+      if constexpr (Paired)
+        term += pb[t * chunk + r] * xbs[t * channels + d];
+      dy += term * __expf(gs[t * channels + d] - gr);
+    }
     gradXA[base + r * channels + d] = dxa;
-    gradXB[base + r * channels + d] = dxb;
+    if constexpr (Paired)
+      gradXB[base + r * channels + d] = dxb;
     gradY[base + r * channels + d] = dy;
   }
 }
@@ -257,10 +238,11 @@ std::pair<at::Tensor, at::Tensor> perChannelScoresBackward(const at::Tensor &gra
     return {dx, dy};
   const c10::cuda::CUDAGuard guard(x.device());
   const size_t bytes = (3 * size_t(chunk) * channels + size_t(chunk) * chunk) * sizeof(float);
-  allowBytes(perChannelScoresBackwardKernel, bytes);
-  perChannelScoresBackwardKernel<<<static_cast<unsigned>(items), kThreads, bytes, at::cuda::getCurrentCUDAStream()>>>(
-      g.data_ptr<float>(), x.data_ptr<float>(), y.data_ptr<float>(), cum.data_ptr<float>(), chunk, channels,
-      dx.data_ptr<float>(), dy.data_ptr<float>());
+  allowBytes(perChannelScoresBackwardKernel<false>, bytes);
+  perChannelScoresBackwardKernel<false><<<static_cast<unsigned>(items), kThreads, bytes,
+                                          at::cuda::getCurrentCUDAStream()>>>(
+      g.data_ptr<float>(), x.data_ptr<float>(), nullptr, nullptr, y.data_ptr<float>(), cum.data_ptr<float>(), chunk,
+      channels, dx.data_ptr<float>(), nullptr, dy.data_ptr<float>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {dx, dy};
 }
@@ -282,8 +264,8 @@ PairedScoreGradients perChannelScoresPairedBackward(const at::Tensor &gradA, con
     return r;
   const c10::cuda::CUDAGuard guard(y.device());
   const size_t bytes = (4 * size_t(chunk) * channels + 2 * size_t(chunk) * chunk) * sizeof(float);
-  allowBytes(perChannelScoresPairedBackwardKernel, bytes);
-  perChannelScoresPairedBackwardKernel<<<static_cast<unsigned>(items), kPairedThreads, bytes,
+  allowBytes(perChannelScoresBackwardKernel<true>, bytes);
+  perChannelScoresBackwardKernel<true><<<static_cast<unsigned>(items), kPairedThreads, bytes,
                                          at::cuda::getCurrentCUDAStream()>>>(
       ga.data_ptr<float>(), xA.data_ptr<float>(), gb.data_ptr<float>(), xB.data_ptr<float>(), y.data_ptr<float>(),
       cum.data_ptr<float>(), chunk, channels, r.xA.data_ptr<float>(), r.xB.data_ptr<float>(), r.y.data_ptr<float>());
