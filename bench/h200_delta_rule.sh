@@ -7,7 +7,8 @@
 #                  fp32 gated norm, session 43's switches (defaults since session
 #                  44) in fp32 and their opt-outs, Kimi's backward tail kernel
 #                  (default since session 45) and its opt-out, session 45's
-#                  opt-in ADAPT_KIMI_SCORES_PAIRED_BACKWARD, and memcheck)
+#                  opt-ins ADAPT_KIMI_SCORES_PAIRED_BACKWARD and
+#                  ADAPT_KIMI_PAIRS_PER_THREAD, and memcheck)
 #   PHASE=timings  forward and forward+backward of the op at the issue's shapes,
 #                  default against each opt-out switch, a Kineto profile at 32K, and
 #                  flash-linear-attention 0.6 (wheels carried in .whl/) last
@@ -89,6 +90,9 @@ if [ "${PHASE:-checks}" != timings ]; then
   # Session 45's head slices of Kimi's backward (the default only past 128
   # MiB a tensor), forced down to one head.
   check kimi-slices ADAPT_KIMI_BACKWARD_SLICE_HEADS=1 -- kimi_delta.chunked
+  # And the forward kernels' sub-chunk pairs a thread per pair (bf16: the
+  # kernels' only dtype).
+  check kimi-pairs-thread ADAPT_KIMI_PAIRS_PER_THREAD=1 -- kimi_delta
   # Out-of-bounds accesses the checks' numbers could miss: memcheck over the
   # kernels, forward and backward, at the d-128 shapes.
   SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
@@ -96,6 +100,7 @@ if [ "${PHASE:-checks}" != timings ]; then
     for only in ${MEMCHECK:-gated_delta_rule.chunked kimi_delta.chunked kimi_scores causal_conv1d norm.gated_rms expert}; do
       ADAPT_CONV_KERNEL=1 ADAPT_GATED_NORM_KERNEL=1 ADAPT_DELTA_RULE_TRAIN_KERNEL=1 ADAPT_DELTA_RULE_BACKWARD_KERNEL=1 ADAPT_DELTA_RULE_LEAN_BACKWARD=1 \
         ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 ADAPT_KIMI_SCORES_KERNEL=1 ADAPT_KIMI_SCORES_PAIRED_BACKWARD=1 \
+        ADAPT_KIMI_PAIRS_PER_THREAD=1 \
         timeout ${MEMCHECK_TIMEOUT:-200} $SAN --tool memcheck --error-exitcode 9 $W/rt/adapt-op-check --device cuda \
         --seeds 1 --dtype bfloat16 --only $only --out $W/checks/memcheck > $W/memcheck.log 2>&1
       echo "-- memcheck $only: rc $? $(grep -m1 'ERROR SUMMARY' $W/memcheck.log)"
@@ -132,6 +137,8 @@ if [ "${PHASE:-checks}" != checks ]; then
   EXTRA=--per-channel run_shapes kda-no-tail ADAPT_KIMI_BACKWARD_TAIL_KERNEL=0
   EXTRA=--per-channel run_shapes kda-paired ADAPT_KIMI_SCORES_PAIRED_BACKWARD=1
   EXTRA=--per-channel run_shapes kda-one-pass ADAPT_KIMI_BACKWARD_SLICE_HEADS=1024
+  EXTRA=--per-channel run_shapes kda-pairs-thread ADAPT_KIMI_PAIRS_PER_THREAD=1
+  EXTRA=--per-channel run_shapes kda-session-45-opt-ins ADAPT_KIMI_PAIRS_PER_THREAD=1 ADAPT_KIMI_SCORES_PAIRED_BACKWARD=1
   EXTRA=--per-channel run_shapes kda-session-43 ADAPT_KIMI_SCORES_PAIRS=0 ADAPT_DELTA_RULE_BLOCK_INVERSE=0
   EXTRA=--per-channel run_shapes kda-no-scores-kernel ADAPT_KIMI_SCORES_KERNEL=0
   EXTRA=--per-channel run_shapes kda-composition ADAPT_KIMI_DELTA_TRAIN_KERNEL=0 ADAPT_KIMI_SCORES_KERNEL=0

@@ -30,6 +30,45 @@ using namespace delta;
 constexpr int kSub = 16;                  ///< Tokens per sub-chunk.
 constexpr int kPairRow = kChunk + 1;       ///< Row of a [64][65] fp32 pair table.
 
+/// The pairs within each sub-chunk of perChannelPairs, a thread per pair of
+/// each 16 x 16 block's lower triangle (the diagonal included; written as 0
+/// unless \p inclusive), summing its 128 channels in a register: no
+/// cross-lane reduction and no warp spent above the diagonal, the form that
+/// made the standalone scores kernel 3x faster (PerChannelScoresKernel.cu,
+/// session 44). Lane l starts at channel l and wraps, so a warp's G reads
+/// (fp32 rows of 128, one bank per channel) fall in 32 banks whatever rows
+/// its pairs touch. Above the diagonal within a block: 0.
+/// ADAPT_KIMI_PAIRS_PER_THREAD=1 (opt-in, written in session 45 without a GPU).
+__device__ void withinPairsPerThread(float *out, const bf16 *x, const bf16 *y, const float *G, bool inclusive) {
+  constexpr int kTriangle = kSub * (kSub + 1) / 2; // pairs c <= r of one block
+  const int tid = threadIdx.x, lane = tid % 32;
+  for (int p = tid; p < (kChunk / kSub) * kTriangle; p += blockDim.x) {
+    const int block = p / kTriangle, q = p % kTriangle;
+    // Pair q of the triangle, row by row: rr (rr + 1) / 2 <= q < (rr + 1) (rr + 2) / 2.
+    int rr = static_cast<int>((sqrtf(8.0f * static_cast<float>(q) + 1.0f) - 1.0f) * 0.5f);
+    while (rr * (rr + 1) / 2 > q)
+      --rr;
+    while ((rr + 1) * (rr + 2) / 2 <= q)
+      ++rr;
+    const int r = kSub * block + rr, c = kSub * block + (q - rr * (rr + 1) / 2);
+    float sum = 0.0f;
+    if (c < r || inclusive) {
+      const bf16 *xr = x + r * kRow, *yc = y + c * kRow;
+      const float *gr = G + r * kDim, *gc = G + c * kDim;
+      for (int k = 0; k < kDim; ++k) {
+        const int d = (k + lane) & (kDim - 1);
+        sum += __bfloat162float(xr[d]) * __bfloat162float(yc[d]) * __expf(gr[d] - gc[d]);
+      }
+    }
+    out[r * kPairRow + c] = sum;
+  }
+  for (int i = tid; i < (kChunk / kSub) * kSub * kSub; i += blockDim.x) {
+    const int block = i / (kSub * kSub), rr = (i / kSub) % kSub, cc = i % kSub;
+    if (cc > rr)
+      out[(kSub * block + rr) * kPairRow + kSub * block + cc] = 0.0f;
+  }
+}
+
 /// out[t][i] = sum_d x_td y_id e^{G_td - G_id} for i < t (i <= t when
 /// \p inclusive), zero above: x, y [64][kRow] bf16 tiles, G [64][128] fp32
 /// (the chunk's cumulative log decay per channel), out [64][kPairRow] fp32.
@@ -37,18 +76,22 @@ constexpr int kPairRow = kChunk + 1;       ///< Row of a [64][65] fp32 pair tabl
 /// a pair across sub-chunks factors through G at the key sub-chunk j's last
 /// token r_j: (x_t e^{G_t - r_j}) . (y_i e^{r_j - G_i}), both factors <= 1
 /// (log decays are <= 0 and t > r_j >= i), one mma product per (query
-/// sub-chunk, j). \p xs [64][kRow] and \p ys [16][kRow] are scratch. Every
-/// thread of a 256-thread block calls it; it ends with a barrier.
+/// sub-chunk, j). \p xs [64][kRow] and \p ys [16][kRow] are scratch. With
+/// \p perThread the pairs within a sub-chunk take a thread each instead
+/// (withinPairsPerThread). Every thread of a 256-thread block calls it; it
+/// ends with a barrier.
 __device__ void perChannelPairs(float *out, const bf16 *x, const bf16 *y, const float *G, bool inclusive, bf16 *xs,
-                                bf16 *ys) {
+                                bf16 *ys, bool perThread) {
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   for (int i = tid; i < kChunk * kChunk; i += blockDim.x) { // the blocks above the diagonal
     const int r = i / kChunk, c = i % kChunk;
     if (c / kSub > r / kSub)
       out[r * kPairRow + c] = 0.0f;
   }
+  if (perThread)
+    withinPairsPerThread(out, x, y, G, inclusive);
   // Within each sub-chunk: pair (r, c) by one warp, four channels per lane.
-  for (int pair = warp; pair < (kChunk / kSub) * kSub * kSub; pair += blockDim.x / 32) {
+  for (int pair = warp; !perThread && pair < (kChunk / kSub) * kSub * kSub; pair += blockDim.x / 32) {
     const int block = pair / (kSub * kSub), r = kSub * block + (pair / kSub) % kSub, c = kSub * block + pair % kSub;
     float sum = 0.0f;
     if (c < r || (inclusive && c == r)) {
@@ -95,7 +138,8 @@ __device__ void perChannelPairs(float *out, const bf16 *x, const bf16 *y, const 
 /// inverseOut is given (training: the backward reads it).
 __global__ void __launch_bounds__(256)
     kimiTransformKernel(Strided key, Strided value, const float *decay, const float *beta, int64_t tokens, bf16 *w,
-                        bf16 *u, bf16 *keysToEnd, float *cumOut, float *lastOut, float *inverseOut, bool blocked) {
+                        bf16 *u, bf16 *keysToEnd, float *cumOut, float *lastOut, float *inverseOut, bool blocked,
+                        bool pairsPerThread) {
   extern __shared__ __align__(16) unsigned char shared[];
   bf16 *ks = reinterpret_cast<bf16 *>(shared); // k, then beta k e^G
   bf16 *vs = ks + kChunk * kRow;                // v, then beta v
@@ -124,7 +168,7 @@ __global__ void __launch_bounds__(256)
     lastOut[(bh * chunks + n) * kDim + tid] = run;
   }
   __syncthreads();
-  perChannelPairs(a, ks, ks, G, /*inclusive=*/false, xs, ys);
+  perChannelPairs(a, ks, ks, G, /*inclusive=*/false, xs, ys, pairsPerThread);
   for (int i = tid; i < kChunk * kChunk; i += blockDim.x) { // A = beta_t (pairs), strictly lower
     const int r = i / kChunk, c = i % kChunk;
     a[r * kPairRow + c] = c < r ? a[r * kPairRow + c] * betas[r] : 0.0f;
@@ -160,7 +204,7 @@ __global__ void __launch_bounds__(256)
 /// rows, (q scale e^G) S_n + causal(scale sum_d q_td k_id e^{G_td - G_id}) V_new.
 __global__ void __launch_bounds__(256)
     kimiOutputKernel(Strided query, Strided key, const bf16 *states, const bf16 *newValues, const float *cum,
-                     int64_t tokens, float scale, bf16 *out) {
+                     int64_t tokens, float scale, bf16 *out, bool pairsPerThread) {
   extern __shared__ __align__(16) unsigned char shared[];
   bf16 *qs = reinterpret_cast<bf16 *>(shared); // q, then q scale e^G
   bf16 *ks = qs + kChunk * kRow;
@@ -187,7 +231,7 @@ __global__ void __launch_bounds__(256)
   for (int i = tid; i < kChunk * kDim / 4; i += blockDim.x)
     reinterpret_cast<float4 *>(G)[i] = reinterpret_cast<const float4 *>(cum + (bh * padded + row0) * kDim)[i];
   __syncthreads();
-  perChannelPairs(a, qs, ks, G, /*inclusive=*/true, xs, ys);
+  perChannelPairs(a, qs, ks, G, /*inclusive=*/true, xs, ys, pairsPerThread);
   for (int i = tid; i < kChunk * kChunk; i += blockDim.x) {
     const int r = i / kChunk, c = i % kChunk;
     ps[r * kSquareRow + c] = __float2bfloat16(c <= r ? a[r * kPairRow + c] * scale : 0.0f);
@@ -202,6 +246,13 @@ __global__ void __launch_bounds__(256)
 }
 
 bf16 *bf16Data(at::Tensor &x) { return reinterpret_cast<bf16 *>(x.data_ptr<at::BFloat16>()); }
+
+/// Whether the transform and output kernels sum a sub-chunk's pairs a
+/// thread per pair (ADAPT_KIMI_PAIRS_PER_THREAD=1; withinPairsPerThread).
+bool pairsPerThread() {
+  static const bool on = switchedOn("ADAPT_KIMI_PAIRS_PER_THREAD");
+  return on;
+}
 
 } // namespace
 
@@ -262,7 +313,7 @@ at::Tensor kimiDeltaRuleForward(const at::Tensor &query, const at::Tensor &key, 
   kimiTransformKernel<<<dim3(chunks, bh), 256, transformBytes, stream>>>(
       stridedRows(key), stridedRows(value), g.data_ptr<float>(), b.data_ptr<float>(), tokens, bf16Data(w),
       bf16Data(u), bf16Data(keysToEnd), cum.data_ptr<float>(), last.data_ptr<float>(),
-      inverse.defined() ? inverse.data_ptr<float>() : nullptr, blockInverse());
+      inverse.defined() ? inverse.data_ptr<float>() : nullptr, blockInverse(), pairsPerThread());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
   // The state kernel's prefetching form (checked with per-channel decays on
@@ -281,7 +332,7 @@ at::Tensor kimiDeltaRuleForward(const at::Tensor &query, const at::Tensor &key, 
   allowSharedMemory(kimiOutputKernel, outputBytes);
   kimiOutputKernel<<<dim3(chunks, bh), 256, outputBytes, stream>>>(
       stridedRows(query), stridedRows(key), bf16Data(states), bf16Data(vNew), cum.data_ptr<float>(), tokens,
-      static_cast<float>(1.0 / std::sqrt(double(kDim))), bf16Data(out));
+      static_cast<float>(1.0 / std::sqrt(double(kDim))), bf16Data(out), pairsPerThread());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (finalState)
     *finalState = finalOut;
