@@ -3,12 +3,10 @@
 # warm machine's build (/tmp/adapt-h200):
 #   PHASE=checks   op-stage checks of the default kernels, then of the switches
 #                  (no prefetch) and of the opt-in switches waiting for them, bf16,
-#                  and memcheck with the switches on (SKIP_CHECKS=1: only the
-#                  fp32 gated norm, session 43's switches (defaults since session
-#                  44) in fp32 and their opt-outs, Kimi's backward tail kernel
-#                  (default since session 45) and its opt-out, session 45's
-#                  opt-ins ADAPT_KIMI_SCORES_PAIRED_BACKWARD and
-#                  ADAPT_KIMI_PAIRS_PER_THREAD, and memcheck)
+#                  and memcheck with the switches on (SKIP_CHECKS=1: only
+#                  session 45's opt-ins ADAPT_KIMI_SCORES_PAIRED_BACKWARD and
+#                  ADAPT_KIMI_PAIRS_PER_THREAD, Kimi's backward in head slices,
+#                  and memcheck)
 #   PHASE=timings  forward and forward+backward of the op at the issue's shapes,
 #                  default against each opt-out switch, a Kineto profile at 32K, and
 #                  flash-linear-attention 0.6 (wheels carried in .whl/) last
@@ -66,7 +64,6 @@ if [ "${PHASE:-checks}" != timings ]; then
   check conv ADAPT_CONV_KERNEL=1 -- causal_conv1d
   check conv-fp32 ADAPT_CONV_KERNEL=1 -- causal_conv1d float32
   check gated-norm ADAPT_GATED_NORM_KERNEL=1 -- norm.gated_rms
-  fi
   check gated-norm-fp32 ADAPT_GATED_NORM_KERNEL=1 -- norm.gated_rms float32
   # Session 43's opt-ins, the defaults since session 44's checks: the
   # defaults in fp32 too, and their opt-outs (the forms they replaced).
@@ -81,6 +78,8 @@ if [ "${PHASE:-checks}" != timings ]; then
   check kimi-tail ADAPT_NONE=1 -- kimi_delta
   check kimi-tail-fp32 ADAPT_NONE=1 -- kimi_delta.chunked float32
   check kimi-no-tail ADAPT_KIMI_BACKWARD_TAIL_KERNEL=0 -- kimi_delta.chunked
+  fi
+  # SKIP_CHECKS=1 starts here: the opt-ins still waiting for a GPU.
   # Session 45's opt-in, waiting for these checks: Kimi's two score
   # gradients in one kernel.
   check kimi-paired ADAPT_KIMI_SCORES_PAIRED_BACKWARD=1 -- kimi_scores
