@@ -8,7 +8,8 @@
 #                  ADAPT_KIMI_PAIRS_PER_THREAD, Kimi's backward in head slices,
 #                  and memcheck)
 #   PHASE=timings  forward and forward+backward of the op at the issue's shapes,
-#                  default against each opt-out switch, a Kineto profile at 32K, and
+#                  default against opt-outs and opt-ins (earlier sessions' rows are
+#                  in git history), a Kineto profile at 32K, and
 #                  flash-linear-attention 0.6 (wheels carried in .whl/) last
 # Logs stay in /tmp/adapt-h200; the summary goes to stdout (pipe it to $OUT).
 # Each phase takes ~8 min with a cold build (~135 s): one device call each.
@@ -125,22 +126,16 @@ if [ "${PHASE:-checks}" != checks ]; then
   }
   echo "== gated delta rule $(date +%T)"
   run_shapes default ADAPT_NONE=1
-  run_shapes row-inverse ADAPT_DELTA_RULE_BLOCK_INVERSE=0
-  run_shapes one-block ADAPT_DELTA_RULE_TWO_BLOCKS=0
-  run_shapes session-43 ADAPT_DELTA_RULE_BLOCK_INVERSE=0 ADAPT_DELTA_RULE_TWO_BLOCKS=0
+  run_shapes columns-32 ADAPT_DELTA_RULE_STATE_COLUMNS=32
   run_shapes no-lean ADAPT_DELTA_RULE_LEAN_BACKWARD=0
   run_shapes no-prefetch ADAPT_DELTA_RULE_PREFETCH=0
   echo "== Kimi delta attention $(date +%T)"
   EXTRA=--per-channel run_shapes kda-default ADAPT_NONE=1
-  EXTRA=--per-channel run_shapes kda-scores-warp ADAPT_KIMI_SCORES_PAIRS=0
   EXTRA=--per-channel run_shapes kda-no-tail ADAPT_KIMI_BACKWARD_TAIL_KERNEL=0
   EXTRA=--per-channel run_shapes kda-paired ADAPT_KIMI_SCORES_PAIRED_BACKWARD=1
   EXTRA=--per-channel run_shapes kda-one-pass ADAPT_KIMI_BACKWARD_SLICE_HEADS=1024
   EXTRA=--per-channel run_shapes kda-pairs-thread ADAPT_KIMI_PAIRS_PER_THREAD=1
   EXTRA=--per-channel run_shapes kda-session-45-opt-ins ADAPT_KIMI_PAIRS_PER_THREAD=1 ADAPT_KIMI_SCORES_PAIRED_BACKWARD=1
-  EXTRA=--per-channel run_shapes kda-session-43 ADAPT_KIMI_SCORES_PAIRS=0 ADAPT_DELTA_RULE_BLOCK_INVERSE=0
-  EXTRA=--per-channel run_shapes kda-no-scores-kernel ADAPT_KIMI_SCORES_KERNEL=0
-  EXTRA=--per-channel run_shapes kda-composition ADAPT_KIMI_DELTA_TRAIN_KERNEL=0 ADAPT_KIMI_SCORES_KERNEL=0
   echo "== lightning attention (MiniMax-M1: 64 heads of 128, block 256) $(date +%T)"
   for T in 8192 32768; do timeout 120 $W/lc/long_context --lightning 1 64 $T 128 256 --iters 5 2>&1 | tail -1; done
   echo "== one Gated DeltaNet layer (Qwen3-Next's heads at hidden 7,168), and the 3:1 hybrid block $(date +%T)"
