@@ -4,9 +4,9 @@
 #   PHASE=checks   op-stage checks of the default kernels, then of the switches
 #                  (no prefetch) and of the opt-in switches waiting for them, bf16,
 #                  and memcheck with the switches on (SKIP_CHECKS=1: only
-#                  session 45's opt-ins ADAPT_KIMI_SCORES_PAIRED_BACKWARD and
-#                  ADAPT_KIMI_PAIRS_PER_THREAD, Kimi's backward in head slices,
-#                  and memcheck)
+#                  session 45's opt-ins ADAPT_KIMI_SCORES_PAIRED_BACKWARD,
+#                  ADAPT_KIMI_PAIRS_PER_THREAD and ADAPT_DELTA_RULE_STATE_WARPS,
+#                  Kimi's backward in head slices, and memcheck)
 #   PHASE=timings  forward and forward+backward of the op at the issue's shapes,
 #                  default against opt-outs and opt-ins (earlier sessions' rows are
 #                  in git history), a Kineto profile at 32K, and
@@ -93,6 +93,11 @@ if [ "${PHASE:-checks}" != timings ]; then
   # And the forward kernels' sub-chunk pairs a thread per pair (bf16: the
   # kernels' only dtype).
   check kimi-pairs-thread ADAPT_KIMI_PAIRS_PER_THREAD=1 -- kimi_delta
+  # And the forward's state kernel with eight warps (GDN's and Kimi's).
+  check state-warps-8 ADAPT_DELTA_RULE_STATE_WARPS=8 -- gated_delta_rule
+  check state-warps-8-fp32 ADAPT_DELTA_RULE_STATE_WARPS=8 -- gated_delta_rule.chunked float32
+  check state-warps-8-kimi ADAPT_DELTA_RULE_STATE_WARPS=8 -- kimi_delta
+  check state-warps-8-no-prefetch ADAPT_DELTA_RULE_STATE_WARPS=8 ADAPT_DELTA_RULE_PREFETCH=0 -- gated_delta_rule.chunked
   # Out-of-bounds accesses the checks' numbers could miss: memcheck over the
   # kernels, forward and backward, at the d-128 shapes.
   SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
@@ -100,7 +105,7 @@ if [ "${PHASE:-checks}" != timings ]; then
     for only in ${MEMCHECK:-gated_delta_rule.chunked kimi_delta.chunked kimi_scores causal_conv1d norm.gated_rms expert}; do
       ADAPT_CONV_KERNEL=1 ADAPT_GATED_NORM_KERNEL=1 ADAPT_DELTA_RULE_TRAIN_KERNEL=1 ADAPT_DELTA_RULE_BACKWARD_KERNEL=1 ADAPT_DELTA_RULE_LEAN_BACKWARD=1 \
         ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 ADAPT_KIMI_SCORES_KERNEL=1 ADAPT_KIMI_SCORES_PAIRED_BACKWARD=1 \
-        ADAPT_KIMI_PAIRS_PER_THREAD=1 \
+        ADAPT_KIMI_PAIRS_PER_THREAD=1 ADAPT_DELTA_RULE_STATE_WARPS=8 \
         timeout ${MEMCHECK_TIMEOUT:-200} $SAN --tool memcheck --error-exitcode 9 $W/rt/adapt-op-check --device cuda \
         --seeds 1 --dtype bfloat16 --only $only --out $W/checks/memcheck > $W/memcheck.log 2>&1
       echo "-- memcheck $only: rc $? $(grep -m1 'ERROR SUMMARY' $W/memcheck.log)"
@@ -127,6 +132,7 @@ if [ "${PHASE:-checks}" != checks ]; then
   echo "== gated delta rule $(date +%T)"
   run_shapes default ADAPT_NONE=1
   run_shapes columns-32 ADAPT_DELTA_RULE_STATE_COLUMNS=32
+  run_shapes state-warps-8 ADAPT_DELTA_RULE_STATE_WARPS=8
   run_shapes no-lean ADAPT_DELTA_RULE_LEAN_BACKWARD=0
   run_shapes no-prefetch ADAPT_DELTA_RULE_PREFETCH=0
   echo "== Kimi delta attention $(date +%T)"
@@ -135,7 +141,9 @@ if [ "${PHASE:-checks}" != checks ]; then
   EXTRA=--per-channel run_shapes kda-paired ADAPT_KIMI_SCORES_PAIRED_BACKWARD=1
   EXTRA=--per-channel run_shapes kda-one-pass ADAPT_KIMI_BACKWARD_SLICE_HEADS=1024
   EXTRA=--per-channel run_shapes kda-pairs-thread ADAPT_KIMI_PAIRS_PER_THREAD=1
-  EXTRA=--per-channel run_shapes kda-session-45-opt-ins ADAPT_KIMI_PAIRS_PER_THREAD=1 ADAPT_KIMI_SCORES_PAIRED_BACKWARD=1
+  EXTRA=--per-channel run_shapes kda-state-warps-8 ADAPT_DELTA_RULE_STATE_WARPS=8
+  EXTRA=--per-channel run_shapes kda-session-45-opt-ins ADAPT_KIMI_PAIRS_PER_THREAD=1 ADAPT_KIMI_SCORES_PAIRED_BACKWARD=1 \
+    ADAPT_DELTA_RULE_STATE_WARPS=8
   echo "== lightning attention (MiniMax-M1: 64 heads of 128, block 256) $(date +%T)"
   for T in 8192 32768; do timeout 120 $W/lc/long_context --lightning 1 64 $T 128 256 --iters 5 2>&1 | tail -1; done
   echo "== one Gated DeltaNet layer (Qwen3-Next's heads at hidden 7,168), and the 3:1 hybrid block $(date +%T)"

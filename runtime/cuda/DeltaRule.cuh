@@ -57,22 +57,48 @@ __device__ __forceinline__ void loadFragmentATransposed(uint32_t (&a)[4], const 
 }
 
 /// The [128, Columns] slice of a state (or its gradient) that a recurrence
-/// block keeps in mma accumulators: warp w holds rows [32 w, 32 w + 32) as
-/// two m-tiles of Columns / 8 n-tiles.
-template <int Columns = kStateColumns> using StateSliceOf = float[2][Columns / 8][4];
+/// block keeps in mma accumulators: with four warps, warp w holds rows
+/// [32 w, 32 w + 32) as two m-tiles (MT) of Columns / 8 n-tiles; with eight,
+/// rows [16 w, 16 w + 16) as one.
+template <int Columns = kStateColumns, int MT = 2> using StateSliceOf = float[MT][Columns / 8][4];
 using StateSlice = StateSliceOf<>;
 
-/// Calls f(mt, nt, i, row, column) for each of the warp's StateSliceOf<Columns>
-/// elements (row in [0, 128), column in [0, Columns)).
-template <int Columns = kStateColumns, typename F>
+/// Calls f(mt, nt, i, row, column) for each of the warp's
+/// StateSliceOf<Columns, MT> elements (row in [0, 128), column in [0, Columns)).
+template <int Columns = kStateColumns, int MT = 2, typename F>
 __device__ __forceinline__ void forStateSlice(int warp, int g, int t, F f) {
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt)
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int nt = 0; nt < Columns / 8; ++nt)
 #pragma unroll
       for (int i = 0; i < 4; ++i)
-        f(mt, nt, i, 32 * warp + 16 * mt + g + (i / 2) * 8, 8 * nt + 2 * t + i % 2);
+        f(mt, nt, i, 16 * MT * warp + 16 * mt + g + (i / 2) * 8, 8 * nt + 2 * t + i % 2);
+}
+
+/// acc = the 16 rows at \p rows of a [..][kRow] tile times columns [col0,
+/// col0 + 8 NT) of the [128][stride] tile \p state, K = 128.
+template <int NT>
+__device__ __forceinline__ void rowsTimesStateColumns(float (&acc)[NT][4], const bf16 *rows, const bf16 *state,
+                                                      int stride, int col0, int g, int t, int lane) {
+  static_assert(NT % 2 == 0, "n-tiles come in pairs");
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      acc[nt][i] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < kDim / 16; ++kk) {
+    uint32_t fa[4];
+    loadFragmentA(fa, rows, kRow, kk, g, t);
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      uint32_t fb[4];
+      loadFragmentsB(fb, state, stride, 16 * kk, col0 + 16 * np, lane);
+      mma16816(acc[2 * np], fa, fb[0], fb[1]);
+      mma16816(acc[2 * np + 1], fa, fb[2], fb[3]);
+    }
+  }
 }
 
 /// acc = rows [16 warp, 16 warp + 16) of the [64][kRow] tile \p rows times
@@ -81,24 +107,7 @@ __device__ __forceinline__ void forStateSlice(int warp, int g, int t, F f) {
 template <int Columns = kStateColumns>
 __device__ __forceinline__ void chunkRowsTimesState(float (&acc)[Columns / 8][4], const bf16 *rows, const bf16 *state,
                                                     int warp, int g, int t, int lane) {
-  static_assert(Columns % 16 == 0, "n-tiles come in pairs");
-#pragma unroll
-  for (int nt = 0; nt < Columns / 8; ++nt)
-#pragma unroll
-    for (int i = 0; i < 4; ++i)
-      acc[nt][i] = 0.0f;
-#pragma unroll
-  for (int kk = 0; kk < kDim / 16; ++kk) {
-    uint32_t fa[4];
-    loadFragmentA(fa, rows + 16 * warp * kRow, kRow, kk, g, t);
-#pragma unroll
-    for (int np = 0; np < Columns / 16; ++np) {
-      uint32_t fb[4];
-      loadFragmentsB(fb, state, stateRowOf(Columns), 16 * kk, 16 * np, lane);
-      mma16816(acc[2 * np], fa, fb[0], fb[1]);
-      mma16816(acc[2 * np + 1], fa, fb[2], fb[3]);
-    }
-  }
+  rowsTimesStateColumns<Columns / 8>(acc, rows + 16 * warp * kRow, state, stateRowOf(Columns), 0, g, t, lane);
 }
 
 /// acc[nt] += rows [m0, m0 + 16) of the row-major tile \p a times columns
@@ -269,6 +278,17 @@ bool leanBackward();
 /// x 32K: 3.60 -> 3.46 ms; at 4 x 16 x 4K 16 columns are slower (0.83 ->
 /// 0.94 ms), so auto keeps 32 there.
 int stateColumns(int64_t heads);
+
+/// Warps a block of the forward's state kernel runs: 4 (the default), or 8
+/// with ADAPT_DELTA_RULE_STATE_WARPS=8 (opt-in, written in session 45
+/// without a GPU; 32 columns a block then). The kernel is latency-bound
+/// with one warp per SM sub-partition: each chunk's ~600 dependent
+/// instructions (the mma chains, the tiles' cp.async issue, the state's
+/// stores) wait out their latency with nothing to switch to. Eight warps
+/// split the same work in halves (V_new by column halves, the state by
+/// 16-row slices, the loads by thread) with two warps on each
+/// sub-partition, without the 16-column form's second copy of W and k.
+int stateWarps();
 
 /// A [B, H, T, D] tensor's data and its strides over b, h and t.
 struct Strided {

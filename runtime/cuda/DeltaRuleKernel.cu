@@ -201,6 +201,17 @@ bool delta::leanBackward() {
   return on;
 }
 
+int delta::stateWarps() {
+  static const int warps = [] {
+    const char *v = std::getenv("ADAPT_DELTA_RULE_STATE_WARPS");
+    if (v == nullptr || std::strcmp(v, "4") == 0)
+      return 4;
+    TORCH_CHECK(std::strcmp(v, "8") == 0, "ADAPT_DELTA_RULE_STATE_WARPS: expected 4 or 8, found '", v, "'");
+    return 8;
+  }();
+  return warps;
+}
+
 int delta::stateColumns(int64_t heads) {
   static const int forced = [] {
     const char *v = std::getenv("ADAPT_DELTA_RULE_STATE_COLUMNS");
@@ -272,9 +283,9 @@ at::Tensor gatedDeltaRuleForward(const at::Tensor &query, const at::Tensor &key,
       cum.data_ptr<float>(), inverse.defined() ? inverse.data_ptr<float>() : nullptr, async, blockInverse());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
-  const int columns = stateColumns(bh);
-  auto stateKernel = stateKernelFor<false>(prefetch, columns);
-  stateKernel<<<dim3(kDim / columns, bh), 128, stateKernelBytes(prefetch, columns), stream>>>(
+  const auto [columns, warps] = stateLaunch(bh);
+  auto stateKernel = stateKernelFor<false>(prefetch, columns, warps);
+  stateKernel<<<dim3(kDim / columns, bh), 32 * warps, stateKernelBytes(prefetch, columns), stream>>>(
       stridedRows(key), reinterpret_cast<const bf16 *>(w.data_ptr<at::BFloat16>()),
       reinterpret_cast<const bf16 *>(u.data_ptr<at::BFloat16>()), cum.data_ptr<float>(), tokens, chunks,
       init.defined() ? init.data_ptr<float>() : nullptr, reinterpret_cast<bf16 *>(states.data_ptr<at::BFloat16>()),

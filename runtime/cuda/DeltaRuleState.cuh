@@ -13,6 +13,8 @@
 
 #include "runtime/cuda/DeltaRule.cuh"
 
+#include <utility>
+
 namespace adapt::rt::cuda::delta {
 
 /// One chunk's operands of the state recurrence in shared memory, for a
@@ -63,19 +65,26 @@ __device__ __forceinline__ void loadStateTiles(const StateTiles<Columns> &s, con
   }
 }
 
-/// Kernel 2, a block (128 threads) per (\p Columns value columns, b·h), over
-/// the chunks in order: writes each chunk's entering state (bf16) and V_new.
-/// Warp w holds the state's rows [32 w, 32 w + 32) as mma accumulators.
+/// Kernel 2, a block (32 \p Warps threads) per (\p Columns value columns,
+/// b·h), over the chunks in order: writes each chunk's entering state (bf16)
+/// and V_new. With four warps, warp w holds the state's rows [32 w, 32 w +
+/// 32) as mma accumulators and computes V_new's rows [16 w, 16 w + 16); with
+/// eight (stateWarps()), rows [16 w, 16 w + 16) of the state, and V_new's
+/// rows [16 (w % 4), +16) in column half w / 4.
 /// With \p Prefetch, two sets of tiles: chunk n + 1's load in flight while
 /// chunk n computes. With \p PerChannel (Kimi's decay per key channel),
 /// \p key holds k e^{G_last - G} and \p cum each chunk's last G per channel:
 /// the state's row r decays by e^{G_last, r} and V_new enters undecayed.
-template <bool Prefetch, bool PerChannel = false, int Columns = kStateColumns>
-__global__ void __launch_bounds__(128)
+template <bool Prefetch, bool PerChannel = false, int Columns = kStateColumns, int Warps = 4>
+__global__ void __launch_bounds__(32 * Warps)
     deltaRuleStateKernel(Strided key, const bf16 *w, const bf16 *u, const float *cum, int64_t tokens, int chunks,
                          const float *initialState, bf16 *states, bf16 *newValues, float *finalState) {
   using Tiles = StateTiles<Columns>;
+  static_assert(Warps == 4 || (Warps == 8 && Columns == 32), "8 warps take 32 columns");
   constexpr int kStateRow = Tiles::kStateRow, NT = Columns / 8, NP = Columns / 16;
+  constexpr int MT = 8 / Warps;              // the state's m-tiles per warp
+  constexpr int Halves = Warps / 4;          // V_new's column groups
+  constexpr int NTV = NT / Halves;           // V_new's n-tiles per warp
   extern __shared__ __align__(16) unsigned char shared[];
   bf16 *ss = reinterpret_cast<bf16 *>(shared); // the entering state [128][kStateRow]
   bf16 *vn = ss + kDim * kStateRow;             // decayed V_new [64][kStateRow]
@@ -84,8 +93,11 @@ __global__ void __launch_bounds__(128)
   const int col0 = blockIdx.x * Columns;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int64_t padded = int64_t(chunks) * kChunk;
-  StateSliceOf<Columns> s;
-  forStateSlice<Columns>(warp, g, t, [&](int mt, int nt, int i, int r, int c) {
+  // This warp's V_new tile (with four warps the forms of the kernel before
+  // eight existed: rows 16 w, all columns).
+  const int vRow = Warps == 4 ? 16 * warp : 16 * (warp % 4), vCol = Warps == 4 ? 0 : (warp / 4) * (Columns / Halves);
+  StateSliceOf<Columns, MT> s;
+  forStateSlice<Columns, MT>(warp, g, t, [&](int mt, int nt, int i, int r, int c) {
     s[mt][nt][i] = initialState ? initialState[(bh * kDim + r) * kDim + col0 + c] : 0.0f;
   });
   if constexpr (Prefetch) {
@@ -98,10 +110,10 @@ __global__ void __launch_bounds__(128)
     // The entering state: to shared memory (bf16, an mma operand) and out.
     bf16 *stateOut = states + ((bh * chunks + n) * kDim) * kDim;
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt) {
-        const int r = 32 * warp + 16 * mt + g, c = 8 * nt + 2 * t;
+        const int r = 16 * MT * warp + 16 * mt + g, c = 8 * nt + 2 * t;
         const uint32_t lo = packBf16(s[mt][nt][0], s[mt][nt][1]), hi = packBf16(s[mt][nt][2], s[mt][nt][3]);
         *reinterpret_cast<uint32_t *>(ss + r * kStateRow + c) = lo;
         *reinterpret_cast<uint32_t *>(ss + (r + 8) * kStateRow + c) = hi;
@@ -120,15 +132,15 @@ __global__ void __launch_bounds__(128)
     __syncthreads();
     const float *cs = tiles.cum;
     const float last = PerChannel ? 0.0f : cs[kChunk - 1];
-    // V_new = U - W S: warp w takes rows [16 w, 16 w + 16), Columns columns.
+    // V_new = U - W S: this warp's 16 rows and Columns / Halves columns.
     {
-      float acc[NT][4];
-      chunkRowsTimesState<Columns>(acc, tiles.ws, ss, warp, g, t, lane);
+      float acc[NTV][4];
+      rowsTimesStateColumns<NTV>(acc, tiles.ws + vRow * kRow, ss, kStateRow, vCol, g, t, lane);
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
+      for (int nt = 0; nt < NTV; ++nt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int r = 16 * warp + g + 8 * h, c = 8 * nt + 2 * t;
+          const int r = vRow + g + 8 * h, c = vCol + 8 * nt + 2 * t;
           const int64_t at = (bh * padded + row0 + r) * kDim + col0 + c;
           const __nv_bfloat162 uu = Prefetch ? *reinterpret_cast<const __nv_bfloat162 *>(tiles.us + r * kStateRow + c)
                                              : *reinterpret_cast<const __nv_bfloat162 *>(u + at);
@@ -141,10 +153,10 @@ __global__ void __launch_bounds__(128)
     __syncthreads();
     // S <- exp(G_last) S + k^T (exp(G_last - G) V_new).
     if constexpr (PerChannel) {
-      forStateSlice<Columns>(warp, g, t, [&](int mt, int nt, int i, int r, int) { s[mt][nt][i] *= __expf(cs[r]); });
+      forStateSlice<Columns, MT>(warp, g, t, [&](int mt, int nt, int i, int r, int) { s[mt][nt][i] *= __expf(cs[r]); });
     } else {
       const float chunkDecay = __expf(last);
-      forStateSlice<Columns>(warp, g, t, [&](int mt, int nt, int i, int, int) { s[mt][nt][i] *= chunkDecay; });
+      forStateSlice<Columns, MT>(warp, g, t, [&](int mt, int nt, int i, int, int) { s[mt][nt][i] *= chunkDecay; });
     }
 #pragma unroll
     for (int kk = 0; kk < kChunk / 16; ++kk) {
@@ -153,9 +165,9 @@ __global__ void __launch_bounds__(128)
       for (int np = 0; np < NP; ++np)
         loadFragmentsB(fb[np], vn, kStateRow, 16 * kk, 16 * np, lane);
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
+      for (int mt = 0; mt < MT; ++mt) {
         uint32_t fa[4];
-        loadFragmentATransposed(fa, tiles.ks, kRow, 16 * kk, 32 * warp + 16 * mt, lane);
+        loadFragmentATransposed(fa, tiles.ks, kRow, 16 * kk, 16 * MT * warp + 16 * mt, lane);
 #pragma unroll
         for (int np = 0; np < NP; ++np) {
           mma16816(s[mt][2 * np], fa, fb[np][0], fb[np][1]);
@@ -166,7 +178,7 @@ __global__ void __launch_bounds__(128)
     __syncthreads(); // before the next chunk's tiles overwrite these
   }
   if (finalState)
-    forStateSlice<Columns>(warp, g, t, [&](int mt, int nt, int i, int r, int c) {
+    forStateSlice<Columns, MT>(warp, g, t, [&](int mt, int nt, int i, int r, int c) {
       finalState[(bh * kDim + r) * kDim + col0 + c] = s[mt][nt][i];
     });
 }
@@ -179,15 +191,25 @@ inline size_t stateKernelBytes(bool prefetch, int columns) {
   return (kDim + kChunk) * stateRowOf(columns) * sizeof(bf16) + (prefetch ? 2 : 1) * set;
 }
 
-/// The forward's state kernel for \p columns (32 or 16; stateColumns()) and
-/// \p prefetch, with the shared memory it needs allowed.
-template <bool PerChannel> auto stateKernelFor(bool prefetch, int columns) {
-  auto kernel = columns == 16 ? (prefetch ? deltaRuleStateKernel<true, PerChannel, 16>
-                                          : deltaRuleStateKernel<false, PerChannel, 16>)
-                              : (prefetch ? deltaRuleStateKernel<true, PerChannel, 32>
-                                          : deltaRuleStateKernel<false, PerChannel, 32>);
+/// The forward's state kernel for \p columns (32 or 16; stateColumns()),
+/// \p warps (4, or 8 with 32 columns; stateWarps()) and \p prefetch, with
+/// the shared memory it needs allowed.
+template <bool PerChannel> auto stateKernelFor(bool prefetch, int columns, int warps) {
+  auto kernel = warps == 8     ? (prefetch ? deltaRuleStateKernel<true, PerChannel, 32, 8>
+                                           : deltaRuleStateKernel<false, PerChannel, 32, 8>)
+                : columns == 16 ? (prefetch ? deltaRuleStateKernel<true, PerChannel, 16>
+                                            : deltaRuleStateKernel<false, PerChannel, 16>)
+                                : (prefetch ? deltaRuleStateKernel<true, PerChannel, 32>
+                                            : deltaRuleStateKernel<false, PerChannel, 32>);
   allowSharedMemory(kernel, stateKernelBytes(prefetch, columns));
   return kernel;
+}
+
+/// The launch shape of the forward's state kernel for \p heads sequences
+/// (B·H): {columns, warps}.
+inline std::pair<int, int> stateLaunch(int64_t heads) {
+  const int warps = stateWarps();
+  return {warps == 8 ? 32 : stateColumns(heads), warps};
 }
 
 } // namespace adapt::rt::cuda::delta

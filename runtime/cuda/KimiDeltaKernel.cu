@@ -319,9 +319,9 @@ at::Tensor kimiDeltaRuleForward(const at::Tensor &query, const at::Tensor &key, 
   // The state kernel's prefetching form (checked with per-channel decays on
   // an H200, session 43); ADAPT_KIMI_DELTA_PREFETCH=0 keeps the plain one.
   static const bool prefetch = asyncLoads() && !switchedOff("ADAPT_KIMI_DELTA_PREFETCH");
-  const int columns = stateColumns(bh);
-  auto stateKernel = stateKernelFor<true>(prefetch, columns);
-  stateKernel<<<dim3(kDim / columns, bh), 128, stateKernelBytes(prefetch, columns), stream>>>(
+  const auto [columns, warps] = stateLaunch(bh);
+  auto stateKernel = stateKernelFor<true>(prefetch, columns, warps);
+  stateKernel<<<dim3(kDim / columns, bh), 32 * warps, stateKernelBytes(prefetch, columns), stream>>>(
       stridedRows(keysToEnd), bf16Data(w), bf16Data(u), last.data_ptr<float>(), tokens, chunks,
       init.defined() ? init.data_ptr<float>() : nullptr, bf16Data(states), bf16Data(vNew),
       finalOut.defined() ? finalOut.data_ptr<float>() : nullptr);
