@@ -279,7 +279,7 @@ bool leanBackward();
 /// 0.94 ms), so auto keeps 32 there.
 int stateColumns(int64_t heads);
 
-/// Warps a block of the forward's state kernel runs: 4 (the default), or 8
+/// Warps a block of the state kernels (forward and backward) runs: 4 (the default), or 8
 /// with ADAPT_DELTA_RULE_STATE_WARPS=8 (opt-in, written in session 45
 /// without a GPU; 32 columns a block then). The kernel is latency-bound
 /// with one warp per SM sub-partition: each chunk's ~600 dependent

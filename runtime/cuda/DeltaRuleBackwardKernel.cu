@@ -90,12 +90,16 @@ __device__ __forceinline__ void storePair(bf16 *p, float a, float b) {
 /// With \p Prefetch, two sets of tiles: chunk n - 1's load in flight while
 /// chunk n computes. dS' and dV_new go out as \p Grad (fp32 or bf16). With
 /// \p PerChannel, \p cum is each chunk's last G per key channel [B·H, n,
-/// 128] rather than G per token [B·H, n·64].
-template <bool Prefetch, typename Grad, bool PerChannel = false>
-__global__ void __launch_bounds__(128)
+/// 128] rather than G per token [B·H, n·64]. \p Warps as the forward's
+/// state kernel (DeltaRuleState.cuh): four, or eight with dS by 16-row
+/// slices and dV_new by column halves (delta::stateWarps()).
+template <bool Prefetch, typename Grad, bool PerChannel = false, int Warps = 4>
+__global__ void __launch_bounds__(32 * Warps)
     deltaRuleStateBackwardKernel(const bf16 *keysToEnd, const bf16 *queryDecayed, const bf16 *w, const bf16 *gradOut,
                                  const float *localNew, const float *cum, int chunks, const float *gradFinal,
                                  Grad *leaving, Grad *gradNew, float *gradInitial) {
+  static_assert(Warps == 4 || Warps == 8, "four or eight warps");
+  constexpr int MT = 8 / Warps, Halves = Warps / 4, NTV = (kStateColumns / 8) / Halves;
   extern __shared__ __align__(16) unsigned char shared[];
   bf16 *dss = reinterpret_cast<bf16 *>(shared); // dS' [128][kStateRow]
   bf16 *dvn = dss + kDim * kStateRow;           // -dV_new [64][kStateRow]
@@ -104,8 +108,11 @@ __global__ void __launch_bounds__(128)
   const int col0 = blockIdx.x * kStateColumns;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int64_t base = bh * padded;
-  StateSlice ds;
-  forStateSlice(warp, g, t, [&](int mt, int nt, int i, int r, int c) {
+  // This warp's dV_new tile (with four warps: rows 16 w, all columns).
+  const int vRow = Warps == 4 ? 16 * warp : 16 * (warp % 4),
+            vCol = Warps == 4 ? 0 : (warp / 4) * (kStateColumns / Halves);
+  StateSliceOf<kStateColumns, MT> ds;
+  forStateSlice<kStateColumns, MT>(warp, g, t, [&](int mt, int nt, int i, int r, int c) {
     ds[mt][nt][i] = gradFinal[(bh * kDim + r) * kDim + col0 + c];
   });
   if constexpr (Prefetch) {
@@ -119,10 +126,10 @@ __global__ void __launch_bounds__(128)
     // dS' (leaving the chunk): out, and to shared memory in bf16.
     Grad *leavingOut = leaving + ((bh * chunks + n) * kDim) * kDim;
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt)
+    for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int nt = 0; nt < 4; ++nt) {
-        const int r = 32 * warp + 16 * mt + g, c = 8 * nt + 2 * t;
+        const int r = 16 * MT * warp + 16 * mt + g, c = 8 * nt + 2 * t;
         const uint32_t lo = packBf16(ds[mt][nt][0], ds[mt][nt][1]), hi = packBf16(ds[mt][nt][2], ds[mt][nt][3]);
         *reinterpret_cast<uint32_t *>(dss + r * kStateRow + c) = lo;
         *reinterpret_cast<uint32_t *>(dss + (r + 8) * kStateRow + c) = hi;
@@ -140,15 +147,15 @@ __global__ void __launch_bounds__(128)
     }
     __syncthreads();
     const float last = PerChannel ? 0.0f : Prefetch ? s.cum[kChunk - 1] : cum[base + row0 + kChunk - 1];
-    // dV_new = localNew + Kd dS': warp w takes rows [16 w, 16 w + 16), 32 columns.
+    // dV_new = localNew + Kd dS': this warp's 16 rows and 32 / Halves columns.
     {
-      float acc[4][4];
-      chunkRowsTimesState(acc, s.kd, dss, warp, g, t, lane);
+      float acc[NTV][4];
+      rowsTimesStateColumns<NTV>(acc, s.kd + vRow * kRow, dss, kStateRow, vCol, g, t, lane);
 #pragma unroll
-      for (int nt = 0; nt < 4; ++nt)
+      for (int nt = 0; nt < NTV; ++nt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int r = 16 * warp + g + 8 * h, c = 8 * nt + 2 * t;
+          const int r = vRow + g + 8 * h, c = vCol + 8 * nt + 2 * t;
           const int64_t at = (base + row0 + r) * kDim + col0 + c;
           const float2 local = Prefetch ? *reinterpret_cast<const float2 *>(s.localNew + r * kStateColumns + c)
                                         : *reinterpret_cast<const float2 *>(localNew + at);
@@ -162,10 +169,11 @@ __global__ void __launch_bounds__(128)
     // [32 w, 32 w + 32), K = the chunk's 64 tokens.
     if constexpr (PerChannel) {
       const float *rowLast = cum + (bh * chunks + n) * kDim;
-      forStateSlice(warp, g, t, [&](int mt, int nt, int i, int r, int) { ds[mt][nt][i] *= __expf(rowLast[r]); });
+      forStateSlice<kStateColumns, MT>(warp, g, t,
+                                       [&](int mt, int nt, int i, int r, int) { ds[mt][nt][i] *= __expf(rowLast[r]); });
     } else {
       const float chunkDecay = __expf(last);
-      forStateSlice(warp, g, t, [&](int mt, int nt, int i, int, int) { ds[mt][nt][i] *= chunkDecay; });
+      forStateSlice<kStateColumns, MT>(warp, g, t, [&](int mt, int nt, int i, int, int) { ds[mt][nt][i] *= chunkDecay; });
     }
 #pragma unroll
     for (int kk = 0; kk < kChunk / 16; ++kk) {
@@ -175,10 +183,10 @@ __global__ void __launch_bounds__(128)
       loadFragmentsB(fv[0], dvn, kStateRow, 16 * kk, 0, lane);
       loadFragmentsB(fv[1], dvn, kStateRow, 16 * kk, 16, lane);
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
+      for (int mt = 0; mt < MT; ++mt) {
         uint32_t fq[4], fw[4];
-        loadFragmentATransposed(fq, s.qd, kRow, 16 * kk, 32 * warp + 16 * mt, lane);
-        loadFragmentATransposed(fw, s.ws, kRow, 16 * kk, 32 * warp + 16 * mt, lane);
+        loadFragmentATransposed(fq, s.qd, kRow, 16 * kk, 16 * MT * warp + 16 * mt, lane);
+        loadFragmentATransposed(fw, s.ws, kRow, 16 * kk, 16 * MT * warp + 16 * mt, lane);
 #pragma unroll
         for (int np = 0; np < 2; ++np) {
           mma16816(ds[mt][2 * np], fq, fo[np][0], fo[np][1]);
@@ -190,7 +198,7 @@ __global__ void __launch_bounds__(128)
     }
     __syncthreads(); // before the next chunk's tiles overwrite these
   }
-  forStateSlice(warp, g, t, [&](int mt, int nt, int i, int r, int c) {
+  forStateSlice<kStateColumns, MT>(warp, g, t, [&](int mt, int nt, int i, int r, int c) {
     gradInitial[(bh * kDim + r) * kDim + col0 + c] = ds[mt][nt][i];
   });
 }
@@ -233,24 +241,37 @@ DeltaRuleStateGrads deltaRuleStateBackward(const at::Tensor &keysToEnd, const at
   const size_t bytes = (kDim + kChunk) * kStateRow * sizeof(bf16) +
                        (prefetch ? 2 * BackwardTiles::kBytes : (3 * kChunk * kRow + kChunk * kStateRow) * sizeof(bf16));
   auto bf = [](const at::Tensor &x) { return reinterpret_cast<const bf16 *>(x.data_ptr<at::BFloat16>()); };
+  const int warps = stateWarps();
   auto launch = [&](auto kernel, auto *leaving, auto *gradNew) {
     allowSharedMemory(kernel, bytes);
-    kernel<<<dim3(kDim / kStateColumns, bh), 128, bytes, at::cuda::getCurrentCUDAStream()>>>(
+    kernel<<<dim3(kDim / kStateColumns, bh), 32 * warps, bytes, at::cuda::getCurrentCUDAStream()>>>(
         bf(keysToEnd), bf(queryDecayed), bf(w), bf(gradOut), localNew.data_ptr<float>(), cum.data_ptr<float>(),
         static_cast<int>(chunks), gradFinal.data_ptr<float>(), leaving, gradNew, r.initial.data_ptr<float>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
+  // The kernel for a gradient type and decay kind, with the prefetch and
+  // warps chosen.
+  auto pick = [&](auto kernels) { return kernels[(prefetch ? 1 : 0) + (warps == 8 ? 2 : 0)]; };
   if (perChannel) {
-    launch(prefetch ? deltaRuleStateBackwardKernel<true, float, true> : deltaRuleStateBackwardKernel<false, float, true>,
-           r.leaving.data_ptr<float>(), r.newValues.data_ptr<float>());
+    using K = decltype(&deltaRuleStateBackwardKernel<true, float, true>);
+    const K kernels[] = {deltaRuleStateBackwardKernel<false, float, true>, deltaRuleStateBackwardKernel<true, float, true>,
+                         deltaRuleStateBackwardKernel<false, float, true, 8>,
+                         deltaRuleStateBackwardKernel<true, float, true, 8>};
+    launch(pick(kernels), r.leaving.data_ptr<float>(), r.newValues.data_ptr<float>());
   } else if (lean) {
     auto *leaving = reinterpret_cast<bf16 *>(r.leaving.data_ptr<at::BFloat16>());
     auto *gradNew = reinterpret_cast<bf16 *>(r.newValues.data_ptr<at::BFloat16>());
-    launch(prefetch ? deltaRuleStateBackwardKernel<true, bf16> : deltaRuleStateBackwardKernel<false, bf16>, leaving,
-           gradNew);
+    using K = decltype(&deltaRuleStateBackwardKernel<true, bf16>);
+    const K kernels[] = {deltaRuleStateBackwardKernel<false, bf16>, deltaRuleStateBackwardKernel<true, bf16>,
+                         deltaRuleStateBackwardKernel<false, bf16, false, 8>,
+                         deltaRuleStateBackwardKernel<true, bf16, false, 8>};
+    launch(pick(kernels), leaving, gradNew);
   } else {
-    launch(prefetch ? deltaRuleStateBackwardKernel<true, float> : deltaRuleStateBackwardKernel<false, float>,
-           r.leaving.data_ptr<float>(), r.newValues.data_ptr<float>());
+    using K = decltype(&deltaRuleStateBackwardKernel<true, float>);
+    const K kernels[] = {deltaRuleStateBackwardKernel<false, float>, deltaRuleStateBackwardKernel<true, float>,
+                         deltaRuleStateBackwardKernel<false, float, false, 8>,
+                         deltaRuleStateBackwardKernel<true, float, false, 8>};
+    launch(pick(kernels), r.leaving.data_ptr<float>(), r.newValues.data_ptr<float>());
   }
   return r;
 }
