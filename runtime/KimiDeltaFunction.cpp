@@ -143,8 +143,8 @@ PairedScoreGradients pairedDecayedScoresBackward(const Tensor &gradA, const Tens
 #ifdef ADAPT_WITH_CUDA_KERNELS
   if (chooseKernel("kimi_scores.paired_backward", y, cuda::pairedScoresBackwardEnabled(),
                    cuda::perChannelScoresTakes(xA, y, cum) && cuda::perChannelScoresTakes(xB, y, cum))) {
-    cuda::PairedScoreGradients g = cuda::perChannelScoresPairedBackward(gradA, xA, gradB, xB, y, cum);
-    return {g.xA, g.xB, g.y};
+    auto [dxA, dxB, dy] = cuda::perChannelScoresPairedBackward(gradA, xA, gradB, xB, y, cum);
+    return {dxA, dxB, dy};
   }
 #endif
   auto [dxA, dyA] = perChannelDecayedScoresBackward(gradA, xA, y, cum);
@@ -329,8 +329,8 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
 #ifdef ADAPT_WITH_CUDA_KERNELS
     if (chooseKernel("kimi_delta_rule.backward_tail", k, cuda::kimiBackwardTailEnabled(),
                      cuda::kimiBackwardTailTakes(k))) {
-      cuda::KimiBackwardTail tail = cuda::kimiBackwardTail(q, k, cum, bt, dqScores, dQueryDecayed, Tensor(), dKeysBeta,
-                                                           dkColumns, dXk, dKeysToEnd, scale);
+      cuda::KimiBackwardTail tail =
+          cuda::kimiBackwardTail(q, k, cum, bt, dqScores, dQueryDecayed, dKeysBeta, dkColumns, dXk, dKeysToEnd, scale);
       dq = tail.query, dKey = tail.key, dCum = tail.cum, dBetaKeys = tail.betaKeys;
       keysToEndSums = tail.keysToEndSums;
     }

@@ -47,7 +47,9 @@ std::pair<torch::Tensor, torch::Tensor> perChannelDecayedScoresBackward(const to
 /// perChannelDecayedScoresBackward calls. Op check:
 /// `kimi_scores.paired_backward`.
 struct PairedScoreGradients {
-  torch::Tensor xA, xB, y;
+  torch::Tensor xA; ///< d xA [b, h, n, c, dk]
+  torch::Tensor xB; ///< d xB
+  torch::Tensor y;  ///< d y from both products
 };
 PairedScoreGradients pairedDecayedScoresBackward(const torch::Tensor &gradA, const torch::Tensor &xA,
                                                  const torch::Tensor &gradB, const torch::Tensor &xB,

@@ -20,8 +20,6 @@
 #include <c10/util/Exception.h>
 
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 
 namespace adapt::rt::cuda {
 
@@ -202,27 +200,12 @@ bool delta::leanBackward() {
 }
 
 int delta::stateWarps() {
-  static const int warps = [] {
-    const char *v = std::getenv("ADAPT_DELTA_RULE_STATE_WARPS");
-    if (v == nullptr || std::strcmp(v, "4") == 0)
-      return 4;
-    TORCH_CHECK(std::strcmp(v, "8") == 0, "ADAPT_DELTA_RULE_STATE_WARPS: expected 4 or 8, found '", v, "'");
-    return 8;
-  }();
+  static const int warps = switchedChoice("ADAPT_DELTA_RULE_STATE_WARPS", {4, 8}, 4);
   return warps;
 }
 
 int delta::stateColumns(int64_t heads) {
-  static const int forced = [] {
-    const char *v = std::getenv("ADAPT_DELTA_RULE_STATE_COLUMNS");
-    if (v == nullptr)
-      return 0; // auto
-    if (std::strcmp(v, "16") == 0 || std::strcmp(v, "32") == 0)
-      return std::atoi(v);
-    TORCH_CHECK(std::strcmp(v, "auto") == 0, "ADAPT_DELTA_RULE_STATE_COLUMNS: expected 16, 32 or auto, found '", v,
-                "'");
-    return 0;
-  }();
+  static const int forced = switchedChoice("ADAPT_DELTA_RULE_STATE_COLUMNS", {16, 32}, 0); // 0: unset, chosen here
   if (forced != 0)
     return forced;
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;

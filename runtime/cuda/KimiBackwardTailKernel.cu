@@ -26,9 +26,9 @@ namespace {
 constexpr int kThreads = 128; ///< One per key channel (dk <= 128).
 constexpr int kMaxChunk = 64;
 
-/// The ten chunk tensors' data, all [items, c, dk] contiguous.
+/// The nine chunk tensors' data, all [items, c, dk] contiguous, and beta's.
 struct TailInputs {
-  const float *q, *k, *cum, *dqScores, *dQueryDecayed, *dkScores, *dKeysBeta, *dkColumns, *dXk, *dKeysToEnd;
+  const float *q, *k, *cum, *dqScores, *dQueryDecayed, *dKeysBeta, *dkColumns, *dXk, *dKeysToEnd;
   const float *beta; ///< [items, c]
 };
 
@@ -51,12 +51,12 @@ __global__ void __launch_bounds__(kThreads)
     if (active) {
       const float g = in.cum[at], gamma = __expf(g), toEnd = __expf(last - g);
       const float q = in.q[at], k = in.k[at];
-      const float dqS = in.dqScores[at], dQD = in.dQueryDecayed[at], dkS = in.dkScores ? in.dkScores[at] : 0.0f;
+      const float dqS = in.dqScores[at], dQD = in.dQueryDecayed[at];
       const float dKB = in.dKeysBeta[at], dkC = in.dkColumns[at], dXk = in.dXk[at], dKE = in.dKeysToEnd[at];
       dq[at] = (dqS + dQD * gamma) * scale;
-      dKey[at] = dkS + dKB * b + dkC + dXk * b * gamma + dKE * toEnd;
+      dKey[at] = dKB * b + dkC + dXk * b * gamma + dKE * toEnd;
       const float keysToEndTerm = dKE * k * toEnd;
-      dCum[at] = q * dqS + k * (dKB * b - dkS - dkC) + dQD * q * gamma + dXk * k * b * gamma - keysToEndTerm;
+      dCum[at] = q * dqS + k * (dKB * b - dkC) + dQD * q * gamma + dXk * k * b * gamma - keysToEndTerm;
       betaPart = dKB * k + dXk * k * gamma;
       columnSum += keysToEndTerm;
     }
@@ -86,7 +86,7 @@ bool kimiBackwardTailTakes(const at::Tensor &key) {
 
 KimiBackwardTail kimiBackwardTail(const at::Tensor &q, const at::Tensor &k, const at::Tensor &cum,
                                   const at::Tensor &beta, const at::Tensor &dqScores, const at::Tensor &dQueryDecayed,
-                                  const at::Tensor &dkScores, const at::Tensor &dKeysBeta, const at::Tensor &dkColumns,
+                                  const at::Tensor &dKeysBeta, const at::Tensor &dkColumns,
                                   const at::Tensor &dXk, const at::Tensor &dKeysToEnd, double scale) {
   TORCH_CHECK(kimiBackwardTailTakes(k), "kimiBackwardTail: expected CUDA fp32 chunks [.., c <= 64, dk <= 128], found ",
               k.sizes());
@@ -103,7 +103,7 @@ KimiBackwardTail kimiBackwardTail(const at::Tensor &q, const at::Tensor &k, cons
   const c10::cuda::CUDAGuard guard(k.device());
   const at::Tensor b = beta.contiguous();
   TailInputs in{data(q, "q"),         data(k, "k"),           data(cum, "cum"),
-                data(dqScores, "dqScores"), data(dQueryDecayed, "dQueryDecayed"), dkScores.defined() ? data(dkScores, "dkScores") : nullptr,
+                data(dqScores, "dqScores"), data(dQueryDecayed, "dQueryDecayed"),
                 data(dKeysBeta, "dKeysBeta"), data(dkColumns, "dkColumns"), data(dXk, "dXk"),
                 data(dKeysToEnd, "dKeysToEnd"), b.data_ptr<float>()};
   KimiBackwardTail r;

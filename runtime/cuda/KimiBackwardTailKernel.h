@@ -5,7 +5,7 @@
 // each a sum of products of the chunk tensors [.., c, dk] with e^G and
 // e^{G_last - G}. The composition makes ~25 fp32 passes over [.., c, dk]
 // (the profile at 1 x 32 heads x 8K on an H100: ~2.7 ms of elementwise
-// kernels); this kernel reads its ten inputs once and writes three outputs,
+// kernels); this kernel reads its nine chunk inputs once and writes three outputs,
 // the exponentials computed from G in registers. A block per chunk, a thread
 // per key channel. On by default since session 45's checks on an H100 (fp32
 // and bf16, memcheck); ADAPT_KIMI_BACKWARD_TAIL_KERNEL=0 keeps the composition.
@@ -39,17 +39,17 @@ struct KimiBackwardTail {
 /// With G = \p cum, L = G's last row, gamma = e^G, toEnd = e^{L - G} and
 /// beta = \p beta [.., c, 1], for the scaled query \p q and key \p k:
 ///   dq   = (dqScores + dQueryDecayed gamma) scale
-///   dk   = dkScores + dKeysBeta beta + dkColumns + dXk beta gamma + dKeysToEnd toEnd
-///   dG   = q dqScores + k (dKeysBeta beta - dkScores - dkColumns) + dQueryDecayed q gamma
+///   dk   = dKeysBeta beta + dkColumns + dXk beta gamma + dKeysToEnd toEnd
+///   dG   = q dqScores + k (dKeysBeta beta - dkColumns) + dQueryDecayed q gamma
 ///          + dXk k beta gamma - dKeysToEnd k toEnd
 ///   betaKeys = sum_d (dKeysBeta k + dXk k gamma)
 ///   keysToEndSums = sum_rows dKeysToEnd k toEnd
-/// Every tensor [.., c, dk] but \p beta; all fp32 on one CUDA device.
-/// dkScores and dkColumns enter only as their sum: \p dkScores may be
-/// undefined, with the sum passed as \p dkColumns.
+/// \p dkColumns is the keys' column gradient of both score products (the
+/// output's and the system's, summed: pairedDecayedScoresBackward). Every
+/// tensor [.., c, dk] but \p beta; all fp32 on one CUDA device.
 KimiBackwardTail kimiBackwardTail(const at::Tensor &q, const at::Tensor &k, const at::Tensor &cum,
                                   const at::Tensor &beta, const at::Tensor &dqScores, const at::Tensor &dQueryDecayed,
-                                  const at::Tensor &dkScores, const at::Tensor &dKeysBeta, const at::Tensor &dkColumns,
+                                  const at::Tensor &dKeysBeta, const at::Tensor &dkColumns,
                                   const at::Tensor &dXk, const at::Tensor &dKeysToEnd, double scale);
 
 } // namespace adapt::rt::cuda

@@ -13,15 +13,13 @@
 
 #include "runtime/cuda/LowRankKernel.h"
 #include "runtime/cuda/Packed.cuh"
+#include "runtime/cuda/Switches.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
-
-#include <cstdlib>
-#include <cstring>
 
 namespace adapt::rt::cuda {
 
@@ -137,13 +135,7 @@ __global__ void addLowRankRowsKernel(T *__restrict__ out, const T *__restrict__ 
 
 /// The rows a block takes: 64, or ADAPT_LOW_RANK_TILE_ROWS=128.
 int tileRowsChosen() {
-  static const int rows = [] {
-    const char *v = std::getenv("ADAPT_LOW_RANK_TILE_ROWS");
-    if (v == nullptr || std::strcmp(v, "64") == 0)
-      return kTileRows;
-    TORCH_CHECK(std::strcmp(v, "128") == 0, "ADAPT_LOW_RANK_TILE_ROWS: expected 64 or 128, found '", v, "'");
-    return 128;
-  }();
+  static const int rows = switchedChoice("ADAPT_LOW_RANK_TILE_ROWS", {kTileRows, 128}, kTileRows);
   return rows;
 }
 

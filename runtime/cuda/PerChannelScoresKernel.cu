@@ -247,7 +247,7 @@ std::pair<at::Tensor, at::Tensor> perChannelScoresBackward(const at::Tensor &gra
   return {dx, dy};
 }
 
-PairedScoreGradients perChannelScoresPairedBackward(const at::Tensor &gradA, const at::Tensor &xAIn,
+std::tuple<at::Tensor, at::Tensor, at::Tensor> perChannelScoresPairedBackward(const at::Tensor &gradA, const at::Tensor &xAIn,
                                                     const at::Tensor &gradB, const at::Tensor &xBIn,
                                                     const at::Tensor &yIn, const at::Tensor &cumIn) {
   TORCH_CHECK(chunkOperands(xAIn, yIn, cumIn) && chunkOperands(xBIn, yIn, cumIn),
@@ -259,18 +259,18 @@ PairedScoreGradients perChannelScoresPairedBackward(const at::Tensor &gradA, con
   TORCH_CHECK(ga.numel() == items * chunk * chunk && gb.numel() == ga.numel() && ga.device() == y.device() &&
                   gb.device() == y.device(),
               "perChannelScoresPairedBackward: expected two cotangents [.., c, c] beside y");
-  PairedScoreGradients r{at::empty_like(xA), at::empty_like(xB), at::empty_like(y)};
+  at::Tensor dxA = at::empty_like(xA), dxB = at::empty_like(xB), dy = at::empty_like(y);
   if (items == 0)
-    return r;
+    return {dxA, dxB, dy};
   const c10::cuda::CUDAGuard guard(y.device());
   const size_t bytes = (4 * size_t(chunk) * channels + 2 * size_t(chunk) * chunk) * sizeof(float);
   allowBytes(perChannelScoresBackwardKernel<true>, bytes);
   perChannelScoresBackwardKernel<true><<<static_cast<unsigned>(items), kPairedThreads, bytes,
                                          at::cuda::getCurrentCUDAStream()>>>(
       ga.data_ptr<float>(), xA.data_ptr<float>(), gb.data_ptr<float>(), xB.data_ptr<float>(), y.data_ptr<float>(),
-      cum.data_ptr<float>(), chunk, channels, r.xA.data_ptr<float>(), r.xB.data_ptr<float>(), r.y.data_ptr<float>());
+      cum.data_ptr<float>(), chunk, channels, dxA.data_ptr<float>(), dxB.data_ptr<float>(), dy.data_ptr<float>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return r;
+  return {dxA, dxB, dy};
 }
 
 } // namespace adapt::rt::cuda

@@ -14,6 +14,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <tuple>
 #include <utility>
 
 namespace adapt::rt::cuda {
@@ -41,17 +42,11 @@ std::pair<at::Tensor, at::Tensor> perChannelScoresBackward(const at::Tensor &gra
 /// checks run with it on one).
 bool pairedScoresBackwardEnabled();
 
-/// The gradients of two perChannelScores products that share y and cum.
-struct PairedScoreGradients {
-  at::Tensor xA; ///< d xA [.., c, dk]
-  at::Tensor xB; ///< d xB [.., c, dk]
-  at::Tensor y;  ///< d y from both [.., c, dk]
-};
-
 /// perChannelScoresBackward(gradA, xA, y, cum) and (gradB, xB, y, cum) in
-/// one kernel, their y gradients summed: each e^{cum_t - cum_i} is computed
-/// once for both (Kimi's backward: its output scores and its system).
-PairedScoreGradients perChannelScoresPairedBackward(const at::Tensor &gradA, const at::Tensor &xA,
+/// one kernel, their y gradients summed: {dxA, dxB, dyA + dyB}, each
+/// [.., c, dk]. Each e^{cum_t - cum_i} is computed once for both (Kimi's
+/// backward: its output scores and its system).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> perChannelScoresPairedBackward(const at::Tensor &gradA, const at::Tensor &xA,
                                                     const at::Tensor &gradB, const at::Tensor &xB, const at::Tensor &y,
                                                     const at::Tensor &cum);
 

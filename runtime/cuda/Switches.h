@@ -11,6 +11,9 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
 
 namespace adapt::rt::cuda {
 
@@ -24,6 +27,22 @@ inline bool switchedOn(const char *name) {
 inline bool switchedOff(const char *name) {
   const char *v = std::getenv(name);
   return v != nullptr && std::strcmp(v, "0") == 0;
+}
+
+/// The environment variable \p name as one of \p allowed numbers, or
+/// \p unset where it is not set; any other value stops with an error naming
+/// the variable.
+inline int switchedChoice(const char *name, std::initializer_list<int> allowed, int unset) {
+  const char *v = std::getenv(name);
+  if (v == nullptr)
+    return unset;
+  for (int a : allowed)
+    if (std::to_string(a) == v)
+      return a;
+  std::string expected;
+  for (int a : allowed)
+    expected += (expected.empty() ? "" : " or ") + std::to_string(a);
+  throw std::invalid_argument(std::string(name) + ": expected " + expected + ", found '" + v + "'");
 }
 
 } // namespace adapt::rt::cuda
