@@ -42,7 +42,7 @@ std::pair<torch::Tensor, torch::Tensor> perChannelDecayedScoresBackward(const to
 
 /// The gradients of perChannelDecayedScores(xA, y, cum) for \p gradA and of
 /// perChannelDecayedScores(xB, y, cum) for \p gradB: {dxA, dxB, dyA + dyB}.
-/// One CUDA kernel where switched on (ADAPT_KIMI_SCORES_PAIRED_BACKWARD=1),
+/// One CUDA kernel by default (ADAPT_KIMI_SCORES_PAIRED_BACKWARD=0: off),
 /// each decay factor computed once for both; else two
 /// perChannelDecayedScoresBackward calls. Op check:
 /// `kimi_scores.paired_backward`.

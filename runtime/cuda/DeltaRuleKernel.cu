@@ -200,7 +200,7 @@ bool delta::leanBackward() {
 }
 
 int delta::stateWarps() {
-  static const int warps = switchedChoice("ADAPT_DELTA_RULE_STATE_WARPS", {4, 8}, 4);
+  static const int warps = switchedChoice("ADAPT_DELTA_RULE_STATE_WARPS", {4, 8}, 8);
   return warps;
 }
 

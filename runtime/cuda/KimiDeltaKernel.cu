@@ -38,7 +38,8 @@ constexpr int kPairRow = kChunk + 1;       ///< Row of a [64][65] fp32 pair tabl
 /// session 44). Lane l starts at channel l and wraps, so a warp's G reads
 /// (fp32 rows of 128, one bank per channel) fall in 32 banks whatever rows
 /// its pairs touch. Above the diagonal within a block: 0.
-/// ADAPT_KIMI_PAIRS_PER_THREAD=1 (opt-in, written in session 45 without a GPU).
+/// The default since session 46's checks on an H100 (Kimi forward at 1 x 32 x
+/// 32K: 13.2 -> 11.1 ms); ADAPT_KIMI_PAIRS_PER_THREAD=0 keeps a warp per row.
 __device__ void withinPairsPerThread(float *out, const bf16 *x, const bf16 *y, const float *G, bool inclusive) {
   constexpr int kTriangle = kSub * (kSub + 1) / 2; // pairs c <= r of one block
   const int tid = threadIdx.x, lane = tid % 32;
@@ -248,9 +249,9 @@ __global__ void __launch_bounds__(256)
 bf16 *bf16Data(at::Tensor &x) { return reinterpret_cast<bf16 *>(x.data_ptr<at::BFloat16>()); }
 
 /// Whether the transform and output kernels sum a sub-chunk's pairs a
-/// thread per pair (ADAPT_KIMI_PAIRS_PER_THREAD=1; withinPairsPerThread).
+/// thread per pair (withinPairsPerThread; ADAPT_KIMI_PAIRS_PER_THREAD=0: off).
 bool pairsPerThread() {
-  static const bool on = switchedOn("ADAPT_KIMI_PAIRS_PER_THREAD");
+  static const bool on = !switchedOff("ADAPT_KIMI_PAIRS_PER_THREAD");
   return on;
 }
 

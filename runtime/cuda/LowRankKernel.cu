@@ -13,7 +13,6 @@
 
 #include "runtime/cuda/LowRankKernel.h"
 #include "runtime/cuda/Packed.cuh"
-#include "runtime/cuda/Switches.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -31,11 +30,11 @@ constexpr int kThreads = 256;
 /// Rows per block: the factor's columns, held in registers, serve all of
 /// them (they are reloaded only where the expert changes), so the factor's
 /// traffic is a quarter of what it was with 16-row blocks (the second
-/// version read as many factor bytes as output bytes). 128 with
-/// ADAPT_LOW_RANK_TILE_ROWS=128 (opt-in, written in session 45 without a
-/// GPU): each block's two dependent start-up loads (the tile's rank-r
-/// inputs, then the factor's columns) serve eight batches of outputs
-/// instead of four.
+/// version read as many factor bytes as output bytes). 128-row blocks
+/// (session 45: the two dependent start-up loads serving eight output
+/// batches instead of four) measured the same on an H100 in session 46,
+/// 137.2 against 137.0 us a step at one Qwen3-30B-A3B layer and -0.3 % at
+/// 12 layers, and were removed.
 constexpr int kTileRows = 64;
 /// Rows whose outputs are loaded together, before any is used: enough loads
 /// in flight to keep the memory busy (one at a time left it at a quarter of
@@ -89,14 +88,14 @@ __device__ __forceinline__ void loadBatch(const T *__restrict__ out, int64_t fir
 /// 135 us: its 4-byte accesses cover 8 rows x 16 bytes per warp instruction
 /// where this form's cover one row's 128 contiguous bytes, so the kernel is
 /// bound by its access pattern, not by its FMAs.
-template <typename T, int Rank, int TileRows = kTileRows>
+template <typename T, int Rank>
 __global__ void addLowRankRowsKernel(T *__restrict__ out, const T *__restrict__ low, const T *__restrict__ factor,
                                      const int64_t *__restrict__ expertOfRow, int64_t rows, int64_t width,
                                      int64_t outStride, int64_t lowStride) {
-  __shared__ float lowTile[TileRows][Rank];
-  __shared__ int64_t expertTile[TileRows];
-  const int64_t firstRow = int64_t(blockIdx.x) * TileRows; // rows on x: no 65,535 limit
-  const int tileRows = static_cast<int>(rows - firstRow < TileRows ? rows - firstRow : TileRows);
+  __shared__ float lowTile[kTileRows][Rank];
+  __shared__ int64_t expertTile[kTileRows];
+  const int64_t firstRow = int64_t(blockIdx.x) * kTileRows; // rows on x: no 65,535 limit
+  const int tileRows = static_cast<int>(rows - firstRow < kTileRows ? rows - firstRow : kTileRows);
   const int64_t col = 2 * (int64_t(blockIdx.y) * blockDim.x + threadIdx.x);
   const bool active = col < width;
   float column0[Rank], column1[Rank];
@@ -133,29 +132,15 @@ __global__ void addLowRankRowsKernel(T *__restrict__ out, const T *__restrict__ 
   }
 }
 
-/// The rows a block takes: 64, or ADAPT_LOW_RANK_TILE_ROWS=128.
-int tileRowsChosen() {
-  static const int rows = switchedChoice("ADAPT_LOW_RANK_TILE_ROWS", {kTileRows, 128}, kTileRows);
-  return rows;
-}
-
-template <typename T, int Rank, int TileRows>
-void launchTiles(at::Tensor &out, const at::Tensor &low, const at::Tensor &factor, const at::Tensor &expertOfRow) {
-  const int64_t rows = out.size(0), width = out.size(1);
-  const int threads = (width / 2) % kThreads == 0 || (width / 2) % (kThreads / 2) != 0 ? kThreads : kThreads / 2;
-  const dim3 grid(static_cast<unsigned>((rows + TileRows - 1) / TileRows),
-                  static_cast<unsigned>((width / 2 + threads - 1) / threads));
-  addLowRankRowsKernel<T, Rank, TileRows><<<grid, threads, 0, at::cuda::getCurrentCUDAStream()>>>(
-      out.data_ptr<T>(), low.data_ptr<T>(), factor.data_ptr<T>(), expertOfRow.data_ptr<int64_t>(), rows, width,
-      out.stride(0), low.stride(0));
-}
-
 template <typename T, int Rank>
 void launch(at::Tensor &out, const at::Tensor &low, const at::Tensor &factor, const at::Tensor &expertOfRow) {
-  if (tileRowsChosen() == 128)
-    launchTiles<T, Rank, 128>(out, low, factor, expertOfRow);
-  else
-    launchTiles<T, Rank, kTileRows>(out, low, factor, expertOfRow);
+  const int64_t rows = out.size(0), width = out.size(1);
+  const int threads = (width / 2) % kThreads == 0 || (width / 2) % (kThreads / 2) != 0 ? kThreads : kThreads / 2;
+  const dim3 grid(static_cast<unsigned>((rows + kTileRows - 1) / kTileRows),
+                  static_cast<unsigned>((width / 2 + threads - 1) / threads));
+  addLowRankRowsKernel<T, Rank><<<grid, threads, 0, at::cuda::getCurrentCUDAStream()>>>(
+      out.data_ptr<T>(), low.data_ptr<T>(), factor.data_ptr<T>(), expertOfRow.data_ptr<int64_t>(), rows, width,
+      out.stride(0), low.stride(0));
 }
 
 } // namespace

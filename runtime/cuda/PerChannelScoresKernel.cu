@@ -198,7 +198,7 @@ bool perChannelScoresTakes(const at::Tensor &x, const at::Tensor &y, const at::T
 }
 
 bool pairedScoresBackwardEnabled() {
-  static const bool on = switchedOn("ADAPT_KIMI_SCORES_PAIRED_BACKWARD");
+  static const bool on = !switchedOff("ADAPT_KIMI_SCORES_PAIRED_BACKWARD");
   return on;
 }
 
