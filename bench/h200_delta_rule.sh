@@ -4,9 +4,8 @@
 #   PHASE=checks   op-stage checks of the default kernels, then of the switches
 #                  (no prefetch) and of the opt-in switches waiting for them, bf16,
 #                  and memcheck with the switches on (SKIP_CHECKS=1: only
-#                  session 45's opt-ins ADAPT_KIMI_SCORES_PAIRED_BACKWARD,
-#                  ADAPT_KIMI_PAIRS_PER_THREAD and ADAPT_DELTA_RULE_STATE_WARPS,
-#                  Kimi's backward in head slices, and memcheck)
+#                  the opt-ins still waiting for a GPU, none since session
+#                  46, and memcheck of the delta-rule sites)
 #   PHASE=timings  forward and forward+backward of the op at the issue's shapes,
 #                  default against opt-outs and opt-ins (earlier sessions' rows are
 #                  in git history), a Kineto profile at 32K, and
@@ -79,25 +78,19 @@ if [ "${PHASE:-checks}" != timings ]; then
   check kimi-tail ADAPT_NONE=1 -- kimi_delta
   check kimi-tail-fp32 ADAPT_NONE=1 -- kimi_delta.chunked float32
   check kimi-no-tail ADAPT_KIMI_BACKWARD_TAIL_KERNEL=0 -- kimi_delta.chunked
-  fi
-  # SKIP_CHECKS=1 starts here: the opt-ins still waiting for a GPU.
-  # Session 45's opt-in, waiting for these checks: Kimi's two score
-  # gradients in one kernel.
-  check kimi-paired ADAPT_KIMI_SCORES_PAIRED_BACKWARD=1 -- kimi_scores
-  check kimi-paired-fp32 ADAPT_KIMI_SCORES_PAIRED_BACKWARD=1 -- kimi_scores float32
-  check kimi-paired-delta ADAPT_KIMI_SCORES_PAIRED_BACKWARD=1 -- kimi_delta
-  check kimi-paired-delta-fp32 ADAPT_KIMI_SCORES_PAIRED_BACKWARD=1 -- kimi_delta.chunked float32
-  # Session 45's head slices of Kimi's backward (the default only past 128
-  # MiB a tensor), forced down to one head.
+  # Session 45's opt-ins, the defaults since session 46's checks (Kimi's
+  # paired score backward, its forward pairs a thread each, eight-warp state
+  # kernels): the defaults in fp32 too, and their opt-outs; Kimi's backward
+  # in head slices forced down to one head.
+  check kimi-paired-fp32 ADAPT_NONE=1 -- kimi_scores float32
+  check kimi-unpaired ADAPT_KIMI_SCORES_PAIRED_BACKWARD=0 -- kimi_scores
+  check kimi-pairs-warp ADAPT_KIMI_PAIRS_PER_THREAD=0 -- kimi_delta
+  check state-warps-4 ADAPT_DELTA_RULE_STATE_WARPS=4 -- gated_delta_rule
+  check state-warps-4-fp32 ADAPT_DELTA_RULE_STATE_WARPS=4 -- gated_delta_rule.chunked float32
   check kimi-slices ADAPT_KIMI_BACKWARD_SLICE_HEADS=1 -- kimi_delta.chunked
-  # And the forward kernels' sub-chunk pairs a thread per pair (bf16: the
-  # kernels' only dtype).
-  check kimi-pairs-thread ADAPT_KIMI_PAIRS_PER_THREAD=1 -- kimi_delta
-  # And the forward's state kernel with eight warps (GDN's and Kimi's).
-  check state-warps-8 ADAPT_DELTA_RULE_STATE_WARPS=8 -- gated_delta_rule
-  check state-warps-8-fp32 ADAPT_DELTA_RULE_STATE_WARPS=8 -- gated_delta_rule.chunked float32
-  check state-warps-8-kimi ADAPT_DELTA_RULE_STATE_WARPS=8 -- kimi_delta
-  check state-warps-8-no-prefetch ADAPT_DELTA_RULE_STATE_WARPS=8 ADAPT_DELTA_RULE_PREFETCH=0 -- gated_delta_rule.chunked
+  fi
+  # SKIP_CHECKS=1 starts here: the opt-ins still waiting for a GPU (none
+  # since session 46).
   # Out-of-bounds accesses the checks' numbers could miss: memcheck over the
   # kernels, forward and backward, at the d-128 shapes.
   SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
@@ -107,8 +100,7 @@ if [ "${PHASE:-checks}" != timings ]; then
     [ -n "${SKIP_CHECKS:-}" ] && all="gated_delta_rule.chunked kimi_delta.chunked kimi_scores"
     for only in ${MEMCHECK:-$all}; do
       ADAPT_CONV_KERNEL=1 ADAPT_GATED_NORM_KERNEL=1 ADAPT_DELTA_RULE_TRAIN_KERNEL=1 ADAPT_DELTA_RULE_BACKWARD_KERNEL=1 ADAPT_DELTA_RULE_LEAN_BACKWARD=1 \
-        ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 ADAPT_KIMI_SCORES_KERNEL=1 ADAPT_KIMI_SCORES_PAIRED_BACKWARD=1 \
-        ADAPT_KIMI_PAIRS_PER_THREAD=1 ADAPT_DELTA_RULE_STATE_WARPS=8 \
+        ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 ADAPT_KIMI_SCORES_KERNEL=1 \
         timeout ${MEMCHECK_TIMEOUT:-200} $SAN --tool memcheck --error-exitcode 9 $W/rt/adapt-op-check --device cuda \
         --seeds 1 --dtype bfloat16 --only $only --out $W/checks/memcheck > $W/memcheck.log 2>&1
       echo "-- memcheck $only: rc $? $(grep -m1 'ERROR SUMMARY' $W/memcheck.log)"
@@ -134,19 +126,16 @@ if [ "${PHASE:-checks}" != checks ]; then
   }
   echo "== gated delta rule $(date +%T)"
   run_shapes default ADAPT_NONE=1
-  run_shapes columns-32 ADAPT_DELTA_RULE_STATE_COLUMNS=32
-  run_shapes state-warps-8 ADAPT_DELTA_RULE_STATE_WARPS=8
+  run_shapes state-warps-4 ADAPT_DELTA_RULE_STATE_WARPS=4
   run_shapes no-lean ADAPT_DELTA_RULE_LEAN_BACKWARD=0
   run_shapes no-prefetch ADAPT_DELTA_RULE_PREFETCH=0
   echo "== Kimi delta attention $(date +%T)"
   EXTRA=--per-channel run_shapes kda-default ADAPT_NONE=1
   EXTRA=--per-channel run_shapes kda-no-tail ADAPT_KIMI_BACKWARD_TAIL_KERNEL=0
-  EXTRA=--per-channel run_shapes kda-paired ADAPT_KIMI_SCORES_PAIRED_BACKWARD=1
   EXTRA=--per-channel run_shapes kda-one-pass ADAPT_KIMI_BACKWARD_SLICE_HEADS=1024
-  EXTRA=--per-channel run_shapes kda-pairs-thread ADAPT_KIMI_PAIRS_PER_THREAD=1
-  EXTRA=--per-channel run_shapes kda-state-warps-8 ADAPT_DELTA_RULE_STATE_WARPS=8
-  EXTRA=--per-channel run_shapes kda-session-45-opt-ins ADAPT_KIMI_PAIRS_PER_THREAD=1 ADAPT_KIMI_SCORES_PAIRED_BACKWARD=1 \
-    ADAPT_DELTA_RULE_STATE_WARPS=8
+  EXTRA=--per-channel run_shapes kda-slices-16 ADAPT_KIMI_BACKWARD_SLICE_HEADS=16
+  EXTRA=--per-channel run_shapes kda-session-45-opt-outs ADAPT_KIMI_PAIRS_PER_THREAD=0 ADAPT_KIMI_SCORES_PAIRED_BACKWARD=0 \
+    ADAPT_DELTA_RULE_STATE_WARPS=4
   echo "== lightning attention (MiniMax-M1: 64 heads of 128, block 256) $(date +%T)"
   for T in 8192 32768; do timeout 120 $W/lc/long_context --lightning 1 64 $T 128 256 --iters 5 2>&1 | tail -1; done
   echo "== one Gated DeltaNet layer (Qwen3-Next's heads at hidden 7,168), and the 3:1 hybrid block $(date +%T)"
@@ -163,6 +152,10 @@ if [ "${PHASE:-checks}" != checks ]; then
   timeout 120 $W/lc/long_context --delta-rule 1 32 8192 128 128 --per-channel --profile $W/profkda > $W/profkda.log 2>&1
   grep -m3 "GPU time\|Wall" $W/profkda/profile/breakdown.md
   python3 bench/h200/trace_kernels.py $W/profkda/profile/trace.json 3 14 2>&1 | tail -18
+  echo "== Kimi profile at 32K, the backward in head slices $(date +%T)"
+  timeout 120 $W/lc/long_context --delta-rule 1 32 32768 128 128 --per-channel --profile $W/profkda32 > $W/profkda32.log 2>&1
+  grep -m3 "GPU time\|Wall" $W/profkda32/profile/breakdown.md
+  python3 bench/h200/trace_kernels.py $W/profkda32/profile/trace.json 3 14 2>&1 | tail -18
   [ -n "${SKIP_FLA:-}" ] && { echo "== done $(date +%T)"; exit 0; }
   echo "== fla 0.6 $(date +%T)"
   source bench/h200/fla_env.sh
