@@ -4,8 +4,8 @@
 #   PHASE=checks   op-stage checks of the default kernels, then of the switches
 #                  (no prefetch) and of the opt-in switches waiting for them, bf16,
 #                  and memcheck with the switches on (SKIP_CHECKS=1: only
-#                  the opt-ins still waiting for a GPU, none since session
-#                  46, and memcheck of the delta-rule sites)
+#                  what still waits for a GPU: session 46's bf16 T in GDN's
+#                  forward, and memcheck of gated_delta_rule.chunked)
 #   PHASE=timings  forward and forward+backward of the op at the issue's shapes,
 #                  default against opt-outs and opt-ins (earlier sessions' rows are
 #                  in git history), a Kineto profile at 32K, and
@@ -89,15 +89,22 @@ if [ "${PHASE:-checks}" != timings ]; then
   check state-warps-4-fp32 ADAPT_DELTA_RULE_STATE_WARPS=4 -- gated_delta_rule.chunked float32
   check kimi-slices ADAPT_KIMI_BACKWARD_SLICE_HEADS=1 -- kimi_delta.chunked
   fi
-  # SKIP_CHECKS=1 starts here: the opt-ins still waiting for a GPU (none
-  # since session 46).
+  # SKIP_CHECKS=1 starts here: what still waits for a GPU. Session 46: GDN's
+  # forward keeps T in bf16 (the form both kernels multiply by) instead of
+  # fp32; its consumers are the backward kernel (every gated_delta_rule
+  # check), the LibTorch backward after the forward kernels (=0 below) and
+  # the segmented kernels (state gradients flowing).
+  check gdn-bf16-inverse ADAPT_NONE=1 -- gated_delta_rule
+  check gdn-bf16-inverse-composition ADAPT_DELTA_RULE_BACKWARD_KERNEL=0 -- gated_delta_rule.chunked
+  check gdn-bf16-inverse-segmented ADAPT_DELTA_RULE_TRAIN_KERNEL=1 ADAPT_DELTA_RULE_BACKWARD_KERNEL=1 -- gated_delta_rule.segmented
+  check gdn-bf16-inverse-no-prefetch ADAPT_DELTA_RULE_PREFETCH=0 -- gated_delta_rule.chunked
   # Out-of-bounds accesses the checks' numbers could miss: memcheck over the
   # kernels, forward and backward, at the d-128 shapes.
   SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
   if [ -n "$SAN" ]; then
     # With SKIP_CHECKS=1 the sites the waiting opt-ins touch, else every kernel.
     all="gated_delta_rule.chunked kimi_delta.chunked kimi_scores causal_conv1d norm.gated_rms expert"
-    [ -n "${SKIP_CHECKS:-}" ] && all="gated_delta_rule.chunked kimi_delta.chunked kimi_scores"
+    [ -n "${SKIP_CHECKS:-}" ] && all="gated_delta_rule.chunked"
     for only in ${MEMCHECK:-$all}; do
       ADAPT_CONV_KERNEL=1 ADAPT_GATED_NORM_KERNEL=1 ADAPT_DELTA_RULE_TRAIN_KERNEL=1 ADAPT_DELTA_RULE_BACKWARD_KERNEL=1 ADAPT_DELTA_RULE_LEAN_BACKWARD=1 \
         ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 ADAPT_KIMI_SCORES_KERNEL=1 \

@@ -113,7 +113,7 @@ std::vector<Tensor> chunksFromKernels(const Tensor &query, const Tensor &key, co
           toChunks(value, c),
           toChunks(beta.unsqueeze(-1), c),
           kept.cum.view({b, h, n, c, 1}),
-          kept.inverse.view({b, h, n, c, c}),
+          kept.inverse.view({b, h, n, c, c}).to(torch::kFloat32),
           kept.states.view({b, h, n, dk, dv}).to(torch::kFloat32),
           kept.newValues.view({b, h, n, c, dv}).to(torch::kFloat32)};
 }

@@ -36,11 +36,12 @@ namespace {
 
 using namespace delta;
 
-/// Copies \p rows rows of a contiguous [.., 128] bf16 array into \p tile.
+/// Copies \p rows rows of a contiguous [.., \p Width] bf16 array into \p tile.
+template <int Width = kDim>
 __device__ __forceinline__ void loadBf16(bf16 *tile, int stride, const bf16 *x, int rows, bool async) {
-  for (int i = threadIdx.x; i < rows * kDim / 8; i += blockDim.x) {
-    const int r = i / (kDim / 8), c = (i % (kDim / 8)) * 8;
-    copy16(tile + r * stride + c, x + r * kDim + c, true, async);
+  for (int i = threadIdx.x; i < rows * Width / 8; i += blockDim.x) {
+    const int r = i / (Width / 8), c = (i % (Width / 8)) * 8;
+    copy16(tile + r * stride + c, x + r * Width + c, true, async);
   }
 }
 
@@ -357,7 +358,7 @@ __global__ void __launch_bounds__(256)
 /// 1 x 32 heads x 32K on the H200, latency-bound at 8 warps per SM).
 template <typename Grad, bool ScaledInEpilogue>
 __global__ void __launch_bounds__(256)
-    deltaRuleTransformGradKernel(Strided key, Strided value, const float *beta, const float *cum, const float *inverse,
+    deltaRuleTransformGradKernel(Strided key, Strided value, const float *beta, const float *cum, const bf16 *inverse,
                                  const bf16 *gradW, const void *gradNewData, const float *gradKeyPart,
                                  const float *gradCumPart, int64_t tokens, bf16 *gradKey, bf16 *gradValue,
                                  float *gradBeta, float *gradDecay, bool async) {
@@ -384,10 +385,7 @@ __global__ void __launch_bounds__(256)
   loadRows(vs, value, bh, row0, valid, async);
   loadBf16(dws, kRow, gradW + rows0 * kDim, kChunk, async);
   loadGrad<kChunk>(dns, kRow, gradNew + rows0 * kDim, async);
-  if (async)
-    loadFloatBatched<kChunk, kChunk>(ts, kSquareRow, inverse + rows0 * kChunk);
-  else
-    loadFloat(ts, kSquareRow, inverse + rows0 * kChunk, kChunk, kChunk);
+  loadBf16<kChunk>(ts, kSquareRow, inverse + rows0 * kChunk, kChunk, async);
   if (tid < kChunk) {
     cs[tid] = cum[rows0 + tid];
     bs[tid] = tid < valid ? beta[bh * tokens + row0 + tid] : 0.0f;
@@ -585,7 +583,7 @@ DeltaRuleGrads gatedDeltaRuleBackward(const at::Tensor &query, const at::Tensor 
                                          : deltaRuleTransformGradKernel<float, false>);
     allowSharedMemory(kernel, bytes);
     kernel<<<dim3(chunks, bh), 256, bytes, stream>>>(
-        stridedRows(key), stridedRows(value), b.data_ptr<float>(), saved.cum.data_ptr<float>(), saved.inverse.data_ptr<float>(),
+        stridedRows(key), stridedRows(value), b.data_ptr<float>(), saved.cum.data_ptr<float>(), bf16Data(saved.inverse),
         bf16Data(dW), state.newValues.data_ptr(), dKeyPart.data_ptr<float>(), dCumPart.data_ptr<float>(),
         tokens, bf16Data(r.key), bf16Data(r.value), r.beta.data_ptr<float>(), r.decay.data_ptr<float>(), async);
     C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -54,7 +54,7 @@ __device__ __forceinline__ void chunkCumsum(float *cum, const float *decay, int 
 /// ([64, 128] bf16 each) and its cumulative log decays.
 __global__ void __launch_bounds__(256) deltaRuleTransformKernel(Strided key, Strided value, const float *decay,
                                                                 const float *beta, int64_t tokens, bf16 *w, bf16 *u,
-                                                                float *cumOut, float *inverseOut, bool async,
+                                                                float *cumOut, bf16 *inverseOut, bool async,
                                                                 bool blocked) {
   extern __shared__ __align__(16) unsigned char shared[];
   bf16 *ks = reinterpret_cast<bf16 *>(shared);      // k, then beta k exp(G)
@@ -102,8 +102,8 @@ __global__ void __launch_bounds__(256) deltaRuleTransformKernel(Strided key, Str
   // the right-hand sides in place.
   for (int i = tid; i < kChunk * kChunk; i += blockDim.x) {
     const int r = i / kChunk, c = i % kChunk;
-    const float x = c < r ? a[r * (kChunk + 1) + c] : c == r ? 1.0f : 0.0f;
-    ts[r * kSquareRow + c] = __float2bfloat16(x);
+    const bf16 x = __float2bfloat16(c < r ? a[r * (kChunk + 1) + c] : c == r ? 1.0f : 0.0f);
+    ts[r * kSquareRow + c] = x;
     if (inverseOut)
       inverseOut[(bh * gridDim.x * kChunk + row0 + r) * kChunk + c] = x;
   }
@@ -253,7 +253,7 @@ at::Tensor gatedDeltaRuleForward(const at::Tensor &query, const at::Tensor &key,
     init = initialState.to(at::kFloat).contiguous();
   }
   at::Tensor last = finalState ? at::empty({batch, heads, kDim, kDim}, f32) : at::Tensor();
-  at::Tensor inverse = saved ? at::empty({bh, padded, kChunk}, f32) : at::Tensor();
+  at::Tensor inverse = saved ? at::empty({bh, padded, kChunk}, key.options()) : at::Tensor();
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const bool async = asyncLoads(), prefetch = async;
 
@@ -263,7 +263,8 @@ at::Tensor gatedDeltaRuleForward(const at::Tensor &query, const at::Tensor &key,
   deltaRuleTransformKernel<<<dim3(chunks, bh), 256, transformBytes, stream>>>(
       stridedRows(key), stridedRows(value), g.data_ptr<float>(), b.data_ptr<float>(), tokens,
       reinterpret_cast<bf16 *>(w.data_ptr<at::BFloat16>()), reinterpret_cast<bf16 *>(u.data_ptr<at::BFloat16>()),
-      cum.data_ptr<float>(), inverse.defined() ? inverse.data_ptr<float>() : nullptr, async, blockInverse());
+      cum.data_ptr<float>(), inverse.defined() ? reinterpret_cast<bf16 *>(inverse.data_ptr<at::BFloat16>()) : nullptr,
+      async, blockInverse());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
   const auto [columns, warps] = stateLaunch(bh);

@@ -36,7 +36,9 @@ bool deltaRuleForwardTakes(const at::Tensor &query, const at::Tensor &key, const
 /// What the forward computes that the backward (runtime/DeltaRuleFunction)
 /// reads; n chunks of 64 over B·H heads.
 struct DeltaRuleSaved {
-  at::Tensor inverse;   ///< T = (I + A)^-1 per chunk, fp32 [B·H, n·64, 64].
+  at::Tensor inverse;   ///< T = (I + A)^-1 per chunk, bf16 [B·H, n·64, 64]: the
+                        ///< product form both kernels use (the forward's W and U,
+                        ///< the backward's mma tiles); fp32 until session 46.
   at::Tensor states;    ///< Each chunk's entering state, bf16 [B·H, n, 128, 128].
   at::Tensor newValues; ///< V_new, bf16 [B·H, n·64, 128].
   at::Tensor cum;       ///< The chunk's cumulative log decay, fp32 [B·H, n·64].
