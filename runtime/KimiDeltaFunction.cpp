@@ -156,8 +156,12 @@ namespace {
 
 /// Heads per slice of the Kimi node's backward for B sequences of
 /// \p paddedTokens tokens and \p keyDim channels: as many as keep one
-/// [B, heads, T, dk] fp32 tensor within 128 MiB (all of 32 heads at 8K
-/// tokens, 8 at 32K), or ADAPT_KIMI_BACKWARD_SLICE_HEADS=N.
+/// [B, heads, T, dk] fp32 tensor within 256 MiB (all of 32 heads at 8K
+/// tokens, 16 at 32K), or ADAPT_KIMI_BACKWARD_SLICE_HEADS=N. Slices cost
+/// time: the state backward kernel's grid is B·h x 4 blocks. At 1 x 32
+/// heads x 32K on an H100 (session 46), forward + backward and peak: one
+/// pass 49.4 ms, 21.8 GiB; slices of 16 heads 52.6 ms, 14.2 GiB; of 8 (the
+/// earlier 128 MiB budget) 56.9 ms, 9.7 GiB.
 int64_t backwardSliceHeads(int64_t batch, int64_t heads, int64_t paddedTokens, int64_t keyDim) {
   if (const char *v = std::getenv("ADAPT_KIMI_BACKWARD_SLICE_HEADS")) {
     char *end = nullptr;
@@ -166,7 +170,7 @@ int64_t backwardSliceHeads(int64_t batch, int64_t heads, int64_t paddedTokens, i
                 v, "'");
     return n;
   }
-  constexpr int64_t kSliceBytes = int64_t(128) << 20;
+  constexpr int64_t kSliceBytes = int64_t(256) << 20;
   const int64_t perHead = std::max<int64_t>(1, batch * paddedTokens * keyDim * int64_t(sizeof(float)));
   return std::max<int64_t>(1, kSliceBytes / perHead);
 }

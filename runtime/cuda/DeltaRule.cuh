@@ -279,18 +279,22 @@ bool leanBackward();
 /// 0.94 ms), so auto keeps 32 there.
 int stateColumns(int64_t heads);
 
-/// Warps a block of the state kernels (forward and backward) runs: 8 (the
-/// default since session 46's checks on an H100; 32 columns a block), or 4
-/// with ADAPT_DELTA_RULE_STATE_WARPS=4 (columns by stateColumns()). GDN
-/// forward + backward at 1 x 32 x 8K: 2.74 -> 2.59 ms, at 32K 10.16 -> 9.87
-/// ms, at 4 x 16 x 4K 2.65 -> 2.63 ms. The kernel is latency-bound
+/// Warps a block of the state kernels (forward and backward) runs for
+/// \p heads sequences (B·H): 8 (32 columns a block) where a block per 32
+/// columns leaves each SM one block or none (B·H x 4 <= the SM count), else
+/// 4 (columns by stateColumns()); ADAPT_DELTA_RULE_STATE_WARPS=4|8 forces
+/// one. Checked on an H100 in session 46: GDN forward + backward at 1 x 32 x
+/// 8K 2.74 -> 2.59 ms, at 32K 10.16 -> 9.87 ms with eight; at 4 x 16 x 4K
+/// (256 blocks) the forward is slower with eight in two calls (0.83 -> 0.85
+/// ms) and the whole ambiguous (2.65 / 2.63, 2.54 / 2.66), so four stay
+/// there. The kernel is latency-bound
 /// with one warp per SM sub-partition: each chunk's ~600 dependent
 /// instructions (the mma chains, the tiles' cp.async issue, the state's
 /// stores) wait out their latency with nothing to switch to. Eight warps
 /// split the same work in halves (V_new by column halves, the state by
 /// 16-row slices, the loads by thread) with two warps on each
 /// sub-partition, without the 16-column form's second copy of W and k.
-int stateWarps();
+int stateWarps(int64_t heads);
 
 /// A [B, H, T, D] tensor's data and its strides over b, h and t.
 struct Strided {

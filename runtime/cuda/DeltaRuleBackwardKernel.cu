@@ -241,7 +241,7 @@ DeltaRuleStateGrads deltaRuleStateBackward(const at::Tensor &keysToEnd, const at
   const size_t bytes = (kDim + kChunk) * kStateRow * sizeof(bf16) +
                        (prefetch ? 2 * BackwardTiles::kBytes : (3 * kChunk * kRow + kChunk * kStateRow) * sizeof(bf16));
   auto bf = [](const at::Tensor &x) { return reinterpret_cast<const bf16 *>(x.data_ptr<at::BFloat16>()); };
-  const int warps = stateWarps();
+  const int warps = stateWarps(bh);
   auto launch = [&](auto kernel, auto *leaving, auto *gradNew) {
     allowSharedMemory(kernel, bytes);
     kernel<<<dim3(kDim / kStateColumns, bh), 32 * warps, bytes, at::cuda::getCurrentCUDAStream()>>>(

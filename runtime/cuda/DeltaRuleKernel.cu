@@ -199,17 +199,26 @@ bool delta::leanBackward() {
   return on;
 }
 
-int delta::stateWarps() {
-  static const int warps = switchedChoice("ADAPT_DELTA_RULE_STATE_WARPS", {4, 8}, 8);
-  return warps;
+namespace {
+/// Whether a block per 32 value columns of \p heads sequences leaves each SM
+/// one block or none (B·H x 4 <= the SM count).
+bool gridUnderFilled(int64_t heads) {
+  return heads * (kDim / 32) <= at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+}
+} // namespace
+
+int delta::stateWarps(int64_t heads) {
+  static const int forced = switchedChoice("ADAPT_DELTA_RULE_STATE_WARPS", {4, 8}, 0); // 0: unset, chosen here
+  if (forced != 0)
+    return forced;
+  return gridUnderFilled(heads) ? 8 : 4;
 }
 
 int delta::stateColumns(int64_t heads) {
   static const int forced = switchedChoice("ADAPT_DELTA_RULE_STATE_COLUMNS", {16, 32}, 0); // 0: unset, chosen here
   if (forced != 0)
     return forced;
-  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  return heads * (kDim / 32) <= sms ? 16 : 32;
+  return gridUnderFilled(heads) ? 16 : 32;
 }
 
 bool deltaRuleForwardTakes(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,

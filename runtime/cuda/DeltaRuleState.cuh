@@ -208,7 +208,7 @@ template <bool PerChannel> auto stateKernelFor(bool prefetch, int columns, int w
 /// The launch shape of the forward's state kernel for \p heads sequences
 /// (B·H): {columns, warps}.
 inline std::pair<int, int> stateLaunch(int64_t heads) {
-  const int warps = stateWarps();
+  const int warps = stateWarps(heads);
   return {warps == 8 ? 32 : stateColumns(heads), warps};
 }
 
