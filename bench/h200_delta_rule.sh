@@ -91,9 +91,10 @@ if [ "${PHASE:-checks}" != timings ]; then
   fi
   # SKIP_CHECKS=1 starts here: what still waits for a GPU. Session 46: GDN's
   # forward keeps T in bf16 (the form both kernels multiply by) instead of
-  # fp32; its consumers are the backward kernel (every gated_delta_rule
-  # check), the LibTorch backward after the forward kernels (=0 below) and
-  # the segmented kernels (state gradients flowing).
+  # fp32 (checked on an H100); its consumers are the backward kernel (every
+  # gated_delta_rule check), the LibTorch backward after the forward kernels
+  # (=0 below) and the segmented kernels (state gradients flowing). And GDN's
+  # backward frees dS' before allocating dk and dv (not yet on a GPU).
   check gdn-bf16-inverse ADAPT_NONE=1 -- gated_delta_rule
   check gdn-bf16-inverse-composition ADAPT_DELTA_RULE_BACKWARD_KERNEL=0 -- gated_delta_rule.chunked
   check gdn-bf16-inverse-segmented ADAPT_DELTA_RULE_TRAIN_KERNEL=1 ADAPT_DELTA_RULE_BACKWARD_KERNEL=1 -- gated_delta_rule.segmented

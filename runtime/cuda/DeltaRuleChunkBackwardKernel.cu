@@ -556,10 +556,10 @@ DeltaRuleGrads gatedDeltaRuleBackward(const at::Tensor &query, const at::Tensor 
     state = deltaRuleStateBackward(keysToEnd, queryDecayed, saved.w, dOutRows, localNew, saved.cum, dLast);
   }
   const bool bf16Grads = state.leaving.scalar_type() == at::kBFloat16;
-  // The gradients are allocated once kernel 2's temporaries are freed (a lower peak).
+  // The gradients are allocated once kernel 2's temporaries are freed, k's and
+  // v's once kernel 4 no longer needs dS' (a lower peak: at 1 x 32 heads x
+  // 32K, dS' is 512 MiB and the two gradients as much).
   r.query = at::empty({batch, heads, tokens, kDim}, key.options());
-  r.key = at::empty_like(r.query);
-  r.value = at::empty_like(r.query);
   at::Tensor dKeyPart = at::empty({bh, padded, kDim}, f32), dW = at::empty({bh, padded, kDim}, key.options());
   at::Tensor dCumPart = at::empty({bh, padded}, f32);
   {
@@ -573,6 +573,10 @@ DeltaRuleGrads gatedDeltaRuleBackward(const at::Tensor &query, const at::Tensor 
         bf16Data(r.query), dKeyPart.data_ptr<float>(), bf16Data(dW), dCumPart.data_ptr<float>(), async);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
+  // Freed in stream order: kernel 5, on the same stream, may reuse its memory.
+  state.leaving = at::Tensor();
+  r.key = at::empty_like(r.query);
+  r.value = at::empty_like(r.query);
   {
     const bool twoBlocks = twoBlocksPerSm();
     const size_t bytes = (twoBlocks ? 4 : 6) * kChunk * kRow * sizeof(bf16) +
