@@ -13,6 +13,7 @@
 
 #include "runtime/cuda/ExpertCombineKernel.h"
 #include "runtime/cuda/Packed.cuh"
+#include "runtime/cuda/Switches.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -244,6 +245,37 @@ __global__ void gradWeightsKernel(const T *__restrict__ gradY, const T *__restri
     gradW[warp] = acc;
 }
 
+/// Whether combineRowsGradRows writes by token (one block per token reads
+/// its gradient row once and stores it to its k rows, combineBackwardPackedKernel
+/// without the weights' dots; padding rows zeroed apart) instead of by row
+/// (gradRowsPackedKernel: one block per row, whose three dependent loads, the
+/// row's pair, its weight, then the data, are most of its time: 169 us a
+/// Qwen3-30B-A3B layer on an H100, ~55 % of the bandwidth, in session 39's
+/// profile). ADAPT_EXPERT_GRAD_ROWS_BY_TOKEN=1 (opt-in, written in session
+/// 46 without a GPU; the `expert` op checks reach it).
+bool gradRowsByToken() {
+  static const bool on = switchedOn("ADAPT_EXPERT_GRAD_ROWS_BY_TOKEN");
+  return on;
+}
+
+/// The k-bounded instance of combineBackwardPackedKernel for \p k, launched
+/// a block per token: rows' gradients only where \p gradW is null.
+template <typename T>
+void launchCombineBackward(int64_t tokens, const T *gradY, const T *rows, const int64_t *rowOfPair,
+                           const float *weights, T *gradRows, float *gradW, int64_t hidden, int64_t k) {
+  auto launch = [&](auto kernel) {
+    kernel<<<tokens, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(gradY, rows, rowOfPair, weights, gradRows,
+                                                                      gradW, hidden, static_cast<int>(k));
+  };
+  if (k <= 8)
+    launch(combineBackwardPackedKernel<T, 8>);
+  else if (k <= 16)
+    launch(combineBackwardPackedKernel<T, 16>);
+  else
+    launch(combineBackwardPackedKernel<T, kMaxK>);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 at::Tensor weightsAsFloat(const at::Tensor &weights) {
   return weights.defined() ? weights.to(at::kFloat).contiguous() : at::Tensor();
 }
@@ -283,10 +315,17 @@ at::Tensor combineRowsGradRows(const at::Tensor &gradY, const at::Tensor &rowOfP
   // Which pair owns each row (-1: padding), so every row is written once.
   at::Tensor pairOfRow = at::full({rows}, -1, rowOfPair.options())
                              .index_copy_(0, rowOfPair, at::arange(rowOfPair.size(0), rowOfPair.options()));
-  const at::Tensor w = weightsAsFloat(weights), g = gradY.contiguous();
+  const at::Tensor w = weightsAsFloat(weights), g = gradY.contiguous(), owner = rowOfPair.contiguous();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gradY.scalar_type(), "combineRowsGradRows", [&] {
     const float *wp = w.defined() ? w.data_ptr<float>() : nullptr;
-    if (packable<scalar_t>(hidden, {g.data_ptr(), grad.data_ptr()}))
+    const bool packed = packable<scalar_t>(hidden, {g.data_ptr(), grad.data_ptr()});
+    if (packed && gradRowsByToken() && k <= kMaxK && owner.size(0) % k == 0) {
+      if (rows > owner.size(0)) // padding rows: zero the ones no pair writes
+        zeroUnownedRowsKernel<scalar_t><<<rows, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+            pairOfRow.data_ptr<int64_t>(), grad.data_ptr<scalar_t>(), hidden);
+      launchCombineBackward<scalar_t>(owner.size(0) / k, g.data_ptr<scalar_t>(), nullptr, owner.data_ptr<int64_t>(),
+                                      wp, grad.data_ptr<scalar_t>(), nullptr, hidden, k);
+    } else if (packed)
       gradRowsPackedKernel<scalar_t><<<rows, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
           g.data_ptr<scalar_t>(), pairOfRow.data_ptr<int64_t>(), wp, grad.data_ptr<scalar_t>(), hidden,
           static_cast<int>(k));
@@ -344,20 +383,10 @@ std::pair<at::Tensor, at::Tensor> combineRowsBackward(const at::Tensor &gradY, c
   const at::Tensor w = weightsAsFloat(weights);
   at::Tensor gradW = needWeights ? at::empty({tokens, k}, g.options().dtype(at::kFloat)) : at::Tensor();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, g.scalar_type(), "combineRowsBackward", [&] {
-    auto launch = [&](auto kernel) {
-      kernel<<<tokens, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
-          g.data_ptr<scalar_t>(), in.data_ptr<scalar_t>(), owner.data_ptr<int64_t>(),
-          w.defined() ? w.data_ptr<float>() : nullptr, gradRows.data_ptr<scalar_t>(),
-          needWeights ? gradW.data_ptr<float>() : nullptr, hidden, static_cast<int>(k));
-    };
-    if (k <= 8)
-      launch(combineBackwardPackedKernel<scalar_t, 8>);
-    else if (k <= 16)
-      launch(combineBackwardPackedKernel<scalar_t, 16>);
-    else
-      launch(combineBackwardPackedKernel<scalar_t, kMaxK>);
+    launchCombineBackward<scalar_t>(tokens, g.data_ptr<scalar_t>(), in.data_ptr<scalar_t>(), owner.data_ptr<int64_t>(),
+                                    w.defined() ? w.data_ptr<float>() : nullptr, gradRows.data_ptr<scalar_t>(),
+                                    needWeights ? gradW.data_ptr<float>() : nullptr, hidden, k);
   });
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {gradRows, needWeights ? gradW.to(weights.scalar_type()) : at::Tensor()};
 }
 
