@@ -16,7 +16,7 @@
 # fla compiles its Triton kernels on first use: in session 44 its GDN rows
 # took 150 s and its KDA produced no row in 150 s more, so KDA runs one shape
 # by default (FLA_KDA_SHAPES, FLA_KDA_TIMEOUT); the compiled kernels come back
-# as OUTDIR/fla-cache.tgz for a later call to carry (bench/h200/fla_env.sh).
+# as OUTDIR/fla-cache.tgz.part-* for a later call to carry (bench/h200/fla_env.sh).
 # usage: PHASE=checks|timings|both [CHECK_TIMEOUT=110] [SKIP_FLA=1] [SKIP_FLA_KDA=1] [MEMCHECK="ids"] [MEMCHECK_TIMEOUT=200] bench/h200_delta_rule.sh OUTDIR
 set -uo pipefail
 cd "$(dirname "$0")/.."
