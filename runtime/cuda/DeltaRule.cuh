@@ -270,7 +270,7 @@ bool asyncLoads();
 bool leanBackward();
 
 /// The value columns a block of the forward's state kernel takes for \p heads
-/// sequences (B·H): 32, or 16 where a block per 32 columns would leave SMs
+/// sequences (B·H) with four warps (stateWarps(); eight take 32): 32, or 16 where a block per 32 columns would leave SMs
 /// idle or one block on each (heads x 4 <= the SM count; 1 x 32 heads on
 /// 132 SMs), so that two blocks share each SM and hide each other's latency.
 /// ADAPT_DELTA_RULE_STATE_COLUMNS=16 or 32 sets it; unset (the default
