@@ -152,17 +152,12 @@ PairedScoreGradients pairedDecayedScoresBackward(const Tensor &gradA, const Tens
   return {dxA, dxB, dyA.add_(dyB)};
 }
 
-namespace {
-
-/// Heads per slice of the Kimi node's backward for B sequences of
-/// \p paddedTokens tokens and \p keyDim channels: as many as keep one
-/// [B, heads, T, dk] fp32 tensor within 256 MiB (all of 32 heads at 8K
-/// tokens, 16 at 32K), or ADAPT_KIMI_BACKWARD_SLICE_HEADS=N. Slices cost
-/// time: the state backward kernel's grid is B·h x 4 blocks. At 1 x 32
-/// heads x 32K on an H100 (session 46), forward + backward and peak: one
-/// pass 49.4 ms, 21.8 GiB; slices of 16 heads 52.6 ms, 14.2 GiB; of 8 (the
-/// earlier 128 MiB budget) 56.9 ms, 9.7 GiB.
-int64_t backwardSliceHeads(int64_t batch, int64_t heads, int64_t paddedTokens, int64_t keyDim) {
+// The budget's measurements (KimiDeltaFunction.h): slices cost time, the
+// state backward kernel's grid being B·h x 4 blocks. At 1 x 32 heads x 32K
+// on an H100 (session 46), forward + backward and peak: one pass 49.4 ms,
+// 21.8 GiB; slices of 16 heads 52.6 ms, 14.2 GiB; of 8 (the earlier 128 MiB
+// budget) 56.9 ms, 9.7 GiB.
+int64_t kimiBackwardSliceHeads(int64_t batch, int64_t paddedTokens, int64_t keyDim) {
   if (const char *v = std::getenv("ADAPT_KIMI_BACKWARD_SLICE_HEADS")) {
     char *end = nullptr;
     const long long n = std::strtoll(v, &end, 10);
@@ -174,6 +169,8 @@ int64_t backwardSliceHeads(int64_t batch, int64_t heads, int64_t paddedTokens, i
   const int64_t perHead = std::max<int64_t>(1, batch * paddedTokens * keyDim * int64_t(sizeof(float)));
   return std::max<int64_t>(1, kSliceBytes / perHead);
 }
+
+namespace {
 
 /// What forward and backward both derive from the inputs.
 struct KimiTerms {
@@ -237,7 +234,7 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     return {fromChunks(out, t, query.scalar_type()), s.view({b, h, dk, dv})};
   }
 
-  /// The backward over slices of the heads (backwardSliceHeads), each
+  /// The backward over slices of the heads (kimiBackwardSliceHeads), each
   /// slice's fp32 intermediates freed before the next: at 1 x 32 heads x 32K
   /// tokens one [B, H, T, 128] fp32 tensor is 512 MiB and the backward holds
   /// dozens of them. The gradients are written into whole tensors.
@@ -246,7 +243,7 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     const std::vector<Tensor> saved = ctx->get_saved_variables();
     const int64_t heads = saved[1].size(1), c = ctx->saved_data["chunk"].toInt();
     const int64_t paddedTokens = (saved[1].size(2) + c - 1) / c * c;
-    const int64_t step = backwardSliceHeads(saved[1].size(0), heads, paddedTokens, saved[1].size(3));
+    const int64_t step = kimiBackwardSliceHeads(saved[1].size(0), paddedTokens, saved[1].size(3));
     if (step >= heads)
       return backwardHeads(ctx, saved, grads);
     torch::autograd::variable_list whole;

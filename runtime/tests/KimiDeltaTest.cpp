@@ -92,3 +92,28 @@ TEST(KimiDelta, BackwardInHeadSlicesMatchesOnePassAndPeaksLower) {
   EXPECT_LT(singlePeak, onePassPeak * 35 / 100) << "slices of 1 peaked at " << singlePeak << " bytes, one pass "
                                                 << onePassPeak;
 }
+
+/// The slice size users get without the variable (docs/runtime.md): one pass
+/// where training's usual shapes fit the 256 MiB budget, fewer heads as the
+/// context grows, and a bad value named in the error.
+TEST(KimiDelta, BackwardSlicesFollowTheMemoryBudget) {
+  unsetenv("ADAPT_KIMI_BACKWARD_SLICE_HEADS");
+  // One [B, h, T, 128] fp32 tensor per head: B x T x 512 bytes.
+  EXPECT_GE(kimiBackwardSliceHeads(/*batch=*/1, 8192, 128), 32) << "1 x 8K: all 32 heads in one pass";
+  EXPECT_GE(kimiBackwardSliceHeads(/*batch=*/2, 4096, 128), 32) << "training's 2 x 4K: all 32 heads in one pass";
+  EXPECT_EQ(kimiBackwardSliceHeads(/*batch=*/1, 32768, 128), 16) << "1 x 32K: 16 heads, 256 MiB a tensor";
+  EXPECT_EQ(kimiBackwardSliceHeads(/*batch=*/1, 131072, 128), 4) << "1 x 128K: 4 heads";
+  EXPECT_EQ(kimiBackwardSliceHeads(/*batch=*/1, int64_t(1) << 20, 128), 1) << "1M tokens: one head at a time";
+  setenv("ADAPT_KIMI_BACKWARD_SLICE_HEADS", "3", 1);
+  EXPECT_EQ(kimiBackwardSliceHeads(1, 32768, 128), 3);
+  for (const char *bad : {"0", "-2", "four", "3x"}) {
+    setenv("ADAPT_KIMI_BACKWARD_SLICE_HEADS", bad, 1);
+    try {
+      kimiBackwardSliceHeads(1, 32768, 128);
+      ADD_FAILURE() << "'" << bad << "' was accepted";
+    } catch (const c10::Error &e) {
+      EXPECT_NE(std::string(e.what()).find("ADAPT_KIMI_BACKWARD_SLICE_HEADS"), std::string::npos) << e.what();
+    }
+  }
+  unsetenv("ADAPT_KIMI_BACKWARD_SLICE_HEADS");
+}
