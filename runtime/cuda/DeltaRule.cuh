@@ -270,13 +270,14 @@ bool asyncLoads();
 bool leanBackward();
 
 /// The value columns a block of the forward's state kernel takes for \p heads
-/// sequences (B·H) with four warps (stateWarps(); eight take 32): 32, or 16 where a block per 32 columns would leave SMs
-/// idle or one block on each (heads x 4 <= the SM count; 1 x 32 heads on
-/// 132 SMs), so that two blocks share each SM and hide each other's latency.
-/// ADAPT_DELTA_RULE_STATE_COLUMNS=16 or 32 sets it; unset (the default
-/// since session 45's checks on an H100), this rule chooses. GDN forward at 1 x 32 heads
-/// x 32K: 3.60 -> 3.46 ms; at 4 x 16 x 4K 16 columns are slower (0.83 ->
-/// 0.94 ms), so auto keeps 32 there.
+/// sequences (B·H) with four warps (stateWarps(); eight take 32): 32, or 16
+/// where a block per 32 columns would leave SMs idle or one block on each
+/// (heads x 4 <= the SM count; 1 x 32 heads on 132 SMs), so that two blocks
+/// share each SM and hide each other's latency. ADAPT_DELTA_RULE_STATE_COLUMNS
+/// =16 or 32 sets it; unset (the default since session 45's checks on an
+/// H100), this rule chooses. GDN forward at 1 x 32 heads x 32K: 3.60 -> 3.46
+/// ms; at 4 x 16 x 4K 16 columns are slower (0.83 -> 0.94 ms), so the rule
+/// keeps 32 there.
 int stateColumns(int64_t heads);
 
 /// Warps a block of the state kernels (forward and backward) runs for

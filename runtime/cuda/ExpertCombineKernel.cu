@@ -276,6 +276,26 @@ void launchCombineBackward(int64_t tokens, const T *gradY, const T *rows, const 
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
+/// Which pair of \p owner (rowOfPair) owns each of \p rows rows; -1 for
+/// the padding between experts' groups.
+at::Tensor pairOfRowFor(const at::Tensor &owner, int64_t rows) {
+  return at::full({rows}, -1, owner.options()).index_copy_(0, owner, at::arange(owner.size(0), owner.options()));
+}
+
+/// Zeroes the rows of \p grad [rows, H] that no pair of \p owner writes
+/// (none where every row has its pair).
+void zeroUnownedRows(at::Tensor &grad, const at::Tensor &owner) {
+  const int64_t rows = grad.size(0), hidden = grad.size(1);
+  if (rows <= owner.size(0))
+    return;
+  const at::Tensor pairOfRow = pairOfRowFor(owner, rows);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, grad.scalar_type(), "zeroUnownedRows", [&] {
+    zeroUnownedRowsKernel<scalar_t><<<rows, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+        pairOfRow.data_ptr<int64_t>(), grad.data_ptr<scalar_t>(), hidden);
+  });
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 at::Tensor weightsAsFloat(const at::Tensor &weights) {
   return weights.defined() ? weights.to(at::kFloat).contiguous() : at::Tensor();
 }
@@ -312,20 +332,24 @@ at::Tensor combineRowsGradRows(const at::Tensor &gradY, const at::Tensor &rowOfP
   at::Tensor grad = at::empty({rows, hidden}, gradY.options());
   if (grad.numel() == 0)
     return grad;
-  // Which pair owns each row (-1: padding), so every row is written once.
-  at::Tensor pairOfRow = at::full({rows}, -1, rowOfPair.options())
-                             .index_copy_(0, rowOfPair, at::arange(rowOfPair.size(0), rowOfPair.options()));
   const at::Tensor w = weightsAsFloat(weights), g = gradY.contiguous(), owner = rowOfPair.contiguous();
+  const bool packed = AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, g.scalar_type(), "gradRowsPackable", [&] {
+    return packable<scalar_t>(hidden, {g.data_ptr(), grad.data_ptr()});
+  });
+  if (packed && gradRowsByToken() && k <= kMaxK) { // by token: each row written by its pair, padding apart
+    zeroUnownedRows(grad, owner);
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, g.scalar_type(), "combineRowsGradRowsByToken", [&] {
+      launchCombineBackward<scalar_t>(owner.size(0) / k, g.data_ptr<scalar_t>(), nullptr, owner.data_ptr<int64_t>(),
+                                      w.defined() ? w.data_ptr<float>() : nullptr, grad.data_ptr<scalar_t>(), nullptr,
+                                      hidden, k);
+    });
+    return grad;
+  }
+  // By row: which pair owns each row (-1: padding), so every row is written once.
+  const at::Tensor pairOfRow = pairOfRowFor(owner, rows);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gradY.scalar_type(), "combineRowsGradRows", [&] {
     const float *wp = w.defined() ? w.data_ptr<float>() : nullptr;
-    const bool packed = packable<scalar_t>(hidden, {g.data_ptr(), grad.data_ptr()});
-    if (packed && gradRowsByToken() && k <= kMaxK && owner.size(0) % k == 0) {
-      if (rows > owner.size(0)) // padding rows: zero the ones no pair writes
-        zeroUnownedRowsKernel<scalar_t><<<rows, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
-            pairOfRow.data_ptr<int64_t>(), grad.data_ptr<scalar_t>(), hidden);
-      launchCombineBackward<scalar_t>(owner.size(0) / k, g.data_ptr<scalar_t>(), nullptr, owner.data_ptr<int64_t>(),
-                                      wp, grad.data_ptr<scalar_t>(), nullptr, hidden, k);
-    } else if (packed)
+    if (packed)
       gradRowsPackedKernel<scalar_t><<<rows, kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
           g.data_ptr<scalar_t>(), pairOfRow.data_ptr<int64_t>(), wp, grad.data_ptr<scalar_t>(), hidden,
           static_cast<int>(k));
@@ -371,15 +395,7 @@ std::pair<at::Tensor, at::Tensor> combineRowsBackward(const at::Tensor &gradY, c
     at::Tensor gradW = needWeights ? combineRowsGradWeights(g, in, owner, k, weights.scalar_type()) : at::Tensor();
     return {combineRowsGradRows(g, owner, weights, k, in.size(0)), gradW};
   }
-  if (in.size(0) > pairs) { // padding rows: zero the ones no pair writes
-    const at::Tensor pairOfRow =
-        at::full({in.size(0)}, -1, owner.options()).index_copy_(0, owner, at::arange(pairs, owner.options()));
-    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, g.scalar_type(), "combineZeroRows", [&] {
-      zeroUnownedRowsKernel<scalar_t><<<in.size(0), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
-          pairOfRow.data_ptr<int64_t>(), gradRows.data_ptr<scalar_t>(), hidden);
-    });
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
+  zeroUnownedRows(gradRows, owner);
   const at::Tensor w = weightsAsFloat(weights);
   at::Tensor gradW = needWeights ? at::empty({tokens, k}, g.options().dtype(at::kFloat)) : at::Tensor();
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, g.scalar_type(), "combineRowsBackward", [&] {
