@@ -17,7 +17,7 @@
 # took 150 s and its KDA produced no row in 150 s more, so KDA runs one shape
 # by default (FLA_KDA_SHAPES, FLA_KDA_TIMEOUT); the compiled kernels come back
 # as OUTDIR/fla-cache.tgz.part-* for a later call to carry (bench/h200/fla_env.sh).
-# usage: PHASE=checks|timings|both [CHECK_TIMEOUT=110] [SKIP_FLA=1] [SKIP_FLA_KDA=1] [MEMCHECK="ids"] [MEMCHECK_TIMEOUT=200] bench/h200_delta_rule.sh OUTDIR
+# usage: PHASE=checks|timings|both [ROWS="gdn kda ..."] [CHECK_TIMEOUT=110] [SKIP_FLA=1] [SKIP_FLA_KDA=1] [MEMCHECK="ids"] [MEMCHECK_TIMEOUT=200] bench/h200_delta_rule.sh OUTDIR
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: PHASE=checks|timings h200_delta_rule.sh OUTDIR}; mkdir -p "$OUT"
@@ -132,26 +132,40 @@ if [ "${PHASE:-checks}" != checks ]; then
       shift 5
     done
   }
+  # ROWS picks the groups below (default all of them; one call cannot hold
+  # them all with fla's rows): gdn, gdn-switches, kda, kda-switches,
+  # lightning, layers, profiles.
+  ROWS=${ROWS:-gdn gdn-switches kda kda-switches lightning layers profiles}
+  want() { [[ " $ROWS " == *" $1 "* ]]; }
   echo "== gated delta rule $(date +%T)"
-  run_shapes default ADAPT_NONE=1
+  want gdn && run_shapes default ADAPT_NONE=1
+  if want gdn-switches; then
   run_shapes state-warps-4 ADAPT_DELTA_RULE_STATE_WARPS=4
   run_shapes no-lean ADAPT_DELTA_RULE_LEAN_BACKWARD=0
   run_shapes no-prefetch ADAPT_DELTA_RULE_PREFETCH=0
+  fi
   echo "== Kimi delta attention $(date +%T)"
-  EXTRA=--per-channel run_shapes kda-default ADAPT_NONE=1
+  want kda && EXTRA=--per-channel run_shapes kda-default ADAPT_NONE=1
+  if want kda-switches; then
   EXTRA=--per-channel run_shapes kda-no-tail ADAPT_KIMI_BACKWARD_TAIL_KERNEL=0
   EXTRA=--per-channel run_shapes kda-one-pass ADAPT_KIMI_BACKWARD_SLICE_HEADS=1024
   EXTRA=--per-channel run_shapes kda-slices-16 ADAPT_KIMI_BACKWARD_SLICE_HEADS=16
   EXTRA=--per-channel run_shapes kda-session-45-opt-outs ADAPT_KIMI_PAIRS_PER_THREAD=0 ADAPT_KIMI_SCORES_PAIRED_BACKWARD=0 \
     ADAPT_DELTA_RULE_STATE_WARPS=4
+  fi
+  if want lightning; then
   echo "== lightning attention (MiniMax-M1: 64 heads of 128, block 256) $(date +%T)"
   for T in 8192 32768; do timeout 120 $W/lc/long_context --lightning 1 64 $T 128 256 --iters 5 2>&1 | tail -1; done
+  fi
+  if want layers; then
   echo "== one Gated DeltaNet layer (Qwen3-Next's heads at hidden 7,168), and the 3:1 hybrid block $(date +%T)"
   for T in 8192 131072; do
     echo "default $(timeout 120 $W/lc/long_context --mixer gdn --tokens $T --iters 2 2>&1 | tail -1)"
     echo "no-conv/norm-kernels $(ADAPT_CONV_KERNEL=0 ADAPT_GATED_NORM_KERNEL=0 timeout 120 $W/lc/long_context --mixer gdn --tokens $T --iters 2 2>&1 | tail -1)"
   done
   timeout 120 $W/lc/long_context --mixer hybrid --tokens 131072 --recompute --iters 1 2>&1 | tail -1
+  fi
+  if want profiles; then
   echo "== profile at 32K $(date +%T)"
   timeout 120 $W/lc/long_context --delta-rule 1 32 32768 128 128 --profile $W/prof32k > $W/prof32k.log 2>&1
   grep -m3 "GPU time\|Wall" $W/prof32k/profile/breakdown.md
@@ -164,6 +178,7 @@ if [ "${PHASE:-checks}" != checks ]; then
   timeout 120 $W/lc/long_context --delta-rule 1 32 32768 128 128 --per-channel --profile $W/profkda32 > $W/profkda32.log 2>&1
   grep -m3 "GPU time\|Wall" $W/profkda32/profile/breakdown.md
   python3 bench/h200/trace_kernels.py $W/profkda32/profile/trace.json 3 14 2>&1 | tail -18
+  fi
   [ -n "${SKIP_FLA:-}" ] && { echo "== done $(date +%T)"; exit 0; }
   echo "== fla 0.6 $(date +%T)"
   source bench/h200/fla_env.sh
