@@ -410,12 +410,25 @@ __device__ __forceinline__ void storeTransformed(bf16 *dst, const bf16 *ts, cons
 /// Writes the chunk's output rows below \p valid to \p out (contiguous, 128
 /// wide): the decayed queries \p qs [64][kRow] times the entering state \p ss
 /// [128][kRow], plus the causal scores \p ps [64][kSquareRow] times V_new \p vs.
+/// With \p queryRowScale (64 floats) \p qs holds the queries as loaded and
+/// each row of their product is scaled by it in fp32 (a decay per row, as
+/// GDN's scalar gate), which saves the pass that would decay qs in place.
 __device__ __forceinline__ void storeChunkOutput(bf16 *out, const bf16 *qs, const bf16 *ss, const bf16 *ps,
                                                  const bf16 *vs, int valid, int mt, int half, int g, int t,
-                                                 int lane) {
+                                                 int lane, const float *queryRowScale = nullptr) {
   float acc[8][4];
   zero(acc);
   productAB<8, kDim / 16>(acc, qs, kRow, ss, kRow, 16 * mt, 64 * half, g, t, lane);
+  if (queryRowScale) {
+    const float top = queryRowScale[16 * mt + g], bottom = queryRowScale[16 * mt + g + 8];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) {
+      acc[nt][0] *= top;
+      acc[nt][1] *= top;
+      acc[nt][2] *= bottom;
+      acc[nt][3] *= bottom;
+    }
+  }
   productAB<8, kChunk / 16>(acc, ps, kSquareRow, vs, kRow, 16 * mt, 64 * half, g, t, lane);
   forPairs<8>(16 * mt, 64 * half, g, t, [&](int nt, int h, int r, int c) {
     if (r < valid)

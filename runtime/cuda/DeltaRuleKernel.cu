@@ -122,7 +122,8 @@ __global__ void __launch_bounds__(256) deltaRuleTransformKernel(Strided key, Str
 }
 
 /// Kernel 3, a block (256 threads) per (chunk, b·h): the chunk's output
-/// rows, (q scale exp(G)) S_n + causal(q k^T scale exp(G_t - G_i)) V_new.
+/// rows, (q scale exp(G)) S_n + causal(q k^T scale exp(G_t - G_i)) V_new,
+/// the first term's row factors scale exp(G) applied to q S_n in fp32.
 __global__ void __launch_bounds__(256) deltaRuleOutputKernel(Strided query, Strided key, const bf16 *states,
                                                              const bf16 *newValues, const float *cum, int64_t tokens,
                                                              float scale, bf16 *out, bool async) {
@@ -133,6 +134,7 @@ __global__ void __launch_bounds__(256) deltaRuleOutputKernel(Strided query, Stri
   bf16 *ss = vs + kChunk * kRow;                  // S_n [128][kRow]
   bf16 *ps = ss + kDim * kRow;                    // the causal scores [64][kSquareRow]
   float *cs = reinterpret_cast<float *>(ps + kChunk * kSquareRow);
+  float *rowScale = cs + kChunk; // scale exp(G) per row
   const int chunks = gridDim.x;
   const int64_t bh = blockIdx.y, row0 = int64_t(blockIdx.x) * kChunk, padded = int64_t(chunks) * kChunk;
   const int valid = static_cast<int>(tokens - row0 < kChunk ? tokens - row0 : kChunk);
@@ -146,8 +148,10 @@ __global__ void __launch_bounds__(256) deltaRuleOutputKernel(Strided query, Stri
     if (r < kChunk)
       copy16(vs + r * kRow + c, newValues + (bh * padded + row0 + r) * kDim + c, true, async);
   }
-  if (tid < kChunk)
+  if (tid < kChunk) {
     cs[tid] = cum[bh * padded + row0 + tid];
+    rowScale[tid] = scale * __expf(cs[tid]);
+  }
   if (async) {
     asyncCommit();
     asyncWait<0>();
@@ -168,13 +172,8 @@ __global__ void __launch_bounds__(256) deltaRuleOutputKernel(Strided query, Stri
         *reinterpret_cast<uint32_t *>(ps + r * kSquareRow + c) = packBf16(p0, p1);
       }
   }
-  __syncthreads(); // the scores read q before it is rescaled
-  for (int i = tid; i < kChunk * kDim; i += blockDim.x) {
-    const int r = i / kDim, c = i % kDim;
-    qs[r * kRow + c] = __float2bfloat16(__bfloat162float(qs[r * kRow + c]) * scale * __expf(cs[r]));
-  }
-  __syncthreads();
-  storeChunkOutput(out + (bh * tokens + row0) * kDim, qs, ss, ps, vs, valid, mt, half, g, t, lane);
+  __syncthreads(); // the scores are written
+  storeChunkOutput(out + (bh * tokens + row0) * kDim, qs, ss, ps, vs, valid, mt, half, g, t, lane, rowScale);
 }
 
 bool rowsPackable(const at::Tensor &x) {
@@ -286,7 +285,7 @@ at::Tensor gatedDeltaRuleForward(const at::Tensor &query, const at::Tensor &key,
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
   const size_t outputBytes = (3 * kChunk + kDim) * kRow * sizeof(bf16) + kChunk * kSquareRow * sizeof(bf16) +
-                             kChunk * sizeof(float);
+                             2 * kChunk * sizeof(float);
   allowSharedMemory(deltaRuleOutputKernel, outputBytes);
   deltaRuleOutputKernel<<<dim3(chunks, bh), 256, outputBytes, stream>>>(
       stridedRows(query), stridedRows(key), reinterpret_cast<const bf16 *>(states.data_ptr<at::BFloat16>()),
