@@ -57,9 +57,9 @@ __global__ void __launch_bounds__(256) deltaRuleTransformKernel(Strided key, Str
                                                                 float *cumOut, bf16 *inverseOut, bool async,
                                                                 bool blocked) {
   extern __shared__ __align__(16) unsigned char shared[];
-  bf16 *ks = reinterpret_cast<bf16 *>(shared);      // k, then beta k exp(G)
-  bf16 *vs = ks + kChunk * kRow;                     // v, then beta v
-  bf16 *ts = vs + kChunk * kRow;                     // T = (I + A)^-1, bf16
+  bf16 *ks = reinterpret_cast<bf16 *>(shared);      // k
+  bf16 *vs = ks + kChunk * kRow;                     // v
+  bf16 *ts = vs + kChunk * kRow;                     // T diag(beta exp(G)), then T diag(beta), bf16
   float *a = reinterpret_cast<float *>(ts + kChunk * kSquareRow); // A, then T in fp32 [64][65]
   float *cum = a + kChunk * (kChunk + 1);
   float *betas = cum + kChunk;
@@ -98,26 +98,28 @@ __global__ void __launch_bounds__(256) deltaRuleTransformKernel(Strided key, Str
     invertUnitLowerBlocked(a, reinterpret_cast<float *>(ts), tid);
   else
     invertUnitLower(a, tid);
-  // T in bf16 (ones on the diagonal), and in fp32 for the backward when asked;
-  // the right-hand sides in place.
-  for (int i = tid; i < kChunk * kChunk; i += blockDim.x) {
-    const int r = i / kChunk, c = i % kChunk;
-    const bf16 x = __float2bfloat16(c < r ? a[r * (kChunk + 1) + c] : c == r ? 1.0f : 0.0f);
-    ts[r * kSquareRow + c] = x;
-    if (inverseOut)
-      inverseOut[(bh * gridDim.x * kChunk + row0 + r) * kChunk + c] = x;
-  }
-  for (int i = tid; i < kChunk * kDim; i += blockDim.x) {
-    const int r = i / kDim, c = i % kDim;
-    const float b = betas[r];
-    ks[r * kRow + c] = __float2bfloat16(__bfloat162float(ks[r * kRow + c]) * b * __expf(cum[r]));
-    vs[r * kRow + c] = __float2bfloat16(__bfloat162float(vs[r * kRow + c]) * b);
-  }
-  __syncthreads();
-  // W = T (beta k exp(G)), U = T (beta v): a warp per 16 rows and 64 columns.
+  // W = T diag(beta exp(G)) K and U = T diag(beta) V: the row factors of the
+  // right-hand sides go into T's columns (64 x 64 products, not 2 x 64 x 128),
+  // T diag(beta exp(G)) in bf16 first, then T diag(beta) in its place. T
+  // itself (ones on the diagonal) goes to the backward in bf16 when asked.
+  const float *t32 = a;
+  auto columnScaled = [&](bool decayed) {
+    for (int i = tid; i < kChunk * kChunk; i += blockDim.x) {
+      const int r = i / kChunk, c = i % kChunk;
+      const float x = c < r ? t32[r * (kChunk + 1) + c] : c == r ? 1.0f : 0.0f;
+      if (decayed && inverseOut)
+        inverseOut[(bh * gridDim.x * kChunk + row0 + r) * kChunk + c] = __float2bfloat16(x);
+      ts[r * kSquareRow + c] = __float2bfloat16(x * betas[c] * (decayed ? __expf(cum[c]) : 1.0f));
+    }
+    __syncthreads();
+  };
+  // A warp per 16 rows and 64 columns.
   const int mt = warp % 4, half = warp / 4;
   const int64_t rows0 = (bh * gridDim.x * kChunk + row0) * kDim;
+  columnScaled(true);
   storeTransformed(w + rows0, ts, ks, mt, half, g, t, lane);
+  __syncthreads(); // every warp has read T diag(beta exp(G))
+  columnScaled(false);
   storeTransformed(u + rows0, ts, vs, mt, half, g, t, lane);
 }
 
