@@ -99,6 +99,9 @@ if [ "${PHASE:-checks}" != timings ]; then
   check gdn-bf16-inverse-composition ADAPT_DELTA_RULE_BACKWARD_KERNEL=0 -- gated_delta_rule.chunked
   check gdn-bf16-inverse-segmented ADAPT_DELTA_RULE_TRAIN_KERNEL=1 ADAPT_DELTA_RULE_BACKWARD_KERNEL=1 -- gated_delta_rule.segmented
   check gdn-bf16-inverse-no-prefetch ADAPT_DELTA_RULE_PREFETCH=0 -- gated_delta_rule.chunked
+  # Session 47 (no GPU): GDN's forward folds the rows' factors into T's
+  # columns and q S_n's rows (on in every check above); the form it replaced.
+  check gdn-fold-off ADAPT_DELTA_RULE_FOLD_FACTORS=0 -- gated_delta_rule
   # Out-of-bounds accesses the checks' numbers could miss: memcheck over the
   # kernels, forward and backward, at the d-128 shapes.
   SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
@@ -139,6 +142,7 @@ if [ "${PHASE:-checks}" != checks ]; then
   want() { [[ " $ROWS " == *" $1 "* ]]; }
   echo "== gated delta rule $(date +%T)"
   want gdn && run_shapes default ADAPT_NONE=1
+  want gdn && run_shapes fold-off ADAPT_DELTA_RULE_FOLD_FACTORS=0 # session 47's folded factors, off
   if want gdn-switches; then
   run_shapes state-warps-4 ADAPT_DELTA_RULE_STATE_WARPS=4
   run_shapes no-lean ADAPT_DELTA_RULE_LEAN_BACKWARD=0

@@ -269,6 +269,13 @@ bool asyncLoads();
 /// 12.4 -> 11.9 ms forward + backward). Its op checks passed there.
 bool leanBackward();
 
+/// Whether GDN's forward folds the rows' scalar factors into the smaller
+/// operand: beta exp(G) and beta into T's columns in the transform, scale
+/// exp(G) into q S_n's rows in fp32 in the output (session 47; 64 x 64 passes
+/// instead of 64 x 128 ones). ADAPT_DELTA_RULE_FOLD_FACTORS=0 scales k, v and
+/// q in place, as before.
+bool foldFactors();
+
 /// The value columns a block of the forward's state kernel takes for \p heads
 /// sequences (B·H) with four warps (stateWarps(); eight take 32): 32, or 16
 /// where a block per 32 columns would leave SMs idle or one block on each

@@ -55,7 +55,7 @@ __device__ __forceinline__ void chunkCumsum(float *cum, const float *decay, int 
 __global__ void __launch_bounds__(256) deltaRuleTransformKernel(Strided key, Strided value, const float *decay,
                                                                 const float *beta, int64_t tokens, bf16 *w, bf16 *u,
                                                                 float *cumOut, bf16 *inverseOut, bool async,
-                                                                bool blocked) {
+                                                                bool blocked, bool fold) {
   extern __shared__ __align__(16) unsigned char shared[];
   bf16 *ks = reinterpret_cast<bf16 *>(shared);      // k
   bf16 *vs = ks + kChunk * kRow;                     // v
@@ -102,6 +102,8 @@ __global__ void __launch_bounds__(256) deltaRuleTransformKernel(Strided key, Str
   // right-hand sides go into T's columns (64 x 64 products, not 2 x 64 x 128),
   // T diag(beta exp(G)) in bf16 first, then T diag(beta) in its place. T
   // itself (ones on the diagonal) goes to the backward in bf16 when asked.
+  // With !fold (ADAPT_DELTA_RULE_FOLD_FACTORS=0) T itself, and k and v
+  // scaled in place.
   const float *t32 = a;
   auto columnScaled = [&](bool decayed) {
     for (int i = tid; i < kChunk * kChunk; i += blockDim.x) {
@@ -109,8 +111,14 @@ __global__ void __launch_bounds__(256) deltaRuleTransformKernel(Strided key, Str
       const float x = c < r ? t32[r * (kChunk + 1) + c] : c == r ? 1.0f : 0.0f;
       if (decayed && inverseOut)
         inverseOut[(bh * gridDim.x * kChunk + row0 + r) * kChunk + c] = __float2bfloat16(x);
-      ts[r * kSquareRow + c] = __float2bfloat16(x * betas[c] * (decayed ? __expf(cum[c]) : 1.0f));
+      ts[r * kSquareRow + c] = __float2bfloat16(fold ? x * betas[c] * (decayed ? __expf(cum[c]) : 1.0f) : x);
     }
+    if (!fold)
+      for (int i = tid; i < kChunk * kDim; i += blockDim.x) {
+        const int r = i / kDim, c = i % kDim;
+        ks[r * kRow + c] = __float2bfloat16(__bfloat162float(ks[r * kRow + c]) * betas[r] * __expf(cum[r]));
+        vs[r * kRow + c] = __float2bfloat16(__bfloat162float(vs[r * kRow + c]) * betas[r]);
+      }
     __syncthreads();
   };
   // A warp per 16 rows and 64 columns.
@@ -118,8 +126,10 @@ __global__ void __launch_bounds__(256) deltaRuleTransformKernel(Strided key, Str
   const int64_t rows0 = (bh * gridDim.x * kChunk + row0) * kDim;
   columnScaled(true);
   storeTransformed(w + rows0, ts, ks, mt, half, g, t, lane);
-  __syncthreads(); // every warp has read T diag(beta exp(G))
-  columnScaled(false);
+  if (fold) {
+    __syncthreads(); // every warp has read T diag(beta exp(G))
+    columnScaled(false);
+  }
   storeTransformed(u + rows0, ts, vs, mt, half, g, t, lane);
 }
 
@@ -128,7 +138,7 @@ __global__ void __launch_bounds__(256) deltaRuleTransformKernel(Strided key, Str
 /// the first term's row factors scale exp(G) applied to q S_n in fp32.
 __global__ void __launch_bounds__(256) deltaRuleOutputKernel(Strided query, Strided key, const bf16 *states,
                                                              const bf16 *newValues, const float *cum, int64_t tokens,
-                                                             float scale, bf16 *out, bool async) {
+                                                             float scale, bf16 *out, bool async, bool fold) {
   extern __shared__ __align__(16) unsigned char shared[];
   bf16 *qs = reinterpret_cast<bf16 *>(shared);   // q, then q scale exp(G)
   bf16 *ks = qs + kChunk * kRow;
@@ -174,8 +184,15 @@ __global__ void __launch_bounds__(256) deltaRuleOutputKernel(Strided query, Stri
         *reinterpret_cast<uint32_t *>(ps + r * kSquareRow + c) = packBf16(p0, p1);
       }
   }
-  __syncthreads(); // the scores are written
-  storeChunkOutput(out + (bh * tokens + row0) * kDim, qs, ss, ps, vs, valid, mt, half, g, t, lane, rowScale);
+  __syncthreads(); // the scores are written (and read q, which !fold decays in place)
+  if (!fold) {
+    for (int i = tid; i < kChunk * kDim; i += blockDim.x)
+      qs[(i / kDim) * kRow + i % kDim] = __float2bfloat16(__bfloat162float(qs[(i / kDim) * kRow + i % kDim]) *
+                                                          rowScale[i / kDim]);
+    __syncthreads();
+  }
+  storeChunkOutput(out + (bh * tokens + row0) * kDim, qs, ss, ps, vs, valid, mt, half, g, t, lane,
+                   fold ? rowScale : nullptr);
 }
 
 bool rowsPackable(const at::Tensor &x) {
@@ -192,6 +209,11 @@ bool delta::asyncLoads() {
 
 bool delta::blockInverse() {
   static const bool on = !switchedOff("ADAPT_DELTA_RULE_BLOCK_INVERSE");
+  return on;
+}
+
+bool delta::foldFactors() {
+  static const bool on = !switchedOff("ADAPT_DELTA_RULE_FOLD_FACTORS");
   return on;
 }
 
@@ -274,7 +296,7 @@ at::Tensor gatedDeltaRuleForward(const at::Tensor &query, const at::Tensor &key,
       stridedRows(key), stridedRows(value), g.data_ptr<float>(), b.data_ptr<float>(), tokens,
       reinterpret_cast<bf16 *>(w.data_ptr<at::BFloat16>()), reinterpret_cast<bf16 *>(u.data_ptr<at::BFloat16>()),
       cum.data_ptr<float>(), inverse.defined() ? reinterpret_cast<bf16 *>(inverse.data_ptr<at::BFloat16>()) : nullptr,
-      async, blockInverse());
+      async, blockInverse(), foldFactors());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
   const auto [columns, warps] = stateLaunch(bh);
@@ -293,7 +315,7 @@ at::Tensor gatedDeltaRuleForward(const at::Tensor &query, const at::Tensor &key,
       stridedRows(query), stridedRows(key), reinterpret_cast<const bf16 *>(states.data_ptr<at::BFloat16>()),
       reinterpret_cast<const bf16 *>(vNew.data_ptr<at::BFloat16>()), cum.data_ptr<float>(), tokens,
       static_cast<float>(1.0 / std::sqrt(double(kDim))), reinterpret_cast<bf16 *>(out.data_ptr<at::BFloat16>()),
-      async);
+      async, foldFactors());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (finalState)
     *finalState = last;
