@@ -102,16 +102,20 @@ if [ "${PHASE:-checks}" != timings ]; then
   # Session 47 (no GPU): GDN's forward folds the rows' factors into T's
   # columns and q S_n's rows (on in every check above); the form it replaced.
   check gdn-fold-off ADAPT_DELTA_RULE_FOLD_FACTORS=0 -- gated_delta_rule
+  # Session 47 (no GPU): Kimi's chunk gradients as one kernel (opt-in), alone
+  # and in head slices of one head.
+  check kimi-chunk-grad ADAPT_KIMI_CHUNK_GRAD_KERNEL=1 -- kimi_delta
+  check kimi-chunk-grad-slices ADAPT_KIMI_CHUNK_GRAD_KERNEL=1 ADAPT_KIMI_BACKWARD_SLICE_HEADS=1 -- kimi_delta.chunked
   # Out-of-bounds accesses the checks' numbers could miss: memcheck over the
   # kernels, forward and backward, at the d-128 shapes.
   SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
   if [ -n "$SAN" ]; then
     # With SKIP_CHECKS=1 the sites the waiting opt-ins touch, else every kernel.
     all="gated_delta_rule.chunked kimi_delta.chunked kimi_scores causal_conv1d norm.gated_rms expert"
-    [ -n "${SKIP_CHECKS:-}" ] && all="gated_delta_rule.chunked"
+    [ -n "${SKIP_CHECKS:-}" ] && all="gated_delta_rule.chunked kimi_delta.chunked"
     for only in ${MEMCHECK:-$all}; do
       ADAPT_CONV_KERNEL=1 ADAPT_GATED_NORM_KERNEL=1 ADAPT_DELTA_RULE_TRAIN_KERNEL=1 ADAPT_DELTA_RULE_BACKWARD_KERNEL=1 ADAPT_DELTA_RULE_LEAN_BACKWARD=1 \
-        ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 ADAPT_KIMI_SCORES_KERNEL=1 \
+        ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 ADAPT_KIMI_SCORES_KERNEL=1 ADAPT_KIMI_CHUNK_GRAD_KERNEL=1 \
         timeout ${MEMCHECK_TIMEOUT:-200} $SAN --tool memcheck --error-exitcode 9 $W/rt/adapt-op-check --device cuda \
         --seeds 1 --dtype bfloat16 --only $only --out $W/checks/memcheck > $W/memcheck.log 2>&1
       echo "-- memcheck $only: rc $? $(grep -m1 'ERROR SUMMARY' $W/memcheck.log)"
@@ -150,6 +154,9 @@ if [ "${PHASE:-checks}" != checks ]; then
   fi
   echo "== Kimi delta attention $(date +%T)"
   want kda && EXTRA=--per-channel run_shapes kda-default ADAPT_NONE=1
+  want kda && EXTRA=--per-channel run_shapes kda-chunk-grad ADAPT_KIMI_CHUNK_GRAD_KERNEL=1 # session 47's opt-in
+  want kda && EXTRA=--per-channel run_shapes kda-chunk-grad-one-pass ADAPT_KIMI_CHUNK_GRAD_KERNEL=1 \
+    ADAPT_KIMI_BACKWARD_SLICE_HEADS=1024
   if want kda-switches; then
   EXTRA=--per-channel run_shapes kda-no-tail ADAPT_KIMI_BACKWARD_TAIL_KERNEL=0
   EXTRA=--per-channel run_shapes kda-one-pass ADAPT_KIMI_BACKWARD_SLICE_HEADS=1024

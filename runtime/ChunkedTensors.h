@@ -97,11 +97,13 @@ stateGradients(const torch::Tensor &transition, const torch::Tensor &keysToEnd, 
 /// stateGradients as one serial kernel (cuda::deltaRuleStateBackward, d 128,
 /// chunk 64; the operands go in as bf16 rows): \p decays is G per token
 /// [b, h, n, c, 1], or with \p perChannel each chunk's last G per key
-/// channel [b, h, n, 1, dk]. Returns what stateGradients does, in fp32.
-inline std::tuple<torch::Tensor, torch::Tensor, torch::Tensor>
-stateGradientsOnGpu(const torch::Tensor &keysToEnd, const torch::Tensor &w, const torch::Tensor &queryDecayed,
-                    const torch::Tensor &dOut, const torch::Tensor &localNew, const torch::Tensor &decays,
-                    const torch::Tensor &last, bool perChannel) {
+/// channel [b, h, n, 1, dk]. Returns the kernel's own dS' [b, h, n, dk, dv]
+/// and dV_new [b, h, n, c, dv] (bf16 under leanBackward(), else fp32) and dS
+/// of the first state (fp32 [b·h, dk, dv]), for a kernel that reads them.
+inline cuda::DeltaRuleStateGrads stateGradientsOnGpuRaw(const torch::Tensor &keysToEnd, const torch::Tensor &w,
+                                                        const torch::Tensor &queryDecayed, const torch::Tensor &dOut,
+                                                        const torch::Tensor &localNew, const torch::Tensor &decays,
+                                                        const torch::Tensor &last, bool perChannel) {
   const int64_t b = w.size(0), h = w.size(1), n = w.size(2), c = w.size(3), dk = w.size(4), dv = dOut.size(4);
   auto rows = [&](const torch::Tensor &x) {
     return x.to(torch::kBFloat16).contiguous().view({b * h, n * c, x.size(-1)});
@@ -109,8 +111,19 @@ stateGradientsOnGpu(const torch::Tensor &keysToEnd, const torch::Tensor &w, cons
   cuda::DeltaRuleStateGrads r = cuda::deltaRuleStateBackward(
       rows(keysToEnd), rows(queryDecayed), rows(w), rows(dOut), localNew.contiguous().view({b * h, n * c, dv}),
       decays.contiguous().view({b * h, -1}), last.contiguous(), perChannel);
-  return {r.leaving.view({b, h, n, dk, dv}).to(torch::kFloat32), r.newValues.view({b, h, n, c, dv}).to(torch::kFloat32),
-          r.initial};
+  r.leaving = r.leaving.view({b, h, n, dk, dv});
+  r.newValues = r.newValues.view({b, h, n, c, dv});
+  return r;
+}
+
+/// stateGradientsOnGpuRaw's results in fp32: what stateGradients returns.
+inline std::tuple<torch::Tensor, torch::Tensor, torch::Tensor>
+stateGradientsOnGpu(const torch::Tensor &keysToEnd, const torch::Tensor &w, const torch::Tensor &queryDecayed,
+                    const torch::Tensor &dOut, const torch::Tensor &localNew, const torch::Tensor &decays,
+                    const torch::Tensor &last, bool perChannel) {
+  cuda::DeltaRuleStateGrads r =
+      stateGradientsOnGpuRaw(keysToEnd, w, queryDecayed, dOut, localNew, decays, last, perChannel);
+  return {r.leaving.to(torch::kFloat32), r.newValues.to(torch::kFloat32), r.initial};
 }
 #endif
 

@@ -13,6 +13,7 @@
 #ifdef ADAPT_WITH_CUDA_KERNELS
 #include "runtime/cuda/DeltaRuleKernel.h"
 #include "runtime/cuda/KimiBackwardTailKernel.h"
+#include "runtime/cuda/KimiChunkGradKernel.h"
 #include "runtime/cuda/KimiDeltaKernel.h"
 #include "runtime/cuda/PerChannelScoresKernel.h"
 #endif
@@ -277,8 +278,9 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
                                                       const std::vector<Tensor> &saved,
                                                       const torch::autograd::variable_list &grads) {
     const Tf32Scope scope(ctx->saved_data["tf32"].toBool());
-    // fp32 from the composition, bf16 states and V_new from the kernels.
-    const Tensor &inverse = saved[5], states = saved[6].to(torch::kFloat32), newValues = saved[7].to(torch::kFloat32);
+    // fp32 from the composition, bf16 states and V_new from the kernels
+    // (converted to fp32 only where the composition below needs them).
+    const Tensor &inverse = saved[5], &savedStates = saved[6], &savedNewValues = saved[7];
     const int64_t t = ctx->saved_data["t"].toInt(), c = ctx->saved_data["chunk"].toInt();
     const std::vector<int64_t> dtypes = ctx->saved_data["dtypes"].toIntVector();
     const double scale = 1.0 / std::sqrt(static_cast<double>(saved[1].size(3)));
@@ -289,33 +291,53 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     const KimiTerms terms(k, bt, cum);
     Tensor xv = v * bt, queryDecayed = q * terms.gamma;
     Tensor w = torch::matmul(inverse, terms.keysWeighted);
-    Tensor dOut = grads[0].defined() ? toChunks(grads[0], c) : torch::zeros_like(newValues);
+    Tensor dOut = grads[0].defined() ? toChunks(grads[0], c) : torch::zeros(savedNewValues.sizes(), k.options());
     Tensor dLast = grads[1].defined() ? grads[1].to(torch::kFloat32).reshape({b * h, dk, dv})
                                       : torch::zeros({b * h, dk, dv}, k.options());
 
     // The state's gradient from the last chunk back: dS = M^T dS' + Qd^T dO - W^T P^T dO.
     Tensor localNew = torch::matmul(transposed(perChannelDecayedScores(q, k, cum)), dOut); // P^T dO
-    Tensor dLeaving, dNew, ds;
+    // The chunk gradients through O = Qd S + P V_new, S' = diag(e^{G_last})
+    // S + Kd^T V_new, V_new = U - W S, W = T Xk, U = T Xv and T = (I + A)^-1
+    // with A = strictly-lower(diag(b) P_kk); leavingDotState = sum_v dS' . S.
+    Tensor ds, dQueryDecayed, dScores, dKeysToEnd, dXk, dXv, dSystem, leavingDotState;
 #ifdef ADAPT_WITH_CUDA_KERNELS
-    // After the forward kernels, the same serial pass as one kernel (GDN's,
-    // its state rows decaying per key channel).
-    if (ctx->saved_data.count("kernels") > 0 && cuda::deltaRuleStateBackwardTakes(dk, dv, c))
-      std::tie(dLeaving, dNew, ds) = stateGradientsOnGpu(terms.keysToEnd, w, queryDecayed, dOut, localNew, terms.last,
-                                                         dLast, /*perChannel=*/true);
+    // After the forward kernels: the serial pass as one kernel (GDN's, its
+    // state rows decaying per key channel), then, when switched on, the
+    // chunk gradients as one kernel reading its bf16 results as they are.
+    const bool stateKernel = ctx->saved_data.count("kernels") > 0 && cuda::deltaRuleStateBackwardTakes(dk, dv, c);
+    if (stateKernel && chooseKernel("kimi_delta_rule.chunk_gradients", k, cuda::kimiChunkGradientsEnabled(),
+                                    cuda::kimiChunkGradientsTake(dOut, savedStates))) {
+      cuda::DeltaRuleStateGrads state = stateGradientsOnGpuRaw(terms.keysToEnd, w, queryDecayed, dOut, localNew,
+                                                               terms.last, dLast, /*perChannel=*/true);
+      const cuda::KimiChunkGrads grads = cuda::kimiChunkGradients(dOut, savedStates, savedNewValues, state.leaving,
+                                                                  state.newValues, terms.keysWeighted, xv, inverse);
+      ds = state.initial;
+      dQueryDecayed = grads.queryDecayed, dScores = grads.scores, dKeysToEnd = grads.keysToEnd;
+      dXk = grads.keysWeighted, dXv = grads.valuesWeighted, dSystem = grads.system;
+      leavingDotState = grads.leavingDotState;
+    }
 #endif
-    if (!dLeaving.defined())
-      std::tie(dLeaving, dNew, ds) =
-          stateGradients(terms.transition(w), terms.keysToEnd, w, queryDecayed, dOut, localNew, dLast);
-
-    // Through O = Qd S + P V_new, S' = diag(e^{G_last}) S + Kd^T V_new, V_new = U - W S.
-    Tensor dQueryDecayed = torch::matmul(dOut, transposed(states));
-    Tensor dScores = torch::matmul(dOut, transposed(newValues)) * m.inclusive;
-    Tensor dKeysToEnd = torch::matmul(newValues, transposed(dLeaving));
-    Tensor dW = -torch::matmul(dNew, transposed(states));
-    // Through W = T Xk, U = T Xv and T = (I + A)^-1, A = strictly-lower(diag(b) P_kk).
-    Tensor dInverse = torch::matmul(dW, transposed(terms.keysWeighted)) + torch::matmul(dNew, transposed(xv));
-    Tensor dXk = torch::matmul(transposed(inverse), dW), dXv = torch::matmul(transposed(inverse), dNew);
-    Tensor dSystem = -torch::matmul(torch::matmul(transposed(inverse), dInverse), transposed(inverse)) * m.strict;
+    if (!dQueryDecayed.defined()) {
+      const Tensor states = savedStates.to(torch::kFloat32), newValues = savedNewValues.to(torch::kFloat32);
+      Tensor dLeaving, dNew;
+#ifdef ADAPT_WITH_CUDA_KERNELS
+      if (stateKernel)
+        std::tie(dLeaving, dNew, ds) = stateGradientsOnGpu(terms.keysToEnd, w, queryDecayed, dOut, localNew,
+                                                           terms.last, dLast, /*perChannel=*/true);
+#endif
+      if (!dLeaving.defined())
+        std::tie(dLeaving, dNew, ds) =
+            stateGradients(terms.transition(w), terms.keysToEnd, w, queryDecayed, dOut, localNew, dLast);
+      dQueryDecayed = torch::matmul(dOut, transposed(states));
+      dScores = torch::matmul(dOut, transposed(newValues)) * m.inclusive;
+      dKeysToEnd = torch::matmul(newValues, transposed(dLeaving));
+      Tensor dW = -torch::matmul(dNew, transposed(states));
+      Tensor dInverse = torch::matmul(dW, transposed(terms.keysWeighted)) + torch::matmul(dNew, transposed(xv));
+      dXk = torch::matmul(transposed(inverse), dW), dXv = torch::matmul(transposed(inverse), dNew);
+      dSystem = -torch::matmul(torch::matmul(transposed(inverse), dInverse), transposed(inverse)) * m.strict;
+      leavingDotState = (dLeaving * states).sum(-1).unsqueeze(3);
+    }
     // The output's scores are q's against k, the system's x = b k's against
     // k: the latter's x gradient gives k's row term (times b) and b's term
     // (its dot with k), so the key pairs P_kk themselves (a scores pass) are
@@ -354,7 +376,7 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     }
     Tensor dValue = dXv * bt;
     Tensor dBeta = dBetaKeys + (dXv * v).sum(-1, true);
-    Tensor dLastCum = keysToEndSums + (dLeaving * states).sum(-1).unsqueeze(3) * terms.last.exp();
+    Tensor dLastCum = keysToEndSums + leavingDotState * terms.last.exp();
     return chunkedGradients(dq, dKey, dValue, decayGradient(dCum, dLastCum), dBeta, ds, t, dtypes);
   }
 };

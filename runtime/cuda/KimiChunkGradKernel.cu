@@ -1,0 +1,265 @@
+//===- KimiChunkGradKernel.cu - Kimi's chunk gradients in one kernel ------===//
+//
+// A block of 256 threads (8 warps) per chunk: every operand as a bf16 tile
+// in shared memory (rows padded by 8 elements, as the delta rule's other
+// kernels), the [64, 128] products a warp per 16 rows and 64 columns, the
+// [64, 64] ones a warp per 16 rows and 32 columns, each on the mma
+// fragments of runtime/cuda/DeltaRule.cuh. ~197 KiB of shared memory: one
+// block per SM.
+//
+//===----------------------------------------------------------------------===//
+
+#include "runtime/cuda/KimiChunkGradKernel.h"
+#include "runtime/cuda/DeltaRule.cuh"
+#include "runtime/cuda/Switches.h"
+
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/util/Exception.h>
+
+#include <type_traits>
+
+namespace adapt::rt::cuda {
+
+namespace {
+
+using namespace delta;
+
+/// Copies a contiguous bf16 [Rows][kDim] array into \p tile (\p stride
+/// elements a row), by cp.async when \p async.
+template <int Rows> __device__ __forceinline__ void loadTile(bf16 *tile, int stride, const bf16 *x, bool async) {
+  for (int i = threadIdx.x; i < Rows * kDim / 8; i += blockDim.x) {
+    const int r = i / (kDim / 8), c = (i % (kDim / 8)) * 8;
+    copy16(tile + r * stride + c, x + r * kDim + c, true, async);
+  }
+}
+
+/// Rounds a contiguous fp32 [Rows][kDim] array into \p tile.
+template <int Rows> __device__ __forceinline__ void loadTile(bf16 *tile, int stride, const float *x, bool) {
+  loadFloatBatched<Rows, kDim>(tile, stride, x);
+}
+
+/// Writes a warp's [16, 64] accumulators at (m0, n0) to the contiguous fp32
+/// rows \p out, 128 wide.
+__device__ __forceinline__ void storeRows(float *out, const float (&acc)[8][4], int m0, int n0, int g, int t) {
+  forPairs<8>(m0, n0, g, t, [&](int nt, int h, int r, int c) {
+    *reinterpret_cast<float2 *>(out + r * kDim + c) = make_float2(acc[nt][2 * h], acc[nt][2 * h + 1]);
+  });
+}
+
+/// Writes a warp's [16, 32] accumulators at (m0, n0) to the contiguous fp32
+/// [64, 64] \p out, times \p sign, where column < row (+ \p inclusive), else 0.
+__device__ __forceinline__ void storeLower(float *out, const float (&acc)[4][4], int m0, int n0, int g, int t,
+                                          bool inclusive, float sign) {
+  forPairs<4>(m0, n0, g, t, [&](int nt, int h, int r, int c) {
+    const int limit = inclusive ? r + 1 : r;
+    *reinterpret_cast<float2 *>(out + r * kChunk + c) =
+        make_float2(c < limit ? sign * acc[nt][2 * h] : 0.0f, c + 1 < limit ? sign * acc[nt][2 * h + 1] : 0.0f);
+  });
+}
+
+/// The outputs, all fp32 contiguous (KimiChunkGrads).
+struct ChunkGradOutputs {
+  float *queryDecayed, *scores, *keysToEnd, *keysWeighted, *valuesWeighted, *system, *leavingDotState;
+};
+
+/// A block per chunk (blockIdx.x over b·h·n): the products of
+/// kimiChunkGradients. \p Grad is dS' and dV_new's type (bf16 or fp32).
+template <typename Grad>
+__global__ void __launch_bounds__(256)
+    kimiChunkGradKernel(const float *gradOut, const bf16 *states, const bf16 *newValues, const Grad *leaving,
+                        const Grad *gradNew, const float *keysWeighted, const float *valuesWeighted,
+                        const float *inverse, ChunkGradOutputs out, bool async) {
+  extern __shared__ __align__(16) unsigned char shared[];
+  bf16 *dos = reinterpret_cast<bf16 *>(shared); // dO
+  bf16 *vns = dos + kChunk * kRow;              // V_new
+  bf16 *dns = vns + kChunk * kRow;              // dV_new
+  bf16 *xks = dns + kChunk * kRow;              // Xk
+  bf16 *xvs = xks + kChunk * kRow;              // Xv
+  bf16 *dws = xvs + kChunk * kRow;              // dW = -dV_new S^T
+  bf16 *ss = dws + kChunk * kRow;               // S [128][kRow]
+  bf16 *dss = ss + kDim * kRow;                 // dS' [128][kRow]
+  bf16 *ts = dss + kDim * kRow;                 // T [64][kSquareRow]
+  bf16 *dts = ts + kChunk * kSquareRow;         // dT
+  bf16 *tdt = dts + kChunk * kSquareRow;        // T^T dT
+  const int64_t item = blockIdx.x, rows0 = item * kChunk, state0 = item * kDim * kDim;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const int mt = warp % 4, half = warp / 4, m0 = 16 * mt;
+  loadTile<kChunk>(vns, kRow, newValues + rows0 * kDim, async);
+  loadTile<kDim>(ss, kRow, states + state0, async);
+  if constexpr (std::is_same_v<Grad, bf16>) { // cp.async with the above
+    loadTile<kChunk>(dns, kRow, gradNew + rows0 * kDim, async);
+    loadTile<kDim>(dss, kRow, leaving + state0, async);
+  }
+  loadFloatBatched<kChunk, kDim>(dos, kRow, gradOut + rows0 * kDim);
+  loadFloatBatched<kChunk, kDim>(xks, kRow, keysWeighted + rows0 * kDim);
+  loadFloatBatched<kChunk, kDim>(xvs, kRow, valuesWeighted + rows0 * kDim);
+  loadFloatBatched<kChunk, kChunk>(ts, kSquareRow, inverse + rows0 * kChunk);
+  if constexpr (!std::is_same_v<Grad, bf16>) {
+    loadTile<kChunk>(dns, kRow, gradNew + rows0 * kDim, async);
+    loadTile<kDim>(dss, kRow, leaving + state0, async);
+  }
+  if (async) {
+    asyncCommit();
+    asyncWait<0>();
+  }
+  __syncthreads();
+
+  { // sum over v of dS' . S, a pair of threads per key channel (row)
+    const int r = tid / 2, c0 = 2 * (tid % 2);
+    float x = 0.0f;
+#pragma unroll 8
+    for (int c = c0; c < kDim; c += 4) {
+      const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(dss + r * kRow + c));
+      const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(ss + r * kRow + c));
+      x += a.x * b.x + a.y * b.y;
+    }
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    if (tid % 2 == 0)
+      out.leavingDotState[item * kDim + r] = x;
+  }
+  { // dP = dO V_new^T, on and below the diagonal
+    float acc[4][4];
+    zero(acc);
+    productABt<4, kDim / 16>(acc, dos, kRow, vns, kRow, m0, 32 * half, g, t);
+    storeLower(out.scores + rows0 * kChunk, acc, m0, 32 * half, g, t, /*inclusive=*/true, 1.0f);
+  }
+  { // dQd = dO S^T
+    float acc[8][4];
+    zero(acc);
+    productABt<8, kDim / 16>(acc, dos, kRow, ss, kRow, m0, 64 * half, g, t);
+    storeRows(out.queryDecayed + rows0 * kDim, acc, m0, 64 * half, g, t);
+  }
+  { // dW = -dV_new S^T, to shared memory for dT and dXk
+    float acc[8][4];
+    zero(acc);
+    productABt<8, kDim / 16>(acc, dns, kRow, ss, kRow, m0, 64 * half, g, t);
+    forPairs<8>(m0, 64 * half, g, t, [&](int nt, int h, int r, int c) {
+      *reinterpret_cast<uint32_t *>(dws + r * kRow + c) = packBf16(-acc[nt][2 * h], -acc[nt][2 * h + 1]);
+    });
+  }
+  { // dKd = V_new dS'^T
+    float acc[8][4];
+    zero(acc);
+    productABt<8, kDim / 16>(acc, vns, kRow, dss, kRow, m0, 64 * half, g, t);
+    storeRows(out.keysToEnd + rows0 * kDim, acc, m0, 64 * half, g, t);
+  }
+  { // dXv = T^T dV_new
+    float acc[8][4];
+    zero(acc);
+    productAtB<8, kChunk / 16>(acc, ts, kSquareRow, dns, kRow, m0, 64 * half, lane);
+    storeRows(out.valuesWeighted + rows0 * kDim, acc, m0, 64 * half, g, t);
+  }
+  __syncthreads(); // dW in place
+  { // dT = dW Xk^T + dV_new Xv^T
+    float acc[4][4];
+    zero(acc);
+    productABt<4, kDim / 16>(acc, dws, kRow, xks, kRow, m0, 32 * half, g, t);
+    productABt<4, kDim / 16>(acc, dns, kRow, xvs, kRow, m0, 32 * half, g, t);
+    forTile<4>(m0, 32 * half, g, t,
+               [&](int nt, int i, int r, int c) { dts[r * kSquareRow + c] = __float2bfloat16(acc[nt][i]); });
+  }
+  { // dXk = T^T dW
+    float acc[8][4];
+    zero(acc);
+    productAtB<8, kChunk / 16>(acc, ts, kSquareRow, dws, kRow, m0, 64 * half, lane);
+    storeRows(out.keysWeighted + rows0 * kDim, acc, m0, 64 * half, g, t);
+  }
+  __syncthreads(); // dT in place
+  { // T^T dT
+    float acc[4][4];
+    zero(acc);
+    productAtB<4, kChunk / 16>(acc, ts, kSquareRow, dts, kSquareRow, m0, 32 * half, lane);
+    forTile<4>(m0, 32 * half, g, t,
+               [&](int nt, int i, int r, int c) { tdt[r * kSquareRow + c] = __float2bfloat16(acc[nt][i]); });
+  }
+  __syncthreads(); // T^T dT in place
+  { // dA = -(T^T dT) T^T, strictly below the diagonal
+    float acc[4][4];
+    zero(acc);
+    productABt<4, kChunk / 16>(acc, tdt, kSquareRow, ts, kSquareRow, m0, 32 * half, g, t);
+    storeLower(out.system + rows0 * kChunk, acc, m0, 32 * half, g, t, /*inclusive=*/false, -1.0f);
+  }
+}
+
+constexpr size_t kSharedBytes =
+    ((6 * kChunk + 2 * kDim) * kRow + 3 * kChunk * kSquareRow) * sizeof(bf16);
+
+const bf16 *bf16Data(const at::Tensor &x) { return reinterpret_cast<const bf16 *>(x.data_ptr<at::BFloat16>()); }
+
+} // namespace
+
+bool kimiChunkGradientsEnabled() {
+  static const bool on = switchedOn("ADAPT_KIMI_CHUNK_GRAD_KERNEL");
+  return on;
+}
+
+bool kimiChunkGradientsTake(const at::Tensor &gradOut, const at::Tensor &states) {
+  return gradOut.is_cuda() && gradOut.scalar_type() == at::kFloat && gradOut.dim() == 5 &&
+         gradOut.size(3) == kChunk && gradOut.size(4) == kDim && states.scalar_type() == at::kBFloat16 &&
+         states.dim() == 5 && states.sizes().slice(0, 3) == gradOut.sizes().slice(0, 3) && states.size(3) == kDim &&
+         states.size(4) == kDim;
+}
+
+KimiChunkGrads kimiChunkGradients(const at::Tensor &gradOut, const at::Tensor &states, const at::Tensor &newValues,
+                                  const at::Tensor &leaving, const at::Tensor &gradNew, const at::Tensor &keysWeighted,
+                                  const at::Tensor &valuesWeighted, const at::Tensor &inverse) {
+  TORCH_CHECK(kimiChunkGradientsTake(gradOut, states) &&
+                  (leaving.scalar_type() == at::kBFloat16 || leaving.scalar_type() == at::kFloat),
+              "kimiChunkGradients: expected fp32 dO [b, h, n, 64, 128], bf16 states [b, h, n, 128, 128] and a bf16 "
+              "or fp32 dS' on CUDA");
+  const at::IntArrayRef chunks = gradOut.sizes().slice(0, 3);
+  const at::ScalarType gradType = leaving.scalar_type();
+  auto expect = [&](const at::Tensor &x, const char *name, at::ScalarType dtype, int64_t rows, int64_t width) {
+    TORCH_CHECK(x.dim() == 5 && x.sizes().slice(0, 3) == chunks && x.size(3) == rows && x.size(4) == width &&
+                    x.scalar_type() == dtype && x.device() == gradOut.device(),
+                "kimiChunkGradients: expected ", name, " ", c10::toString(dtype), " [", chunks, ", ", rows, ", ",
+                width, "], found ", c10::toString(x.scalar_type()), " ", x.sizes());
+    return x.contiguous();
+  };
+  const at::Tensor dO = expect(gradOut, "dO", at::kFloat, kChunk, kDim);
+  const at::Tensor s = expect(states, "S", at::kBFloat16, kDim, kDim);
+  const at::Tensor vNew = expect(newValues, "V_new", at::kBFloat16, kChunk, kDim);
+  const at::Tensor dS = expect(leaving, "dS'", gradType, kDim, kDim);
+  const at::Tensor dVNew = expect(gradNew, "dV_new", gradType, kChunk, kDim);
+  const at::Tensor xk = expect(keysWeighted, "Xk", at::kFloat, kChunk, kDim);
+  const at::Tensor xv = expect(valuesWeighted, "Xv", at::kFloat, kChunk, kDim);
+  const at::Tensor t = expect(inverse, "T", at::kFloat, kChunk, kChunk);
+  const c10::cuda::CUDAGuard guard(gradOut.device());
+  KimiChunkGrads r;
+  r.queryDecayed = at::empty(dO.sizes(), dO.options());
+  r.keysToEnd = at::empty_like(r.queryDecayed);
+  r.keysWeighted = at::empty_like(r.queryDecayed);
+  r.valuesWeighted = at::empty_like(r.queryDecayed);
+  r.scores = at::empty(t.sizes(), dO.options());
+  r.system = at::empty_like(r.scores);
+  r.leavingDotState = at::empty({chunks[0], chunks[1], chunks[2], 1, kDim}, dO.options());
+  const int64_t items = dO.numel() / (kChunk * kDim);
+  if (items == 0)
+    return r;
+  TORCH_CHECK(items <= 0x7fffffff, "kimiChunkGradients: at most 2^31 - 1 chunks, got ", items);
+  const ChunkGradOutputs out{r.queryDecayed.data_ptr<float>(), r.scores.data_ptr<float>(),
+                             r.keysToEnd.data_ptr<float>(),    r.keysWeighted.data_ptr<float>(),
+                             r.valuesWeighted.data_ptr<float>(), r.system.data_ptr<float>(),
+                             r.leavingDotState.data_ptr<float>()};
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const bool async = asyncLoads();
+  if (gradType == at::kBFloat16) {
+    allowSharedMemory(kimiChunkGradKernel<bf16>, kSharedBytes);
+    kimiChunkGradKernel<bf16><<<static_cast<unsigned>(items), 256, kSharedBytes, stream>>>(
+        dO.data_ptr<float>(), bf16Data(s), bf16Data(vNew), bf16Data(dS), bf16Data(dVNew), xk.data_ptr<float>(),
+        xv.data_ptr<float>(), t.data_ptr<float>(), out, async);
+  } else {
+    allowSharedMemory(kimiChunkGradKernel<float>, kSharedBytes);
+    kimiChunkGradKernel<float><<<static_cast<unsigned>(items), 256, kSharedBytes, stream>>>(
+        dO.data_ptr<float>(), bf16Data(s), bf16Data(vNew), dS.data_ptr<float>(), dVNew.data_ptr<float>(),
+        xk.data_ptr<float>(), xv.data_ptr<float>(), t.data_ptr<float>(), out, async);
+  }
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return r;
+}
+
+} // namespace adapt::rt::cuda

@@ -1,0 +1,56 @@
+//===- KimiChunkGradKernel.h - Kimi's chunk gradients in one kernel -*- C++ -*-===//
+//
+// The middle of Kimi delta attention's backward (runtime/KimiDeltaFunction.cpp),
+// between the state gradient and the score gradients: seven products of
+// each chunk's [64, 128] and [128, 128] tiles, which the composition runs as
+// batched fp32 matmuls over tensors it first converts to fp32 (the saved bf16
+// states and V_new, and the state kernel's dS' and dV_new: at 1 x 32 heads x
+// 32K tokens dS' alone is 1 GiB in fp32). One block per chunk does them all
+// from bf16 tiles with fp32 accumulation, the precision of GDN's backward
+// kernels (runtime/cuda/DeltaRuleChunkBackwardKernel.cu). Written in
+// session 47 without a GPU: opt-in (ADAPT_KIMI_CHUNK_GRAD_KERNEL=1) until its
+// op checks have run on one.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef ADAPT_RUNTIME_CUDA_KIMICHUNKGRADKERNEL_H
+#define ADAPT_RUNTIME_CUDA_KIMICHUNKGRADKERNEL_H
+
+#include <ATen/core/Tensor.h>
+
+namespace adapt::rt::cuda {
+
+/// Whether the Kimi node's backward takes the chunk-gradient kernel (off
+/// unless ADAPT_KIMI_CHUNK_GRAD_KERNEL=1).
+bool kimiChunkGradientsEnabled();
+
+/// Whether the kernel takes these operands: CUDA, chunk 64, d 128, fp32 \p
+/// gradOut [b, h, n, 64, 128] and bf16 \p states [b, h, n, 128, 128] (the
+/// forward kernels' saved states; the state gradients come after this test).
+bool kimiChunkGradientsTake(const at::Tensor &gradOut, const at::Tensor &states);
+
+/// The kernel's results, fp32 and contiguous, [b, h, n, 64, 128] unless noted.
+struct KimiChunkGrads {
+  at::Tensor queryDecayed;    ///< dQd = dO S^T.
+  at::Tensor scores;          ///< dP = dO V_new^T on and below the diagonal [.., 64, 64].
+  at::Tensor keysToEnd;       ///< dKd = V_new dS'^T.
+  at::Tensor keysWeighted;    ///< dXk = T^T dW, with dW = -dV_new S^T.
+  at::Tensor valuesWeighted;  ///< dXv = T^T dV_new.
+  at::Tensor system;          ///< dA = -(T^T dT T^T) strictly below the diagonal, dT = dW Xk^T + dV_new Xv^T [.., 64, 64].
+  at::Tensor leavingDotState; ///< sum over v of dS' . S per key channel [.., 1, 128].
+};
+
+/// Per chunk of \p gradOut (dO, fp32), \p states (S entering the chunk,
+/// bf16), \p newValues (V_new, bf16 [.., 64, 128]), \p leaving (dS' of the
+/// state leaving it, [.., 128, 128]) and \p gradNew (dV_new [.., 64, 128]),
+/// both bf16 or both fp32, \p keysWeighted (Xk = b k e^G) and \p
+/// valuesWeighted (Xv = b v), fp32, and \p inverse (T = (I + A)^-1, fp32 [..,
+/// 64, 64]): the products KimiChunkGrads names, from bf16 tiles with fp32
+/// accumulation.
+KimiChunkGrads kimiChunkGradients(const at::Tensor &gradOut, const at::Tensor &states, const at::Tensor &newValues,
+                                  const at::Tensor &leaving, const at::Tensor &gradNew, const at::Tensor &keysWeighted,
+                                  const at::Tensor &valuesWeighted, const at::Tensor &inverse);
+
+} // namespace adapt::rt::cuda
+
+#endif // ADAPT_RUNTIME_CUDA_KIMICHUNKGRADKERNEL_H
