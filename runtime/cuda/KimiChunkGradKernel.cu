@@ -50,6 +50,17 @@ __device__ __forceinline__ void storeRows(float *out, const float (&acc)[8][4], 
   });
 }
 
+/// Writes a warp's rows [m0, m0 + 16) and columns [n0, n0 + 64) of T^T \p rhs
+/// (T the [64][kSquareRow] tile \p ts, \p rhs a [64][kRow] tile) to the fp32
+/// rows \p out: dXk = T^T dW and dXv = T^T dV_new.
+__device__ __forceinline__ void storeInverseTransposedTimes(float *out, const bf16 *ts, const bf16 *rhs, int m0, int n0,
+                                                            int g, int t, int lane) {
+  float acc[8][4];
+  zero(acc);
+  productAtB<8, kChunk / 16>(acc, ts, kSquareRow, rhs, kRow, m0, n0, lane);
+  storeRows(out, acc, m0, n0, g, t);
+}
+
 /// Writes a warp's [16, 32] accumulators at (m0, n0) to the contiguous fp32
 /// [64, 64] \p out, times \p sign, where column < row (+ \p inclusive), else 0.
 __device__ __forceinline__ void storeLower(float *out, const float (&acc)[4][4], int m0, int n0, int g, int t,
@@ -147,12 +158,7 @@ __global__ void __launch_bounds__(256)
     productABt<8, kDim / 16>(acc, vns, kRow, dss, kRow, m0, 64 * half, g, t);
     storeRows(out.keysToEnd + rows0 * kDim, acc, m0, 64 * half, g, t);
   }
-  { // dXv = T^T dV_new
-    float acc[8][4];
-    zero(acc);
-    productAtB<8, kChunk / 16>(acc, ts, kSquareRow, dns, kRow, m0, 64 * half, lane);
-    storeRows(out.valuesWeighted + rows0 * kDim, acc, m0, 64 * half, g, t);
-  }
+  storeInverseTransposedTimes(out.valuesWeighted + rows0 * kDim, ts, dns, m0, 64 * half, g, t, lane); // dXv
   __syncthreads(); // dW in place
   { // dT = dW Xk^T + dV_new Xv^T
     float acc[4][4];
@@ -162,12 +168,7 @@ __global__ void __launch_bounds__(256)
     forTile<4>(m0, 32 * half, g, t,
                [&](int nt, int i, int r, int c) { dts[r * kSquareRow + c] = __float2bfloat16(acc[nt][i]); });
   }
-  { // dXk = T^T dW
-    float acc[8][4];
-    zero(acc);
-    productAtB<8, kChunk / 16>(acc, ts, kSquareRow, dws, kRow, m0, 64 * half, lane);
-    storeRows(out.keysWeighted + rows0 * kDim, acc, m0, 64 * half, g, t);
-  }
+  storeInverseTransposedTimes(out.keysWeighted + rows0 * kDim, ts, dws, m0, 64 * half, g, t, lane); // dXk
   __syncthreads(); // dT in place
   { // T^T dT
     float acc[4][4];
