@@ -100,8 +100,9 @@ if [ "${PHASE:-checks}" != timings ]; then
   check gdn-bf16-inverse-segmented ADAPT_DELTA_RULE_TRAIN_KERNEL=1 ADAPT_DELTA_RULE_BACKWARD_KERNEL=1 -- gated_delta_rule.segmented
   check gdn-bf16-inverse-no-prefetch ADAPT_DELTA_RULE_PREFETCH=0 -- gated_delta_rule.chunked
   # Session 47 (no GPU): GDN's forward folds the rows' factors into T's
-  # columns and q S_n's rows (on in every check above); the form it replaced.
-  check gdn-fold-off ADAPT_DELTA_RULE_FOLD_FACTORS=0 -- gated_delta_rule
+  # columns and q S_n's rows (opt-in), with and without prefetching.
+  check gdn-fold ADAPT_DELTA_RULE_FOLD_FACTORS=1 -- gated_delta_rule
+  check gdn-fold-no-prefetch ADAPT_DELTA_RULE_FOLD_FACTORS=1 ADAPT_DELTA_RULE_PREFETCH=0 -- gated_delta_rule.chunked
   # Session 47 (no GPU): Kimi's chunk gradients as one kernel (opt-in), alone
   # and in head slices of one head.
   check kimi-chunk-grad ADAPT_KIMI_CHUNK_GRAD_KERNEL=1 -- kimi_delta
@@ -116,6 +117,7 @@ if [ "${PHASE:-checks}" != timings ]; then
     for only in ${MEMCHECK:-$all}; do
       ADAPT_CONV_KERNEL=1 ADAPT_GATED_NORM_KERNEL=1 ADAPT_DELTA_RULE_TRAIN_KERNEL=1 ADAPT_DELTA_RULE_BACKWARD_KERNEL=1 ADAPT_DELTA_RULE_LEAN_BACKWARD=1 \
         ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 ADAPT_KIMI_SCORES_KERNEL=1 ADAPT_KIMI_CHUNK_GRAD_KERNEL=1 \
+        ADAPT_DELTA_RULE_FOLD_FACTORS=1 \
         timeout ${MEMCHECK_TIMEOUT:-200} $SAN --tool memcheck --error-exitcode 9 $W/rt/adapt-op-check --device cuda \
         --seeds 1 --dtype bfloat16 --only $only --out $W/checks/memcheck > $W/memcheck.log 2>&1
       echo "-- memcheck $only: rc $? $(grep -m1 'ERROR SUMMARY' $W/memcheck.log)"
@@ -146,7 +148,7 @@ if [ "${PHASE:-checks}" != checks ]; then
   want() { [[ " $ROWS " == *" $1 "* ]]; }
   echo "== gated delta rule $(date +%T)"
   want gdn && run_shapes default ADAPT_NONE=1
-  want gdn && run_shapes fold-off ADAPT_DELTA_RULE_FOLD_FACTORS=0 # session 47's folded factors, off
+  want gdn && run_shapes fold ADAPT_DELTA_RULE_FOLD_FACTORS=1 # session 47's opt-in: the folded factors
   if want gdn-switches; then
   run_shapes state-warps-4 ADAPT_DELTA_RULE_STATE_WARPS=4
   run_shapes no-lean ADAPT_DELTA_RULE_LEAN_BACKWARD=0

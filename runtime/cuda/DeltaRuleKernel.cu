@@ -213,7 +213,7 @@ bool delta::blockInverse() {
 }
 
 bool delta::foldFactors() {
-  static const bool on = !switchedOff("ADAPT_DELTA_RULE_FOLD_FACTORS");
+  static const bool on = switchedOn("ADAPT_DELTA_RULE_FOLD_FACTORS");
   return on;
 }
 
