@@ -4,8 +4,8 @@
 #   PHASE=checks   op-stage checks of the default kernels, then of the switches
 #                  (no prefetch) and of the opt-in switches waiting for them, bf16,
 #                  and memcheck with the switches on (SKIP_CHECKS=1: only
-#                  what still waits for a GPU: session 46's bf16 T in GDN's
-#                  forward, and memcheck of gated_delta_rule.chunked)
+#                  what still waits for a GPU, and memcheck of the chunked
+#                  GDN and Kimi ops)
 #   PHASE=timings  forward and forward+backward of the op at the issue's shapes,
 #                  default against opt-outs and opt-ins (earlier sessions' rows are
 #                  in git history), a Kineto profile at 32K, and
@@ -88,25 +88,20 @@ if [ "${PHASE:-checks}" != timings ]; then
   check state-warps-4 ADAPT_DELTA_RULE_STATE_WARPS=4 -- gated_delta_rule
   check state-warps-4-fp32 ADAPT_DELTA_RULE_STATE_WARPS=4 -- gated_delta_rule.chunked float32
   check kimi-slices ADAPT_KIMI_BACKWARD_SLICE_HEADS=1 -- kimi_delta.chunked
-  fi
-  # SKIP_CHECKS=1 starts here: what still waits for a GPU. Session 46: GDN's
-  # forward keeps T in bf16 (the form both kernels multiply by) instead of
-  # fp32 (checked on an H100); its consumers are the backward kernel (every
-  # gated_delta_rule check), the LibTorch backward after the forward kernels
-  # (=0 below) and the segmented kernels (state gradients flowing). And GDN's
-  # backward frees dS' before allocating dk and dv (not yet on a GPU).
-  check gdn-bf16-inverse ADAPT_NONE=1 -- gated_delta_rule
+  # Session 46: GDN's forward keeps T in bf16 (its consumers: the backward
+  # kernel, the LibTorch backward after the forward kernels, the segmented
+  # kernels) and its backward frees dS' before allocating dk and dv. Session
+  # 47: GDN's forward folds the rows' factors into T's columns and q S_n's
+  # rows, and Kimi's chunk gradients run as one kernel; the defaults since
+  # session 47's checks on an H100, and their opt-outs.
   check gdn-bf16-inverse-composition ADAPT_DELTA_RULE_BACKWARD_KERNEL=0 -- gated_delta_rule.chunked
   check gdn-bf16-inverse-segmented ADAPT_DELTA_RULE_TRAIN_KERNEL=1 ADAPT_DELTA_RULE_BACKWARD_KERNEL=1 -- gated_delta_rule.segmented
-  check gdn-bf16-inverse-no-prefetch ADAPT_DELTA_RULE_PREFETCH=0 -- gated_delta_rule.chunked
-  # Session 47 (no GPU): GDN's forward folds the rows' factors into T's
-  # columns and q S_n's rows (opt-in), with and without prefetching.
-  check gdn-fold ADAPT_DELTA_RULE_FOLD_FACTORS=1 -- gated_delta_rule
-  check gdn-fold-no-prefetch ADAPT_DELTA_RULE_FOLD_FACTORS=1 ADAPT_DELTA_RULE_PREFETCH=0 -- gated_delta_rule.chunked
-  # Session 47 (no GPU): Kimi's chunk gradients as one kernel (opt-in), alone
-  # and in head slices of one head.
-  check kimi-chunk-grad ADAPT_KIMI_CHUNK_GRAD_KERNEL=1 -- kimi_delta
-  check kimi-chunk-grad-slices ADAPT_KIMI_CHUNK_GRAD_KERNEL=1 ADAPT_KIMI_BACKWARD_SLICE_HEADS=1 -- kimi_delta.chunked
+  check gdn-no-fold ADAPT_DELTA_RULE_FOLD_FACTORS=0 -- gated_delta_rule
+  check kimi-chunk-grad-slices ADAPT_KIMI_BACKWARD_SLICE_HEADS=1 -- kimi_delta.chunked
+  check kimi-no-chunk-grad ADAPT_KIMI_CHUNK_GRAD_KERNEL=0 -- kimi_delta
+  fi
+  # SKIP_CHECKS=1 starts here: what still waits for a GPU (nothing since
+  # session 47's checks), then memcheck.
   # Out-of-bounds accesses the checks' numbers could miss: memcheck over the
   # kernels, forward and backward, at the d-128 shapes.
   SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
@@ -116,8 +111,7 @@ if [ "${PHASE:-checks}" != timings ]; then
     [ -n "${SKIP_CHECKS:-}" ] && all="gated_delta_rule.chunked kimi_delta.chunked"
     for only in ${MEMCHECK:-$all}; do
       ADAPT_CONV_KERNEL=1 ADAPT_GATED_NORM_KERNEL=1 ADAPT_DELTA_RULE_TRAIN_KERNEL=1 ADAPT_DELTA_RULE_BACKWARD_KERNEL=1 ADAPT_DELTA_RULE_LEAN_BACKWARD=1 \
-        ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 ADAPT_KIMI_SCORES_KERNEL=1 ADAPT_KIMI_CHUNK_GRAD_KERNEL=1 \
-        ADAPT_DELTA_RULE_FOLD_FACTORS=1 \
+        ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 ADAPT_KIMI_SCORES_KERNEL=1 \
         timeout ${MEMCHECK_TIMEOUT:-200} $SAN --tool memcheck --error-exitcode 9 $W/rt/adapt-op-check --device cuda \
         --seeds 1 --dtype bfloat16 --only $only --out $W/checks/memcheck > $W/memcheck.log 2>&1
       echo "-- memcheck $only: rc $? $(grep -m1 'ERROR SUMMARY' $W/memcheck.log)"
@@ -148,7 +142,7 @@ if [ "${PHASE:-checks}" != checks ]; then
   want() { [[ " $ROWS " == *" $1 "* ]]; }
   echo "== gated delta rule $(date +%T)"
   want gdn && run_shapes default ADAPT_NONE=1
-  want gdn && run_shapes fold ADAPT_DELTA_RULE_FOLD_FACTORS=1 # session 47's opt-in: the folded factors
+  want gdn && run_shapes no-fold ADAPT_DELTA_RULE_FOLD_FACTORS=0 # session 47's folded factors, off
   if want gdn-switches; then
   run_shapes state-warps-4 ADAPT_DELTA_RULE_STATE_WARPS=4
   run_shapes no-lean ADAPT_DELTA_RULE_LEAN_BACKWARD=0
@@ -156,13 +150,11 @@ if [ "${PHASE:-checks}" != checks ]; then
   fi
   echo "== Kimi delta attention $(date +%T)"
   want kda && EXTRA=--per-channel run_shapes kda-default ADAPT_NONE=1
-  want kda && EXTRA=--per-channel run_shapes kda-chunk-grad ADAPT_KIMI_CHUNK_GRAD_KERNEL=1 # session 47's opt-in
-  want kda && EXTRA=--per-channel run_shapes kda-chunk-grad-one-pass ADAPT_KIMI_CHUNK_GRAD_KERNEL=1 \
-    ADAPT_KIMI_BACKWARD_SLICE_HEADS=1024
+  want kda && EXTRA=--per-channel run_shapes kda-no-chunk-grad ADAPT_KIMI_CHUNK_GRAD_KERNEL=0 # session 47's kernel, off
+  want kda && EXTRA=--per-channel run_shapes kda-one-pass ADAPT_KIMI_BACKWARD_SLICE_HEADS=1024
   if want kda-switches; then
   EXTRA=--per-channel run_shapes kda-no-tail ADAPT_KIMI_BACKWARD_TAIL_KERNEL=0
-  EXTRA=--per-channel run_shapes kda-one-pass ADAPT_KIMI_BACKWARD_SLICE_HEADS=1024
-  EXTRA=--per-channel run_shapes kda-slices-16 ADAPT_KIMI_BACKWARD_SLICE_HEADS=16
+  EXTRA=--per-channel run_shapes kda-slices-8 ADAPT_KIMI_BACKWARD_SLICE_HEADS=8
   EXTRA=--per-channel run_shapes kda-session-45-opt-outs ADAPT_KIMI_PAIRS_PER_THREAD=0 ADAPT_KIMI_SCORES_PAIRED_BACKWARD=0 \
     ADAPT_DELTA_RULE_STATE_WARPS=4
   fi

@@ -102,7 +102,7 @@ __global__ void __launch_bounds__(256) deltaRuleTransformKernel(Strided key, Str
   // right-hand sides go into T's columns (64 x 64 products, not 2 x 64 x 128),
   // T diag(beta exp(G)) in bf16 first, then T diag(beta) in its place. T
   // itself (ones on the diagonal) goes to the backward in bf16 when asked.
-  // Without fold (the default until ADAPT_DELTA_RULE_FOLD_FACTORS=1) T itself, and k and v
+  // Without fold (ADAPT_DELTA_RULE_FOLD_FACTORS=0) T itself, and k and v
   // scaled in place.
   const float *t32 = a;
   auto columnScaled = [&](bool decayed) {
@@ -213,7 +213,7 @@ bool delta::blockInverse() {
 }
 
 bool delta::foldFactors() {
-  static const bool on = switchedOn("ADAPT_DELTA_RULE_FOLD_FACTORS");
+  static const bool on = !switchedOff("ADAPT_DELTA_RULE_FOLD_FACTORS");
   return on;
 }
 

@@ -194,7 +194,7 @@ const bf16 *bf16Data(const at::Tensor &x) { return reinterpret_cast<const bf16 *
 } // namespace
 
 bool kimiChunkGradientsEnabled() {
-  static const bool on = switchedOn("ADAPT_KIMI_CHUNK_GRAD_KERNEL");
+  static const bool on = !switchedOff("ADAPT_KIMI_CHUNK_GRAD_KERNEL");
   return on;
 }
 
