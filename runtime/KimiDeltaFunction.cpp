@@ -303,19 +303,19 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     Tensor ds, dQueryDecayed, dScores, dKeysToEnd, dXk, dXv, dSystem, leavingDotState;
 #ifdef ADAPT_WITH_CUDA_KERNELS
     // After the forward kernels: the serial pass as one kernel (GDN's, its
-    // state rows decaying per key channel), then, when switched on, the
+    // state rows decaying per key channel), then (unless switched off) the
     // chunk gradients as one kernel reading its bf16 results as they are.
     const bool stateKernel = ctx->saved_data.count("kernels") > 0 && cuda::deltaRuleStateBackwardTakes(dk, dv, c);
     if (stateKernel && chooseKernel("kimi_delta_rule.chunk_gradients", k, cuda::kimiChunkGradientsEnabled(),
                                     cuda::kimiChunkGradientsTake(dOut, savedStates))) {
       cuda::DeltaRuleStateGrads state = stateGradientsOnGpuRaw(terms.keysToEnd, w, queryDecayed, dOut, localNew,
                                                                terms.last, dLast, /*perChannel=*/true);
-      const cuda::KimiChunkGrads grads = cuda::kimiChunkGradients(dOut, savedStates, savedNewValues, state.leaving,
+      const cuda::KimiChunkGrads chunk = cuda::kimiChunkGradients(dOut, savedStates, savedNewValues, state.leaving,
                                                                   state.newValues, terms.keysWeighted, xv, inverse);
       ds = state.initial;
-      dQueryDecayed = grads.queryDecayed, dScores = grads.scores, dKeysToEnd = grads.keysToEnd;
-      dXk = grads.keysWeighted, dXv = grads.valuesWeighted, dSystem = grads.system;
-      leavingDotState = grads.leavingDotState;
+      dQueryDecayed = chunk.queryDecayed, dScores = chunk.scores, dKeysToEnd = chunk.keysToEnd;
+      dXk = chunk.keysWeighted, dXv = chunk.valuesWeighted, dSystem = chunk.system;
+      leavingDotState = chunk.leavingDotState;
     }
 #endif
     if (!dQueryDecayed.defined()) {
