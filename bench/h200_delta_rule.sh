@@ -100,8 +100,13 @@ if [ "${PHASE:-checks}" != timings ]; then
   check kimi-chunk-grad-slices ADAPT_KIMI_BACKWARD_SLICE_HEADS=1 -- kimi_delta.chunked
   check kimi-no-chunk-grad ADAPT_KIMI_CHUNK_GRAD_KERNEL=0 -- kimi_delta
   fi
-  # SKIP_CHECKS=1 starts here: what still waits for a GPU (nothing since
-  # session 47's checks), then memcheck.
+  # SKIP_CHECKS=1 starts here: what still waits for a GPU, then memcheck.
+  # Session 47 (after its checks, no GPU left): Kimi's tail kernel finishing
+  # the log decays' gradient (opt-in), bf16 and fp32, with and without the
+  # chunk-gradient kernel (the two sources of sum dS' . S).
+  check kimi-tail-decay ADAPT_KIMI_TAIL_DECAY_GRADIENT=1 -- kimi_delta
+  check kimi-tail-decay-fp32 ADAPT_KIMI_TAIL_DECAY_GRADIENT=1 -- kimi_delta.chunked float32
+  check kimi-tail-decay-no-chunk-grad ADAPT_KIMI_TAIL_DECAY_GRADIENT=1 ADAPT_KIMI_CHUNK_GRAD_KERNEL=0 -- kimi_delta.chunked
   # Out-of-bounds accesses the checks' numbers could miss: memcheck over the
   # kernels, forward and backward, at the d-128 shapes.
   SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
@@ -111,7 +116,7 @@ if [ "${PHASE:-checks}" != timings ]; then
     [ -n "${SKIP_CHECKS:-}" ] && all="gated_delta_rule.chunked kimi_delta.chunked"
     for only in ${MEMCHECK:-$all}; do
       ADAPT_CONV_KERNEL=1 ADAPT_GATED_NORM_KERNEL=1 ADAPT_DELTA_RULE_TRAIN_KERNEL=1 ADAPT_DELTA_RULE_BACKWARD_KERNEL=1 ADAPT_DELTA_RULE_LEAN_BACKWARD=1 \
-        ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 ADAPT_KIMI_SCORES_KERNEL=1 \
+        ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 ADAPT_KIMI_SCORES_KERNEL=1 ADAPT_KIMI_TAIL_DECAY_GRADIENT=1 \
         timeout ${MEMCHECK_TIMEOUT:-200} $SAN --tool memcheck --error-exitcode 9 $W/rt/adapt-op-check --device cuda \
         --seeds 1 --dtype bfloat16 --only $only --out $W/checks/memcheck > $W/memcheck.log 2>&1
       echo "-- memcheck $only: rc $? $(grep -m1 'ERROR SUMMARY' $W/memcheck.log)"
@@ -152,6 +157,7 @@ if [ "${PHASE:-checks}" != checks ]; then
   want kda && EXTRA=--per-channel run_shapes kda-default ADAPT_NONE=1
   want kda && EXTRA=--per-channel run_shapes kda-no-chunk-grad ADAPT_KIMI_CHUNK_GRAD_KERNEL=0 # session 47's kernel, off
   want kda && EXTRA=--per-channel run_shapes kda-one-pass ADAPT_KIMI_BACKWARD_SLICE_HEADS=1024
+  want kda && EXTRA=--per-channel run_shapes kda-tail-decay ADAPT_KIMI_TAIL_DECAY_GRADIENT=1 # session 47's opt-in
   if want kda-switches; then
   EXTRA=--per-channel run_shapes kda-no-tail ADAPT_KIMI_BACKWARD_TAIL_KERNEL=0
   EXTRA=--per-channel run_shapes kda-slices-8 ADAPT_KIMI_BACKWARD_SLICE_HEADS=8

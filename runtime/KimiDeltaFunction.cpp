@@ -348,13 +348,17 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     // The sums of products into dq, dk, dG and beta's key terms: one kernel
     // on the GPU when switched on (runtime/cuda/KimiBackwardTailKernel.h,
     // which states them as formulas), else the composition below.
-    Tensor dq, dKey, dCum, dBetaKeys, keysToEndSums;
+    Tensor dq, dKey, dCum, dBetaKeys, keysToEndSums, dDecay;
 #ifdef ADAPT_WITH_CUDA_KERNELS
     if (chooseKernel("kimi_delta_rule.backward_tail", k, cuda::kimiBackwardTailEnabled(),
                      cuda::kimiBackwardTailTakes(k))) {
+      // With ADAPT_KIMI_TAIL_DECAY_GRADIENT=1 it also finishes the log
+      // decays' gradient (decayGradient below, with dLastCum's terms).
       cuda::KimiBackwardTail tail =
-          cuda::kimiBackwardTail(q, k, cum, bt, dqScores, dQueryDecayed, dKeysBeta, dkColumns, dXk, dKeysToEnd, scale);
-      dq = tail.query, dKey = tail.key, dCum = tail.cum, dBetaKeys = tail.betaKeys;
+          cuda::kimiBackwardTail(q, k, cum, bt, dqScores, dQueryDecayed, dKeysBeta, dkColumns, dXk, dKeysToEnd, scale,
+                                 cuda::kimiTailDecayGradientEnabled() ? leavingDotState : Tensor());
+      dq = tail.query, dKey = tail.key, dBetaKeys = tail.betaKeys;
+      (tail.decayGradient ? dDecay : dCum) = tail.cum;
       keysToEndSums = tail.keysToEndSums;
     }
 #endif
@@ -376,8 +380,9 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     }
     Tensor dValue = dXv * bt;
     Tensor dBeta = dBetaKeys + (dXv * v).sum(-1, true);
-    Tensor dLastCum = keysToEndSums + leavingDotState * terms.last.exp();
-    return chunkedGradients(dq, dKey, dValue, decayGradient(dCum, dLastCum), dBeta, ds, t, dtypes);
+    if (!dDecay.defined())
+      dDecay = decayGradient(dCum, keysToEndSums + leavingDotState * terms.last.exp());
+    return chunkedGradients(dq, dKey, dValue, dDecay, dBeta, ds, t, dtypes);
   }
 };
 

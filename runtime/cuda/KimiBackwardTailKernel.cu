@@ -34,7 +34,7 @@ struct TailInputs {
 
 __global__ void __launch_bounds__(kThreads)
     kimiBackwardTailKernel(TailInputs in, int chunk, int channels, float scale, float *dq, float *dKey, float *dCum,
-                           float *betaKeys, float *keysToEndSums) {
+                           float *betaKeys, float *keysToEndSums, const float *leavingDotState) {
   __shared__ float rowSums[kMaxChunk];
   const int d = threadIdx.x, lane = d % 32;
   const bool active = d < channels;
@@ -43,8 +43,12 @@ __global__ void __launch_bounds__(kThreads)
     rowSums[i] = 0.0f;
   __syncthreads();
   const float last = active ? in.cum[base + int64_t(chunk - 1) * channels + d] : 0.0f;
-  float columnSum = 0.0f;
-  for (int i = 0; i < chunk; ++i) {
+  // With leavingDotState the rows go last to first and dCum gets their
+  // suffix sums (the log decays' gradient, but for the chunk's last terms).
+  const bool suffix = leavingDotState != nullptr;
+  float columnSum = 0.0f, suffixSum = 0.0f;
+  for (int step = 0; step < chunk; ++step) {
+    const int i = suffix ? chunk - 1 - step : step;
     const int64_t at = base + int64_t(i) * channels + d;
     const float b = in.beta[item * chunk + i];
     float betaPart = 0.0f;
@@ -56,7 +60,9 @@ __global__ void __launch_bounds__(kThreads)
       dq[at] = (dqS + dQD * gamma) * scale;
       dKey[at] = dKB * b + dkC + dXk * b * gamma + dKE * toEnd;
       const float keysToEndTerm = dKE * k * toEnd;
-      dCum[at] = q * dqS + k * (dKB * b - dkC) + dQD * q * gamma + dXk * k * b * gamma - keysToEndTerm;
+      const float gradCum = q * dqS + k * (dKB * b - dkC) + dQD * q * gamma + dXk * k * b * gamma - keysToEndTerm;
+      suffixSum += gradCum;
+      dCum[at] = suffix ? suffixSum : gradCum;
       betaPart = dKB * k + dXk * k * gamma;
       columnSum += keysToEndTerm;
     }
@@ -68,14 +74,24 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   for (int i = d; i < chunk; i += blockDim.x)
     betaKeys[item * chunk + i] = rowSums[i];
-  if (active)
+  if (active && !suffix)
     keysToEndSums[item * channels + d] = columnSum;
+  if (active && suffix) { // every row's suffix sum includes the chunk's last G's own gradient
+    const float lastGrad = columnSum + leavingDotState[item * channels + d] * __expf(last);
+    for (int i = 0; i < chunk; ++i)
+      dCum[base + int64_t(i) * channels + d] += lastGrad;
+  }
 }
 
 } // namespace
 
 bool kimiBackwardTailEnabled() {
   static const bool on = !switchedOff("ADAPT_KIMI_BACKWARD_TAIL_KERNEL");
+  return on;
+}
+
+bool kimiTailDecayGradientEnabled() {
+  static const bool on = switchedOn("ADAPT_KIMI_TAIL_DECAY_GRADIENT");
   return on;
 }
 
@@ -87,7 +103,8 @@ bool kimiBackwardTailTakes(const at::Tensor &key) {
 KimiBackwardTail kimiBackwardTail(const at::Tensor &q, const at::Tensor &k, const at::Tensor &cum,
                                   const at::Tensor &beta, const at::Tensor &dqScores, const at::Tensor &dQueryDecayed,
                                   const at::Tensor &dKeysBeta, const at::Tensor &dkColumns,
-                                  const at::Tensor &dXk, const at::Tensor &dKeysToEnd, double scale) {
+                                  const at::Tensor &dXk, const at::Tensor &dKeysToEnd, double scale,
+                                  const at::Tensor &leavingDotState) {
   TORCH_CHECK(kimiBackwardTailTakes(k), "kimiBackwardTail: expected CUDA fp32 chunks [.., c <= 64, dk <= 128], found ",
               k.sizes());
   const int64_t chunk = k.size(-2), channels = k.size(-1), items = k.numel() / (chunk * channels);
@@ -114,12 +131,23 @@ KimiBackwardTail kimiBackwardTail(const at::Tensor &q, const at::Tensor &k, cons
   rowShape.back() = 1;
   columnShape[columnShape.size() - 2] = 1;
   r.betaKeys = at::empty(rowShape, k.options());
-  r.keysToEndSums = at::empty(columnShape, k.options());
+  const float *leaving = nullptr;
+  if (leavingDotState.defined()) { // r.cum is the decays' gradient itself
+    TORCH_CHECK(leavingDotState.sizes() == at::IntArrayRef(columnShape) &&
+                    leavingDotState.scalar_type() == at::kFloat && leavingDotState.device() == k.device(),
+                "kimiBackwardTail: expected leavingDotState fp32 ", at::IntArrayRef(columnShape), ", found ",
+                leavingDotState.sizes());
+    kept.push_back(leavingDotState.contiguous());
+    leaving = kept.back().data_ptr<float>();
+    r.decayGradient = true;
+  } else {
+    r.keysToEndSums = at::empty(columnShape, k.options());
+  }
   if (items > 0)
     kimiBackwardTailKernel<<<static_cast<unsigned>(items), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
         in, static_cast<int>(chunk), static_cast<int>(channels), static_cast<float>(scale), r.query.data_ptr<float>(),
         r.key.data_ptr<float>(), r.cum.data_ptr<float>(), r.betaKeys.data_ptr<float>(),
-        r.keysToEndSums.data_ptr<float>());
+        leaving ? nullptr : r.keysToEndSums.data_ptr<float>(), leaving);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return r;
 }

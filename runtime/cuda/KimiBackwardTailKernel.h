@@ -23,6 +23,13 @@ namespace adapt::rt::cuda {
 /// Whether the Kimi node's backward takes the tail kernel (on unless ADAPT_KIMI_BACKWARD_TAIL_KERNEL=0).
 bool kimiBackwardTailEnabled();
 
+/// Whether the tail kernel also finishes the log decays' gradient (the
+/// suffix sums within the chunk and the chunk's last G's terms) in place of
+/// LibTorch's flip, cumsum and flip: ~1.7 ms of KDA's 47.4 at 1 x 32 heads x
+/// 32K (session 47's profile, H100). Written in session 47 without a GPU:
+/// opt-in (ADAPT_KIMI_TAIL_DECAY_GRADIENT=1) until its op checks run on one.
+bool kimiTailDecayGradientEnabled();
+
 /// Whether the kernel takes chunk tensors like \p key: CUDA fp32
 /// [.., c, dk] with c <= 64 and dk <= 128.
 bool kimiBackwardTailTakes(const at::Tensor &key);
@@ -31,9 +38,10 @@ bool kimiBackwardTailTakes(const at::Tensor &key);
 struct KimiBackwardTail {
   at::Tensor query;         ///< dq [.., c, dk] (times the query's scale).
   at::Tensor key;           ///< dk [.., c, dk].
-  at::Tensor cum;           ///< d G [.., c, dk], before the chunk-last terms.
+  at::Tensor cum;           ///< d G [.., c, dk], before the chunk-last terms; the log decays' gradient when decayGradient.
   at::Tensor betaKeys;      ///< beta's key terms, summed over dk [.., c, 1].
-  at::Tensor keysToEndSums; ///< sum over the chunk's rows of dKd * Kd [.., 1, dk].
+  at::Tensor keysToEndSums; ///< sum over the chunk's rows of dKd * Kd [.., 1, dk] (undefined when decayGradient).
+  bool decayGradient = false; ///< Whether cum holds dg itself (leavingDotState was given).
 };
 
 /// With G = \p cum, L = G's last row, gamma = e^G, toEnd = e^{L - G} and
@@ -46,11 +54,15 @@ struct KimiBackwardTail {
 ///   keysToEndSums = sum_rows dKeysToEnd k toEnd
 /// \p dkColumns is the keys' column gradient of both score products (the
 /// output's and the system's, summed: pairedDecayedScoresBackward). Every
-/// tensor [.., c, dk] but \p beta; all fp32 on one CUDA device.
+/// tensor [.., c, dk] but \p beta; all fp32 on one CUDA device. Given \p
+/// leavingDotState (sum_v dS' . S per key channel [.., 1, dk]), cum is the
+/// log decays' gradient itself: dg_t = sum_{t' >= t} dG_t' + keysToEndSums
+/// + leavingDotState e^L.
 KimiBackwardTail kimiBackwardTail(const at::Tensor &q, const at::Tensor &k, const at::Tensor &cum,
                                   const at::Tensor &beta, const at::Tensor &dqScores, const at::Tensor &dQueryDecayed,
                                   const at::Tensor &dKeysBeta, const at::Tensor &dkColumns,
-                                  const at::Tensor &dXk, const at::Tensor &dKeysToEnd, double scale);
+                                  const at::Tensor &dXk, const at::Tensor &dKeysToEnd, double scale,
+                                  const at::Tensor &leavingDotState = at::Tensor());
 
 } // namespace adapt::rt::cuda
 
