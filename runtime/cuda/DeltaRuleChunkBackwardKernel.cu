@@ -36,45 +36,6 @@ namespace {
 
 using namespace delta;
 
-/// Copies \p rows rows of a contiguous [.., \p Width] bf16 array into \p tile.
-template <int Width = kDim>
-__device__ __forceinline__ void loadBf16(bf16 *tile, int stride, const bf16 *x, int rows, bool async) {
-  for (int i = threadIdx.x; i < rows * Width / 8; i += blockDim.x) {
-    const int r = i / (Width / 8), c = (i % (Width / 8)) * 8;
-    copy16(tile + r * stride + c, x + r * Width + c, true, async);
-  }
-}
-
-/// Waits for this thread's cp.async copies when \p async (a barrier follows).
-__device__ __forceinline__ void awaitCopies(bool async) {
-  if (async) {
-    asyncCommit();
-    asyncWait<0>();
-  }
-}
-
-/// Rounds \p rows rows of a contiguous fp32 array \p width wide into the bf16 \p tile.
-__device__ __forceinline__ void loadFloat(bf16 *tile, int stride, const float *x, int rows, int width) {
-  for (int i = threadIdx.x; i < rows * width / 4; i += blockDim.x) {
-    const int r = i / (width / 4), c = (i % (width / 4)) * 4;
-    const float4 v = *reinterpret_cast<const float4 *>(x + r * width + c);
-    *reinterpret_cast<uint2 *>(tile + r * stride + c) = make_uint2(packBf16(v.x, v.y), packBf16(v.z, v.w));
-  }
-}
-
-/// Rounds \p Rows rows of a gradient kept in fp32 [.., 128] into the bf16 \p tile.
-template <int Rows> __device__ __forceinline__ void loadGrad(bf16 *tile, int stride, const float *x, bool async) {
-  if (async)
-    loadFloatBatched<Rows, kDim>(tile, stride, x);
-  else
-    loadFloat(tile, stride, x, Rows, kDim);
-}
-
-/// Copies \p Rows rows of a gradient kept in bf16 [.., 128] into \p tile.
-template <int Rows> __device__ __forceinline__ void loadGrad(bf16 *tile, int stride, const bf16 *x, bool async) {
-  loadBf16(tile, stride, x, Rows, async);
-}
-
 /// This thread's share of sum(dS' . S) over a chunk's [128, 128] state (S
 /// in the bf16 tile \p ss), dS' kept in fp32: with \p async its 16 loads in
 /// flight together (the code the H100 checks ran, kept as it was).

@@ -98,37 +98,38 @@ __global__ void __launch_bounds__(256) deltaRuleTransformKernel(Strided key, Str
     invertUnitLowerBlocked(a, reinterpret_cast<float *>(ts), tid);
   else
     invertUnitLower(a, tid);
-  // W = T diag(beta exp(G)) K and U = T diag(beta) V: the row factors of the
-  // right-hand sides go into T's columns (64 x 64 products, not 2 x 64 x 128),
-  // T diag(beta exp(G)) in bf16 first, then T diag(beta) in its place. T
-  // itself (ones on the diagonal) goes to the backward in bf16 when asked.
-  // Without fold (ADAPT_DELTA_RULE_FOLD_FACTORS=0) T itself, and k and v
-  // scaled in place.
-  const float *t32 = a;
-  auto columnScaled = [&](bool decayed) {
+  // W = T diag(beta exp(G)) K and U = T diag(beta) V. With fold (the
+  // default) the rows' factors go into T's columns (64 x 64 products, not 2
+  // x 64 x 128): ts = T diag(beta exp(G)) for W, then T diag(beta) for U.
+  // Without (ADAPT_DELTA_RULE_FOLD_FACTORS=0) ts = T, and k and v are scaled
+  // in place. T itself (ones on the diagonal) goes to the backward in bf16
+  // when asked.
+  auto storeColumnScaledT = [&](bool forKeys) {
     for (int i = tid; i < kChunk * kChunk; i += blockDim.x) {
       const int r = i / kChunk, c = i % kChunk;
-      const float x = c < r ? t32[r * (kChunk + 1) + c] : c == r ? 1.0f : 0.0f;
-      if (decayed && inverseOut)
+      const float x = c < r ? a[r * (kChunk + 1) + c] : c == r ? 1.0f : 0.0f;
+      if (forKeys && inverseOut)
         inverseOut[(bh * gridDim.x * kChunk + row0 + r) * kChunk + c] = __float2bfloat16(x);
-      ts[r * kSquareRow + c] = __float2bfloat16(fold ? x * betas[c] * (decayed ? __expf(cum[c]) : 1.0f) : x);
+      const float factor = !fold ? 1.0f : forKeys ? betas[c] * __expf(cum[c]) : betas[c];
+      ts[r * kSquareRow + c] = __float2bfloat16(x * factor);
     }
-    if (!fold)
-      for (int i = tid; i < kChunk * kDim; i += blockDim.x) {
-        const int r = i / kDim, c = i % kDim;
-        ks[r * kRow + c] = __float2bfloat16(__bfloat162float(ks[r * kRow + c]) * betas[r] * __expf(cum[r]));
-        vs[r * kRow + c] = __float2bfloat16(__bfloat162float(vs[r * kRow + c]) * betas[r]);
-      }
-    __syncthreads();
   };
+  storeColumnScaledT(/*forKeys=*/true);
+  if (!fold)
+    for (int i = tid; i < kChunk * kDim; i += blockDim.x) {
+      const int r = i / kDim, c = i % kDim;
+      ks[r * kRow + c] = __float2bfloat16(__bfloat162float(ks[r * kRow + c]) * betas[r] * __expf(cum[r]));
+      vs[r * kRow + c] = __float2bfloat16(__bfloat162float(vs[r * kRow + c]) * betas[r]);
+    }
+  __syncthreads();
   // A warp per 16 rows and 64 columns.
   const int mt = warp % 4, half = warp / 4;
   const int64_t rows0 = (bh * gridDim.x * kChunk + row0) * kDim;
-  columnScaled(true);
   storeTransformed(w + rows0, ts, ks, mt, half, g, t, lane);
   if (fold) {
     __syncthreads(); // every warp has read T diag(beta exp(G))
-    columnScaled(false);
+    storeColumnScaledT(/*forKeys=*/false);
+    __syncthreads();
   }
   storeTransformed(u + rows0, ts, vs, mt, half, g, t, lane);
 }
@@ -140,7 +141,7 @@ __global__ void __launch_bounds__(256) deltaRuleOutputKernel(Strided query, Stri
                                                              const bf16 *newValues, const float *cum, int64_t tokens,
                                                              float scale, bf16 *out, bool async, bool fold) {
   extern __shared__ __align__(16) unsigned char shared[];
-  bf16 *qs = reinterpret_cast<bf16 *>(shared);   // q, then q scale exp(G)
+  bf16 *qs = reinterpret_cast<bf16 *>(shared);   // q (without fold: then q scale exp(G))
   bf16 *ks = qs + kChunk * kRow;
   bf16 *vs = ks + kChunk * kRow;                  // V_new
   bf16 *ss = vs + kChunk * kRow;                  // S_n [128][kRow]
@@ -186,9 +187,10 @@ __global__ void __launch_bounds__(256) deltaRuleOutputKernel(Strided query, Stri
   }
   __syncthreads(); // the scores are written (and read q, which !fold decays in place)
   if (!fold) {
-    for (int i = tid; i < kChunk * kDim; i += blockDim.x)
-      qs[(i / kDim) * kRow + i % kDim] = __float2bfloat16(__bfloat162float(qs[(i / kDim) * kRow + i % kDim]) *
-                                                          rowScale[i / kDim]);
+    for (int i = tid; i < kChunk * kDim; i += blockDim.x) {
+      const int r = i / kDim, c = i % kDim;
+      qs[r * kRow + c] = __float2bfloat16(__bfloat162float(qs[r * kRow + c]) * rowScale[r]);
+    }
     __syncthreads();
   }
   storeChunkOutput(out + (bh * tokens + row0) * kDim, qs, ss, ps, vs, valid, mt, half, g, t, lane,

@@ -336,7 +336,7 @@ at::Tensor combineRowsGradRows(const at::Tensor &gradY, const at::Tensor &rowOfP
   const bool packed = AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, g.scalar_type(), "gradRowsPackable", [&] {
     return packable<scalar_t>(hidden, {g.data_ptr(), grad.data_ptr()});
   });
-  if (packed && gradRowsByToken() && k <= kMaxK) { // by token: each row written by its pair, padding apart
+  if (packed && gradRowsByToken() && k <= kMaxK && owner.size(0) == g.size(0) * k) { // by token, padding apart
     zeroUnownedRows(grad, owner);
     AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, g.scalar_type(), "combineRowsGradRowsByToken", [&] {
       launchCombineBackward<scalar_t>(owner.size(0) / k, g.data_ptr<scalar_t>(), nullptr, owner.data_ptr<int64_t>(),

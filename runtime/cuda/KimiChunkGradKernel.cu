@@ -28,20 +28,6 @@ namespace {
 
 using namespace delta;
 
-/// Copies a contiguous bf16 [Rows][kDim] array into \p tile (\p stride
-/// elements a row), by cp.async when \p async.
-template <int Rows> __device__ __forceinline__ void loadTile(bf16 *tile, int stride, const bf16 *x, bool async) {
-  for (int i = threadIdx.x; i < Rows * kDim / 8; i += blockDim.x) {
-    const int r = i / (kDim / 8), c = (i % (kDim / 8)) * 8;
-    copy16(tile + r * stride + c, x + r * kDim + c, true, async);
-  }
-}
-
-/// Rounds a contiguous fp32 [Rows][kDim] array into \p tile.
-template <int Rows> __device__ __forceinline__ void loadTile(bf16 *tile, int stride, const float *x, bool) {
-  loadFloatBatched<Rows, kDim>(tile, stride, x);
-}
-
 /// Writes a warp's [16, 64] accumulators at (m0, n0) to the contiguous fp32
 /// rows \p out, 128 wide.
 __device__ __forceinline__ void storeRows(float *out, const float (&acc)[8][4], int m0, int n0, int g, int t) {
@@ -99,24 +85,21 @@ __global__ void __launch_bounds__(256)
   const int64_t item = blockIdx.x, rows0 = item * kChunk, state0 = item * kDim * kDim;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int mt = warp % 4, half = warp / 4, m0 = 16 * mt;
-  loadTile<kChunk>(vns, kRow, newValues + rows0 * kDim, async);
-  loadTile<kDim>(ss, kRow, states + state0, async);
+  loadBf16(vns, kRow, newValues + rows0 * kDim, kChunk, async);
+  loadBf16(ss, kRow, states + state0, kDim, async);
   if constexpr (std::is_same_v<Grad, bf16>) { // cp.async with the above
-    loadTile<kChunk>(dns, kRow, gradNew + rows0 * kDim, async);
-    loadTile<kDim>(dss, kRow, leaving + state0, async);
+    loadGrad<kChunk>(dns, kRow, gradNew + rows0 * kDim, async);
+    loadGrad<kDim>(dss, kRow, leaving + state0, async);
   }
   loadFloatBatched<kChunk, kDim>(dos, kRow, gradOut + rows0 * kDim);
   loadFloatBatched<kChunk, kDim>(xks, kRow, keysWeighted + rows0 * kDim);
   loadFloatBatched<kChunk, kDim>(xvs, kRow, valuesWeighted + rows0 * kDim);
   loadFloatBatched<kChunk, kChunk>(ts, kSquareRow, inverse + rows0 * kChunk);
   if constexpr (!std::is_same_v<Grad, bf16>) {
-    loadTile<kChunk>(dns, kRow, gradNew + rows0 * kDim, async);
-    loadTile<kDim>(dss, kRow, leaving + state0, async);
+    loadGrad<kChunk>(dns, kRow, gradNew + rows0 * kDim, async);
+    loadGrad<kDim>(dss, kRow, leaving + state0, async);
   }
-  if (async) {
-    asyncCommit();
-    asyncWait<0>();
-  }
+  awaitCopies(async);
   __syncthreads();
 
   { // sum over v of dS' . S, a pair of threads per key channel (row)
