@@ -17,7 +17,7 @@
 # took 150 s and its KDA produced no row in 150 s more, so KDA runs one shape
 # by default (FLA_KDA_SHAPES, FLA_KDA_TIMEOUT); the compiled kernels come back
 # as OUTDIR/fla-cache.tgz.part-* for a later call to carry (bench/h200/fla_env.sh).
-# usage: PHASE=checks|timings|both [ROWS="gdn kda ..."] [CHECK_TIMEOUT=110] [SKIP_FLA=1] [SKIP_FLA_KDA=1] [MEMCHECK="ids"] [MEMCHECK_TIMEOUT=200] bench/h200_delta_rule.sh OUTDIR
+# usage: PHASE=checks|timings|both [ROWS="gdn kda ..."] [CHECK_TIMEOUT=110] [SKIP_FLA=1] [SKIP_FLA_GDN=1] [SKIP_FLA_KDA=1] [MEMCHECK="ids"] [MEMCHECK_TIMEOUT=200] bench/h200_delta_rule.sh OUTDIR
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: PHASE=checks|timings h200_delta_rule.sh OUTDIR}; mkdir -p "$OUT"
@@ -107,16 +107,21 @@ if [ "${PHASE:-checks}" != timings ]; then
   check kimi-tail-decay ADAPT_KIMI_TAIL_DECAY_GRADIENT=1 -- kimi_delta
   check kimi-tail-decay-fp32 ADAPT_KIMI_TAIL_DECAY_GRADIENT=1 -- kimi_delta.chunked float32
   check kimi-tail-decay-no-chunk-grad ADAPT_KIMI_TAIL_DECAY_GRADIENT=1 ADAPT_KIMI_CHUNK_GRAD_KERNEL=0 -- kimi_delta.chunked
+  # Session 48: Kimi's scores in blocks of 16 rows, an exponential per term
+  # only on the diagonal blocks (opt-in), fp32 and bf16, alone and in the op.
+  check kimi-subchunks ADAPT_KIMI_SCORES_SUBCHUNKS=1 -- kimi_scores float32
+  check kimi-subchunks-bf16 ADAPT_KIMI_SCORES_SUBCHUNKS=1 -- kimi_delta
+  check kimi-subchunks-fp32 ADAPT_KIMI_SCORES_SUBCHUNKS=1 -- kimi_delta.chunked float32
   # Out-of-bounds accesses the checks' numbers could miss: memcheck over the
   # kernels, forward and backward, at the d-128 shapes.
   SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
   if [ -n "$SAN" ]; then
     # With SKIP_CHECKS=1 the sites the waiting opt-ins touch, else every kernel.
     all="gated_delta_rule.chunked kimi_delta.chunked kimi_scores causal_conv1d norm.gated_rms expert"
-    [ -n "${SKIP_CHECKS:-}" ] && all="gated_delta_rule.chunked kimi_delta.chunked"
+    [ -n "${SKIP_CHECKS:-}" ] && all="kimi_scores kimi_delta.chunked"
     for only in ${MEMCHECK:-$all}; do
       ADAPT_CONV_KERNEL=1 ADAPT_GATED_NORM_KERNEL=1 ADAPT_DELTA_RULE_TRAIN_KERNEL=1 ADAPT_DELTA_RULE_BACKWARD_KERNEL=1 ADAPT_DELTA_RULE_LEAN_BACKWARD=1 \
-        ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 ADAPT_KIMI_SCORES_KERNEL=1 ADAPT_KIMI_TAIL_DECAY_GRADIENT=1 \
+        ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 ADAPT_KIMI_SCORES_KERNEL=1 ADAPT_KIMI_TAIL_DECAY_GRADIENT=1 ADAPT_KIMI_SCORES_SUBCHUNKS=1 \
         timeout ${MEMCHECK_TIMEOUT:-200} $SAN --tool memcheck --error-exitcode 9 $W/rt/adapt-op-check --device cuda \
         --seeds 1 --dtype bfloat16 --only $only --out $W/checks/memcheck > $W/memcheck.log 2>&1
       echo "-- memcheck $only: rc $? $(grep -m1 'ERROR SUMMARY' $W/memcheck.log)"
@@ -158,6 +163,8 @@ if [ "${PHASE:-checks}" != checks ]; then
   want kda && EXTRA=--per-channel run_shapes kda-no-chunk-grad ADAPT_KIMI_CHUNK_GRAD_KERNEL=0 # session 47's kernel, off
   want kda && EXTRA=--per-channel run_shapes kda-one-pass ADAPT_KIMI_BACKWARD_SLICE_HEADS=1024
   want kda && EXTRA=--per-channel run_shapes kda-tail-decay ADAPT_KIMI_TAIL_DECAY_GRADIENT=1 # session 47's opt-in
+  want kda && EXTRA=--per-channel run_shapes kda-subchunks ADAPT_KIMI_SCORES_SUBCHUNKS=1 # session 48's opt-in
+  want kda && EXTRA=--per-channel run_shapes kda-both-opt-ins ADAPT_KIMI_SCORES_SUBCHUNKS=1 ADAPT_KIMI_TAIL_DECAY_GRADIENT=1
   if want kda-switches; then
   EXTRA=--per-channel run_shapes kda-no-tail ADAPT_KIMI_BACKWARD_TAIL_KERNEL=0
   EXTRA=--per-channel run_shapes kda-slices-8 ADAPT_KIMI_BACKWARD_SLICE_HEADS=8
@@ -193,7 +200,8 @@ if [ "${PHASE:-checks}" != checks ]; then
   [ -n "${SKIP_FLA:-}" ] && { echo "== done $(date +%T)"; exit 0; }
   echo "== fla 0.6 $(date +%T)"
   source bench/h200/fla_env.sh
-  timeout ${FLA_TIMEOUT:-240} python3 bench/h200/fla_delta_rule.py --bypass-triton-guard $SHAPES 2>&1 | grep -v Warning | tail -4
+  [ -z "${SKIP_FLA_GDN:-}" ] &&
+    timeout ${FLA_TIMEOUT:-240} python3 bench/h200/fla_delta_rule.py --bypass-triton-guard $SHAPES 2>&1 | grep -v Warning | tail -4
   [ -z "${SKIP_FLA_KDA:-}" ] &&
     timeout ${FLA_KDA_TIMEOUT:-240} python3 bench/h200/fla_delta_rule.py --bypass-triton-guard --per-channel \
       ${FLA_KDA_SHAPES:-1 32 8192 128 128} 2>&1 | grep -v Warning | tail -4

@@ -170,6 +170,220 @@ __global__ void __launch_bounds__(Paired ? kPairedThreads : kThreads)
   }
 }
 
+//===--- Sub-chunks of 16: exponentials only on the diagonal blocks ------===//
+//
+// Split the chunk into blocks of kSub rows. Where query t is in block a and
+// key i in an earlier block (i < a0, a0 = a's first row),
+//   e^{G_td - G_id} = e^{G_td - G_a0d} e^{G_a0d - G_id},
+// both exponents <= 0 (G falls down the chunk), so the block (a, earlier) of
+// P is a plain product of x scaled to a0 and y scaled to a0: one exponential
+// per (row, channel) instead of one per (row, key, channel). Only the
+// diagonal blocks keep an exponential per term, as fla's KDA does. The
+// product of two factors <= 1 equals the single exponential to a few ulps;
+// where a factor underflows the exact term is smaller still.
+// ADAPT_KIMI_SCORES_SUBCHUNKS=1 takes these kernels (opt-in until their
+// checks have run on a GPU).
+
+constexpr int kSub = 16; ///< Rows per block: the span of the per-term exponentials.
+
+/// The first scratch row of block row \p a's scaled keys (keys 0 .. 16a - 1,
+/// a >= 1): 0, 16, 48 for a = 1, 2, 3; blocks(c) rows in all for 8 a (a - 1).
+__host__ __device__ constexpr int scaledKeysRow(int a) { return 8 * a * (a - 1); }
+
+/// Fills \p yhat [scaledKeysRow(blocks)][stride]: for each block row a >= 1,
+/// the keys i < a0 as y_i e^{G_a0 - G_i}. \p ys and \p gs have row stride
+/// \p stride, as \p yhat.
+__device__ void scaleKeysToBlockRows(const float *ys, const float *gs, int stride, int chunk, int channels,
+                                     float *yhat) {
+  const int blocks = (chunk + kSub - 1) / kSub, rows = scaledKeysRow(blocks);
+  for (int e = threadIdx.x; e < rows * channels; e += blockDim.x) {
+    const int v = e / channels, d = e % channels;
+    int a = 1;
+    while (scaledKeysRow(a + 1) <= v)
+      ++a;
+    const int i = v - scaledKeysRow(a), a0 = a * kSub;
+    yhat[v * stride + d] = ys[i * stride + d] * __expf(gs[a0 * stride + d] - gs[i * stride + d]);
+  }
+}
+
+/// Scales \p xs's rows t >= kSub in place to their block's first row:
+/// x_t e^{G_t - G_a0}. Every reader of the unscaled rows is behind a barrier.
+__device__ void scaleRowsToBlockStart(float *xs, const float *gs, int stride, int chunk, int channels) {
+  for (int e = kSub * channels + threadIdx.x; e < chunk * channels; e += blockDim.x) {
+    const int t = e / channels, d = e % channels, a0 = t / kSub * kSub;
+    xs[t * stride + d] *= __expf(gs[t * stride + d] - gs[a0 * stride + d]);
+  }
+}
+
+constexpr int kDiagonalParts = 8;      ///< Lanes that share a row's channels in the diagonal pass.
+constexpr int kSubchunkThreads = 512; ///< The forward's threads: kDiagonalParts per row at 64 rows.
+
+/// A block per chunk, kSubchunkThreads threads: P [c][c] as perChannelScoresPairsKernel,
+/// the blocks below the diagonal as products of scaled rows.
+__global__ void __launch_bounds__(kSubchunkThreads)
+    perChannelScoresSubchunkKernel(const float *x, const float *y, const float *cum, int chunk, int channels,
+                                   float *out) {
+  extern __shared__ __align__(16) float smem[];
+  const int stride = channels + 1; // rows in distinct banks for the product pass
+  float *xs = smem, *ys = xs + chunk * stride, *gs = ys + chunk * stride, *yhat = gs + chunk * stride;
+  const int64_t item = blockIdx.x, base = item * chunk * channels;
+  for (int e = threadIdx.x; e < chunk * channels; e += blockDim.x) {
+    const int r = e / channels, d = e % channels;
+    xs[r * stride + d] = x[base + e];
+    ys[r * stride + d] = y[base + e];
+    gs[r * stride + d] = cum[base + e];
+  }
+  float *o = out + item * chunk * chunk;
+  for (int p = threadIdx.x; p < chunk * chunk; p += blockDim.x)
+    if (p % chunk > p / chunk)
+      o[p] = 0.0f;
+  __syncthreads();
+  scaleKeysToBlockRows(ys, gs, stride, chunk, channels, yhat);
+  // The diagonal blocks: kDiagonalParts consecutive lanes per query row t,
+  // each over channels part, part + 8, ...; x_t and G_t held in registers
+  // across the keys i in [a0, t]; the parts' sums meet by shuffles.
+  const int part = threadIdx.x % kDiagonalParts;
+  const unsigned group = 0xffu << (threadIdx.x % 32 / kDiagonalParts * kDiagonalParts);
+  constexpr int kPerPart = kMaxChannels / kDiagonalParts;
+  for (int t = threadIdx.x / kDiagonalParts; t < chunk; t += blockDim.x / kDiagonalParts) {
+    float xt[kPerPart], gt[kPerPart];
+#pragma unroll
+    for (int k = 0; k < kPerPart; ++k) {
+      const int d = part + k * kDiagonalParts;
+      xt[k] = d < channels ? xs[t * stride + d] : 0.0f;
+      gt[k] = d < channels ? gs[t * stride + d] : 0.0f;
+    }
+    for (int i = t / kSub * kSub; i <= t; ++i) {
+      float sum = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kPerPart; ++k) {
+        const int d = part + k * kDiagonalParts;
+        if (d < channels)
+          sum += xt[k] * ys[i * stride + d] * __expf(gt[k] - gs[i * stride + d]);
+      }
+#pragma unroll
+      for (int offset = kDiagonalParts / 2; offset > 0; offset >>= 1)
+        sum += __shfl_xor_sync(group, sum, offset);
+      if (part == 0)
+        o[t * chunk + i] = sum;
+    }
+  }
+  __syncthreads(); // the diagonal pass read the unscaled queries
+  scaleRowsToBlockStart(xs, gs, stride, chunk, channels);
+  __syncthreads();
+  // Below the diagonal: each half of the block takes block rows, the first
+  // the last one (a keys a thread), the second the others, from a - 1 down
+  // (at 64 rows: 3 against 2 + 1); a thread per (row, column q of 16), the
+  // keys q, q + 16, ... < a0, one scaled query row against a scaled keys.
+  const int blocks = (chunk + kSub - 1) / kSub, half = threadIdx.x / (kSubchunkThreads / 2);
+  const int unit = threadIdx.x % (kSubchunkThreads / 2), q = unit % kSub;
+  for (int a = blocks - 1 - half; a >= 1; a = half == 0 ? 0 : a - 1) {
+    const int t = a * kSub + unit / kSub;
+    if (t >= chunk)
+      continue;
+    const float *keys = yhat + scaledKeysRow(a) * stride;
+    float sums[kMaxChunk / kSub - 1] = {};
+    for (int d = 0; d < channels; ++d) {
+      const float xv = xs[t * stride + d];
+#pragma unroll
+      for (int j = 0; j < kMaxChunk / kSub - 1; ++j)
+        if (j < a)
+          sums[j] += xv * keys[(q + j * kSub) * stride + d];
+    }
+#pragma unroll
+    for (int j = 0; j < kMaxChunk / kSub - 1; ++j)
+      if (j < a)
+        o[t * chunk + q + j * kSub] = sums[j];
+  }
+}
+
+/// A block per chunk: dx and dy [c][dk] from g [c][c] as
+/// perChannelScoresBackwardKernel (a thread per (channel, row), \p Paired for
+/// two cotangents sharing y and G), the blocks below the diagonal through
+/// scaled rows: dx_t gains e^{G_t - G_a0} sum_{i < a0} g_ti yhat_i, and dy_i
+/// gains, for each later block row a, e^{G_a0 - G_i} sum_{t in a} g_ti xhat_t.
+/// dy's diagonal part goes to memory first and its thread adds the rest.
+template <bool Paired>
+__global__ void __launch_bounds__(Paired ? kPairedThreads : kThreads)
+    perChannelScoresSubchunkBackwardKernel(const float *gradA, const float *xA, const float *gradB, const float *xB,
+                                           const float *y, const float *cum, int chunk, int channels, float *gradXA,
+                                           float *gradXB, float *gradY) {
+  extern __shared__ __align__(16) float smem[];
+  const int tile = chunk * channels;
+  float *xas = smem, *xbs = xas + (Paired ? tile : 0), *ys = xbs + tile, *gs = ys + tile;
+  float *pa = gs + tile, *pb = pa + (Paired ? chunk * chunk : 0), *yhat = pb + chunk * chunk;
+  const int64_t item = blockIdx.x, base = item * tile;
+  copyFloats(xas, xA + base, tile);
+  copyFloats(ys, y + base, tile);
+  copyFloats(gs, cum + base, tile);
+  copyFloats(pa, gradA + item * chunk * chunk, chunk * chunk);
+  if constexpr (Paired) {
+    copyFloats(xbs, xB + base, tile);
+    copyFloats(pb, gradB + item * chunk * chunk, chunk * chunk);
+  }
+  __syncthreads();
+  scaleKeysToBlockRows(ys, gs, channels, chunk, channels, yhat);
+  __syncthreads();
+  const int rowsAtOnce = blockDim.x / channels, d = threadIdx.x % channels;
+  const bool active = threadIdx.x < rowsAtOnce * channels;
+  for (int r = threadIdx.x / channels; active && r < chunk; r += rowsAtOnce) {
+    const int a0 = r / kSub * kSub, end = min(a0 + kSub, chunk);
+    const float gr = gs[r * channels + d];
+    float dxa = 0.0f, dxb = 0.0f, dy = 0.0f;
+    for (int i = a0; i <= r; ++i) { // dx_r's diagonal block: keys a0 <= i <= r
+      const float ye = ys[i * channels + d] * __expf(gr - gs[i * channels + d]);
+      dxa += pa[r * chunk + i] * ye;
+      if constexpr (Paired)
+        dxb += pb[r * chunk + i] * ye;
+    }
+    if (a0 > 0) { // dx_r's earlier blocks, through the keys scaled to a0
+      const float *keys = yhat + scaledKeysRow(a0 / kSub) * channels;
+      float sa = 0.0f, sb = 0.0f;
+      for (int i = 0; i < a0; ++i) {
+        const float k = keys[i * channels + d];
+        sa += pa[r * chunk + i] * k;
+        if constexpr (Paired)
+          sb += pb[r * chunk + i] * k;
+      }
+      const float back = __expf(gr - gs[a0 * channels + d]);
+      dxa += back * sa;
+      dxb += back * sb;
+    }
+    for (int t = r; t < end; ++t) { // dy_r's diagonal block: queries r <= t < end
+      float term = pa[t * chunk + r] * xas[t * channels + d];
+      if constexpr (Paired)
+        term += pb[t * chunk + r] * xbs[t * channels + d];
+      dy += term * __expf(gs[t * channels + d] - gr);
+    }
+    gradXA[base + r * channels + d] = dxa;
+    if constexpr (Paired)
+      gradXB[base + r * channels + d] = dxb;
+    gradY[base + r * channels + d] = dy;
+  }
+  __syncthreads(); // the diagonal pass read the unscaled queries
+  scaleRowsToBlockStart(xas, gs, channels, chunk, channels);
+  if constexpr (Paired)
+    scaleRowsToBlockStart(xbs, gs, channels, chunk, channels);
+  __syncthreads();
+  for (int r = threadIdx.x / channels; active && r < chunk; r += rowsAtOnce) {
+    const int blockOfR = r / kSub, blocks = (chunk + kSub - 1) / kSub;
+    const float gr = gs[r * channels + d];
+    float dy = 0.0f;
+    for (int a = blockOfR + 1; a < blocks; ++a) { // later block rows: queries scaled to a0
+      const int a0 = a * kSub, end = min(a0 + kSub, chunk);
+      float s = 0.0f;
+      for (int t = a0; t < end; ++t) {
+        s += pa[t * chunk + r] * xas[t * channels + d];
+        if constexpr (Paired)
+          s += pb[t * chunk + r] * xbs[t * channels + d];
+      }
+      dy += __expf(gs[a0 * channels + d] - gr) * s;
+    }
+    if (blockOfR + 1 < blocks)
+      gradY[base + r * channels + d] += dy;
+  }
+}
+
 /// Whether x, y and cum are alike: CUDA fp32 [.., c, dk] with c <= 64, dk in [32, 128].
 bool chunkOperands(const at::Tensor &x, const at::Tensor &y, const at::Tensor &cum) {
   if (!x.is_cuda() || x.dim() < 2 || x.scalar_type() != at::kFloat)
@@ -197,6 +411,11 @@ bool perChannelScoresTakes(const at::Tensor &x, const at::Tensor &y, const at::T
   return chunkOperands(x, y, cum);
 }
 
+bool scoresSubchunksEnabled() {
+  static const bool on = switchedOn("ADAPT_KIMI_SCORES_SUBCHUNKS");
+  return on;
+}
+
 bool pairedScoresBackwardEnabled() {
   static const bool on = !switchedOff("ADAPT_KIMI_SCORES_PAIRED_BACKWARD");
   return on;
@@ -214,11 +433,14 @@ at::Tensor perChannelScores(const at::Tensor &xIn, const at::Tensor &yIn, const 
     return out;
   const c10::cuda::CUDAGuard guard(x.device());
   static const bool pairs = !switchedOff("ADAPT_KIMI_SCORES_PAIRS");
-  const auto kernel = pairs ? perChannelScoresPairsKernel : perChannelScoresKernel;
-  const size_t bytes = 3 * size_t(chunk) * (channels + (pairs ? 1 : 0)) * sizeof(float);
+  const bool subchunks = scoresSubchunksEnabled();
+  const auto kernel = subchunks ? perChannelScoresSubchunkKernel : pairs ? perChannelScoresPairsKernel : perChannelScoresKernel;
+  const size_t rows = 3 * size_t(chunk) + (subchunks ? scaledKeysRow((chunk + kSub - 1) / kSub) : 0);
+  const size_t bytes = rows * (channels + (pairs || subchunks ? 1 : 0)) * sizeof(float);
   allowBytes(kernel, bytes);
-  kernel<<<static_cast<unsigned>(items), kThreads, bytes, at::cuda::getCurrentCUDAStream()>>>(
-      x.data_ptr<float>(), y.data_ptr<float>(), cum.data_ptr<float>(), chunk, channels, out.data_ptr<float>());
+  kernel<<<static_cast<unsigned>(items), subchunks ? kSubchunkThreads : kThreads, bytes,
+           at::cuda::getCurrentCUDAStream()>>>(x.data_ptr<float>(), y.data_ptr<float>(), cum.data_ptr<float>(), chunk,
+                                               channels, out.data_ptr<float>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return out;
 }
@@ -237,10 +459,13 @@ std::pair<at::Tensor, at::Tensor> perChannelScoresBackward(const at::Tensor &gra
   if (items == 0)
     return {dx, dy};
   const c10::cuda::CUDAGuard guard(x.device());
-  const size_t bytes = (3 * size_t(chunk) * channels + size_t(chunk) * chunk) * sizeof(float);
-  allowBytes(perChannelScoresBackwardKernel<false>, bytes);
-  perChannelScoresBackwardKernel<false><<<static_cast<unsigned>(items), kThreads, bytes,
-                                          at::cuda::getCurrentCUDAStream()>>>(
+  const bool subchunks = scoresSubchunksEnabled();
+  const auto kernel = subchunks ? perChannelScoresSubchunkBackwardKernel<false> : perChannelScoresBackwardKernel<false>;
+  const size_t bytes = (3 * size_t(chunk) * channels + size_t(chunk) * chunk +
+                        (subchunks ? size_t(scaledKeysRow((chunk + kSub - 1) / kSub)) * channels : 0)) *
+                       sizeof(float);
+  allowBytes(kernel, bytes);
+  kernel<<<static_cast<unsigned>(items), kThreads, bytes, at::cuda::getCurrentCUDAStream()>>>(
       g.data_ptr<float>(), x.data_ptr<float>(), nullptr, nullptr, y.data_ptr<float>(), cum.data_ptr<float>(), chunk,
       channels, dx.data_ptr<float>(), nullptr, dy.data_ptr<float>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -263,10 +488,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> perChannelScoresPairedBackward(co
   if (items == 0)
     return {dxA, dxB, dy};
   const c10::cuda::CUDAGuard guard(y.device());
-  const size_t bytes = (4 * size_t(chunk) * channels + 2 * size_t(chunk) * chunk) * sizeof(float);
-  allowBytes(perChannelScoresBackwardKernel<true>, bytes);
-  perChannelScoresBackwardKernel<true><<<static_cast<unsigned>(items), kPairedThreads, bytes,
-                                         at::cuda::getCurrentCUDAStream()>>>(
+  const bool subchunks = scoresSubchunksEnabled();
+  const auto kernel = subchunks ? perChannelScoresSubchunkBackwardKernel<true> : perChannelScoresBackwardKernel<true>;
+  const size_t bytes = (4 * size_t(chunk) * channels + 2 * size_t(chunk) * chunk +
+                        (subchunks ? size_t(scaledKeysRow((chunk + kSub - 1) / kSub)) * channels : 0)) *
+                       sizeof(float);
+  allowBytes(kernel, bytes);
+  kernel<<<static_cast<unsigned>(items), kPairedThreads, bytes, at::cuda::getCurrentCUDAStream()>>>(
       ga.data_ptr<float>(), xA.data_ptr<float>(), gb.data_ptr<float>(), xB.data_ptr<float>(), y.data_ptr<float>(),
       cum.data_ptr<float>(), chunk, channels, dxA.data_ptr<float>(), dxB.data_ptr<float>(), dy.data_ptr<float>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();

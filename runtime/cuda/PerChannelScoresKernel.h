@@ -26,6 +26,12 @@ bool perChannelScoresKernelEnabled();
 /// shape [.., c, dk] with c <= 64 and 32 <= dk <= 128.
 bool perChannelScoresTakes(const at::Tensor &x, const at::Tensor &y, const at::Tensor &cum);
 
+/// Whether the scores and their gradients take the sub-chunk kernels:
+/// blocks of 16 rows, an exponential per term only on the diagonal blocks,
+/// the blocks below as products of rows scaled to the block row's first
+/// (ADAPT_KIMI_SCORES_SUBCHUNKS=1; opt-in until checked on a GPU).
+bool scoresSubchunksEnabled();
+
 /// P [.., c, c]: P[t][i] = sum_d x_td y_id e^{cum_td - cum_id} for i <= t,
 /// zero above the diagonal. A thread per pair by default,
 /// ADAPT_KIMI_SCORES_PAIRS=0 a warp per pair.

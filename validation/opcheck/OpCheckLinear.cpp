@@ -254,6 +254,9 @@ void addLinearAttentionChecks(std::vector<Check> &all) {
   scores(2, 2, 3, 16, 8);
   scores(1, 2, 2, 48, 32);
   scores(1, 2, 2, 64, 128);
+  // A ragged last block of 8 rows and channels no multiple of 8 (the
+  // sub-chunk kernels' guards, ADAPT_KIMI_SCORES_SUBCHUNKS=1).
+  scores(1, 2, 2, 40, 100);
   // Training's forward kernels at the released widths on a GPU in bf16 (three
   // chunks, the last ragged).
   delta("kimi_delta.chunked", {2, 130, 128, 128, 64, true});
