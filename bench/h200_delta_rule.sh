@@ -99,14 +99,13 @@ if [ "${PHASE:-checks}" != timings ]; then
   check gdn-no-fold ADAPT_DELTA_RULE_FOLD_FACTORS=0 -- gated_delta_rule
   check kimi-chunk-grad-slices ADAPT_KIMI_BACKWARD_SLICE_HEADS=1 -- kimi_delta.chunked
   check kimi-no-chunk-grad ADAPT_KIMI_CHUNK_GRAD_KERNEL=0 -- kimi_delta
+  # Session 47's tail kernel finishing the log decays' gradient, the default
+  # since session 48's checks on an H100: without the chunk-gradient kernel
+  # (the other source of sum dS' . S), and its opt-out.
+  check kimi-tail-decay-no-chunk-grad ADAPT_KIMI_CHUNK_GRAD_KERNEL=0 -- kimi_delta.chunked
+  check kimi-no-tail-decay ADAPT_KIMI_TAIL_DECAY_GRADIENT=0 -- kimi_delta.chunked
   fi
   # SKIP_CHECKS=1 starts here: what still waits for a GPU, then memcheck.
-  # Session 47 (after its checks, no GPU left): Kimi's tail kernel finishing
-  # the log decays' gradient (opt-in), bf16 and fp32, with and without the
-  # chunk-gradient kernel (the two sources of sum dS' . S).
-  check kimi-tail-decay ADAPT_KIMI_TAIL_DECAY_GRADIENT=1 -- kimi_delta
-  check kimi-tail-decay-fp32 ADAPT_KIMI_TAIL_DECAY_GRADIENT=1 -- kimi_delta.chunked float32
-  check kimi-tail-decay-no-chunk-grad ADAPT_KIMI_TAIL_DECAY_GRADIENT=1 ADAPT_KIMI_CHUNK_GRAD_KERNEL=0 -- kimi_delta.chunked
   # Session 48: Kimi's scores in blocks of 16 rows, an exponential per term
   # only on the diagonal blocks (opt-in), fp32 and bf16, alone and in the op.
   check kimi-subchunks ADAPT_KIMI_SCORES_SUBCHUNKS=1 -- kimi_scores float32
@@ -121,7 +120,7 @@ if [ "${PHASE:-checks}" != timings ]; then
     [ -n "${SKIP_CHECKS:-}" ] && all="kimi_scores kimi_delta.chunked"
     for only in ${MEMCHECK:-$all}; do
       ADAPT_CONV_KERNEL=1 ADAPT_GATED_NORM_KERNEL=1 ADAPT_DELTA_RULE_TRAIN_KERNEL=1 ADAPT_DELTA_RULE_BACKWARD_KERNEL=1 ADAPT_DELTA_RULE_LEAN_BACKWARD=1 \
-        ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 ADAPT_KIMI_SCORES_KERNEL=1 ADAPT_KIMI_TAIL_DECAY_GRADIENT=1 ADAPT_KIMI_SCORES_SUBCHUNKS=1 \
+        ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 ADAPT_KIMI_SCORES_KERNEL=1 ADAPT_KIMI_SCORES_SUBCHUNKS=1 \
         timeout ${MEMCHECK_TIMEOUT:-200} $SAN --tool memcheck --error-exitcode 9 $W/rt/adapt-op-check --device cuda \
         --seeds 1 --dtype bfloat16 --only $only --out $W/checks/memcheck > $W/memcheck.log 2>&1
       echo "-- memcheck $only: rc $? $(grep -m1 'ERROR SUMMARY' $W/memcheck.log)"
@@ -162,9 +161,8 @@ if [ "${PHASE:-checks}" != checks ]; then
   want kda && EXTRA=--per-channel run_shapes kda-default ADAPT_NONE=1
   want kda && EXTRA=--per-channel run_shapes kda-no-chunk-grad ADAPT_KIMI_CHUNK_GRAD_KERNEL=0 # session 47's kernel, off
   want kda && EXTRA=--per-channel run_shapes kda-one-pass ADAPT_KIMI_BACKWARD_SLICE_HEADS=1024
-  want kda && EXTRA=--per-channel run_shapes kda-tail-decay ADAPT_KIMI_TAIL_DECAY_GRADIENT=1 # session 47's opt-in
+  want kda && EXTRA=--per-channel run_shapes kda-no-tail-decay ADAPT_KIMI_TAIL_DECAY_GRADIENT=0 # session 48's default, off
   want kda && EXTRA=--per-channel run_shapes kda-subchunks ADAPT_KIMI_SCORES_SUBCHUNKS=1 # session 48's opt-in
-  want kda && EXTRA=--per-channel run_shapes kda-both-opt-ins ADAPT_KIMI_SCORES_SUBCHUNKS=1 ADAPT_KIMI_TAIL_DECAY_GRADIENT=1
   if want kda-switches; then
   EXTRA=--per-channel run_shapes kda-no-tail ADAPT_KIMI_BACKWARD_TAIL_KERNEL=0
   EXTRA=--per-channel run_shapes kda-slices-8 ADAPT_KIMI_BACKWARD_SLICE_HEADS=8

@@ -352,7 +352,7 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
 #ifdef ADAPT_WITH_CUDA_KERNELS
     if (chooseKernel("kimi_delta_rule.backward_tail", k, cuda::kimiBackwardTailEnabled(),
                      cuda::kimiBackwardTailTakes(k))) {
-      // With ADAPT_KIMI_TAIL_DECAY_GRADIENT=1 it also finishes the log
+      // By default (ADAPT_KIMI_TAIL_DECAY_GRADIENT=0: not) it also finishes the log
       // decays' gradient (decayGradient below, with dLastCum's terms).
       cuda::KimiBackwardTail tail =
           cuda::kimiBackwardTail(q, k, cum, bt, dqScores, dQueryDecayed, dKeysBeta, dkColumns, dXk, dKeysToEnd, scale,

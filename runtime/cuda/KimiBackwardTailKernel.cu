@@ -91,7 +91,7 @@ bool kimiBackwardTailEnabled() {
 }
 
 bool kimiTailDecayGradientEnabled() {
-  static const bool on = switchedOn("ADAPT_KIMI_TAIL_DECAY_GRADIENT");
+  static const bool on = !switchedOff("ADAPT_KIMI_TAIL_DECAY_GRADIENT");
   return on;
 }
 
