@@ -218,27 +218,48 @@ __device__ void scaleRowsToBlockStart(float *xs, const float *gs, int stride, in
 constexpr int kDiagonalParts = 8;      ///< Lanes that share a row's channels in the diagonal pass.
 constexpr int kSubchunkThreads = 512; ///< The forward's threads: kDiagonalParts per row at 64 rows.
 
-/// A block per chunk, kSubchunkThreads threads: P [c][c] as perChannelScoresPairsKernel,
-/// the blocks below the diagonal as products of scaled rows.
-__global__ void __launch_bounds__(kSubchunkThreads)
+/// The index of block pair (a, b), b < a, in the forward's table of
+/// per-channel factors e^{G_a0 - G_bEnd}: 0 .. 5 at four blocks.
+__host__ __device__ constexpr int blockPair(int a, int b) { return a * (a - 1) / 2 + b; }
+
+/// Copies the [rows][channels] tile at \p src into \p dst with row stride
+/// \p stride, 16-byte loads where \p channels allows, several in flight.
+__device__ __forceinline__ void loadPadded(float *dst, const float *src, int rows, int channels, int stride) {
+  if (channels % 4 == 0 && reinterpret_cast<uintptr_t>(src) % 16 == 0) {
+    const int perRow = channels / 4;
+#pragma unroll 4
+    for (int e = threadIdx.x; e < rows * perRow; e += blockDim.x) {
+      const float4 v = __ldg(reinterpret_cast<const float4 *>(src) + e);
+      float *o = dst + (e / perRow) * stride + (e % perRow) * 4;
+      o[0] = v.x, o[1] = v.y, o[2] = v.z, o[3] = v.w;
+    }
+  } else {
+    for (int e = threadIdx.x; e < rows * channels; e += blockDim.x)
+      dst[(e / channels) * stride + e % channels] = __ldg(src + e);
+  }
+}
+
+/// A block per chunk, kSubchunkThreads threads, two blocks an SM: P [c][c]
+/// as perChannelScoresPairsKernel. Below the diagonal the rows are scaled
+/// in place, queries to their block's first row (x_t e^{G_t - G_a0}) and
+/// keys to their block's last (y_i e^{G_bEnd - G_i}), and block (a, b)
+/// is their product through the table e^{G_a0 - G_bEnd}: three factors
+/// <= 1 whose product is e^{G_t - G_i}.
+__global__ void __launch_bounds__(kSubchunkThreads, 2)
     perChannelScoresSubchunkKernel(const float *x, const float *y, const float *cum, int chunk, int channels,
                                    float *out) {
   extern __shared__ __align__(16) float smem[];
   const int stride = channels + 1; // rows in distinct banks for the product pass
-  float *xs = smem, *ys = xs + chunk * stride, *gs = ys + chunk * stride, *yhat = gs + chunk * stride;
+  float *xs = smem, *ys = xs + chunk * stride, *gs = ys + chunk * stride, *between = gs + chunk * stride;
   const int64_t item = blockIdx.x, base = item * chunk * channels;
-  for (int e = threadIdx.x; e < chunk * channels; e += blockDim.x) {
-    const int r = e / channels, d = e % channels;
-    xs[r * stride + d] = x[base + e];
-    ys[r * stride + d] = y[base + e];
-    gs[r * stride + d] = cum[base + e];
-  }
+  loadPadded(xs, x + base, chunk, channels, stride);
+  loadPadded(ys, y + base, chunk, channels, stride);
+  loadPadded(gs, cum + base, chunk, channels, stride);
   float *o = out + item * chunk * chunk;
   for (int p = threadIdx.x; p < chunk * chunk; p += blockDim.x)
     if (p % chunk > p / chunk)
       o[p] = 0.0f;
   __syncthreads();
-  scaleKeysToBlockRows(ys, gs, stride, chunk, channels, yhat);
   // The diagonal blocks: kDiagonalParts consecutive lanes per query row t,
   // each over channels part, part + 8, ...; x_t and G_t held in registers
   // across the keys i in [a0, t]; the parts' sums meet by shuffles.
@@ -268,32 +289,47 @@ __global__ void __launch_bounds__(kSubchunkThreads)
         o[t * chunk + i] = sum;
     }
   }
-  __syncthreads(); // the diagonal pass read the unscaled queries
-  scaleRowsToBlockStart(xs, gs, stride, chunk, channels);
+  __syncthreads(); // the diagonal pass read the unscaled rows
+  const int blocks = (chunk + kSub - 1) / kSub;
+  for (int e = threadIdx.x; e < chunk * channels; e += blockDim.x) {
+    const int t = e / channels, d = e % channels, a0 = t / kSub * kSub;
+    const float g = gs[t * stride + d];
+    if (a0 > 0) // a query of a block with blocks before it
+      xs[t * stride + d] *= __expf(g - gs[a0 * stride + d]);
+    if (a0 + kSub < chunk) // a key of a block with blocks after it
+      ys[t * stride + d] *= __expf(gs[(a0 + kSub - 1) * stride + d] - g);
+  }
+  for (int e = threadIdx.x; e < blockPair(blocks, 0) * channels; e += blockDim.x) {
+    const int pair = e / channels, d = e % channels;
+    int a = 1;
+    while (blockPair(a + 1, 0) <= pair)
+      ++a;
+    const int b = pair - blockPair(a, 0);
+    between[e] = __expf(gs[a * kSub * stride + d] - gs[(b * kSub + kSub - 1) * stride + d]);
+  }
   __syncthreads();
   // Below the diagonal: each half of the block takes block rows, the first
-  // the last one (a keys a thread), the second the others, from a - 1 down
-  // (at 64 rows: 3 against 2 + 1); a thread per (row, column q of 16), the
-  // keys q, q + 16, ... < a0, one scaled query row against a scaled keys.
-  const int blocks = (chunk + kSub - 1) / kSub, half = threadIdx.x / (kSubchunkThreads / 2);
-  const int unit = threadIdx.x % (kSubchunkThreads / 2), q = unit % kSub;
+  // the last one (a key blocks a thread), the second the others, from
+  // a - 1 down (at 64 rows: 3 against 2 + 1); a thread per (row, column q
+  // of 16), the keys q, q + 16, ... < a0.
+  const int half = threadIdx.x / (kSubchunkThreads / 2), unit = threadIdx.x % (kSubchunkThreads / 2), q = unit % kSub;
   for (int a = blocks - 1 - half; a >= 1; a = half == 0 ? 0 : a - 1) {
     const int t = a * kSub + unit / kSub;
     if (t >= chunk)
       continue;
-    const float *keys = yhat + scaledKeysRow(a) * stride;
+    const float *factors = between + blockPair(a, 0) * channels;
     float sums[kMaxChunk / kSub - 1] = {};
     for (int d = 0; d < channels; ++d) {
       const float xv = xs[t * stride + d];
 #pragma unroll
-      for (int j = 0; j < kMaxChunk / kSub - 1; ++j)
-        if (j < a)
-          sums[j] += xv * keys[(q + j * kSub) * stride + d];
+      for (int b = 0; b < kMaxChunk / kSub - 1; ++b)
+        if (b < a)
+          sums[b] += xv * factors[b * channels + d] * ys[(b * kSub + q) * stride + d];
     }
 #pragma unroll
-    for (int j = 0; j < kMaxChunk / kSub - 1; ++j)
-      if (j < a)
-        o[t * chunk + q + j * kSub] = sums[j];
+    for (int b = 0; b < kMaxChunk / kSub - 1; ++b)
+      if (b < a)
+        o[t * chunk + b * kSub + q] = sums[b];
   }
 }
 
@@ -302,7 +338,8 @@ __global__ void __launch_bounds__(kSubchunkThreads)
 /// two cotangents sharing y and G), the blocks below the diagonal through
 /// scaled rows: dx_t gains e^{G_t - G_a0} sum_{i < a0} g_ti yhat_i, and dy_i
 /// gains, for each later block row a, e^{G_a0 - G_i} sum_{t in a} g_ti xhat_t.
-/// dy's diagonal part goes to memory first and its thread adds the rest.
+/// dy's diagonal part goes to memory first and its thread adds the rest
+/// (each element has one writer).
 template <bool Paired>
 __global__ void __launch_bounds__(Paired ? kPairedThreads : kThreads)
     perChannelScoresSubchunkBackwardKernel(const float *gradA, const float *xA, const float *gradB, const float *xB,
@@ -339,11 +376,24 @@ __global__ void __launch_bounds__(Paired ? kPairedThreads : kThreads)
     if (a0 > 0) { // dx_r's earlier blocks, through the keys scaled to a0
       const float *keys = yhat + scaledKeysRow(a0 / kSub) * channels;
       float sa = 0.0f, sb = 0.0f;
-      for (int i = 0; i < a0; ++i) {
-        const float k = keys[i * channels + d];
-        sa += pa[r * chunk + i] * k;
-        if constexpr (Paired)
-          sb += pb[r * chunk + i] * k;
+      if (chunk % 4 == 0) { // g's row four keys a load (a broadcast across the warp)
+        for (int i = 0; i < a0; i += 4) {
+          const float4 ga = *reinterpret_cast<const float4 *>(pa + r * chunk + i);
+          const float k0 = keys[i * channels + d], k1 = keys[(i + 1) * channels + d];
+          const float k2 = keys[(i + 2) * channels + d], k3 = keys[(i + 3) * channels + d];
+          sa += ga.x * k0 + ga.y * k1 + ga.z * k2 + ga.w * k3;
+          if constexpr (Paired) {
+            const float4 gb = *reinterpret_cast<const float4 *>(pb + r * chunk + i);
+            sb += gb.x * k0 + gb.y * k1 + gb.z * k2 + gb.w * k3;
+          }
+        }
+      } else {
+        for (int i = 0; i < a0; ++i) {
+          const float k = keys[i * channels + d];
+          sa += pa[r * chunk + i] * k;
+          if constexpr (Paired)
+            sb += pb[r * chunk + i] * k;
+        }
       }
       const float back = __expf(gr - gs[a0 * channels + d]);
       dxa += back * sa;
@@ -379,8 +429,8 @@ __global__ void __launch_bounds__(Paired ? kPairedThreads : kThreads)
       }
       dy += __expf(gs[a0 * channels + d] - gr) * s;
     }
-    if (blockOfR + 1 < blocks)
-      gradY[base + r * channels + d] += dy;
+    if (blockOfR + 1 < blocks) // a reduction without a return: no wait on the row written above
+      atomicAdd(gradY + base + r * channels + d, dy);
   }
 }
 
@@ -435,8 +485,9 @@ at::Tensor perChannelScores(const at::Tensor &xIn, const at::Tensor &yIn, const 
   static const bool pairs = !switchedOff("ADAPT_KIMI_SCORES_PAIRS");
   const bool subchunks = scoresSubchunksEnabled();
   const auto kernel = subchunks ? perChannelScoresSubchunkKernel : pairs ? perChannelScoresPairsKernel : perChannelScoresKernel;
-  const size_t rows = 3 * size_t(chunk) + (subchunks ? scaledKeysRow((chunk + kSub - 1) / kSub) : 0);
-  const size_t bytes = rows * (channels + (pairs || subchunks ? 1 : 0)) * sizeof(float);
+  const size_t bytes = (3 * size_t(chunk) * (channels + (pairs || subchunks ? 1 : 0)) +
+                        (subchunks ? size_t(blockPair((chunk + kSub - 1) / kSub, 0)) * channels : 0)) *
+                       sizeof(float);
   allowBytes(kernel, bytes);
   kernel<<<static_cast<unsigned>(items), subchunks ? kSubchunkThreads : kThreads, bytes,
            at::cuda::getCurrentCUDAStream()>>>(x.data_ptr<float>(), y.data_ptr<float>(), cum.data_ptr<float>(), chunk,
