@@ -118,6 +118,34 @@ __global__ void __launch_bounds__(kThreads)
 
 constexpr int kPairedThreads = 512;
 
+/// The backward kernels' operands of chunk \p item in shared memory: x (and
+/// with \p Paired the second x), y and G [c][dk], the cotangents [c][c];
+/// \p end is the first float after them.
+struct BackwardTiles {
+  float *xa, *xb, *y, *g, *pa, *pb, *end;
+};
+
+/// Fills BackwardTiles from \p smem (behind the caller's barrier).
+template <bool Paired>
+__device__ BackwardTiles loadBackwardTiles(float *smem, const float *gradA, const float *xA, const float *gradB,
+                                           const float *xB, const float *y, const float *cum, int chunk, int channels,
+                                           int64_t item) {
+  const int tile = chunk * channels;
+  BackwardTiles s;
+  s.xa = smem, s.xb = s.xa + (Paired ? tile : 0), s.y = s.xb + tile, s.g = s.y + tile;
+  s.pa = s.g + tile, s.pb = s.pa + (Paired ? chunk * chunk : 0), s.end = s.pb + chunk * chunk;
+  const int64_t base = item * tile;
+  copyFloats(s.xa, xA + base, tile);
+  copyFloats(s.y, y + base, tile);
+  copyFloats(s.g, cum + base, tile);
+  copyFloats(s.pa, gradA + item * chunk * chunk, chunk * chunk);
+  if constexpr (Paired) {
+    copyFloats(s.xb, xB + base, tile);
+    copyFloats(s.pb, gradB + item * chunk * chunk, chunk * chunk);
+  }
+  return s;
+}
+
 /// A block per chunk: dx and dy [c][dk] from g [c][c]. A thread per
 /// (channel, row), rows strided by blockDim / channels; g's row is the same
 /// across a warp (a broadcast read), the channels consecutive. With
@@ -132,18 +160,9 @@ __global__ void __launch_bounds__(Paired ? kPairedThreads : kThreads)
                                    const float *y, const float *cum, int chunk, int channels, float *gradXA,
                                    float *gradXB, float *gradY) {
   extern __shared__ __align__(16) float smem[];
-  const int tile = chunk * channels;
-  float *xas = smem, *xbs = xas + (Paired ? tile : 0), *ys = xbs + tile, *gs = ys + tile;
-  float *pa = gs + tile, *pb = pa + (Paired ? chunk * chunk : 0);
-  const int64_t item = blockIdx.x, base = item * tile;
-  copyFloats(xas, xA + base, tile);
-  copyFloats(ys, y + base, tile);
-  copyFloats(gs, cum + base, tile);
-  copyFloats(pa, gradA + item * chunk * chunk, chunk * chunk);
-  if constexpr (Paired) {
-    copyFloats(xbs, xB + base, tile);
-    copyFloats(pb, gradB + item * chunk * chunk, chunk * chunk);
-  }
+  const BackwardTiles s = loadBackwardTiles<Paired>(smem, gradA, xA, gradB, xB, y, cum, chunk, channels, blockIdx.x);
+  const float *xas = s.xa, *xbs = s.xb, *ys = s.y, *gs = s.g, *pa = s.pa, *pb = s.pb;
+  const int64_t base = int64_t(blockIdx.x) * chunk * channels;
   __syncthreads();
   const int rowsAtOnce = blockDim.x / channels, d = threadIdx.x % channels;
   if (threadIdx.x >= rowsAtOnce * channels)
@@ -346,18 +365,10 @@ __global__ void __launch_bounds__(Paired ? kPairedThreads : kThreads)
                                            const float *y, const float *cum, int chunk, int channels, float *gradXA,
                                            float *gradXB, float *gradY) {
   extern __shared__ __align__(16) float smem[];
-  const int tile = chunk * channels;
-  float *xas = smem, *xbs = xas + (Paired ? tile : 0), *ys = xbs + tile, *gs = ys + tile;
-  float *pa = gs + tile, *pb = pa + (Paired ? chunk * chunk : 0), *yhat = pb + chunk * chunk;
-  const int64_t item = blockIdx.x, base = item * tile;
-  copyFloats(xas, xA + base, tile);
-  copyFloats(ys, y + base, tile);
-  copyFloats(gs, cum + base, tile);
-  copyFloats(pa, gradA + item * chunk * chunk, chunk * chunk);
-  if constexpr (Paired) {
-    copyFloats(xbs, xB + base, tile);
-    copyFloats(pb, gradB + item * chunk * chunk, chunk * chunk);
-  }
+  const BackwardTiles s = loadBackwardTiles<Paired>(smem, gradA, xA, gradB, xB, y, cum, chunk, channels, blockIdx.x);
+  float *xas = s.xa, *xbs = s.xb, *yhat = s.end;
+  const float *ys = s.y, *gs = s.g, *pa = s.pa, *pb = s.pb;
+  const int64_t base = int64_t(blockIdx.x) * chunk * channels;
   __syncthreads();
   scaleKeysToBlockRows(ys, gs, channels, chunk, channels, yhat);
   __syncthreads();
