@@ -7,7 +7,9 @@
 #      checks (kimi_scores fp32, kimi_delta bf16, kimi_delta.chunked fp32),
 #      memcheck, KDA forward + backward at the issue's three shapes with it
 #      off and on, and the scores kernels' profile at 8K;
-#   2. GDN's profile at 1 x 32 x 32K (where fla's forward is ahead);
+#   2. Kimi's backward terms in one pass (ADAPT_KIMI_FUSED_TERMS=1): op checks
+#      (kimi_delta bf16, kimi_delta.chunked fp32) and KDA at the three shapes;
+#      then GDN's profile at 1 x 32 x 32K (where fla's forward is ahead);
 #   3. the experts' by-token gradient rows (ADAPT_EXPERT_GRAD_ROWS_BY_TOKEN=1):
 #      the `expert` op checks in bf16 and fp32;
 #   4. fla 0.6's KDA at the three shapes (carry .whl and .fla-cache-parts),
@@ -39,9 +41,9 @@ opcheck $SUB kimi_scores float32
 opcheck $SUB kimi_delta bfloat16
 opcheck $SUB kimi_delta.chunked float32
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
-[ -n "$SAN" ] && { env $SUB timeout 100 $SAN --tool memcheck --error-exitcode 9 $W/rt/adapt-op-check --device cuda \
-  --seeds 1 --only kimi_scores --out $W/waiting-memcheck > $W/waiting-memcheck.log 2>&1
-  log "-- memcheck kimi_scores, $SUB: rc $? $(grep -m1 'ERROR SUMMARY' $W/waiting-memcheck.log)"; }
+[ -n "$SAN" ] && { env $SUB ADAPT_KIMI_FUSED_TERMS=1 timeout 100 $SAN --tool memcheck --error-exitcode 9 $W/rt/adapt-op-check --device cuda \
+  --seeds 1 --only kimi_delta.chunked --out $W/waiting-memcheck > $W/waiting-memcheck.log 2>&1
+  log "-- memcheck kimi_delta.chunked, $SUB ADAPT_KIMI_FUSED_TERMS=1: rc $? $(grep -m1 'ERROR SUMMARY' $W/waiting-memcheck.log)"; }
 for shape in "1 32 8192" "1 32 32768" "4 16 4096"; do
   for s in 0 1; do
     log "subchunks=$s $(ADAPT_KIMI_SCORES_SUBCHUNKS=$s timeout 60 $W/lc/long_context --delta-rule $shape 128 128 \
@@ -52,6 +54,12 @@ for s in 0 1; do
   ADAPT_KIMI_SCORES_SUBCHUNKS=$s timeout 60 $W/lc/long_context --delta-rule 1 32 8192 128 128 --per-channel \
     --profile $W/waiting-kda$s > /dev/null 2>&1
   log "== KDA 8K profile, subchunks=$s"; log "$(kernels $W/waiting-kda$s/profile/trace.json 8 | grep -i 'scores\|kernel time')"
+done
+TERMS=ADAPT_KIMI_FUSED_TERMS=1
+opcheck $TERMS kimi_delta bfloat16
+opcheck $TERMS kimi_delta.chunked float32
+for shape in "1 32 8192" "1 32 32768" "4 16 4096"; do
+  log "fused-terms $(env $TERMS timeout 60 $W/lc/long_context --delta-rule $shape 128 128 --per-channel --iters 5 2>&1 | tail -1)"
 done
 timeout 60 $W/lc/long_context --delta-rule 1 32 32768 128 128 --profile $W/waiting-gdn > /dev/null 2>&1
 log "== GDN 32K profile"; log "$(kernels $W/waiting-gdn/profile/trace.json 10)"

@@ -15,6 +15,7 @@
 #include "runtime/cuda/KimiBackwardTailKernel.h"
 #include "runtime/cuda/KimiChunkGradKernel.h"
 #include "runtime/cuda/KimiDeltaKernel.h"
+#include "runtime/cuda/KimiTermsKernel.h"
 #include "runtime/cuda/PerChannelScoresKernel.h"
 #endif
 
@@ -180,12 +181,36 @@ struct KimiTerms {
   Tensor toEnd;     ///< e^{G_last - G}.
   Tensor keysWeighted; ///< Xk = b k e^G.
   Tensor keysToEnd;    ///< Kd = k e^{G_last - G}.
+  Tensor keysBeta;     ///< k b (the backward's only).
+  Tensor queryDecayed; ///< Qd = q e^G (the backward's only).
+  /// The forward's terms.
   KimiTerms(const Tensor &k, const Tensor &beta, const Tensor &cum) {
     gamma = cum.exp();
     last = cum.narrow(3, cum.size(3) - 1, 1);
     toEnd = (last - cum).exp();
     keysWeighted = k * beta * gamma;
     keysToEnd = k * toEnd;
+  }
+  /// The backward's terms, with k b and q e^G: on a GPU in one kernel pass
+  /// when ADAPT_KIMI_FUSED_TERMS=1 (cuda::kimiFusedTerms, the same products
+  /// in the same order), else these nine LibTorch passes.
+  KimiTerms(const Tensor &q, const Tensor &k, const Tensor &beta, const Tensor &cum) {
+    last = cum.narrow(3, cum.size(3) - 1, 1);
+#ifdef ADAPT_WITH_CUDA_KERNELS
+    if (chooseKernel("kimi_delta_rule.backward_terms", k, cuda::kimiFusedTermsEnabled(),
+                     cuda::kimiFusedTermsTake(q, k, beta, cum))) {
+      cuda::KimiTermTensors t = cuda::kimiFusedTerms(q, k, beta, cum);
+      gamma = t.gamma, toEnd = t.toEnd, keysBeta = t.keysBeta, keysWeighted = t.keysWeighted;
+      keysToEnd = t.keysToEnd, queryDecayed = t.queryDecayed;
+      return;
+    }
+#endif
+    gamma = cum.exp();
+    toEnd = (last - cum).exp();
+    keysBeta = k * beta;
+    keysWeighted = keysBeta * gamma;
+    keysToEnd = k * toEnd;
+    queryDecayed = q * gamma;
   }
   /// diag(e^{G_last}) - Kd^T W, the chunk's state transition [b, h, n, dk, dk].
   Tensor transition(const Tensor &w) const {
@@ -288,8 +313,9 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     const Tensor cum = toChunks(saved[3], c).cumsum(3), bt = toChunks(saved[4].unsqueeze(-1), c);
     const int64_t b = k.size(0), h = k.size(1), dk = k.size(4), dv = v.size(4);
     const Masks m(c, k.device());
-    const KimiTerms terms(k, bt, cum);
-    Tensor xv = v * bt, queryDecayed = q * terms.gamma;
+    const KimiTerms terms(q, k, bt, cum);
+    const Tensor xv = v * bt;
+    const Tensor &queryDecayed = terms.queryDecayed;
     Tensor w = torch::matmul(inverse, terms.keysWeighted);
     Tensor dOut = grads[0].defined() ? toChunks(grads[0], c) : torch::zeros(savedNewValues.sizes(), k.options());
     Tensor dLast = grads[1].defined() ? grads[1].to(torch::kFloat32).reshape({b * h, dk, dv})
@@ -342,7 +368,7 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     // k: the latter's x gradient gives k's row term (times b) and b's term
     // (its dot with k), so the key pairs P_kk themselves (a scores pass) are
     // never rebuilt. Only the sum of the two key-column gradients is needed.
-    const PairedScoreGradients scoreGrads = pairedDecayedScoresBackward(dScores, q, dSystem, k * bt, k, cum);
+    const PairedScoreGradients scoreGrads = pairedDecayedScoresBackward(dScores, q, dSystem, terms.keysBeta, k, cum);
     const Tensor &dqScores = scoreGrads.xA, &dKeysBeta = scoreGrads.xB, &dkColumns = scoreGrads.y;
 
     // The sums of products into dq, dk, dG and beta's key terms: one kernel

@@ -1,0 +1,48 @@
+//===- KimiTermsKernel.h - Kimi's backward terms in one pass -----*- C++ -*-===//
+//
+// The start of Kimi delta attention's backward (runtime/KimiDeltaFunction.cpp)
+// derives six fp32 chunk tensors [b, h, n, 64, 128] from q, k, beta and the
+// chunk's cumulative log decays G: e^G, e^{G_last - G}, k b, k b e^G,
+// k e^{G_last - G} and q e^G. LibTorch does that in nine elementwise passes
+// (two exponentials, seven products, each writing its own tensor and most
+// reading two): at 1 x 32 heads x 8K, ~1 ms of the 11.3 ms step on an H100
+// (session 48's profile). One kernel reads q, k, beta and G once and writes
+// the six, 16 bytes an access. Written in session 48 without a GPU: opt-in
+// (ADAPT_KIMI_FUSED_TERMS=1) until the kimi_delta op checks run with it.
+//
+//===----------------------------------------------------------------------===//
+
+#ifndef ADAPT_RUNTIME_CUDA_KIMITERMSKERNEL_H
+#define ADAPT_RUNTIME_CUDA_KIMITERMSKERNEL_H
+
+#include <ATen/core/Tensor.h>
+
+namespace adapt::rt::cuda {
+
+/// Whether the Kimi node's backward derives its terms with the kernel
+/// (ADAPT_KIMI_FUSED_TERMS=1; opt-in until checked on a GPU).
+bool kimiFusedTermsEnabled();
+
+/// Whether the kernel takes these: CUDA fp32 contiguous \p query, \p key and
+/// \p cum alike [.., c, d] with d a multiple of 4, \p beta [.., c, 1].
+bool kimiFusedTermsTake(const at::Tensor &query, const at::Tensor &key, const at::Tensor &beta,
+                        const at::Tensor &cum);
+
+/// The terms, fp32 and shaped like \p key.
+struct KimiTermTensors {
+  at::Tensor gamma;        ///< e^G
+  at::Tensor toEnd;        ///< e^{G_last - G}, G_last the chunk's last row
+  at::Tensor keysBeta;     ///< k b
+  at::Tensor keysWeighted; ///< (k b) e^G
+  at::Tensor keysToEnd;    ///< k e^{G_last - G}
+  at::Tensor queryDecayed; ///< q e^G
+};
+
+/// The terms of \p query, \p key, \p beta and \p cum in one pass (each
+/// product in the composition's order, exponentials as torch.exp's expf).
+KimiTermTensors kimiFusedTerms(const at::Tensor &query, const at::Tensor &key, const at::Tensor &beta,
+                               const at::Tensor &cum);
+
+} // namespace adapt::rt::cuda
+
+#endif // ADAPT_RUNTIME_CUDA_KIMITERMSKERNEL_H
