@@ -146,6 +146,22 @@ __device__ BackwardTiles loadBackwardTiles(float *smem, const float *gradA, cons
   return s;
 }
 
+/// dy_r's pairwise terms at channel \p d: sum over queries r <= t < \p endQuery
+/// of (gA_tr xA_t + gB_tr xB_t) e^{G_t - G_r}, an exponential each (both
+/// backward kernels; the sub-chunk one over the diagonal block only).
+template <bool Paired>
+__device__ __forceinline__ float queriesTerm(const BackwardTiles &s, int r, int d, int endQuery, int chunk,
+                                             int channels, float gr) {
+  float dy = 0.0f;
+  for (int t = r; t < endQuery; ++t) {
+    float term = s.pa[t * chunk + r] * s.xa[t * channels + d];
+    if constexpr (Paired)
+      term += s.pb[t * chunk + r] * s.xb[t * channels + d];
+    dy += term * __expf(s.g[t * channels + d] - gr);
+  }
+  return dy;
+}
+
 /// A block per chunk: dx and dy [c][dk] from g [c][c]. A thread per
 /// (channel, row), rows strided by blockDim / channels; g's row is the same
 /// across a warp (a broadcast read), the channels consecutive. With
@@ -161,7 +177,7 @@ __global__ void __launch_bounds__(Paired ? kPairedThreads : kThreads)
                                    float *gradXB, float *gradY) {
   extern __shared__ __align__(16) float smem[];
   const BackwardTiles s = loadBackwardTiles<Paired>(smem, gradA, xA, gradB, xB, y, cum, chunk, channels, blockIdx.x);
-  const float *xas = s.xa, *xbs = s.xb, *ys = s.y, *gs = s.g, *pa = s.pa, *pb = s.pb;
+  const float *ys = s.y, *gs = s.g, *pa = s.pa, *pb = s.pb;
   const int64_t base = int64_t(blockIdx.x) * chunk * channels;
   __syncthreads();
   const int rowsAtOnce = blockDim.x / channels, d = threadIdx.x % channels;
@@ -176,12 +192,7 @@ __global__ void __launch_bounds__(Paired ? kPairedThreads : kThreads)
       if constexpr (Paired)
         dxb += pb[r * chunk + i] * ye;
     }
-    for (int t = r; t < chunk; ++t) { // dy_r: queries t >= r
-      float term = pa[t * chunk + r] * xas[t * channels + d];
-      if constexpr (Paired)
-        term += pb[t * chunk + r] * xbs[t * channels + d];
-      dy += term * __expf(gs[t * channels + d] - gr);
-    }
+    dy += queriesTerm<Paired>(s, r, d, chunk, chunk, channels, gr); // dy_r: queries t >= r
     gradXA[base + r * channels + d] = dxa;
     if constexpr (Paired)
       gradXB[base + r * channels + d] = dxb;
@@ -410,12 +421,7 @@ __global__ void __launch_bounds__(Paired ? kPairedThreads : kThreads)
       dxa += back * sa;
       dxb += back * sb;
     }
-    for (int t = r; t < end; ++t) { // dy_r's diagonal block: queries r <= t < end
-      float term = pa[t * chunk + r] * xas[t * channels + d];
-      if constexpr (Paired)
-        term += pb[t * chunk + r] * xbs[t * channels + d];
-      dy += term * __expf(gs[t * channels + d] - gr);
-    }
+    dy += queriesTerm<Paired>(s, r, d, end, chunk, channels, gr); // dy_r's diagonal block
     gradXA[base + r * channels + d] = dxa;
     if constexpr (Paired)
       gradXB[base + r * channels + d] = dxb;
@@ -432,13 +438,13 @@ __global__ void __launch_bounds__(Paired ? kPairedThreads : kThreads)
     float dy = 0.0f;
     for (int a = blockOfR + 1; a < blocks; ++a) { // later block rows: queries scaled to a0
       const int a0 = a * kSub, end = min(a0 + kSub, chunk);
-      float s = 0.0f;
+      float sum = 0.0f;
       for (int t = a0; t < end; ++t) {
-        s += pa[t * chunk + r] * xas[t * channels + d];
+        sum += pa[t * chunk + r] * xas[t * channels + d];
         if constexpr (Paired)
-          s += pb[t * chunk + r] * xbs[t * channels + d];
+          sum += pb[t * chunk + r] * xbs[t * channels + d];
       }
-      dy += __expf(gs[a0 * channels + d] - gr) * s;
+      dy += __expf(gs[a0 * channels + d] - gr) * sum;
     }
     if (blockOfR + 1 < blocks) // a reduction without a return: no wait on the row written above
       atomicAdd(gradY + base + r * channels + d, dy);
