@@ -181,24 +181,17 @@ struct KimiTerms {
   Tensor toEnd;     ///< e^{G_last - G}.
   Tensor keysWeighted; ///< Xk = b k e^G.
   Tensor keysToEnd;    ///< Kd = k e^{G_last - G}.
-  Tensor keysBeta;     ///< k b (the backward's only).
-  Tensor queryDecayed; ///< Qd = q e^G (the backward's only).
-  /// The forward's terms.
-  KimiTerms(const Tensor &k, const Tensor &beta, const Tensor &cum) {
-    gamma = cum.exp();
-    last = cum.narrow(3, cum.size(3) - 1, 1);
-    toEnd = (last - cum).exp();
-    keysWeighted = k * beta * gamma;
-    keysToEnd = k * toEnd;
-  }
-  /// The backward's terms, with k b and q e^G: on a GPU in one kernel pass
-  /// when ADAPT_KIMI_FUSED_TERMS=1 (cuda::kimiFusedTerms, the same products
-  /// in the same order), else these nine LibTorch passes.
+  Tensor keysBeta;     ///< k b.
+  Tensor queryDecayed; ///< Qd = q e^G (when a query was given: the backward's).
+  /// The terms of \p k, \p beta and \p cum, and q e^G when \p q is defined:
+  /// on a GPU in one kernel pass when ADAPT_KIMI_FUSED_TERMS=1 and q is given
+  /// (cuda::kimiFusedTerms, the same products in the same order), else
+  /// LibTorch's passes.
   KimiTerms(const Tensor &q, const Tensor &k, const Tensor &beta, const Tensor &cum) {
     last = cum.narrow(3, cum.size(3) - 1, 1);
 #ifdef ADAPT_WITH_CUDA_KERNELS
-    if (chooseKernel("kimi_delta_rule.backward_terms", k, cuda::kimiFusedTermsEnabled(),
-                     cuda::kimiFusedTermsTake(q, k, beta, cum))) {
+    if (q.defined() && chooseKernel("kimi_delta_rule.backward_terms", k, cuda::kimiFusedTermsEnabled(),
+                                    cuda::kimiFusedTermsTake(q, k, beta, cum))) {
       cuda::KimiTermTensors t = cuda::kimiFusedTerms(q, k, beta, cum);
       gamma = t.gamma, toEnd = t.toEnd, keysBeta = t.keysBeta, keysWeighted = t.keysWeighted;
       keysToEnd = t.keysToEnd, queryDecayed = t.queryDecayed;
@@ -210,7 +203,8 @@ struct KimiTerms {
     keysBeta = k * beta;
     keysWeighted = keysBeta * gamma;
     keysToEnd = k * toEnd;
-    queryDecayed = q * gamma;
+    if (q.defined())
+      queryDecayed = q * gamma;
   }
   /// diag(e^{G_last}) - Kd^T W, the chunk's state transition [b, h, n, dk, dk].
   Tensor transition(const Tensor &w) const {
@@ -245,8 +239,8 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
 #endif
     Tensor q = toChunks(query, chunk) * scale, k = toChunks(key, chunk), v = toChunks(value, chunk);
     Tensor bt = toChunks(beta.unsqueeze(-1), chunk), cum = toChunks(decay, chunk).cumsum(3);
-    const KimiTerms terms(k, bt, cum);
-    Tensor system = perChannelDecayedScores(k * bt, k, cum); // its diagonal is ignored: unit triangular
+    const KimiTerms terms(Tensor(), k, bt, cum);
+    Tensor system = perChannelDecayedScores(terms.keysBeta, k, cum); // its diagonal is ignored: unit triangular
     Tensor inverse = torch::linalg_solve_triangular(system, torch::eye(chunk, system.options()), /*upper=*/false,
                                                     /*left=*/true, /*unitriangular=*/true);
     Tensor w = torch::matmul(inverse, terms.keysWeighted), u = torch::matmul(inverse, v * bt);
@@ -378,7 +372,7 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
 #ifdef ADAPT_WITH_CUDA_KERNELS
     if (chooseKernel("kimi_delta_rule.backward_tail", k, cuda::kimiBackwardTailEnabled(),
                      cuda::kimiBackwardTailTakes(k))) {
-      // By default (ADAPT_KIMI_TAIL_DECAY_GRADIENT=0: not) it also finishes the log
+      // Unless ADAPT_KIMI_TAIL_DECAY_GRADIENT=0 it also finishes the log
       // decays' gradient (decayGradient below, with dLastCum's terms).
       cuda::KimiBackwardTail tail =
           cuda::kimiBackwardTail(q, k, cum, bt, dqScores, dQueryDecayed, dKeysBeta, dkColumns, dXk, dKeysToEnd, scale,
