@@ -9,6 +9,8 @@
 #      off and on, and the scores kernels' profile at 8K;
 #   2. Kimi's backward terms in one pass (ADAPT_KIMI_FUSED_TERMS=1): op checks
 #      (kimi_delta bf16, kimi_delta.chunked fp32) and KDA at the three shapes;
+#      the output scores saved for the backward (ADAPT_KIMI_SAVED_SCORES=1):
+#      kimi_delta bf16 checks and KDA at the three shapes;
 #      then GDN's profile at 1 x 32 x 32K (where fla's forward is ahead);
 #   3. the experts' by-token gradient rows (ADAPT_EXPERT_GRAD_ROWS_BY_TOKEN=1):
 #      the `expert` op checks in bf16 and fp32;
@@ -60,6 +62,11 @@ opcheck $TERMS kimi_delta bfloat16
 opcheck $TERMS kimi_delta.chunked float32
 for shape in "1 32 8192" "1 32 32768" "4 16 4096"; do
   log "fused-terms $(env $TERMS timeout 60 $W/lc/long_context --delta-rule $shape 128 128 --per-channel --iters 5 2>&1 | tail -1)"
+done
+SAVED=ADAPT_KIMI_SAVED_SCORES=1
+opcheck $SAVED kimi_delta bfloat16
+for shape in "1 32 8192" "1 32 32768" "4 16 4096"; do
+  log "saved-scores $(env $SAVED timeout 60 $W/lc/long_context --delta-rule $shape 128 128 --per-channel --iters 5 2>&1 | tail -1)"
 done
 timeout 60 $W/lc/long_context --delta-rule 1 32 32768 128 128 --profile $W/waiting-gdn > /dev/null 2>&1
 log "== GDN 32K profile"; log "$(kernels $W/waiting-gdn/profile/trace.json 10)"

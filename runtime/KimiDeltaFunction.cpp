@@ -233,7 +233,8 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
       const int64_t n = kept.states.size(1);
       ctx->saved_data["kernels"] = true;
       ctx->save_for_backward({query, key, value, decay, beta, kept.inverse.view({b, h, n, chunk, chunk}),
-                              kept.states.view({b, h, n, dk, dv}), kept.newValues.view({b, h, n, chunk, dv})});
+                              kept.states.view({b, h, n, dk, dv}), kept.newValues.view({b, h, n, chunk, dv}),
+                              kept.scores.defined() ? kept.scores.view({b, h, n, chunk, chunk}) : Tensor()});
       return {out, last.view({b, h, dk, dv})};
     }
 #endif
@@ -315,8 +316,11 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     Tensor dLast = grads[1].defined() ? grads[1].to(torch::kFloat32).reshape({b * h, dk, dv})
                                       : torch::zeros({b * h, dk, dv}, k.options());
 
-    // The state's gradient from the last chunk back: dS = M^T dS' + Qd^T dO - W^T P^T dO.
-    Tensor localNew = torch::matmul(transposed(perChannelDecayedScores(q, k, cum)), dOut); // P^T dO
+    // The state's gradient from the last chunk back: dS = M^T dS' + Qd^T dO - W^T P^T dO,
+    // P the forward kernel's scores where it saved them (kimiSavedScoresEnabled), else rebuilt.
+    const bool scoresSaved = saved.size() > 8 && saved[8].defined();
+    Tensor localNew = torch::matmul(
+        transposed(scoresSaved ? saved[8].to(torch::kFloat32) : perChannelDecayedScores(q, k, cum)), dOut); // P^T dO
     // The chunk gradients through O = Qd S + P V_new, S' = diag(e^{G_last})
     // S + Kd^T V_new, V_new = U - W S, W = T Xk, U = T Xv and T = (I + A)^-1
     // with A = strictly-lower(diag(b) P_kk); leavingDotState = sum_v dS' . S.

@@ -202,10 +202,12 @@ __global__ void __launch_bounds__(256)
 }
 
 /// Kernel 3, a block (256 threads) per (chunk, b·h): the chunk's output
-/// rows, (q scale e^G) S_n + causal(scale sum_d q_td k_id e^{G_td - G_id}) V_new.
+/// rows, (q scale e^G) S_n + causal(scale sum_d q_td k_id e^{G_td - G_id}) V_new;
+/// the causal scores as it used them (bf16 [B·H, n·64, 64]) to \p scoresOut
+/// when given.
 __global__ void __launch_bounds__(256)
     kimiOutputKernel(Strided query, Strided key, const bf16 *states, const bf16 *newValues, const float *cum,
-                     int64_t tokens, float scale, bf16 *out, bool pairsPerThread) {
+                     int64_t tokens, float scale, bf16 *out, bf16 *scoresOut, bool pairsPerThread) {
   extern __shared__ __align__(16) unsigned char shared[];
   bf16 *qs = reinterpret_cast<bf16 *>(shared); // q, then q scale e^G
   bf16 *ks = qs + kChunk * kRow;
@@ -242,6 +244,11 @@ __global__ void __launch_bounds__(256)
     qs[r * kRow + d] = __float2bfloat16(__bfloat162float(qs[r * kRow + d]) * scale * __expf(G[r * kDim + d]));
   }
   __syncthreads();
+  if (scoresOut) // 16 bytes (8 scores) a copy, 8 a row
+    for (int i = tid; i < kChunk * kChunk / 8; i += blockDim.x) {
+      const int r = i / (kChunk / 8), c = (i % (kChunk / 8)) * 8;
+      copy16<false>(scoresOut + (bh * padded + row0 + r) * kChunk + c, ps + r * kSquareRow + c);
+    }
   const int mt = warp % 4, half = warp / 4;
   storeChunkOutput(out + (bh * tokens + row0) * kDim, qs, ss, ps, vs, valid, mt, half, g, t, lane);
 }
@@ -259,6 +266,11 @@ bool pairsPerThread() {
 
 bool kimiDeltaKernelEnabled() {
   static const bool on = !switchedOff("ADAPT_KIMI_DELTA_KERNEL");
+  return on;
+}
+
+bool kimiSavedScoresEnabled() {
+  static const bool on = switchedOn("ADAPT_KIMI_SAVED_SCORES");
   return on;
 }
 
@@ -300,6 +312,7 @@ at::Tensor kimiDeltaRuleForward(const at::Tensor &query, const at::Tensor &key, 
   at::Tensor cum = at::empty({bh, padded, kDim}, f32), last = at::empty({bh, chunks, kDim}, f32);
   at::Tensor states = at::empty({bh, chunks, kDim, kDim}, key.options());
   at::Tensor inverse = saved ? at::empty({bh, padded, kChunk}, f32) : at::Tensor();
+  at::Tensor scores = saved && kimiSavedScoresEnabled() ? at::empty({bh, padded, kChunk}, key.options()) : at::Tensor();
   at::Tensor init;
   if (initialState.defined()) {
     TORCH_CHECK(initialState.numel() == bh * kDim * kDim, "kimiDeltaRuleForward: expected an initial state [B, H, 128, 128]");
@@ -333,12 +346,13 @@ at::Tensor kimiDeltaRuleForward(const at::Tensor &query, const at::Tensor &key, 
   allowSharedMemory(kimiOutputKernel, outputBytes);
   kimiOutputKernel<<<dim3(chunks, bh), 256, outputBytes, stream>>>(
       stridedRows(query), stridedRows(key), bf16Data(states), bf16Data(vNew), cum.data_ptr<float>(), tokens,
-      static_cast<float>(1.0 / std::sqrt(double(kDim))), bf16Data(out), pairsPerThread());
+      static_cast<float>(1.0 / std::sqrt(double(kDim))), bf16Data(out), scores.defined() ? bf16Data(scores) : nullptr,
+      pairsPerThread());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (finalState)
     *finalState = finalOut;
   if (saved)
-    *saved = {inverse, states, vNew};
+    *saved = {inverse, states, vNew, scores};
   return out;
 }
 

@@ -48,7 +48,20 @@ struct KimiDeltaSaved {
   at::Tensor inverse;   ///< T = (I + A)^-1 per chunk, fp32 [B·H, n·64, 64].
   at::Tensor states;    ///< Each chunk's entering state, bf16 [B·H, n, 128, 128].
   at::Tensor newValues; ///< V_new, bf16 [B·H, n·64, 128].
+  /// With kimiSavedScoresEnabled: the output's causal scores as the output
+  /// kernel used them, scale sum_d q_td k_id e^{G_td - G_id} (zero above the
+  /// diagonal), bf16 [B·H, n·64, 64]; else undefined.
+  at::Tensor scores;
 };
+
+/// Whether the training forward hands the backward its output scores
+/// (KimiDeltaSaved::scores, 8 KiB per chunk and head), so that the backward
+/// reads them instead of rebuilding them in fp32 (the `kimi_scores.forward`
+/// pass: ~1.0 ms of Kimi's 11.3 at 1 x 32 x 8K on an H100). The backward then
+/// differentiates the scores the forward used, rounded to bf16 as the output
+/// product took them. ADAPT_KIMI_SAVED_SCORES=1; opt-in until its op checks
+/// have run on a GPU.
+bool kimiSavedScoresEnabled();
 
 /// The output [B, H, T, 128] (bf16; the query scaled by 1/sqrt(128)
 /// inside); \p initialState [B, H, 128, 128] fp32 may be undefined (zeros);
