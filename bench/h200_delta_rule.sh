@@ -106,14 +106,13 @@ if [ "${PHASE:-checks}" != timings ]; then
   check kimi-no-tail-decay ADAPT_KIMI_TAIL_DECAY_GRADIENT=0 -- kimi_delta.chunked
   fi
   # SKIP_CHECKS=1 starts here: what still waits for a GPU, then memcheck.
-  # Session 48: Kimi's scores in blocks of 16 rows, an exponential per term
-  # only on the diagonal blocks (opt-in), fp32 and bf16, alone and in the op.
-  check kimi-subchunks ADAPT_KIMI_SCORES_SUBCHUNKS=1 -- kimi_scores float32
-  check kimi-subchunks-bf16 ADAPT_KIMI_SCORES_SUBCHUNKS=1 -- kimi_delta
-  check kimi-subchunks-fp32 ADAPT_KIMI_SCORES_SUBCHUNKS=1 -- kimi_delta.chunked float32
-  # Session 48 (no GPU left): Kimi's backward terms in one pass (opt-in).
-  check kimi-fused-terms ADAPT_KIMI_FUSED_TERMS=1 -- kimi_delta
-  check kimi-fused-terms-fp32 ADAPT_KIMI_FUSED_TERMS=1 -- kimi_delta.chunked float32
+  # Session 49's defaults switched off one at a time (the references they
+  # replaced stay checked): thread-per-pair scores, LibTorch's term passes,
+  # scores rebuilt in the backward.
+  check kimi-no-subchunks ADAPT_KIMI_SCORES_SUBCHUNKS=0 -- kimi_scores float32
+  check kimi-no-subchunks-bf16 ADAPT_KIMI_SCORES_SUBCHUNKS=0 -- kimi_delta
+  check kimi-no-fused-terms-fp32 ADAPT_KIMI_FUSED_TERMS=0 -- kimi_delta.chunked float32
+  check kimi-no-saved-scores ADAPT_KIMI_SAVED_SCORES=0 -- kimi_delta
   # Out-of-bounds accesses the checks' numbers could miss: memcheck over the
   # kernels, forward and backward, at the d-128 shapes.
   SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
@@ -123,7 +122,7 @@ if [ "${PHASE:-checks}" != timings ]; then
     [ -n "${SKIP_CHECKS:-}" ] && all="kimi_scores kimi_delta.chunked"
     for only in ${MEMCHECK:-$all}; do
       ADAPT_CONV_KERNEL=1 ADAPT_GATED_NORM_KERNEL=1 ADAPT_DELTA_RULE_TRAIN_KERNEL=1 ADAPT_DELTA_RULE_BACKWARD_KERNEL=1 ADAPT_DELTA_RULE_LEAN_BACKWARD=1 \
-        ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 ADAPT_KIMI_SCORES_KERNEL=1 ADAPT_KIMI_SCORES_SUBCHUNKS=1 ADAPT_KIMI_FUSED_TERMS=1 \
+        ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 ADAPT_KIMI_SCORES_KERNEL=1 ADAPT_KIMI_SCORES_SUBCHUNKS=1 ADAPT_KIMI_FUSED_TERMS=1 ADAPT_KIMI_SAVED_SCORES=1 \
         timeout ${MEMCHECK_TIMEOUT:-200} $SAN --tool memcheck --error-exitcode 9 $W/rt/adapt-op-check --device cuda \
         --seeds 1 --dtype bfloat16 --only $only --out $W/checks/memcheck > $W/memcheck.log 2>&1
       echo "-- memcheck $only: rc $? $(grep -m1 'ERROR SUMMARY' $W/memcheck.log)"
@@ -165,8 +164,9 @@ if [ "${PHASE:-checks}" != checks ]; then
   want kda && EXTRA=--per-channel run_shapes kda-no-chunk-grad ADAPT_KIMI_CHUNK_GRAD_KERNEL=0 # session 47's kernel, off
   want kda && EXTRA=--per-channel run_shapes kda-one-pass ADAPT_KIMI_BACKWARD_SLICE_HEADS=1024
   want kda && EXTRA=--per-channel run_shapes kda-no-tail-decay ADAPT_KIMI_TAIL_DECAY_GRADIENT=0 # session 48's default, off
-  want kda && EXTRA=--per-channel run_shapes kda-subchunks ADAPT_KIMI_SCORES_SUBCHUNKS=1 # session 48's opt-in
-  want kda && EXTRA=--per-channel run_shapes kda-fused-terms ADAPT_KIMI_FUSED_TERMS=1 # session 48's opt-in
+  want kda && EXTRA=--per-channel run_shapes kda-no-subchunks ADAPT_KIMI_SCORES_SUBCHUNKS=0 # session 49's defaults, off
+  want kda && EXTRA=--per-channel run_shapes kda-no-fused-terms ADAPT_KIMI_FUSED_TERMS=0
+  want kda && EXTRA=--per-channel run_shapes kda-no-saved-scores ADAPT_KIMI_SAVED_SCORES=0
   if want kda-switches; then
   EXTRA=--per-channel run_shapes kda-no-tail ADAPT_KIMI_BACKWARD_TAIL_KERNEL=0
   EXTRA=--per-channel run_shapes kda-slices-8 ADAPT_KIMI_BACKWARD_SLICE_HEADS=8

@@ -184,7 +184,7 @@ struct KimiTerms {
   Tensor keysBeta;     ///< k b.
   Tensor queryDecayed; ///< Qd = q e^G (when a query was given: the backward's).
   /// The terms of \p k, \p beta and \p cum, and q e^G when \p q is defined:
-  /// on a GPU in one kernel pass when ADAPT_KIMI_FUSED_TERMS=1 and q is given
+  /// on a GPU in one kernel pass when q is given (unless ADAPT_KIMI_FUSED_TERMS=0)
   /// (cuda::kimiFusedTerms, the same products in the same order), else
   /// LibTorch's passes.
   KimiTerms(const Tensor &q, const Tensor &k, const Tensor &beta, const Tensor &cum) {

@@ -270,7 +270,7 @@ bool kimiDeltaKernelEnabled() {
 }
 
 bool kimiSavedScoresEnabled() {
-  static const bool on = switchedOn("ADAPT_KIMI_SAVED_SCORES");
+  static const bool on = !switchedOff("ADAPT_KIMI_SAVED_SCORES");
   return on;
 }
 

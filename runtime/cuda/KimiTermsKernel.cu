@@ -51,7 +51,7 @@ __global__ void __launch_bounds__(256)
 } // namespace
 
 bool kimiFusedTermsEnabled() {
-  static const bool on = switchedOn("ADAPT_KIMI_FUSED_TERMS");
+  static const bool on = !switchedOff("ADAPT_KIMI_FUSED_TERMS");
   return on;
 }
 

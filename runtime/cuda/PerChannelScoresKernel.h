@@ -29,12 +29,13 @@ bool perChannelScoresTakes(const at::Tensor &x, const at::Tensor &y, const at::T
 /// Whether the scores and their gradients take the sub-chunk kernels:
 /// blocks of 16 rows, an exponential per term only on the diagonal blocks,
 /// the blocks below as products of rows scaled to the block row's first
-/// (ADAPT_KIMI_SCORES_SUBCHUNKS=1; opt-in until checked on a GPU).
+/// (the default since session 49's checks on an H100;
+/// ADAPT_KIMI_SCORES_SUBCHUNKS=0: the thread-per-pair kernels).
 bool scoresSubchunksEnabled();
 
 /// P [.., c, c]: P[t][i] = sum_d x_td y_id e^{cum_td - cum_id} for i <= t,
-/// zero above the diagonal. A thread per pair by default,
-/// ADAPT_KIMI_SCORES_PAIRS=0 a warp per pair.
+/// zero above the diagonal. Blocks of 16 rows by default (scoresSubchunksEnabled);
+/// without them a thread per pair, or with ADAPT_KIMI_SCORES_PAIRS=0 a warp per pair.
 at::Tensor perChannelScores(const at::Tensor &x, const at::Tensor &y, const at::Tensor &cum);
 
 /// {dx, dy} [.., c, dk] of perChannelScores for the cotangent \p grad [.., c, c]

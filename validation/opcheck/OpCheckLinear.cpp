@@ -255,7 +255,7 @@ void addLinearAttentionChecks(std::vector<Check> &all) {
   scores(1, 2, 2, 48, 32);
   scores(1, 2, 2, 64, 128);
   // A ragged last block of 8 rows and channels no multiple of 8 (the
-  // sub-chunk kernels' guards, ADAPT_KIMI_SCORES_SUBCHUNKS=1).
+  // sub-chunk kernels' guards, the default on a GPU).
   scores(1, 2, 2, 40, 100);
   // Training's forward kernels at the released widths on a GPU in bf16 (three
   // chunks, the last ragged).
