@@ -133,6 +133,17 @@ __device__ void perChannelPairs(float *out, const bf16 *x, const bf16 *y, const 
   }
 }
 
+constexpr int kCumsumBatch = 8; ///< Rows of staged decays a channel's thread loads before summing them.
+
+/// Copies the chunk's log decays [valid][128] from global \p chunkDecay into
+/// \p G [64][128], 16 bytes a load from every thread, rows from \p valid on
+/// zero (they then add nothing to the running sums). No barrier.
+__device__ __forceinline__ void stageDecays(float *G, const float *chunkDecay, int valid) {
+  for (int i = threadIdx.x; i < kChunk * kDim / 4; i += blockDim.x)
+    reinterpret_cast<float4 *>(G)[i] = i / (kDim / 4) < valid ? reinterpret_cast<const float4 *>(chunkDecay)[i]
+                                                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+}
+
 /// Kernel 1, a block (256 threads) per (chunk, b·h): G per channel (out,
 /// and the chunk's last G), the keys decayed to the chunk's end, W and U
 /// ([B·H, n·64, 128] bf16 each), and T (fp32 [B·H, n·64, 64]) when \p
@@ -140,7 +151,7 @@ __device__ void perChannelPairs(float *out, const bf16 *x, const bf16 *y, const 
 __global__ void __launch_bounds__(256)
     kimiTransformKernel(Strided key, Strided value, const float *decay, const float *beta, int64_t tokens, bf16 *w,
                         bf16 *u, bf16 *keysToEnd, float *cumOut, float *lastOut, float *inverseOut, bool blocked,
-                        bool pairsPerThread) {
+                        bool pairsPerThread, bool stagedDecay) {
   extern __shared__ __align__(16) unsigned char shared[];
   bf16 *ks = reinterpret_cast<bf16 *>(shared); // k, then beta k e^G
   bf16 *vs = ks + kChunk * kRow;                // v, then beta v
@@ -158,13 +169,32 @@ __global__ void __launch_bounds__(256)
   loadRows(vs, value, bh, row0, valid);
   if (tid < kChunk)
     betas[tid] = tid < valid ? beta[bh * tokens + row0 + tid] : 0.0f;
+  if (stagedDecay) {
+    stageDecays(G, decay + (bh * tokens + row0) * kDim, valid);
+    __syncthreads();
+  }
   if (tid < kDim) { // G = cumsum(g) down the chunk, a thread per channel
     float run = 0.0f;
-    for (int r = 0; r < kChunk; ++r) {
-      if (r < valid)
-        run += decay[(bh * tokens + row0 + r) * kDim + tid];
-      G[r * kDim + tid] = run;
-      cumOut[(bh * padded + row0 + r) * kDim + tid] = run;
+    if (stagedDecay) {
+      for (int r0 = 0; r0 < kChunk; r0 += kCumsumBatch) {
+        float g[kCumsumBatch]; // the batch's loads issued together, then the sums in order
+#pragma unroll
+        for (int j = 0; j < kCumsumBatch; ++j)
+          g[j] = G[(r0 + j) * kDim + tid];
+#pragma unroll
+        for (int j = 0; j < kCumsumBatch; ++j) {
+          run += g[j];
+          G[(r0 + j) * kDim + tid] = run;
+          cumOut[(bh * padded + row0 + r0 + j) * kDim + tid] = run;
+        }
+      }
+    } else {
+      for (int r = 0; r < kChunk; ++r) {
+        if (r < valid)
+          run += decay[(bh * tokens + row0 + r) * kDim + tid];
+        G[r * kDim + tid] = run;
+        cumOut[(bh * padded + row0 + r) * kDim + tid] = run;
+      }
     }
     lastOut[(bh * chunks + n) * kDim + tid] = run;
   }
@@ -262,6 +292,20 @@ bool pairsPerThread() {
   return on;
 }
 
+/// Whether the transform kernel stages the chunk's log decays in shared
+/// memory before summing them (ADAPT_KIMI_STAGED_DECAY=1; opt-in until its
+/// checks run on a GPU). The plain loop adds one decay from global memory a
+/// row: the next row's load waits behind this row's store (the compiler
+/// cannot move it past a store that may alias), so 64 memory latencies in
+/// sequence per chunk while the block's other warps wait at the barrier (at
+/// ~0.5 us each, ~30 us a chunk; two blocks an SM). Staged, the loads are
+/// 16-byte and all in flight at once, and the sums (in the same order,
+/// bitwise the same G) read shared memory.
+bool stagedDecays() {
+  static const bool on = switchedOn("ADAPT_KIMI_STAGED_DECAY");
+  return on;
+}
+
 } // namespace
 
 bool kimiDeltaKernelEnabled() {
@@ -327,7 +371,7 @@ at::Tensor kimiDeltaRuleForward(const at::Tensor &query, const at::Tensor &key, 
   kimiTransformKernel<<<dim3(chunks, bh), 256, transformBytes, stream>>>(
       stridedRows(key), stridedRows(value), g.data_ptr<float>(), b.data_ptr<float>(), tokens, bf16Data(w),
       bf16Data(u), bf16Data(keysToEnd), cum.data_ptr<float>(), last.data_ptr<float>(),
-      inverse.defined() ? inverse.data_ptr<float>() : nullptr, blockInverse(), pairsPerThread());
+      inverse.defined() ? inverse.data_ptr<float>() : nullptr, blockInverse(), pairsPerThread(), stagedDecays());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
   // The state kernel's prefetching form (checked with per-channel decays on
