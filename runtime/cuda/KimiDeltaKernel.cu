@@ -231,36 +231,56 @@ __global__ void __launch_bounds__(256)
   storeTransformed(u + (bh * padded + row0) * kDim, ts, vs, mt, half, g, t, lane);
 }
 
+/// Copies S_n [128][128] into \p ss and V_new's chunk rows [64][128] into
+/// \p vs (row stride kRow), 16 bytes a copy. No barrier.
+__device__ __forceinline__ void loadStateAndNewValues(bf16 *ss, bf16 *vs, const bf16 *state, const bf16 *chunkValues) {
+  for (int i = threadIdx.x; i < kDim * kDim / 8; i += blockDim.x) {
+    const int r = i / (kDim / 8), c = (i % (kDim / 8)) * 8;
+    copy16<false>(ss + r * kRow + c, state + r * kDim + c);
+    if (r < kChunk)
+      copy16<false>(vs + r * kRow + c, chunkValues + r * kDim + c);
+  }
+}
+
 /// Kernel 3, a block (256 threads) per (chunk, b·h): the chunk's output
 /// rows, (q scale e^G) S_n + causal(scale sum_d q_td k_id e^{G_td - G_id}) V_new;
 /// the causal scores as it used them (bf16 [B·H, n·64, 64]) to \p scoresOut
-/// when given.
-__global__ void __launch_bounds__(256)
+/// when given. With \p TwoBlocks, S_n and V_new are loaded after the
+/// scores, over the tiles the scores were built in (k and the pairs'
+/// scratch; the pairs' scratch rows and A), so that a block takes 112.5 KiB of
+/// shared memory instead of 163.5 and two share an SM: with one, eight warps
+/// wait out every barrier and load alone (ADAPT_KIMI_OUTPUT_TWO_BLOCKS=1,
+/// opt-in until checked on a GPU).
+template <bool TwoBlocks>
+__global__ void __launch_bounds__(256, TwoBlocks ? 2 : 1)
     kimiOutputKernel(Strided query, Strided key, const bf16 *states, const bf16 *newValues, const float *cum,
                      int64_t tokens, float scale, bf16 *out, bf16 *scoresOut, bool pairsPerThread) {
   extern __shared__ __align__(16) unsigned char shared[];
   bf16 *qs = reinterpret_cast<bf16 *>(shared); // q, then q scale e^G
   bf16 *ks = qs + kChunk * kRow;
-  bf16 *vs = ks + kChunk * kRow; // V_new
-  bf16 *xs = vs + kChunk * kRow;  // scratch of perChannelPairs
-  bf16 *ys = xs + kChunk * kRow;
-  bf16 *ss = ys + kSub * kRow;    // S_n [128][kRow]
-  bf16 *ps = ss + kDim * kRow;    // the causal scores [64][kSquareRow]
-  float *a = reinterpret_cast<float *>(ps + kChunk * kSquareRow); // [64][65]
-  float *G = a + kChunk * kPairRow;                                // [64][128]
+  bf16 *xs, *ys, *ss, *vs, *ps; // the pairs' scratch, S_n [128][kRow], V_new, the causal scores [64][kSquareRow]
+  float *a, *G;                 // [64][65], [64][128]
+  if constexpr (TwoBlocks) {
+    xs = ks + kChunk * kRow, ys = xs + kChunk * kRow;
+    a = reinterpret_cast<float *>(ys + kSub * kRow), G = a + kChunk * kPairRow;
+    ps = reinterpret_cast<bf16 *>(G + kChunk * kDim);
+    ss = ks; // 128 rows over k and xs, after the scores
+    vs = ys; // 64 rows over ys and a (4.25 + 16.25 KiB for 17 KiB), after the scores
+  } else {
+    vs = ks + kChunk * kRow, xs = vs + kChunk * kRow, ys = xs + kChunk * kRow;
+    ss = ys + kSub * kRow, ps = ss + kDim * kRow;
+    a = reinterpret_cast<float *>(ps + kChunk * kSquareRow), G = a + kChunk * kPairRow;
+  }
   const int chunks = gridDim.x;
   const int64_t bh = blockIdx.y, row0 = int64_t(blockIdx.x) * kChunk, padded = int64_t(chunks) * kChunk;
   const int valid = static_cast<int>(tokens - row0 < kChunk ? tokens - row0 : kChunk);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  const bf16 *state = states + (bh * chunks + blockIdx.x) * kDim * kDim;
+  const bf16 *chunkValues = newValues + (bh * padded + row0) * kDim;
   loadRows(qs, query, bh, row0, valid);
   loadRows(ks, key, bh, row0, valid);
-  const bf16 *state = states + (bh * chunks + blockIdx.x) * kDim * kDim;
-  for (int i = tid; i < kDim * kDim / 8; i += blockDim.x) {
-    const int r = i / (kDim / 8), c = (i % (kDim / 8)) * 8;
-    copy16<false>(ss + r * kRow + c, state + r * kDim + c);
-    if (r < kChunk)
-      copy16<false>(vs + r * kRow + c, newValues + (bh * padded + row0 + r) * kDim + c);
-  }
+  if constexpr (!TwoBlocks)
+    loadStateAndNewValues(ss, vs, state, chunkValues);
   for (int i = tid; i < kChunk * kDim / 4; i += blockDim.x)
     reinterpret_cast<float4 *>(G)[i] = reinterpret_cast<const float4 *>(cum + (bh * padded + row0) * kDim)[i];
   __syncthreads();
@@ -274,6 +294,10 @@ __global__ void __launch_bounds__(256)
     qs[r * kRow + d] = __float2bfloat16(__bfloat162float(qs[r * kRow + d]) * scale * __expf(G[r * kDim + d]));
   }
   __syncthreads();
+  if constexpr (TwoBlocks) { // k, the scratch and A are free now
+    loadStateAndNewValues(ss, vs, state, chunkValues);
+    __syncthreads();
+  }
   if (scoresOut) // 16 bytes (8 scores) a copy, 8 a row
     for (int i = tid; i < kChunk * kChunk / 8; i += blockDim.x) {
       const int r = i / (kChunk / 8), c = (i % (kChunk / 8)) * 8;
@@ -281,6 +305,19 @@ __global__ void __launch_bounds__(256)
     }
   const int mt = warp % 4, half = warp / 4;
   storeChunkOutput(out + (bh * tokens + row0) * kDim, qs, ss, ps, vs, valid, mt, half, g, t, lane);
+}
+
+/// The output kernel's shared memory: 163.5 KiB, or 112.5 KiB \p twoBlocks.
+constexpr size_t outputKernelBytes(bool twoBlocks) {
+  return (twoBlocks ? (3 * kChunk + kSub) * kRow : (4 * kChunk + kSub + kDim) * kRow) * sizeof(bf16) +
+         kChunk * kSquareRow * sizeof(bf16) + (kChunk * kPairRow + kChunk * kDim) * sizeof(float);
+}
+static_assert(2 * (outputKernelBytes(true) + 1024) <= 228 * 1024, "two output blocks must share an SM");
+
+/// Whether the output kernel takes its two-blocks-an-SM layout (ADAPT_KIMI_OUTPUT_TWO_BLOCKS=1).
+bool outputTwoBlocks() {
+  static const bool on = switchedOn("ADAPT_KIMI_OUTPUT_TWO_BLOCKS");
+  return on;
 }
 
 bf16 *bf16Data(at::Tensor &x) { return reinterpret_cast<bf16 *>(x.data_ptr<at::BFloat16>()); }
@@ -385,10 +422,14 @@ at::Tensor kimiDeltaRuleForward(const at::Tensor &query, const at::Tensor &key, 
       finalOut.defined() ? finalOut.data_ptr<float>() : nullptr);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
-  const size_t outputBytes = (4 * kChunk + kSub + kDim) * kRow * sizeof(bf16) + kChunk * kSquareRow * sizeof(bf16) +
-                             (kChunk * kPairRow + kChunk * kDim) * sizeof(float);
-  allowSharedMemory(kimiOutputKernel, outputBytes);
-  kimiOutputKernel<<<dim3(chunks, bh), 256, outputBytes, stream>>>(
+  const bool twoBlocks = outputTwoBlocks();
+  const size_t outputBytes = outputKernelBytes(twoBlocks);
+  const auto outputKernel = twoBlocks ? kimiOutputKernel<true> : kimiOutputKernel<false>;
+  allowSharedMemory(outputKernel, outputBytes);
+  if (twoBlocks)
+    C10_CUDA_CHECK(cudaFuncSetAttribute(outputKernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        cudaSharedmemCarveoutMaxShared));
+  outputKernel<<<dim3(chunks, bh), 256, outputBytes, stream>>>(
       stridedRows(query), stridedRows(key), bf16Data(states), bf16Data(vNew), cum.data_ptr<float>(), tokens,
       static_cast<float>(1.0 / std::sqrt(double(kDim))), bf16Data(out), scores.defined() ? bf16Data(scores) : nullptr,
       pairsPerThread());
