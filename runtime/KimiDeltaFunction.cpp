@@ -176,9 +176,9 @@ namespace {
 
 /// What forward and backward both derive from the inputs.
 struct KimiTerms {
-  Tensor gamma;     ///< e^G.
+  Tensor gamma;     ///< e^G (undefined after the GPU kernel: decays() gives it).
   Tensor last;      ///< G of the chunk's last token [b, h, n, 1, dk].
-  Tensor toEnd;     ///< e^{G_last - G}.
+  Tensor toEnd;     ///< e^{G_last - G} (undefined after the GPU kernel: decays() gives it).
   Tensor keysWeighted; ///< Xk = b k e^G.
   Tensor keysToEnd;    ///< Kd = k e^{G_last - G}.
   Tensor keysBeta;     ///< k b.
@@ -193,8 +193,7 @@ struct KimiTerms {
     if (q.defined() && chooseKernel("kimi_delta_rule.backward_terms", k, cuda::kimiFusedTermsEnabled(),
                                     cuda::kimiFusedTermsTake(q, k, beta, cum))) {
       cuda::KimiTermTensors t = cuda::kimiFusedTerms(q, k, beta, cum);
-      gamma = t.gamma, toEnd = t.toEnd, keysBeta = t.keysBeta, keysWeighted = t.keysWeighted;
-      keysToEnd = t.keysToEnd, queryDecayed = t.queryDecayed;
+      keysBeta = t.keysBeta, keysWeighted = t.keysWeighted, keysToEnd = t.keysToEnd, queryDecayed = t.queryDecayed;
       return;
     }
 #endif
@@ -205,6 +204,11 @@ struct KimiTerms {
     keysToEnd = k * toEnd;
     if (q.defined())
       queryDecayed = q * gamma;
+  }
+  /// {e^G, e^{G_last - G}} of \p cum: the ones held, else computed (after the
+  /// GPU kernel, which leaves them to the one reader that needs them).
+  std::pair<Tensor, Tensor> decays(const Tensor &cum) const {
+    return {gamma.defined() ? gamma : cum.exp(), toEnd.defined() ? toEnd : (last - cum).exp()};
   }
   /// diag(e^{G_last}) - Kd^T W, the chunk's state transition [b, h, n, dk, dk].
   Tensor transition(const Tensor &w) const {
@@ -390,9 +394,10 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
       // In place where it can (addcmul_): each [.., c, dk] fp32 pass costs
       // ~0.1 ms at 32 heads x 8K tokens.
       Tensor dkRows = dKeysBeta * bt;
-      dq = dqScores.addcmul(dQueryDecayed, terms.gamma).mul_(scale);
-      dKey = (dkColumns + dkRows).addcmul_(dXk, bt * terms.gamma).addcmul_(dKeysToEnd, terms.toEnd);
-      dBetaKeys = (dKeysBeta * k).addcmul_(dXk, k * terms.gamma).sum(-1, true);
+      const auto [gamma, toEnd] = terms.decays(cum);
+      dq = dqScores.addcmul(dQueryDecayed, gamma).mul_(scale);
+      dKey = (dkColumns + dkRows).addcmul_(dXk, bt * gamma).addcmul_(dKeysToEnd, toEnd);
+      dBetaKeys = (dKeysBeta * k).addcmul_(dXk, k * gamma).sum(-1, true);
       // The cumulative decay, per channel: every e^{+-G} factor, then the chunk's last G.
       Tensor keysToEndTerm = dKeysToEnd * terms.keysToEnd;
       dCum = (q * dqScores)

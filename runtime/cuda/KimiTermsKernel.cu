@@ -3,7 +3,7 @@
 // See KimiTermsKernel.h. A grid-stride loop over float4 groups of the
 // [rows, d] view: each group reads its q, k and G, its row's beta and the
 // chunk's last G for its columns (shared by the chunk's 64 rows, an L1/L2
-// hit after the first), and writes the six terms.
+// hit after the first), and writes the four products.
 //
 //===----------------------------------------------------------------------===//
 
@@ -29,18 +29,16 @@ __device__ __forceinline__ float4 expOfDifference(float4 a, float4 b) {
   return {expf(a.x - b.x), expf(a.y - b.y), expf(a.z - b.z), expf(a.w - b.w)};
 }
 
-/// The six terms over \p groups float4 groups, \p quads groups a row,
+/// The four terms over \p groups float4 groups, \p quads groups a row,
 /// \p chunk rows a chunk.
 __global__ void __launch_bounds__(256)
     kimiTermsKernel(const float4 *query, const float4 *key, const float *beta, const float4 *cum, int chunk, int quads,
-                    int64_t groups, float4 *gamma, float4 *toEnd, float4 *keysBeta, float4 *keysWeighted,
-                    float4 *keysToEnd, float4 *queryDecayed) {
+                    int64_t groups, float4 *keysBeta, float4 *keysWeighted, float4 *keysToEnd,
+                    float4 *queryDecayed) {
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < groups; e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = e / quads, lastRow = row - row % chunk + chunk - 1;
     const float4 g = cum[e], last = cum[lastRow * quads + e % quads], k = key[e];
     const float4 decay = expOf(g), leave = expOfDifference(last, g), kb = k * beta[row];
-    gamma[e] = decay;
-    toEnd[e] = leave;
     keysBeta[e] = kb;
     keysWeighted[e] = kb * decay;
     keysToEnd[e] = k * leave;
@@ -75,8 +73,7 @@ KimiTermTensors kimiFusedTerms(const at::Tensor &query, const at::Tensor &key, c
                                const at::Tensor &cum) {
   TORCH_CHECK(kimiFusedTermsTake(query, key, beta, cum),
               "kimiFusedTerms: expected CUDA fp32 contiguous q, k, cum [.., c, d] (d a multiple of 4) and beta [.., c, 1]");
-  KimiTermTensors t{at::empty_like(key), at::empty_like(key), at::empty_like(key),
-                    at::empty_like(key), at::empty_like(key), at::empty_like(key)};
+  KimiTermTensors t{at::empty_like(key), at::empty_like(key), at::empty_like(key), at::empty_like(key)};
   const int64_t groups = key.numel() / 4;
   if (groups == 0)
     return t;
@@ -87,8 +84,8 @@ KimiTermTensors kimiFusedTerms(const at::Tensor &query, const at::Tensor &key, c
   const auto out = [](at::Tensor &x) { return reinterpret_cast<float4 *>(x.data_ptr<float>()); };
   kimiTermsKernel<<<blocks, 256, 0, at::cuda::getCurrentCUDAStream()>>>(
       f4(query), f4(key), beta.data_ptr<float>(), f4(cum), static_cast<int>(key.size(-2)),
-      static_cast<int>(key.size(-1) / 4), groups, out(t.gamma), out(t.toEnd), out(t.keysBeta), out(t.keysWeighted),
-      out(t.keysToEnd), out(t.queryDecayed));
+      static_cast<int>(key.size(-1) / 4), groups, out(t.keysBeta), out(t.keysWeighted), out(t.keysToEnd),
+      out(t.queryDecayed));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return t;
 }

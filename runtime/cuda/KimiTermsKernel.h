@@ -7,7 +7,9 @@
 // (two exponentials, seven products, each writing its own tensor and most
 // reading two): at 1 x 32 heads x 8K, ~1 ms of the 11.3 ms step on an H100
 // (session 48's profile). One kernel reads q, k, beta and G once and writes
-// the six, 16 bytes an access. The default since the kimi_delta op checks
+// the four products, 16 bytes an access (e^G and e^{G_last - G} themselves
+// only the LibTorch tail reads; since session 49 they are left to it, which
+// spares two [.., 64, 128] fp32 writes and their memory). The default since the kimi_delta op checks
 // passed with it on an H100 (session 49: bf16 3.5e-3, fp32 1.16e-6; KDA
 // forward + backward 11.48 -> 11.01 ms at 8K, 46.37 -> 45.30 at 32K);
 // ADAPT_KIMI_FUSED_TERMS=0 keeps LibTorch's passes.
@@ -31,12 +33,12 @@ bool kimiFusedTermsTake(const at::Tensor &query, const at::Tensor &key, const at
                         const at::Tensor &cum);
 
 /// The terms, fp32 and shaped like \p key.
+/// e^G and e^{G_last - G} themselves are not among them: only the backward's
+/// LibTorch tail reads them, and the tail kernel derives its own.
 struct KimiTermTensors {
-  at::Tensor gamma;        ///< e^G
-  at::Tensor toEnd;        ///< e^{G_last - G}, G_last the chunk's last row
   at::Tensor keysBeta;     ///< k b
   at::Tensor keysWeighted; ///< (k b) e^G
-  at::Tensor keysToEnd;    ///< k e^{G_last - G}
+  at::Tensor keysToEnd;    ///< k e^{G_last - G}, G_last the chunk's last row
   at::Tensor queryDecayed; ///< q e^G
 };
 
