@@ -408,7 +408,8 @@ at::Tensor kimiDeltaRuleForward(const at::Tensor &query, const at::Tensor &key, 
   kimiTransformKernel<<<dim3(chunks, bh), 256, transformBytes, stream>>>(
       stridedRows(key), stridedRows(value), g.data_ptr<float>(), b.data_ptr<float>(), tokens, bf16Data(w),
       bf16Data(u), bf16Data(keysToEnd), cum.data_ptr<float>(), last.data_ptr<float>(),
-      inverse.defined() ? inverse.data_ptr<float>() : nullptr, blockInverse(), pairsPerThread(), stagedDecays());
+      inverse.defined() ? inverse.data_ptr<float>() : nullptr, blockInverse(), pairsPerThread(),
+      stagedDecays() && reinterpret_cast<uintptr_t>(g.data_ptr<float>()) % 16 == 0); // 16-byte loads
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
   // The state kernel's prefetching form (checked with per-channel decays on
