@@ -121,6 +121,10 @@ if [ "${PHASE:-checks}" != timings ]; then
   # the scores' tiles), alone and with the staged decays.
   check kimi-output-two-blocks ADAPT_KIMI_OUTPUT_TWO_BLOCKS=1 -- kimi_delta
   check kimi-forward-both ADAPT_KIMI_OUTPUT_TWO_BLOCKS=1 ADAPT_KIMI_STAGED_DECAY=1 -- kimi_delta
+  # ... and the block inverse's sums split four ways (GDN's and Kimi's
+  # transforms; fp32 sums in another order).
+  check gdn-split-sums ADAPT_DELTA_RULE_INVERSE_SPLIT_SUMS=1 -- gated_delta_rule
+  check kimi-split-sums ADAPT_DELTA_RULE_INVERSE_SPLIT_SUMS=1 -- kimi_delta
   # Out-of-bounds accesses the checks' numbers could miss: memcheck over the
   # kernels, forward and backward, at the d-128 shapes.
   SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
@@ -130,7 +134,7 @@ if [ "${PHASE:-checks}" != timings ]; then
     [ -n "${SKIP_CHECKS:-}" ] && all="kimi_scores kimi_delta.chunked"
     for only in ${MEMCHECK:-$all}; do
       ADAPT_CONV_KERNEL=1 ADAPT_GATED_NORM_KERNEL=1 ADAPT_DELTA_RULE_TRAIN_KERNEL=1 ADAPT_DELTA_RULE_BACKWARD_KERNEL=1 ADAPT_DELTA_RULE_LEAN_BACKWARD=1 \
-        ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 ADAPT_KIMI_SCORES_KERNEL=1 ADAPT_KIMI_SCORES_SUBCHUNKS=1 ADAPT_KIMI_FUSED_TERMS=1 ADAPT_KIMI_SAVED_SCORES=1 ADAPT_KIMI_STAGED_DECAY=1 ADAPT_KIMI_OUTPUT_TWO_BLOCKS=1 \
+        ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 ADAPT_KIMI_SCORES_KERNEL=1 ADAPT_KIMI_SCORES_SUBCHUNKS=1 ADAPT_KIMI_FUSED_TERMS=1 ADAPT_KIMI_SAVED_SCORES=1 ADAPT_KIMI_STAGED_DECAY=1 ADAPT_KIMI_OUTPUT_TWO_BLOCKS=1 ADAPT_DELTA_RULE_INVERSE_SPLIT_SUMS=1 \
         timeout ${MEMCHECK_TIMEOUT:-200} $SAN --tool memcheck --error-exitcode 9 $W/rt/adapt-op-check --device cuda \
         --seeds 1 --dtype bfloat16 --only $only --out $W/checks/memcheck > $W/memcheck.log 2>&1
       echo "-- memcheck $only: rc $? $(grep -m1 'ERROR SUMMARY' $W/memcheck.log)"
@@ -162,6 +166,7 @@ if [ "${PHASE:-checks}" != checks ]; then
   echo "== gated delta rule $(date +%T)"
   want gdn && run_shapes default ADAPT_NONE=1
   want gdn && run_shapes no-fold ADAPT_DELTA_RULE_FOLD_FACTORS=0 # session 47's folded factors, off
+  want gdn && run_shapes split-sums ADAPT_DELTA_RULE_INVERSE_SPLIT_SUMS=1 # session 49's opt-in
   if want gdn-switches; then
   run_shapes state-warps-4 ADAPT_DELTA_RULE_STATE_WARPS=4
   run_shapes no-lean ADAPT_DELTA_RULE_LEAN_BACKWARD=0
@@ -178,6 +183,7 @@ if [ "${PHASE:-checks}" != checks ]; then
   want kda && EXTRA=--per-channel run_shapes kda-staged-decay ADAPT_KIMI_STAGED_DECAY=1 # session 49's opt-ins
   want kda && EXTRA=--per-channel run_shapes kda-output-two-blocks ADAPT_KIMI_OUTPUT_TWO_BLOCKS=1
   want kda && EXTRA=--per-channel run_shapes kda-forward-both ADAPT_KIMI_STAGED_DECAY=1 ADAPT_KIMI_OUTPUT_TWO_BLOCKS=1
+  want kda && EXTRA=--per-channel run_shapes kda-forward-all ADAPT_KIMI_STAGED_DECAY=1 ADAPT_KIMI_OUTPUT_TWO_BLOCKS=1 ADAPT_DELTA_RULE_INVERSE_SPLIT_SUMS=1
   if want kda-switches; then
   EXTRA=--per-channel run_shapes kda-no-tail ADAPT_KIMI_BACKWARD_TAIL_KERNEL=0
   EXTRA=--per-channel run_shapes kda-slices-8 ADAPT_KIMI_BACKWARD_SLICE_HEADS=8

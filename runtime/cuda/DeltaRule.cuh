@@ -390,6 +390,10 @@ __device__ __forceinline__ void invertUnitLower(float *a, int tid) {
 /// H100 (session 44); ADAPT_DELTA_RULE_BLOCK_INVERSE=0 substitutes row by row.
 bool blockInverse();
 
+/// The transform kernels' inverse: 0 row by row, 1 by blocks (blockInverse),
+/// 2 by blocks with split sums (ADAPT_DELTA_RULE_INVERSE_SPLIT_SUMS=1 as well).
+int inverseForm();
+
 /// invertUnitLower by 16-row blocks, with the same layout and result (up to
 /// fp32 summation order): each diagonal block by one warp (15 dependent
 /// steps under __syncwarp), then block rows 1 to 3 in turn,
@@ -397,14 +401,31 @@ bool blockInverse();
 /// (3 x 16 x 16 fp32, free memory of the caller's). Seven block barriers
 /// where the row-by-row form takes 126: that serial chain is most of the
 /// transform kernel's 2.1 ms at 1 x 32 heads x 32K on the H200.
-__device__ __forceinline__ void invertUnitLowerBlocked(float *a, float *scratch, int tid) {
+/// With \p split, every dot product runs as four (two on the diagonal)
+/// interleaved partial sums, so that each thread waits one shared load and
+/// FMA latency per four terms rather than per term (the block rows' sums are
+/// up to 48 terms long, ~30 cycles a term in one chain); the same terms,
+/// summed in another order (ADAPT_DELTA_RULE_INVERSE_SPLIT_SUMS=1, opt-in
+/// until checked on a GPU).
+__device__ __forceinline__ void invertUnitLowerBlocked(float *a, float *scratch, int tid, bool split = false) {
   constexpr int S = kChunk + 1, B = 16, Blocks = kChunk / B;
   const int warp = tid / 32, lane = tid % 32;
   if (warp < Blocks) { // diagonal block `warp`, lane j < 16 its column j
     const int o = B * warp, j = lane;
     for (int r = 1; r < B; ++r) {
       float sum = 0.0f;
-      if (j < r) { // T[j][j] = 1 is not stored: that term is A[r][j] itself
+      if (j < r && split) {
+        float odd = 0.0f;
+        sum = a[(o + r) * S + o + j];
+        int m = j + 1;
+        for (; m + 1 < r; m += 2) {
+          sum += a[(o + r) * S + o + m] * a[(o + m) * S + o + j];
+          odd += a[(o + r) * S + o + m + 1] * a[(o + m + 1) * S + o + j];
+        }
+        if (m < r)
+          sum += a[(o + r) * S + o + m] * a[(o + m) * S + o + j];
+        sum += odd;
+      } else if (j < r) { // T[j][j] = 1 is not stored: that term is A[r][j] itself
         sum = a[(o + r) * S + o + j];
         for (int m = j + 1; m < r; ++m)
           sum += a[(o + r) * S + o + m] * a[(o + m) * S + o + j];
@@ -422,8 +443,17 @@ __device__ __forceinline__ void invertUnitLowerBlocked(float *a, float *scratch,
       const int J = e / (B * B), r = (e / B) % B, c = e % B;
       const float *arow = a + (B * I + r) * S;
       float sum = 0.0f;
-      for (int m = B * J; m < B * I; ++m) // T[m][J*16 + c]: the unit diagonal where m is that column
-        sum += arow[m] * (m == B * J + c ? 1.0f : a[m * S + B * J + c]);
+      if (split) { // 16 (I - J) terms, a multiple of 4
+        float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int m = B * J; m < B * I; m += 4)
+#pragma unroll
+          for (int p = 0; p < 4; ++p)
+            part[p] += arow[m + p] * (m + p == B * J + c ? 1.0f : a[(m + p) * S + B * J + c]);
+        sum = (part[0] + part[1]) + (part[2] + part[3]);
+      } else {
+        for (int m = B * J; m < B * I; ++m) // T[m][J*16 + c]: the unit diagonal where m is that column
+          sum += arow[m] * (m == B * J + c ? 1.0f : a[m * S + B * J + c]);
+      }
       scratch[e] = sum;
     }
     __syncthreads();
@@ -433,8 +463,20 @@ __device__ __forceinline__ void invertUnitLowerBlocked(float *a, float *scratch,
       const float *trow = a + (B * I + r) * S + B * I;
       const float *x = scratch + J * B * B;
       float sum = x[r * B + c];
-      for (int m = 0; m < r; ++m)
-        sum += trow[m] * x[m * B + c];
+      if (split) {
+        float odd = 0.0f;
+        int m = 0;
+        for (; m + 1 < r; m += 2) {
+          sum += trow[m] * x[m * B + c];
+          odd += trow[m + 1] * x[(m + 1) * B + c];
+        }
+        if (m < r)
+          sum += trow[m] * x[m * B + c];
+        sum += odd;
+      } else {
+        for (int m = 0; m < r; ++m)
+          sum += trow[m] * x[m * B + c];
+      }
       a[(B * I + r) * S + B * J + c] = -sum;
     }
     __syncthreads();

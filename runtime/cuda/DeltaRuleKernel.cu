@@ -55,7 +55,7 @@ __device__ __forceinline__ void chunkCumsum(float *cum, const float *decay, int 
 __global__ void __launch_bounds__(256) deltaRuleTransformKernel(Strided key, Strided value, const float *decay,
                                                                 const float *beta, int64_t tokens, bf16 *w, bf16 *u,
                                                                 float *cumOut, bf16 *inverseOut, bool async,
-                                                                bool blocked, bool fold) {
+                                                                int inverseForm, bool fold) {
   extern __shared__ __align__(16) unsigned char shared[];
   bf16 *ks = reinterpret_cast<bf16 *>(shared);      // k
   bf16 *vs = ks + kChunk * kRow;                     // v
@@ -94,8 +94,8 @@ __global__ void __launch_bounds__(256) deltaRuleTransformKernel(Strided key, Str
   }
   __syncthreads();
   // T = (I + A)^-1 in place of A's strictly lower part (ts is free until below).
-  if (blocked)
-    invertUnitLowerBlocked(a, reinterpret_cast<float *>(ts), tid);
+  if (inverseForm)
+    invertUnitLowerBlocked(a, reinterpret_cast<float *>(ts), tid, inverseForm == 2);
   else
     invertUnitLower(a, tid);
   // W = T diag(beta exp(G)) K and U = T diag(beta) V. With fold (the
@@ -214,6 +214,11 @@ bool delta::blockInverse() {
   return on;
 }
 
+int delta::inverseForm() {
+  static const int form = !blockInverse() ? 0 : switchedOn("ADAPT_DELTA_RULE_INVERSE_SPLIT_SUMS") ? 2 : 1;
+  return form;
+}
+
 bool delta::foldFactors() {
   static const bool on = !switchedOff("ADAPT_DELTA_RULE_FOLD_FACTORS");
   return on;
@@ -298,7 +303,7 @@ at::Tensor gatedDeltaRuleForward(const at::Tensor &query, const at::Tensor &key,
       stridedRows(key), stridedRows(value), g.data_ptr<float>(), b.data_ptr<float>(), tokens,
       reinterpret_cast<bf16 *>(w.data_ptr<at::BFloat16>()), reinterpret_cast<bf16 *>(u.data_ptr<at::BFloat16>()),
       cum.data_ptr<float>(), inverse.defined() ? reinterpret_cast<bf16 *>(inverse.data_ptr<at::BFloat16>()) : nullptr,
-      async, blockInverse(), foldFactors());
+      async, inverseForm(), foldFactors());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
   const auto [columns, warps] = stateLaunch(bh);

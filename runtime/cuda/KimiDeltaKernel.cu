@@ -150,7 +150,7 @@ __device__ __forceinline__ void stageDecays(float *G, const float *chunkDecay, i
 /// inverseOut is given (training: the backward reads it).
 __global__ void __launch_bounds__(256)
     kimiTransformKernel(Strided key, Strided value, const float *decay, const float *beta, int64_t tokens, bf16 *w,
-                        bf16 *u, bf16 *keysToEnd, float *cumOut, float *lastOut, float *inverseOut, bool blocked,
+                        bf16 *u, bf16 *keysToEnd, float *cumOut, float *lastOut, float *inverseOut, int inverseForm,
                         bool pairsPerThread, bool stagedDecay) {
   extern __shared__ __align__(16) unsigned char shared[];
   bf16 *ks = reinterpret_cast<bf16 *>(shared); // k, then beta k e^G
@@ -205,8 +205,8 @@ __global__ void __launch_bounds__(256)
     a[r * kPairRow + c] = c < r ? a[r * kPairRow + c] * betas[r] : 0.0f;
   }
   __syncthreads();
-  if (blocked) // ts is free until T is written to it below
-    invertUnitLowerBlocked(a, reinterpret_cast<float *>(ts), tid);
+  if (inverseForm) // ts is free until T is written to it below
+    invertUnitLowerBlocked(a, reinterpret_cast<float *>(ts), tid, inverseForm == 2);
   else
     invertUnitLower(a, tid);
   for (int i = tid; i < kChunk * kChunk; i += blockDim.x) {
@@ -408,7 +408,7 @@ at::Tensor kimiDeltaRuleForward(const at::Tensor &query, const at::Tensor &key, 
   kimiTransformKernel<<<dim3(chunks, bh), 256, transformBytes, stream>>>(
       stridedRows(key), stridedRows(value), g.data_ptr<float>(), b.data_ptr<float>(), tokens, bf16Data(w),
       bf16Data(u), bf16Data(keysToEnd), cum.data_ptr<float>(), last.data_ptr<float>(),
-      inverse.defined() ? inverse.data_ptr<float>() : nullptr, blockInverse(), pairsPerThread(),
+      inverse.defined() ? inverse.data_ptr<float>() : nullptr, inverseForm(), pairsPerThread(),
       stagedDecays() && reinterpret_cast<uintptr_t>(g.data_ptr<float>()) % 16 == 0); // 16-byte loads
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
