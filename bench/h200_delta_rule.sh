@@ -131,7 +131,7 @@ if [ "${PHASE:-checks}" != timings ]; then
   if [ -n "$SAN" ]; then
     # With SKIP_CHECKS=1 the sites the waiting opt-ins touch, else every kernel.
     all="gated_delta_rule.chunked kimi_delta.chunked kimi_scores causal_conv1d norm.gated_rms expert"
-    [ -n "${SKIP_CHECKS:-}" ] && all="kimi_scores kimi_delta.chunked"
+    [ -n "${SKIP_CHECKS:-}" ] && all="kimi_scores kimi_delta.chunked gated_delta_rule.chunked"
     for only in ${MEMCHECK:-$all}; do
       ADAPT_CONV_KERNEL=1 ADAPT_GATED_NORM_KERNEL=1 ADAPT_DELTA_RULE_TRAIN_KERNEL=1 ADAPT_DELTA_RULE_BACKWARD_KERNEL=1 ADAPT_DELTA_RULE_LEAN_BACKWARD=1 \
         ADAPT_KIMI_DELTA_TRAIN_KERNEL=1 ADAPT_KIMI_DELTA_PREFETCH=1 ADAPT_KIMI_SCORES_KERNEL=1 ADAPT_KIMI_SCORES_SUBCHUNKS=1 ADAPT_KIMI_FUSED_TERMS=1 ADAPT_KIMI_SAVED_SCORES=1 ADAPT_KIMI_STAGED_DECAY=1 ADAPT_KIMI_OUTPUT_TWO_BLOCKS=1 ADAPT_DELTA_RULE_INVERSE_SPLIT_SUMS=1 \
