@@ -312,8 +312,8 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     const Tensor cum = toChunks(saved[3], c).cumsum(3), bt = toChunks(saved[4].unsqueeze(-1), c);
     const int64_t b = k.size(0), h = k.size(1), dk = k.size(4), dv = v.size(4);
     const Masks m(c, k.device());
-    const KimiTerms terms(q, k, bt, cum);
-    const Tensor xv = v * bt;
+    KimiTerms terms(q, k, bt, cum); // not const: its tensors are freed after their last reader
+    Tensor xv = v * bt;
     const Tensor &queryDecayed = terms.queryDecayed;
     Tensor w = torch::matmul(inverse, terms.keysWeighted);
     Tensor dOut = grads[0].defined() ? toChunks(grads[0], c) : torch::zeros(savedNewValues.sizes(), k.options());
@@ -366,20 +366,34 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
       dSystem = -torch::matmul(torch::matmul(transposed(inverse), dInverse), transposed(inverse)) * m.strict;
       leavingDotState = (dLeaving * states).sum(-1).unsqueeze(3);
     }
+    // Which tail runs (below): the kernel derives its own terms, so with it the
+    // chunk terms' last reader is behind us.
+#ifdef ADAPT_WITH_CUDA_KERNELS
+    const bool tailKernel = chooseKernel("kimi_delta_rule.backward_tail", k, cuda::kimiBackwardTailEnabled(),
+                                         cuda::kimiBackwardTailTakes(k));
+#else
+    const bool tailKernel = false;
+#endif
+    // The backward's peak comes in the score gradients and the tail below:
+    // free the [.., 64, 128] fp32 chunk tensors nothing after this reads
+    // (128 MiB each at 1 x 32 heads x 8K).
+    w.reset(), dOut.reset(), localNew.reset(), xv.reset();
+    if (tailKernel)
+      terms.keysWeighted.reset(), terms.keysToEnd.reset(), terms.queryDecayed.reset();
     // The output's scores are q's against k, the system's x = b k's against
     // k: the latter's x gradient gives k's row term (times b) and b's term
     // (its dot with k), so the key pairs P_kk themselves (a scores pass) are
     // never rebuilt. Only the sum of the two key-column gradients is needed.
     const PairedScoreGradients scoreGrads = pairedDecayedScoresBackward(dScores, q, dSystem, terms.keysBeta, k, cum);
     const Tensor &dqScores = scoreGrads.xA, &dKeysBeta = scoreGrads.xB, &dkColumns = scoreGrads.y;
+    dScores.reset(), dSystem.reset(), terms.keysBeta.reset();
 
     // The sums of products into dq, dk, dG and beta's key terms: one kernel
     // on the GPU when switched on (runtime/cuda/KimiBackwardTailKernel.h,
     // which states them as formulas), else the composition below.
     Tensor dq, dKey, dCum, dBetaKeys, keysToEndSums, dDecay;
 #ifdef ADAPT_WITH_CUDA_KERNELS
-    if (chooseKernel("kimi_delta_rule.backward_tail", k, cuda::kimiBackwardTailEnabled(),
-                     cuda::kimiBackwardTailTakes(k))) {
+    if (tailKernel) {
       // Unless ADAPT_KIMI_TAIL_DECAY_GRADIENT=0 it also finishes the log
       // decays' gradient (decayGradient below, with dLastCum's terms).
       cuda::KimiBackwardTail tail =
