@@ -338,6 +338,7 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
                                     cuda::kimiChunkGradientsTake(dOut, savedStates))) {
       cuda::DeltaRuleStateGrads state = stateGradientsOnGpuRaw(terms.keysToEnd, w, queryDecayed, dOut, localNew,
                                                                terms.last, dLast, /*perChannel=*/true);
+      w.reset(), localNew.reset(); // read by the state pass only: freed before the chunk gradients' outputs
       const cuda::KimiChunkGrads chunk = cuda::kimiChunkGradients(dOut, savedStates, savedNewValues, state.leaving,
                                                                   state.newValues, terms.keysWeighted, xv, inverse);
       ds = state.initial;
