@@ -394,6 +394,28 @@ bool blockInverse();
 /// 2 by blocks with split sums (ADAPT_DELTA_RULE_INVERSE_SPLIT_SUMS=1 as well).
 int inverseForm();
 
+/// \p init + sum of term(m) for m in [begin, end): in order in one chain, or
+/// with \p split as two interleaved chains (even and odd m) added at the end,
+/// so that each step waits on the term two back rather than the last.
+template <typename Term>
+__device__ __forceinline__ float chainSum(float init, int begin, int end, bool split, Term term) {
+  float sum = init;
+  if (!split) {
+    for (int m = begin; m < end; ++m)
+      sum += term(m);
+    return sum;
+  }
+  float odd = 0.0f;
+  int m = begin;
+  for (; m + 1 < end; m += 2) {
+    sum += term(m);
+    odd += term(m + 1);
+  }
+  if (m < end)
+    sum += term(m);
+  return sum + odd;
+}
+
 /// invertUnitLower by 16-row blocks, with the same layout and result (up to
 /// fp32 summation order): each diagonal block by one warp (15 dependent
 /// steps under __syncwarp), then block rows 1 to 3 in turn,
@@ -401,11 +423,11 @@ int inverseForm();
 /// (3 x 16 x 16 fp32, free memory of the caller's). Seven block barriers
 /// where the row-by-row form takes 126: that serial chain is most of the
 /// transform kernel's 2.1 ms at 1 x 32 heads x 32K on the H200.
-/// With \p split, every dot product runs as four (two on the diagonal)
-/// interleaved partial sums, so that each thread waits one shared load and
-/// FMA latency per four terms rather than per term (the block rows' sums are
-/// up to 48 terms long, ~30 cycles a term in one chain); the same terms,
-/// summed in another order (ADAPT_DELTA_RULE_INVERSE_SPLIT_SUMS=1, opt-in
+/// With \p split, every dot product runs as interleaved partial sums (four
+/// in the block rows' X_J, two in the diagonal blocks and in T_II X_J), so
+/// that a thread waits one shared load and FMA latency per four (or two)
+/// terms rather than per term (X_J's sums are up to 48 terms long, ~30
+/// cycles a term in one chain); the same terms, summed in another order (ADAPT_DELTA_RULE_INVERSE_SPLIT_SUMS=1, opt-in
 /// until checked on a GPU).
 __device__ __forceinline__ void invertUnitLowerBlocked(float *a, float *scratch, int tid, bool split = false) {
   constexpr int S = kChunk + 1, B = 16, Blocks = kChunk / B;
@@ -414,22 +436,9 @@ __device__ __forceinline__ void invertUnitLowerBlocked(float *a, float *scratch,
     const int o = B * warp, j = lane;
     for (int r = 1; r < B; ++r) {
       float sum = 0.0f;
-      if (j < r && split) {
-        float odd = 0.0f;
-        sum = a[(o + r) * S + o + j];
-        int m = j + 1;
-        for (; m + 1 < r; m += 2) {
-          sum += a[(o + r) * S + o + m] * a[(o + m) * S + o + j];
-          odd += a[(o + r) * S + o + m + 1] * a[(o + m + 1) * S + o + j];
-        }
-        if (m < r)
-          sum += a[(o + r) * S + o + m] * a[(o + m) * S + o + j];
-        sum += odd;
-      } else if (j < r) { // T[j][j] = 1 is not stored: that term is A[r][j] itself
-        sum = a[(o + r) * S + o + j];
-        for (int m = j + 1; m < r; ++m)
-          sum += a[(o + r) * S + o + m] * a[(o + m) * S + o + j];
-      }
+      if (j < r) // T[j][j] = 1 is not stored: that term is A[r][j] itself
+        sum = chainSum(a[(o + r) * S + o + j], j + 1, r, split,
+                       [&](int m) { return a[(o + r) * S + o + m] * a[(o + m) * S + o + j]; });
       __syncwarp(); // the warp has read row r before it is overwritten
       if (j < r)
         a[(o + r) * S + o + j] = -sum;
@@ -462,22 +471,8 @@ __device__ __forceinline__ void invertUnitLowerBlocked(float *a, float *scratch,
       const int J = e / (B * B), r = (e / B) % B, c = e % B;
       const float *trow = a + (B * I + r) * S + B * I;
       const float *x = scratch + J * B * B;
-      float sum = x[r * B + c];
-      if (split) {
-        float odd = 0.0f;
-        int m = 0;
-        for (; m + 1 < r; m += 2) {
-          sum += trow[m] * x[m * B + c];
-          odd += trow[m + 1] * x[(m + 1) * B + c];
-        }
-        if (m < r)
-          sum += trow[m] * x[m * B + c];
-        sum += odd;
-      } else {
-        for (int m = 0; m < r; ++m)
-          sum += trow[m] * x[m * B + c];
-      }
-      a[(B * I + r) * S + B * J + c] = -sum;
+      a[(B * I + r) * S + B * J + c] =
+          -chainSum(x[r * B + c], 0, r, split, [&](int m) { return trow[m] * x[m * B + c]; });
     }
     __syncthreads();
   }

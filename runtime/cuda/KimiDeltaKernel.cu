@@ -177,13 +177,13 @@ __global__ void __launch_bounds__(256)
     float run = 0.0f;
     if (stagedDecay) {
       for (int r0 = 0; r0 < kChunk; r0 += kCumsumBatch) {
-        float g[kCumsumBatch]; // the batch's loads issued together, then the sums in order
+        float batch[kCumsumBatch]; // the batch's loads issued together, then the sums in order
 #pragma unroll
         for (int j = 0; j < kCumsumBatch; ++j)
-          g[j] = G[(r0 + j) * kDim + tid];
+          batch[j] = G[(r0 + j) * kDim + tid];
 #pragma unroll
         for (int j = 0; j < kCumsumBatch; ++j) {
-          run += g[j];
+          run += batch[j];
           G[(r0 + j) * kDim + tid] = run;
           cumOut[(bh * padded + row0 + r0 + j) * kDim + tid] = run;
         }
@@ -393,7 +393,8 @@ at::Tensor kimiDeltaRuleForward(const at::Tensor &query, const at::Tensor &key, 
   at::Tensor cum = at::empty({bh, padded, kDim}, f32), last = at::empty({bh, chunks, kDim}, f32);
   at::Tensor states = at::empty({bh, chunks, kDim, kDim}, key.options());
   at::Tensor inverse = saved ? at::empty({bh, padded, kChunk}, f32) : at::Tensor();
-  at::Tensor scores = saved && kimiSavedScoresEnabled() ? at::empty({bh, padded, kChunk}, key.options()) : at::Tensor();
+  at::Tensor scores =
+      saved && kimiSavedScoresEnabled() ? at::empty({bh, padded, kChunk}, key.options()) : at::Tensor();
   at::Tensor init;
   if (initialState.defined()) {
     TORCH_CHECK(initialState.numel() == bh * kDim * kDim, "kimiDeltaRuleForward: expected an initial state [B, H, 128, 128]");
