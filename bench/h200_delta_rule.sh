@@ -174,17 +174,17 @@ if [ "${PHASE:-checks}" != checks ]; then
   fi
   echo "== Kimi delta attention $(date +%T)"
   want kda && EXTRA=--per-channel run_shapes kda-default ADAPT_NONE=1
-  want kda && EXTRA=--per-channel run_shapes kda-no-chunk-grad ADAPT_KIMI_CHUNK_GRAD_KERNEL=0 # session 47's kernel, off
-  want kda && EXTRA=--per-channel run_shapes kda-one-pass ADAPT_KIMI_BACKWARD_SLICE_HEADS=1024
-  want kda && EXTRA=--per-channel run_shapes kda-no-tail-decay ADAPT_KIMI_TAIL_DECAY_GRADIENT=0 # session 48's default, off
-  want kda && EXTRA=--per-channel run_shapes kda-no-subchunks ADAPT_KIMI_SCORES_SUBCHUNKS=0 # session 49's defaults, off
-  want kda && EXTRA=--per-channel run_shapes kda-no-fused-terms ADAPT_KIMI_FUSED_TERMS=0
-  want kda && EXTRA=--per-channel run_shapes kda-no-saved-scores ADAPT_KIMI_SAVED_SCORES=0
   want kda && EXTRA=--per-channel run_shapes kda-staged-decay ADAPT_KIMI_STAGED_DECAY=1 # session 49's opt-ins
   want kda && EXTRA=--per-channel run_shapes kda-output-two-blocks ADAPT_KIMI_OUTPUT_TWO_BLOCKS=1
   want kda && EXTRA=--per-channel run_shapes kda-forward-both ADAPT_KIMI_STAGED_DECAY=1 ADAPT_KIMI_OUTPUT_TWO_BLOCKS=1
   want kda && EXTRA=--per-channel run_shapes kda-forward-all ADAPT_KIMI_STAGED_DECAY=1 ADAPT_KIMI_OUTPUT_TWO_BLOCKS=1 ADAPT_DELTA_RULE_INVERSE_SPLIT_SUMS=1
   if want kda-switches; then
+  EXTRA=--per-channel run_shapes kda-no-chunk-grad ADAPT_KIMI_CHUNK_GRAD_KERNEL=0 # session 47's kernel, off
+  EXTRA=--per-channel run_shapes kda-one-pass ADAPT_KIMI_BACKWARD_SLICE_HEADS=1024
+  EXTRA=--per-channel run_shapes kda-no-tail-decay ADAPT_KIMI_TAIL_DECAY_GRADIENT=0 # session 48's default, off
+  EXTRA=--per-channel run_shapes kda-no-subchunks ADAPT_KIMI_SCORES_SUBCHUNKS=0 # session 49's defaults, off
+  EXTRA=--per-channel run_shapes kda-no-fused-terms ADAPT_KIMI_FUSED_TERMS=0
+  EXTRA=--per-channel run_shapes kda-no-saved-scores ADAPT_KIMI_SAVED_SCORES=0
   EXTRA=--per-channel run_shapes kda-no-tail ADAPT_KIMI_BACKWARD_TAIL_KERNEL=0
   EXTRA=--per-channel run_shapes kda-slices-8 ADAPT_KIMI_BACKWARD_SLICE_HEADS=8
   EXTRA=--per-channel run_shapes kda-session-45-opt-outs ADAPT_KIMI_PAIRS_PER_THREAD=0 ADAPT_KIMI_SCORES_PAIRED_BACKWARD=0 \
