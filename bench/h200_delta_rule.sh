@@ -160,7 +160,7 @@ if [ "${PHASE:-checks}" != checks ]; then
   }
   # ROWS picks the groups below (default all of them; one call cannot hold
   # them all with fla's rows): gdn, gdn-switches, kda, kda-switches,
-  # lightning, layers, profiles.
+  # lightning, layers, profiles, ncu (not in the default).
   ROWS=${ROWS:-gdn gdn-switches kda kda-switches lightning layers profiles}
   want() { [[ " $ROWS " == *" $1 "* ]]; }
   echo "== gated delta rule $(date +%T)"
@@ -215,6 +215,21 @@ if [ "${PHASE:-checks}" != checks ]; then
   timeout 120 $W/lc/long_context --delta-rule 1 32 32768 128 128 --per-channel --profile $W/profkda32 > $W/profkda32.log 2>&1
   grep -m3 "GPU time\|Wall" $W/profkda32/profile/breakdown.md
   python3 bench/h200/trace_kernels.py $W/profkda32/profile/trace.json 3 14 2>&1 | tail -18
+  fi
+  if want ncu; then
+  # Hardware counters of Kimi's forward kernels at 8K (ncu reads them on a
+  # Firecracker machine; clocks left alone, METHOD.md): one launch each.
+  NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
+  if [ -n "$NCU" ]; then
+    echo "== ncu, Kimi's forward kernels at 8K $(date +%T)"
+    timeout ${NCU_TIMEOUT:-240} $NCU --clock-control none -k "regex:${NCU_KERNELS:-kimiTransform|kimiOutput|perChannelScores|deltaRuleStateForward}" \
+      -c ${NCU_LAUNCHES:-4} --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section MemoryWorkloadAnalysis $W/lc/long_context --delta-rule 1 32 8192 128 128 --per-channel --iters 1 > $W/ncu.log 2>&1
+    echo "-- ncu: rc $?"
+    grep -E "^  [a-zA-Z].*\(|Duration|Throughput|Registers|Shared Memory Config|Achieved Occupancy|Theoretical Occupancy|Block Limit|Stall|Warp Cycles|L1/TEX Hit|L2 Hit|Mem Busy|Max Bandwidth|Executed Ipc" $W/ncu.log | head -${NCU_LINES:-120}
+  else
+    echo "-- ncu: none"
+  fi
   fi
   [ -n "${SKIP_FLA:-}" ] && { echo "== done $(date +%T)"; exit 0; }
   echo "== fla 0.6 $(date +%T)"
