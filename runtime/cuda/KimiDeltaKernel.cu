@@ -335,9 +335,10 @@ bool pairsPerThread() {
 /// row: the next row's load waits behind this row's store (the compiler
 /// cannot move it past a store that may alias), so 64 memory latencies in
 /// sequence per chunk while the block's other warps wait at the barrier (at
-/// ~0.5 us each, ~30 us a chunk; two blocks an SM). Staged, the loads are
-/// 16-byte and all in flight at once, and the sums (in the same order,
-/// bitwise the same G) read shared memory.
+/// ~0.5 us each, ~30 us a chunk). Staged, the loads are 16-byte and all in
+/// flight at once, and the sums (in the same order, bitwise the same G) read
+/// shared memory; the kernel then asks for the largest shared-memory
+/// carveout, where two of its blocks (112.75 KiB each) share an SM.
 bool stagedDecays() {
   static const bool on = switchedOn("ADAPT_KIMI_STAGED_DECAY");
   return on;
@@ -406,11 +407,14 @@ at::Tensor kimiDeltaRuleForward(const at::Tensor &query, const at::Tensor &key, 
   const size_t transformBytes = (3 * kChunk + kSub) * kRow * sizeof(bf16) + kChunk * kSquareRow * sizeof(bf16) +
                                 (kChunk * kPairRow + kChunk * kDim + kChunk) * sizeof(float);
   allowSharedMemory(kimiTransformKernel, transformBytes);
+  const bool staged = stagedDecays() && reinterpret_cast<uintptr_t>(g.data_ptr<float>()) % 16 == 0; // 16-byte loads
+  if (staged) // 2 x (112.75 + 1) KiB: two blocks share an SM only at the largest carveout
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kimiTransformKernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        cudaSharedmemCarveoutMaxShared));
   kimiTransformKernel<<<dim3(chunks, bh), 256, transformBytes, stream>>>(
       stridedRows(key), stridedRows(value), g.data_ptr<float>(), b.data_ptr<float>(), tokens, bf16Data(w),
       bf16Data(u), bf16Data(keysToEnd), cum.data_ptr<float>(), last.data_ptr<float>(),
-      inverse.defined() ? inverse.data_ptr<float>() : nullptr, inverseForm(), pairsPerThread(),
-      stagedDecays() && reinterpret_cast<uintptr_t>(g.data_ptr<float>()) % 16 == 0); // 16-byte loads
+      inverse.defined() ? inverse.data_ptr<float>() : nullptr, inverseForm(), pairsPerThread(), staged);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
   // The state kernel's prefetching form (checked with per-channel decays on
