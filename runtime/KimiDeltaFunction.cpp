@@ -308,7 +308,8 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     const int64_t t = ctx->saved_data["t"].toInt(), c = ctx->saved_data["chunk"].toInt();
     const std::vector<int64_t> dtypes = ctx->saved_data["dtypes"].toIntVector();
     const double scale = 1.0 / std::sqrt(static_cast<double>(saved[1].size(3)));
-    const Tensor q = toChunks(saved[0], c) * scale, k = toChunks(saved[1], c), v = toChunks(saved[2], c);
+    const Tensor q = toChunks(saved[0], c) * scale, k = toChunks(saved[1], c);
+    Tensor v = toChunks(saved[2], c); // not const: freed once v's two terms are taken (below)
     const Tensor cum = toChunks(saved[3], c).cumsum(3), bt = toChunks(saved[4].unsqueeze(-1), c);
     const int64_t b = k.size(0), h = k.size(1), dk = k.size(4), dv = v.size(4);
     const Masks m(c, k.device());
@@ -379,6 +380,12 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     // free the [.., 64, 128] fp32 chunk tensors nothing after this reads
     // (128 MiB each at 1 x 32 heads x 8K).
     w.reset(), dOut.reset(), localNew.reset(), xv.reset();
+    // v's gradient (already in v's dtype: the one rounding it gets anyway)
+    // and its term in b's, taken now so that v and dXv (fp32 chunk tensors)
+    // are freed before the peak, not held through it.
+    const Tensor dValue = (dXv * bt).to(static_cast<torch::ScalarType>(dtypes[2]));
+    const Tensor dBetaValues = (dXv * v).sum(-1, true);
+    dXv.reset(), v.reset();
     if (tailKernel)
       terms.keysWeighted.reset(), terms.keysToEnd.reset(), terms.queryDecayed.reset();
     // The output's scores are q's against k, the system's x = b k's against
@@ -422,8 +429,7 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
                  .sub_(keysToEndTerm);
       keysToEndSums = keysToEndTerm.sum(3, true);
     }
-    Tensor dValue = dXv * bt;
-    Tensor dBeta = dBetaKeys + (dXv * v).sum(-1, true);
+    Tensor dBeta = dBetaKeys + dBetaValues;
     if (!dDecay.defined())
       dDecay = decayGradient(dCum, keysToEndSums + leavingDotState * terms.last.exp());
     return chunkedGradients(dq, dKey, dValue, dDecay, dBeta, ds, t, dtypes);
