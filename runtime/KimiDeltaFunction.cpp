@@ -392,7 +392,7 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     // k: the latter's x gradient gives k's row term (times b) and b's term
     // (its dot with k), so the key pairs P_kk themselves (a scores pass) are
     // never rebuilt. Only the sum of the two key-column gradients is needed.
-    const PairedScoreGradients scoreGrads = pairedDecayedScoresBackward(dScores, q, dSystem, terms.keysBeta, k, cum);
+    PairedScoreGradients scoreGrads = pairedDecayedScoresBackward(dScores, q, dSystem, terms.keysBeta, k, cum);
     const Tensor &dqScores = scoreGrads.xA, &dKeysBeta = scoreGrads.xB, &dkColumns = scoreGrads.y;
     dScores.reset(), dSystem.reset(), terms.keysBeta.reset();
 
@@ -429,6 +429,10 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
                  .sub_(keysToEndTerm);
       keysToEndSums = keysToEndTerm.sum(3, true);
     }
+    // The tail's inputs are dead: freed before the gradients' conversions to
+    // the inputs' dtypes, which would otherwise sit on top of them.
+    scoreGrads = PairedScoreGradients{};
+    dQueryDecayed.reset(), dKeysToEnd.reset(), dXk.reset();
     Tensor dBeta = dBetaKeys + dBetaValues;
     if (!dDecay.defined())
       dDecay = decayGradient(dCum, keysToEndSums + leavingDotState * terms.last.exp());
