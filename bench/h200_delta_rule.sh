@@ -222,7 +222,7 @@ if [ "${PHASE:-checks}" != checks ]; then
   NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
   if [ -n "$NCU" ]; then
     echo "== ncu, Kimi's forward kernels at 8K $(date +%T)"
-    timeout ${NCU_TIMEOUT:-240} $NCU --clock-control none -k "regex:${NCU_KERNELS:-kimiTransform|kimiOutput|perChannelScores|deltaRuleStateForward}" \
+    timeout ${NCU_TIMEOUT:-240} $NCU --clock-control none -k "regex:${NCU_KERNELS:-kimiTransform|kimiOutput|perChannelScores|deltaRuleStateKernel}" \
       -c ${NCU_LAUNCHES:-4} --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
       --section MemoryWorkloadAnalysis $W/lc/long_context --delta-rule 1 32 8192 128 128 --per-channel --iters 1 > $W/ncu.log 2>&1
     echo "-- ncu: rc $?"

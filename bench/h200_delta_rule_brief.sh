@@ -42,7 +42,7 @@ fi
 NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 if [ -n "$NCU" ] && [ $(el) -lt ${NCU_BY:-300} ]; then
   for e in ADAPT_NONE=1 "$ALL"; do
-    env $e timeout 80 $NCU --clock-control none -k "regex:kimiTransform|kimiOutput|deltaRuleStateForward" -c 3 \
+    env $e timeout 80 $NCU --clock-control none -k "regex:kimiTransform|kimiOutput|deltaRuleStateKernel" -c 3 \
       --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
       $W/lc/long_context --delta-rule 1 32 8192 128 128 --per-channel --iters 1 > $W/ncu.log 2>&1
     echo "-- ncu [$e]: rc $? ($(el) s)"; cp $W/ncu.log $OUT/ncu-$(echo $e | cut -c1-12).log
