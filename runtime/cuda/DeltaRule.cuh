@@ -531,6 +531,14 @@ template <typename Kernel> void allowSharedMemory(Kernel kernel, size_t bytes) {
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
 }
 
+/// Asks for \p kernel's largest shared-memory carveout: a kernel whose two
+/// blocks need nearly all of an SM's 228 KiB fits two only there, and the
+/// driver need not choose it unasked.
+template <typename Kernel> void preferLargestCarveout(Kernel kernel) {
+  C10_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared));
+}
+
 } // namespace adapt::rt::cuda::delta
 
 #endif // ADAPT_RUNTIME_CUDA_DELTARULE_CUH

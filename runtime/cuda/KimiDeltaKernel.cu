@@ -307,6 +307,12 @@ __global__ void __launch_bounds__(256, TwoBlocks ? 2 : 1)
   storeChunkOutput(out + (bh * tokens + row0) * kDim, qs, ss, ps, vs, valid, mt, half, g, t, lane);
 }
 
+/// The transform kernel's shared memory: 112.75 KiB, two blocks an SM at the
+/// largest carveout (asked for with the staged decays).
+constexpr size_t kTransformBytes = (3 * kChunk + kSub) * kRow * sizeof(bf16) + kChunk * kSquareRow * sizeof(bf16) +
+                                   (kChunk * kPairRow + kChunk * kDim + kChunk) * sizeof(float);
+static_assert(2 * (kTransformBytes + 1024) <= 228 * 1024, "two transform blocks must share an SM");
+
 /// The output kernel's shared memory: 163.5 KiB, or 112.5 KiB \p twoBlocks.
 constexpr size_t outputKernelBytes(bool twoBlocks) {
   return (twoBlocks ? (3 * kChunk + kSub) * kRow : (4 * kChunk + kSub + kDim) * kRow) * sizeof(bf16) +
@@ -404,14 +410,11 @@ at::Tensor kimiDeltaRuleForward(const at::Tensor &query, const at::Tensor &key, 
   at::Tensor finalOut = finalState ? at::empty({batch, heads, kDim, kDim}, f32) : at::Tensor();
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
 
-  const size_t transformBytes = (3 * kChunk + kSub) * kRow * sizeof(bf16) + kChunk * kSquareRow * sizeof(bf16) +
-                                (kChunk * kPairRow + kChunk * kDim + kChunk) * sizeof(float);
-  allowSharedMemory(kimiTransformKernel, transformBytes);
+  allowSharedMemory(kimiTransformKernel, kTransformBytes);
   const bool staged = stagedDecays() && reinterpret_cast<uintptr_t>(g.data_ptr<float>()) % 16 == 0; // 16-byte loads
-  if (staged) // 2 x (112.75 + 1) KiB: two blocks share an SM only at the largest carveout
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kimiTransformKernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                        cudaSharedmemCarveoutMaxShared));
-  kimiTransformKernel<<<dim3(chunks, bh), 256, transformBytes, stream>>>(
+  if (staged)
+    preferLargestCarveout(kimiTransformKernel);
+  kimiTransformKernel<<<dim3(chunks, bh), 256, kTransformBytes, stream>>>(
       stridedRows(key), stridedRows(value), g.data_ptr<float>(), b.data_ptr<float>(), tokens, bf16Data(w),
       bf16Data(u), bf16Data(keysToEnd), cum.data_ptr<float>(), last.data_ptr<float>(),
       inverse.defined() ? inverse.data_ptr<float>() : nullptr, inverseForm(), pairsPerThread(), staged);
@@ -433,8 +436,7 @@ at::Tensor kimiDeltaRuleForward(const at::Tensor &query, const at::Tensor &key, 
   const auto outputKernel = twoBlocks ? kimiOutputKernel<true> : kimiOutputKernel<false>;
   allowSharedMemory(outputKernel, outputBytes);
   if (twoBlocks)
-    C10_CUDA_CHECK(cudaFuncSetAttribute(outputKernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                        cudaSharedmemCarveoutMaxShared));
+    preferLargestCarveout(outputKernel);
   outputKernel<<<dim3(chunks, bh), 256, outputBytes, stream>>>(
       stridedRows(query), stridedRows(key), bf16Data(states), bf16Data(vNew), cum.data_ptr<float>(), tokens,
       static_cast<float>(1.0 / std::sqrt(double(kDim))), bf16Data(out), scores.defined() ? bf16Data(scores) : nullptr,
