@@ -239,6 +239,10 @@ if [ "${PHASE:-checks}" != checks ]; then
   [ -z "${SKIP_FLA_KDA:-}" ] &&
     timeout ${FLA_KDA_TIMEOUT:-240} python3 bench/h200/fla_delta_rule.py --bypass-triton-guard --per-channel \
       ${FLA_KDA_SHAPES:-1 32 8192 128 128} 2>&1 | grep -v Warning | tail -4
+  # fla's simple GLA with MiniMax's fixed decays: the lightning rows' peer.
+  want lightning && [ -z "${SKIP_FLA_LIGHTNING:-}" ] &&
+    timeout ${FLA_LIGHTNING_TIMEOUT:-180} python3 bench/h200/fla_delta_rule.py --lightning \
+      1 64 8192 128 128 1 64 32768 128 128 2>&1 | grep -v Warning | tail -2
   save_fla_cache "$OUT"
 fi
 echo "== done $(date +%T)"

@@ -2,9 +2,10 @@
 # The delta rule's waiting opt-ins in one short device call, for when calls
 # are scarce (bench/h200_delta_rule.sh holds the full checks and rows, two
 # calls): their op checks (bf16, fp32), their timings beside the defaults,
-# then memcheck, ncu's view of Kimi's forward kernels and fla's KDA rows, each
-# skipped once the call has run past its deadline (seconds from the start;
-# MEMCHECK_BY, NCU_BY, FLA_BY, SINGLES_BY, END_BY). ~380 s on a fresh machine.
+# then memcheck, ncu's view of Kimi's forward kernels, fla's KDA rows and
+# MiniMax's lightning attention beside fla's simple GLA, each skipped once the
+# call has run past its deadline (seconds from the start; MEMCHECK_BY, NCU_BY,
+# FLA_BY, SINGLES_BY, END_BY, LIGHTNING_BY). ~380-450 s on a fresh machine.
 # usage: bench/h200_delta_rule_brief.sh OUTDIR   (from the repository root,
 #        .whl and .fla-cache-parts carried)
 cd "$(dirname "$0")/.."
@@ -52,5 +53,10 @@ fi
 if [ $(el) -lt ${FLA_BY:-330} ]; then
   source bench/h200/fla_env.sh
   timeout $(( ${END_BY:-380} - $(el) )) python3 bench/h200/fla_delta_rule.py --bypass-triton-guard --per-channel 1 32 8192 128 128 1 32 32768 128 128 2>&1 | grep -v Warning | tail -3
+fi
+if [ $(el) -lt ${LIGHTNING_BY:-450} ]; then # MiniMax's lightning attention beside fla's simple GLA, 8K
+  echo "lightning $(timeout 60 $W/lc/long_context --lightning 1 64 8192 128 256 --iters 5 2>&1 | tail -1)"
+  source bench/h200/fla_env.sh
+  timeout $(( ${LIGHTNING_END_BY:-560} - $(el) )) python3 bench/h200/fla_delta_rule.py --lightning 1 64 8192 128 128 2>&1 | grep -v Warning | tail -2
 fi
 echo "== done $(el) s"
