@@ -3,6 +3,8 @@
 #include "runtime/Lightning.h"
 
 #include "runtime/Errors.h"
+#include "runtime/Tf32Scope.h"
+#include "runtime/cuda/Switches.h"
 
 #include <cmath>
 
@@ -100,7 +102,6 @@ struct BlockDecays {
   Tensor query; ///< e^{-s (i + 1)}: the entering state's decay at row i [1, H, 1, b, 1].
   Tensor key;   ///< e^{-s (b - 1 - j)}: key j's decay to the block's end [1, H, 1, b, 1].
   Tensor pairs; ///< e^{-s (i - j)} for i >= j, else 0 [1, H, 1, b, b].
-  Tensor block; ///< e^{-s b}: the state's decay over a whole block [1, H, 1, 1].
   Tensor rate;  ///< s [1, H, 1, 1].
 
   BlockDecays(const Tensor &slopes, int64_t b, const torch::TensorOptions &options) {
@@ -111,7 +112,6 @@ struct BlockDecays {
     key = torch::exp(-s * (double(b) - pos));
     const Tensor scaled = s * (pos - pos.transpose(-1, -2));                      // s (i - j)
     pairs = torch::exp(torch::where(scaled >= 0, -scaled, torch::full_like(scaled, -INFINITY)));
-    block = torch::exp(-rate * double(b));
   }
 
   /// The decay of the last block's key j to its own end, e^{-s (L - 1 - j)}
@@ -122,6 +122,41 @@ struct BlockDecays {
   }
 };
 
+/// Blocks per group of the state scan below: each level's GEMM costs G
+/// multiply-adds per state entry, and a level leaves N / G groups.
+constexpr int64_t kScanGroup = 16;
+
+/// The inclusive decayed scan y_n = d y_{n-1} + x_n (y_{-1} = \p initial) of
+/// \p x [B, H, N, F] with d = e^{logDecay}, \p logDecay [1, H, 1, 1] (<= 0),
+/// \p initial [B, H, F] or undefined (zeros). A loop over N blocks costs
+/// two launches each (a 1M-token sequence has 4,096 blocks of 256), so the
+/// scan runs in groups of kScanGroup: inside each group one batched GEMM
+/// with the [G, G] matrix of d^(i-m) (i >= m), across groups the same scan
+/// of the groups' totals with d^G, recursively. Every factor is a power of
+/// d <= 1: nothing overflows.
+Tensor decayedScan(const Tensor &x, const Tensor &logDecay, const Tensor &initial) {
+  const int64_t n = x.size(2), group = std::min(n, kScanGroup), groups = (n + group - 1) / group;
+  const Tensor i = torch::arange(group, x.options()).view({1, 1, group, 1});
+  const Tensor lag = i - i.transpose(-1, -2);                                          // i - m
+  const Tensor within = torch::where(lag >= 0, (logDecay * lag).exp(), torch::zeros_like(lag)); // [1, H, G, G]
+  const Tensor padded = groups * group > n ? torch::constant_pad_nd(x, {0, 0, 0, groups * group - n}) : x;
+  const Tensor local = torch::matmul(within.unsqueeze(2), padded.reshape({x.size(0), x.size(1), groups, group, -1}));
+  // The value entering each group: the scan of the groups' totals with d^G.
+  Tensor entering;
+  if (groups > 1) {
+    const Tensor totals = decayedScan(local.select(3, group - 1).narrow(2, 0, groups - 1), logDecay * double(group),
+                                      initial);
+    const Tensor first = initial.defined() ? initial.unsqueeze(2) : torch::zeros_like(totals.narrow(2, 0, 1));
+    entering = torch::cat({first, totals}, 2);
+  } else if (initial.defined()) {
+    entering = initial.unsqueeze(2);
+  }
+  Tensor out = local;
+  if (entering.defined()) // y_{g,i} = d^(i+1) E_g + local_{g,i}
+    out = local + (logDecay.unsqueeze(-1) * (i + 1)).exp() * entering.unsqueeze(3);
+  return out.reshape({x.size(0), x.size(1), groups * group, -1}).narrow(2, 0, n);
+}
+
 /// Lightning attention in blocks as one autograd node, its backward written
 /// out: it keeps q, k, v as given and each block's entering state (fp32),
 /// where autograd of the blocked composition kept the fp32 blocks, the
@@ -130,28 +165,35 @@ struct BlockDecays {
 struct LightningNode : torch::autograd::Function<LightningNode> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext *ctx, const Tensor &q,
                                                 const Tensor &k, const Tensor &v, const Tensor &slopes,
-                                                const Tensor &state, int64_t block) {
+                                                const Tensor &state, int64_t block, bool tf32) {
+    const Tf32Scope scope(tf32);
     const int64_t tokens = q.size(2), blocks = (tokens + block - 1) / block;
     const Tensor qb = toBlocks(q, block, blocks), kb = toBlocks(k, block, blocks), vb = toBlocks(v, block, blocks);
     const BlockDecays decays(slopes, block, qb.options());
     // Inside each block: (Q K^T * decay mask) V; each block's contribution
     // to the state, decayed to the block's end.
     const Tensor intra = torch::matmul(torch::matmul(qb, kb.transpose(-1, -2)) * decays.pairs, vb);
-    const std::vector<Tensor> contributions = torch::matmul((kb * decays.key).transpose(-1, -2), vb).unbind(2);
+    const int64_t batch = q.size(0), heads = q.size(1), dk = q.size(3), dv = v.size(3);
     // The state entering each block: S_0 given, S_n = e^{-s b} S_{n-1} + C_{n-1}.
-    std::vector<Tensor> entering{state.to(torch::kFloat32)};
-    for (int64_t n = 1; n < blocks; ++n)
-      entering.push_back(entering.back() * decays.block + contributions[n - 1]);
-    const Tensor states = torch::stack(entering, 2); // [B, H, N, dk, dv]
+    const Tensor initial = state.to(torch::kFloat32);
+    Tensor states = initial.unsqueeze(2); // [B, H, N, dk, dv]
+    if (blocks > 1) {
+      const Tensor contributions = torch::matmul((kb.narrow(2, 0, blocks - 1) * decays.key).transpose(-1, -2),
+                                                 vb.narrow(2, 0, blocks - 1));
+      const Tensor later = decayedScan(contributions.reshape({batch, heads, blocks - 1, dk * dv}),
+                                       -decays.rate * double(block), initial.reshape({batch, heads, dk * dv}));
+      states = torch::cat({states, later.reshape({batch, heads, blocks - 1, dk, dv})}, 2);
+    }
     // The last block, of its own length L: e^{-s L} S + sum_j e^{-s (L-1-j)} k_j^T v_j.
     const int64_t length = tokens - (blocks - 1) * block;
-    const Tensor last = entering.back() * torch::exp(-decays.rate * double(length)) +
+    const Tensor last = states.select(2, blocks - 1) * torch::exp(-decays.rate * double(length)) +
                         torch::matmul((kb.select(2, blocks - 1).narrow(2, 0, length) *
                                        decays.lastKeyDecay(length, qb.options()))
                                           .transpose(-1, -2),
                                       vb.select(2, blocks - 1).narrow(2, 0, length));
     const Tensor out = intra + torch::matmul(qb * decays.query, states);
     ctx->saved_data["block"] = block;
+    ctx->saved_data["tf32"] = tf32;
     ctx->saved_data["stateDtype"] = int64_t(state.scalar_type());
     ctx->set_materialize_grads(false); // an unused final state's gradient stays undefined
     ctx->save_for_backward({q, k, v, slopes, states});
@@ -160,6 +202,7 @@ struct LightningNode : torch::autograd::Function<LightningNode> {
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
                                                  torch::autograd::variable_list grads) {
+    const Tf32Scope scope(ctx->saved_data["tf32"].toBool());
     const std::vector<Tensor> saved = ctx->get_saved_variables();
     const Tensor &q = saved[0], &k = saved[1], &v = saved[2], &slopes = saved[3], &states = saved[4];
     const int64_t block = ctx->saved_data["block"].toInt(), tokens = q.size(2), blocks = states.size(2);
@@ -178,21 +221,23 @@ struct LightningNode : torch::autograd::Function<LightningNode> {
     Tensor dv = torch::matmul(scores.transpose(-1, -2), dOut);
     // Across blocks: O += (Q e^{-s (i+1)}) S_n.
     dq = dq + torch::matmul(dOut, states.transpose(-1, -2)) * decays.query;
-    const Tensor dEntering = torch::matmul((qb * decays.query).transpose(-1, -2), dOut); // [B, H, N, dk, dv]
-    // The states from the last block back: dS_{n-1} += e^{-s b} dS_n, and
-    // the final state's gradient enters the last block's state.
-    std::vector<Tensor> dStates = dEntering.unbind(2);
+    Tensor dEntering = torch::matmul((qb * decays.query).transpose(-1, -2), dOut); // [B, H, N, dk, dv]
+    // The states from the last block back: dS_{n-1} += e^{-s b} dS_n (the
+    // same scan, over the blocks reversed), and the final state's gradient
+    // enters the last block's state.
     if (dLast.defined())
-      dStates[blocks - 1] = dStates[blocks - 1] + dLast.to(torch::kFloat32) * torch::exp(-decays.rate * double(length));
-    for (int64_t n = blocks - 1; n >= 1; --n)
-      dStates[n - 1] = dStates[n - 1] + decays.block * dStates[n];
+      dEntering.select(2, blocks - 1).add_(dLast.to(torch::kFloat32) * torch::exp(-decays.rate * double(length)));
+    const int64_t batch = q.size(0), heads = q.size(1), keyDim = q.size(3), valueDim = v.size(3);
+    const Tensor dStates = decayedScan(dEntering.flip(2).reshape({batch, heads, blocks, keyDim * valueDim}),
+                                       -decays.rate * double(block), Tensor())
+                               .flip(2)
+                               .reshape({batch, heads, blocks, keyDim, valueDim});
     // C_n = (K e^{-s (b-1-j)})^T V feeds S_{n+1}: its gradient is dS_{n+1} (none for the last block).
     if (blocks > 1) {
-      std::vector<Tensor> dContributions(dStates.begin() + 1, dStates.end());
-      dContributions.push_back(torch::zeros_like(dStates[0]));
-      const Tensor dC = torch::stack(dContributions, 2);
-      dk = dk + torch::matmul(vb, dC.transpose(-1, -2)) * decays.key;
-      dv = dv + torch::matmul(kb * decays.key, dC);
+      const Tensor dC = dStates.narrow(2, 1, blocks - 1);
+      const Tensor kEarlier = kb.narrow(2, 0, blocks - 1), vEarlier = vb.narrow(2, 0, blocks - 1);
+      dk.narrow(2, 0, blocks - 1).add_(torch::matmul(vEarlier, dC.transpose(-1, -2)) * decays.key);
+      dv.narrow(2, 0, blocks - 1).add_(torch::matmul(kEarlier * decays.key, dC));
     }
     if (dLast.defined()) { // the last block's own term of the final state
       const Tensor g = dLast.to(torch::kFloat32);
@@ -204,7 +249,8 @@ struct LightningNode : torch::autograd::Function<LightningNode> {
     }
     return {fromBlocks(dq, tokens, q.scalar_type()), fromBlocks(dk, tokens, k.scalar_type()),
             fromBlocks(dv, tokens, v.scalar_type()), Tensor(),
-            dStates[0].to(static_cast<torch::ScalarType>(ctx->saved_data["stateDtype"].toInt())), Tensor()};
+            dStates.select(2, 0).to(static_cast<torch::ScalarType>(ctx->saved_data["stateDtype"].toInt())), Tensor(),
+            Tensor()};
   }
 };
 
@@ -226,11 +272,18 @@ torch::Tensor lightningAttentionBlocked(const torch::Tensor &q, const torch::Ten
     return torch::zeros({batch, heads, 0, dv}, q.options());
   }
   // A sequence shorter than a block is one (short) block, as in transformers.
-  const int64_t block = std::min(blockSize, tokens);
+  // Any block length computes the same sums (in another order): an opt-in
+  // shorter one trades the [b, b] scores' FLOPs and traffic for more states.
+  const int64_t computeBlock = cuda::switchedChoice("ADAPT_LIGHTNING_COMPUTE_BLOCK", {32, 64, 128}, 0);
+  const int64_t block = std::min(computeBlock > 0 ? std::min(blockSize, computeBlock) : blockSize, tokens);
+  // Opt-in until checked on a GPU: TF32 tensor cores for the fp32 GEMMs
+  // when the activations are bf16/fp16 (their products exact in TF32).
+  const bool tf32 = q.scalar_type() != torch::kFloat32 && q.scalar_type() != torch::kFloat64 &&
+                    cuda::switchedOn("ADAPT_LIGHTNING_TF32");
   const torch::Tensor state = initialState.defined()
                                   ? initialState
                                   : torch::zeros({batch, heads, dk, dv}, q.options().dtype(torch::kFloat32));
-  torch::autograd::variable_list outs = LightningNode::apply(q, k, v, slopes, state, block);
+  torch::autograd::variable_list outs = LightningNode::apply(q, k, v, slopes, state, block, tf32);
   if (finalState)
     *finalState = outs[1];
   return outs[0];

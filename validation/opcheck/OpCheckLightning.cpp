@@ -85,11 +85,16 @@ void addLightningChecks(std::vector<Check> &all) {
   add("lightning.blocked", {2, 8, 7, 16, 16, 16, 3, 4});
   add("lightning.blocked", {1, 1, 37, 12, 12, 5, 0, 1});
   add("lightning.blocked", {2, 3, 67, 16, 24, 16, 4, 5});
+  // More blocks than one group of the state scan (16; 300 blocks of 2 give
+  // two levels of groups and a ragged last group); the last layer, whose
+  // decay is slowest, carries the state furthest.
+  add("lightning.blocked", {1, 2, 600, 8, 8, 2, 3, 4});
   // Two parts through the state: the first part's last block full, ragged,
   // and the first part shorter than one block.
   add("lightning.segmented", {2, 4, 24, 8, 8, 4, 1, 4, 12});
   add("lightning.segmented", {1, 3, 29, 16, 16, 8, 2, 5, 13});
   add("lightning.segmented", {2, 2, 20, 16, 24, 16, 0, 3, 5});
+  add("lightning.segmented", {1, 2, 203, 8, 8, 3, 3, 4, 101});
   // The recurrent reference form.
   add("lightning.recurrent", {2, 4, 13, 8, 8, 0, 1, 4});
   add("lightning.recurrent", {1, 3, 29, 16, 16, 0, 2, 5});
