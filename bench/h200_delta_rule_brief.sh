@@ -22,6 +22,7 @@ ALL="ADAPT_KIMI_STAGED_DECAY=1 ADAPT_KIMI_OUTPUT_TWO_BLOCKS=1 ADAPT_DELTA_RULE_I
 check kimi-all "$ALL" kimi_delta
 check kimi-all-fp32 "$ALL" kimi_delta.chunked float32
 check gdn-split "ADAPT_DELTA_RULE_INVERSE_SPLIT_SUMS=1" gated_delta_rule
+check lightning-tf32 "ADAPT_LIGHTNING_TF32=1" lightning # the grouped state scan (default) and TF32
 row() { local label=$1 envs=$2; shift 2
   for s in "$@"; do echo "$label $(env $envs timeout 60 $W/lc/long_context --delta-rule $s 128 128 --iters 5 ${EXTRA:-} 2>&1 | tail -1)"; done; }
 S3=("1 32 8192" "1 32 32768" "4 16 4096")
@@ -54,9 +55,13 @@ if [ $(el) -lt ${FLA_BY:-330} ]; then
   source bench/h200/fla_env.sh
   timeout $(( ${END_BY:-380} - $(el) )) python3 bench/h200/fla_delta_rule.py --bypass-triton-guard --per-channel 1 32 8192 128 128 1 32 32768 128 128 2>&1 | grep -v Warning | tail -3
 fi
-if [ $(el) -lt ${LIGHTNING_BY:-450} ]; then # MiniMax's lightning attention beside fla's simple GLA, 8K
-  echo "lightning $(timeout 60 $W/lc/long_context --lightning 1 64 8192 128 256 --iters 5 2>&1 | tail -1)"
+if [ $(el) -lt ${LIGHTNING_BY:-450} ]; then # MiniMax's lightning attention (opt-ins) beside fla's simple GLA
+  for e in ADAPT_NONE=1 ADAPT_LIGHTNING_TF32=1 "ADAPT_LIGHTNING_TF32=1 ADAPT_LIGHTNING_COMPUTE_BLOCK=64"; do
+    for T in 8192 32768; do
+      echo "lightning [$e] $(env $e timeout 60 $W/lc/long_context --lightning 1 64 $T 128 256 --iters 5 2>&1 | tail -1)"
+    done
+  done
   source bench/h200/fla_env.sh
-  timeout $(( ${LIGHTNING_END_BY:-560} - $(el) )) python3 bench/h200/fla_delta_rule.py --lightning 1 64 8192 128 128 2>&1 | grep -v Warning | tail -2
+  timeout $(( ${LIGHTNING_END_BY:-560} - $(el) )) python3 bench/h200/fla_delta_rule.py --lightning 1 64 8192 128 128 1 64 32768 128 128 2>&1 | grep -v Warning | tail -2
 fi
 echo "== done $(el) s"
