@@ -157,10 +157,27 @@ Tensor decayedScan(const Tensor &x, const Tensor &logDecay, const Tensor &initia
   return out.reshape({x.size(0), x.size(1), groups * group, -1}).narrow(2, 0, n);
 }
 
+/// The state entering each block [B, H, N, dk, dv] (fp32): S_0 = \p initial,
+/// S_n = e^{-s b} S_{n-1} + C_{n-1} with C_n = (K_n e^{-s (b-1-j)})^T V_n,
+/// from the fp32 blocks \p kb, \p vb [B, H, N, b, d].
+Tensor enteringStates(const Tensor &kb, const Tensor &vb, const BlockDecays &decays, const Tensor &initial,
+                      int64_t block) {
+  const int64_t batch = kb.size(0), heads = kb.size(1), blocks = kb.size(2), dk = kb.size(4), dv = vb.size(4);
+  const Tensor first = initial.unsqueeze(2);
+  if (blocks == 1)
+    return first;
+  const Tensor contributions = torch::matmul((kb.narrow(2, 0, blocks - 1) * decays.key).transpose(-1, -2),
+                                             vb.narrow(2, 0, blocks - 1));
+  const Tensor later = decayedScan(contributions.reshape({batch, heads, blocks - 1, dk * dv}),
+                                   -decays.rate * double(block), initial.reshape({batch, heads, dk * dv}));
+  return torch::cat({first, later.reshape({batch, heads, blocks - 1, dk, dv})}, 2);
+}
+
 /// Lightning attention in blocks as one autograd node, its backward written
-/// out: it keeps q, k, v as given and each block's entering state (fp32),
-/// where autograd of the blocked composition kept the fp32 blocks, the
-/// masked scores and every decayed operand. Outputs {O [B, H, T, dv] in
+/// out: it keeps q, k, v as given and the initial state, and rebuilds each
+/// block's entering state and scores, where autograd of the blocked
+/// composition kept the fp32 blocks, the masked scores and every decayed
+/// operand. Outputs {O [B, H, T, dv] in
 /// q's dtype, the state after the last token, fp32}.
 struct LightningNode : torch::autograd::Function<LightningNode> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext *ctx, const Tensor &q,
@@ -173,17 +190,9 @@ struct LightningNode : torch::autograd::Function<LightningNode> {
     // Inside each block: (Q K^T * decay mask) V; each block's contribution
     // to the state, decayed to the block's end.
     const Tensor intra = torch::matmul(torch::matmul(qb, kb.transpose(-1, -2)) * decays.pairs, vb);
-    const int64_t batch = q.size(0), heads = q.size(1), dk = q.size(3), dv = v.size(3);
     // The state entering each block: S_0 given, S_n = e^{-s b} S_{n-1} + C_{n-1}.
     const Tensor initial = state.to(torch::kFloat32);
-    Tensor states = initial.unsqueeze(2); // [B, H, N, dk, dv]
-    if (blocks > 1) {
-      const Tensor contributions = torch::matmul((kb.narrow(2, 0, blocks - 1) * decays.key).transpose(-1, -2),
-                                                 vb.narrow(2, 0, blocks - 1));
-      const Tensor later = decayedScan(contributions.reshape({batch, heads, blocks - 1, dk * dv}),
-                                       -decays.rate * double(block), initial.reshape({batch, heads, dk * dv}));
-      states = torch::cat({states, later.reshape({batch, heads, blocks - 1, dk, dv})}, 2);
-    }
+    const Tensor states = enteringStates(kb, vb, decays, initial, block);
     // The last block, of its own length L: e^{-s L} S + sum_j e^{-s (L-1-j)} k_j^T v_j.
     const int64_t length = tokens - (blocks - 1) * block;
     const Tensor last = states.select(2, blocks - 1) * torch::exp(-decays.rate * double(length)) +
@@ -196,7 +205,7 @@ struct LightningNode : torch::autograd::Function<LightningNode> {
     ctx->saved_data["tf32"] = tf32;
     ctx->saved_data["stateDtype"] = int64_t(state.scalar_type());
     ctx->set_materialize_grads(false); // an unused final state's gradient stays undefined
-    ctx->save_for_backward({q, k, v, slopes, states});
+    ctx->save_for_backward({q, k, v, slopes, initial});
     return {fromBlocks(out, tokens, q.scalar_type()), last};
   }
 
@@ -204,11 +213,14 @@ struct LightningNode : torch::autograd::Function<LightningNode> {
                                                  torch::autograd::variable_list grads) {
     const Tf32Scope scope(ctx->saved_data["tf32"].toBool());
     const std::vector<Tensor> saved = ctx->get_saved_variables();
-    const Tensor &q = saved[0], &k = saved[1], &v = saved[2], &slopes = saved[3], &states = saved[4];
-    const int64_t block = ctx->saved_data["block"].toInt(), tokens = q.size(2), blocks = states.size(2);
+    const Tensor &q = saved[0], &k = saved[1], &v = saved[2], &slopes = saved[3], &initial = saved[4];
+    const int64_t block = ctx->saved_data["block"].toInt(), tokens = q.size(2), blocks = (tokens + block - 1) / block;
     const int64_t length = tokens - (blocks - 1) * block;
     const Tensor qb = toBlocks(q, block, blocks), kb = toBlocks(k, block, blocks), vb = toBlocks(v, block, blocks);
     const BlockDecays decays(slopes, block, qb.options());
+    // Rebuilt, not kept: one [d, dv] fp32 state per block is d·dv·4/b bytes
+    // a token and head (256 at d 128, block 256; q, k, v in bf16 take 768).
+    const Tensor states = enteringStates(kb, vb, decays, initial, block);
     const Tensor dOut = grads[0].defined() ? toBlocks(grads[0], block, blocks)
                                            : torch::zeros({q.size(0), q.size(1), blocks, block, v.size(3)}, qb.options());
     const Tensor &dLast = grads[1];
