@@ -189,7 +189,9 @@ struct LightningNode : torch::autograd::Function<LightningNode> {
     const BlockDecays decays(slopes, block, qb.options());
     // Inside each block: (Q K^T * decay mask) V; each block's contribution
     // to the state, decayed to the block's end.
-    const Tensor intra = torch::matmul(torch::matmul(qb, kb.transpose(-1, -2)) * decays.pairs, vb);
+    // (In place where a [.., b, b] or [.., b, d] fp32 temporary would sit
+    // beside its source: 512 MiB a scores tensor at 64 heads x 8K, block 256.)
+    Tensor out = torch::matmul(torch::matmul(qb, kb.transpose(-1, -2)).mul_(decays.pairs), vb);
     // The state entering each block: S_0 given, S_n = e^{-s b} S_{n-1} + C_{n-1}.
     const Tensor initial = state.to(torch::kFloat32);
     const Tensor states = enteringStates(kb, vb, decays, initial, block);
@@ -200,7 +202,7 @@ struct LightningNode : torch::autograd::Function<LightningNode> {
                                        decays.lastKeyDecay(length, qb.options()))
                                           .transpose(-1, -2),
                                       vb.select(2, blocks - 1).narrow(2, 0, length));
-    const Tensor out = intra + torch::matmul(qb * decays.query, states);
+    out.add_(torch::matmul(qb * decays.query, states));
     ctx->saved_data["block"] = block;
     ctx->saved_data["tf32"] = tf32;
     ctx->saved_data["stateDtype"] = int64_t(state.scalar_type());
@@ -220,19 +222,23 @@ struct LightningNode : torch::autograd::Function<LightningNode> {
     const BlockDecays decays(slopes, block, qb.options());
     // Rebuilt, not kept: one [d, dv] fp32 state per block is d·dv·4/b bytes
     // a token and head (256 at d 128, block 256; q, k, v in bf16 take 768).
-    const Tensor states = enteringStates(kb, vb, decays, initial, block);
+    Tensor states = enteringStates(kb, vb, decays, initial, block);
     const Tensor dOut = grads[0].defined() ? toBlocks(grads[0], block, blocks)
                                            : torch::zeros({q.size(0), q.size(1), blocks, block, v.size(3)}, qb.options());
     const Tensor &dLast = grads[1];
 
-    // Inside each block: O = (Q K^T * D) V.
-    const Tensor scores = torch::matmul(qb, kb.transpose(-1, -2)) * decays.pairs;
-    const Tensor dScores = torch::matmul(dOut, vb.transpose(-1, -2)) * decays.pairs;
+    // Inside each block: O = (Q K^T * D) V. Each [.., b, b] fp32 tensor is
+    // freed after its last reader, and products land in place, so that at
+    // most one sits beside the gradients (the peak, counted by runtime-unit
+    // Lightning.TrainingPeakHoldsOneScoresBlock).
+    Tensor dScores = torch::matmul(dOut, vb.transpose(-1, -2)).mul_(decays.pairs);
     Tensor dq = torch::matmul(dScores, kb);
     Tensor dk = torch::matmul(dScores.transpose(-1, -2), qb);
-    Tensor dv = torch::matmul(scores.transpose(-1, -2), dOut);
+    dScores.reset();
+    Tensor dv = torch::matmul(torch::matmul(qb, kb.transpose(-1, -2)).mul_(decays.pairs).transpose(-1, -2), dOut);
     // Across blocks: O += (Q e^{-s (i+1)}) S_n.
-    dq = dq + torch::matmul(dOut, states.transpose(-1, -2)) * decays.query;
+    dq.add_(torch::matmul(dOut, states.transpose(-1, -2)).mul_(decays.query));
+    states.reset();
     Tensor dEntering = torch::matmul((qb * decays.query).transpose(-1, -2), dOut); // [B, H, N, dk, dv]
     // The states from the last block back: dS_{n-1} += e^{-s b} dS_n (the
     // same scan, over the blocks reversed), and the final state's gradient
@@ -248,7 +254,7 @@ struct LightningNode : torch::autograd::Function<LightningNode> {
     if (blocks > 1) {
       const Tensor dC = dStates.narrow(2, 1, blocks - 1);
       const Tensor kEarlier = kb.narrow(2, 0, blocks - 1), vEarlier = vb.narrow(2, 0, blocks - 1);
-      dk.narrow(2, 0, blocks - 1).add_(torch::matmul(vEarlier, dC.transpose(-1, -2)) * decays.key);
+      dk.narrow(2, 0, blocks - 1).add_(torch::matmul(vEarlier, dC.transpose(-1, -2)).mul_(decays.key));
       dv.narrow(2, 0, blocks - 1).add_(torch::matmul(kEarlier * decays.key, dC));
     }
     if (dLast.defined()) { // the last block's own term of the final state

@@ -96,3 +96,27 @@ TEST(Lightning, TrainingKeepsTheOutputAndTheInitialStateOnly) { // 1 % margin: a
   out.sum().backward();
   EXPECT_TRUE(q.grad().defined() && k.grad().defined() && v.grad().defined());
 }
+
+TEST(Lightning, TrainingPeakHoldsOneScoresBlock) { // 4 % margin: allocation counts are deterministic
+  torch::manual_seed(5);
+  const int64_t batch = 1, heads = 2, tokens = 1024, dim = 64, block = 128;
+  auto bf16 = [&] { return torch::randn({batch, heads, tokens, dim}).to(torch::kBFloat16).requires_grad_(); };
+  torch::Tensor q = bf16(), k = bf16(), v = bf16();
+  const torch::Tensor cot = torch::randn({batch, heads, tokens, dim}).to(torch::kBFloat16);
+  // In units of one fp32 [B, H, T, d] tensor; a block's [b, b] fp32 scores
+  // over the sequence take b / d = 2 units. Measured: forward 6.88, forward
+  // and backward 11.0 (the fp32 q, k, v and dO blocks, the three gradients,
+  // one scores tensor and its product's temporaries). Before the products
+  // went in place and the scores were freed after their last reader (at
+  // 1 x 4 x 4K x 128, block 256: the same ratios): 8.16 and 15.5. A second
+  // scores tensor alive at either peak adds 2.
+  const double unit = double(batch * heads * tokens * dim * 4);
+  adapt::rt::test::CountCpuAllocations count;
+  torch::Tensor out = lightningAttentionBlocked(q, k, v, lightningSlopes(heads, 1, 80), block);
+  const double forwardPeak = double(count.peakBytes()) / unit;
+  out.backward(cot);
+  const double peak = double(count.peakBytes()) / unit;
+  EXPECT_LE(forwardPeak, 7.0);
+  EXPECT_LE(peak, 11.5);
+  std::printf("lightning peaks: forward %.2f, forward and backward %.2f units\n", forwardPeak, peak);
+}
