@@ -21,13 +21,20 @@
 
 namespace adapt::rt {
 
-/// x [B, H, T, d] as fp32 chunks [B, H, n, c, d], T padded with zeros.
-inline torch::Tensor toChunks(const torch::Tensor &x, int64_t c) {
+/// x [B, H, T, d] as chunks [B, H, n, c, d] in \p dtype (fp32 unless
+/// given), T padded with zeros.
+inline torch::Tensor toChunks(const torch::Tensor &x, int64_t c, torch::ScalarType dtype = torch::kFloat32) {
   const int64_t t = x.size(2), pad = (c - t % c) % c;
-  torch::Tensor f = x.to(torch::kFloat32, false, false, at::MemoryFormat::Contiguous);
+  torch::Tensor f = x.to(dtype, false, false, at::MemoryFormat::Contiguous);
   if (pad)
     f = torch::constant_pad_nd(f, {0, 0, 0, pad});
   return f.reshape({x.size(0), x.size(1), (t + pad) / c, c, x.size(3)});
+}
+
+/// Whether \p x is bf16 or fp16: its values are exact in fp32, so its
+/// products with fp32 tensors come out as an fp32 copy's would.
+inline bool reducedFloat(const torch::Tensor &x) {
+  return x.scalar_type() == torch::kBFloat16 || x.scalar_type() == torch::kHalf;
 }
 
 /// Chunks [B, H, n, c, d] back to [B, H, T, d] in \p dtype.

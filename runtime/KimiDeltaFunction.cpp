@@ -309,7 +309,11 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     const std::vector<int64_t> dtypes = ctx->saved_data["dtypes"].toIntVector();
     const double scale = 1.0 / std::sqrt(static_cast<double>(saved[1].size(3)));
     const Tensor q = toChunks(saved[0], c) * scale, k = toChunks(saved[1], c);
-    Tensor v = toChunks(saved[2], c); // not const: freed once v's two terms are taken (below)
+    // v as stored when bf16/fp16: its two products (with b's fp32 chunks and
+    // dXv) promote to fp32 exactly as its fp32 copy would, and the copy's
+    // [.., c, dv] fp32 tensor is not held through the chunk gradients. Not
+    // const: freed once v's two terms are taken (below).
+    Tensor v = reducedFloat(saved[2]) ? toChunks(saved[2], c, saved[2].scalar_type()) : toChunks(saved[2], c);
     const Tensor cum = toChunks(saved[3], c).cumsum(3), bt = toChunks(saved[4].unsqueeze(-1), c);
     const int64_t b = k.size(0), h = k.size(1), dk = k.size(4), dv = v.size(4);
     const Masks m(c, k.device());
@@ -330,6 +334,14 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     // S + Kd^T V_new, V_new = U - W S, W = T Xk, U = T Xv and T = (I + A)^-1
     // with A = strictly-lower(diag(b) P_kk); leavingDotState = sum_v dS' . S.
     Tensor ds, dQueryDecayed, dScores, dKeysToEnd, dXk, dXv, dSystem, leavingDotState;
+    // Which tail runs (below): the kernel derives its own terms, so with it
+    // the chunk terms' last reader comes earlier.
+#ifdef ADAPT_WITH_CUDA_KERNELS
+    const bool tailKernel = chooseKernel("kimi_delta_rule.backward_tail", k, cuda::kimiBackwardTailEnabled(),
+                                         cuda::kimiBackwardTailTakes(k));
+#else
+    const bool tailKernel = false;
+#endif
 #ifdef ADAPT_WITH_CUDA_KERNELS
     // After the forward kernels: the serial pass as one kernel (GDN's, its
     // state rows decaying per key channel), then (unless switched off) the
@@ -340,6 +352,8 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
       cuda::DeltaRuleStateGrads state = stateGradientsOnGpuRaw(terms.keysToEnd, w, queryDecayed, dOut, localNew,
                                                                terms.last, dLast, /*perChannel=*/true);
       w.reset(), localNew.reset(); // read by the state pass only: freed before the chunk gradients' outputs
+      if (tailKernel) // the tail kernel derives its own: the state pass was their last reader
+        terms.keysToEnd.reset(), terms.queryDecayed.reset();
       const cuda::KimiChunkGrads chunk = cuda::kimiChunkGradients(dOut, savedStates, savedNewValues, state.leaving,
                                                                   state.newValues, terms.keysWeighted, xv, inverse);
       ds = state.initial;
@@ -368,14 +382,6 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
       dSystem = -torch::matmul(torch::matmul(transposed(inverse), dInverse), transposed(inverse)) * m.strict;
       leavingDotState = (dLeaving * states).sum(-1).unsqueeze(3);
     }
-    // Which tail runs (below): the kernel derives its own terms, so with it the
-    // chunk terms' last reader is behind us.
-#ifdef ADAPT_WITH_CUDA_KERNELS
-    const bool tailKernel = chooseKernel("kimi_delta_rule.backward_tail", k, cuda::kimiBackwardTailEnabled(),
-                                         cuda::kimiBackwardTailTakes(k));
-#else
-    const bool tailKernel = false;
-#endif
     // The backward's peak comes in the score gradients and the tail below:
     // free the [.., 64, 128] fp32 chunk tensors nothing after this reads
     // (128 MiB each at 1 x 32 heads x 8K).
