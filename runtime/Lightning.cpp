@@ -177,8 +177,8 @@ Tensor enteringStates(const Tensor &kb, const Tensor &vb, const BlockDecays &dec
 /// out: it keeps q, k, v as given and the initial state, and rebuilds each
 /// block's entering state and scores, where autograd of the blocked
 /// composition kept the fp32 blocks, the masked scores and every decayed
-/// operand. Outputs {O [B, H, T, dv] in
-/// q's dtype, the state after the last token, fp32}.
+/// operand. Outputs {O [B, H, T, dv] in q's dtype, the state after the last
+/// token, fp32}.
 struct LightningNode : torch::autograd::Function<LightningNode> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext *ctx, const Tensor &q,
                                                 const Tensor &k, const Tensor &v, const Tensor &slopes,
