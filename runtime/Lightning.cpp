@@ -122,62 +122,33 @@ struct BlockDecays {
   }
 };
 
-/// Blocks per group of the state scan below: each level's GEMM costs G
-/// multiply-adds per state entry, and a level leaves N / G groups.
-constexpr int64_t kScanGroup = 16;
-
-/// The inclusive decayed scan y_n = d y_{n-1} + x_n (y_{-1} = \p initial) of
-/// \p x [B, H, N, F] with d = e^{logDecay}, \p logDecay [1, H, 1, 1] (<= 0),
-/// \p initial [B, H, F] or undefined (zeros). A loop over N blocks costs
-/// two launches each (a 1M-token sequence has 4,096 blocks of 256), so the
-/// scan runs in groups of kScanGroup: inside each group one batched GEMM
-/// with the [G, G] matrix of d^(i-m) (i >= m), across groups the same scan
-/// of the groups' totals with d^G, recursively. Every factor is a power of
-/// d <= 1: nothing overflows.
-Tensor decayedScan(const Tensor &x, const Tensor &logDecay, const Tensor &initial) {
-  const int64_t n = x.size(2), group = std::min(n, kScanGroup), groups = (n + group - 1) / group;
-  const Tensor i = torch::arange(group, x.options()).view({1, 1, group, 1});
-  const Tensor lag = i - i.transpose(-1, -2);                                          // i - m
-  const Tensor within = torch::where(lag >= 0, (logDecay * lag).exp(), torch::zeros_like(lag)); // [1, H, G, G]
-  const Tensor padded = groups * group > n ? torch::constant_pad_nd(x, {0, 0, 0, groups * group - n}) : x;
-  const Tensor local = torch::matmul(within.unsqueeze(2), padded.reshape({x.size(0), x.size(1), groups, group, -1}));
-  // The value entering each group: the scan of the groups' totals with d^G.
-  Tensor entering;
-  if (groups > 1) {
-    const Tensor totals = decayedScan(local.select(3, group - 1).narrow(2, 0, groups - 1), logDecay * double(group),
-                                      initial);
-    const Tensor first = initial.defined() ? initial.unsqueeze(2) : torch::zeros_like(totals.narrow(2, 0, 1));
-    entering = torch::cat({first, totals}, 2);
-  } else if (initial.defined()) {
-    entering = initial.unsqueeze(2);
-  }
-  Tensor out = local;
-  if (entering.defined()) // y_{g,i} = d^(i+1) E_g + local_{g,i}
-    out = local + (logDecay.unsqueeze(-1) * (i + 1)).exp() * entering.unsqueeze(3);
-  return out.reshape({x.size(0), x.size(1), groups * group, -1}).narrow(2, 0, n);
-}
-
 /// The state entering each block [B, H, N, dk, dv] (fp32): S_0 = \p initial,
 /// S_n = e^{-s b} S_{n-1} + C_{n-1} with C_n = (K_n e^{-s (b-1-j)})^T V_n,
-/// from the fp32 blocks \p kb, \p vb [B, H, N, b, d].
+/// from the fp32 blocks \p kb, \p vb [B, H, N, b, d]. One launch a block,
+/// written in place. (A grouped scan, one batched GEMM per 16 blocks, took
+/// 10 % longer at 64 heads x 8K and 32K on an H100: its extra passes over
+/// the states cost more than the launches it saves.)
 Tensor enteringStates(const Tensor &kb, const Tensor &vb, const BlockDecays &decays, const Tensor &initial,
                       int64_t block) {
-  const int64_t batch = kb.size(0), heads = kb.size(1), blocks = kb.size(2), dk = kb.size(4), dv = vb.size(4);
-  const Tensor first = initial.unsqueeze(2);
+  const int64_t blocks = kb.size(2);
+  Tensor states = torch::empty({kb.size(0), kb.size(1), blocks, kb.size(4), vb.size(4)}, kb.options());
+  states.select(2, 0).copy_(initial);
   if (blocks == 1)
-    return first;
+    return states;
   const Tensor contributions = torch::matmul((kb.narrow(2, 0, blocks - 1) * decays.key).transpose(-1, -2),
                                              vb.narrow(2, 0, blocks - 1));
-  const Tensor later = decayedScan(contributions.reshape({batch, heads, blocks - 1, dk * dv}),
-                                   -decays.rate * double(block), initial.reshape({batch, heads, dk * dv}));
-  return torch::cat({first, later.reshape({batch, heads, blocks - 1, dk, dv})}, 2);
+  const Tensor decay = torch::exp(-decays.rate * double(block)); // [1, H, 1, 1]
+  for (int64_t n = 1; n < blocks; ++n) {
+    Tensor entering = states.select(2, n);
+    torch::addcmul_out(entering, contributions.select(2, n - 1), states.select(2, n - 1), decay);
+  }
+  return states;
 }
 
 /// Lightning attention in blocks as one autograd node, its backward written
-/// out: it keeps q, k, v as given and the initial state, and rebuilds each
-/// block's entering state and scores, where autograd of the blocked
-/// composition kept the fp32 blocks, the masked scores and every decayed
-/// operand. Outputs {O [B, H, T, dv] in q's dtype, the state after the last
+/// out: it keeps q, k, v as given and each block's entering state (fp32),
+/// and rebuilds the scores, where autograd of the blocked composition kept
+/// the fp32 blocks, the masked scores and every decayed operand. Outputs {O [B, H, T, dv] in q's dtype, the state after the last
 /// token, fp32}.
 struct LightningNode : torch::autograd::Function<LightningNode> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext *ctx, const Tensor &q,
@@ -207,7 +178,7 @@ struct LightningNode : torch::autograd::Function<LightningNode> {
     ctx->saved_data["tf32"] = tf32;
     ctx->saved_data["stateDtype"] = int64_t(state.scalar_type());
     ctx->set_materialize_grads(false); // an unused final state's gradient stays undefined
-    ctx->save_for_backward({q, k, v, slopes, initial});
+    ctx->save_for_backward({q, k, v, slopes, states});
     return {fromBlocks(out, tokens, q.scalar_type()), last};
   }
 
@@ -215,14 +186,11 @@ struct LightningNode : torch::autograd::Function<LightningNode> {
                                                  torch::autograd::variable_list grads) {
     const Tf32Scope scope(ctx->saved_data["tf32"].toBool());
     const std::vector<Tensor> saved = ctx->get_saved_variables();
-    const Tensor &q = saved[0], &k = saved[1], &v = saved[2], &slopes = saved[3], &initial = saved[4];
-    const int64_t block = ctx->saved_data["block"].toInt(), tokens = q.size(2), blocks = (tokens + block - 1) / block;
+    const Tensor &q = saved[0], &k = saved[1], &v = saved[2], &slopes = saved[3], &states = saved[4];
+    const int64_t block = ctx->saved_data["block"].toInt(), tokens = q.size(2), blocks = states.size(2);
     const int64_t length = tokens - (blocks - 1) * block;
     const Tensor qb = toBlocks(q, block, blocks), kb = toBlocks(k, block, blocks), vb = toBlocks(v, block, blocks);
     const BlockDecays decays(slopes, block, qb.options());
-    // Rebuilt, not kept: one [d, dv] fp32 state per block is d·dv·4/b bytes
-    // a token and head (256 at d 128, block 256; q, k, v in bf16 take 768).
-    Tensor states = enteringStates(kb, vb, decays, initial, block);
     const Tensor dOut = grads[0].defined() ? toBlocks(grads[0], block, blocks)
                                            : torch::zeros({q.size(0), q.size(1), blocks, block, v.size(3)}, qb.options());
     const Tensor &dLast = grads[1];
@@ -238,18 +206,15 @@ struct LightningNode : torch::autograd::Function<LightningNode> {
     Tensor dv = torch::matmul(torch::matmul(qb, kb.transpose(-1, -2)).mul_(decays.pairs).transpose(-1, -2), dOut);
     // Across blocks: O += (Q e^{-s (i+1)}) S_n.
     dq.add_(torch::matmul(dOut, states.transpose(-1, -2)).mul_(decays.query));
-    states.reset();
-    Tensor dEntering = torch::matmul((qb * decays.query).transpose(-1, -2), dOut); // [B, H, N, dk, dv]
-    // The states from the last block back: dS_{n-1} += e^{-s b} dS_n (the
-    // same scan, over the blocks reversed), and the final state's gradient
-    // enters the last block's state.
+    // The entering states' gradients [B, H, N, dk, dv], then from the last
+    // block back, in place: dS_{n-1} += e^{-s b} dS_n, the final state's
+    // gradient entering the last block's state.
+    Tensor dStates = torch::matmul((qb * decays.query).transpose(-1, -2), dOut);
     if (dLast.defined())
-      dEntering.select(2, blocks - 1).add_(dLast.to(torch::kFloat32) * torch::exp(-decays.rate * double(length)));
-    const int64_t batch = q.size(0), heads = q.size(1), keyDim = q.size(3), valueDim = v.size(3);
-    const Tensor dStates = decayedScan(dEntering.flip(2).reshape({batch, heads, blocks, keyDim * valueDim}),
-                                       -decays.rate * double(block), Tensor())
-                               .flip(2)
-                               .reshape({batch, heads, blocks, keyDim, valueDim});
+      dStates.select(2, blocks - 1).add_(dLast.to(torch::kFloat32) * torch::exp(-decays.rate * double(length)));
+    const Tensor blockDecay = torch::exp(-decays.rate * double(block));
+    for (int64_t n = blocks - 1; n >= 1; --n)
+      dStates.select(2, n - 1).addcmul_(dStates.select(2, n), blockDecay);
     // C_n = (K e^{-s (b-1-j)})^T V feeds S_{n+1}: its gradient is dS_{n+1} (none for the last block).
     if (blocks > 1) {
       const Tensor dC = dStates.narrow(2, 1, blocks - 1);
@@ -290,14 +255,11 @@ torch::Tensor lightningAttentionBlocked(const torch::Tensor &q, const torch::Ten
     return torch::zeros({batch, heads, 0, dv}, q.options());
   }
   // A sequence shorter than a block is one (short) block, as in transformers.
-  // Any block length computes the same sums (in another order): an opt-in
-  // shorter one trades the [b, b] scores' FLOPs and traffic for more states.
-  const int64_t computeBlock = cuda::switchedChoice("ADAPT_LIGHTNING_COMPUTE_BLOCK", {32, 64, 128}, 0);
-  const int64_t block = std::min(computeBlock > 0 ? std::min(blockSize, computeBlock) : blockSize, tokens);
-  // Opt-in until checked on a GPU: TF32 tensor cores for the fp32 GEMMs
-  // when the activations are bf16/fp16 (their products exact in TF32).
-  const bool tf32 = q.scalar_type() != torch::kFloat32 && q.scalar_type() != torch::kFloat64 &&
-                    cuda::switchedOn("ADAPT_LIGHTNING_TF32");
+  const int64_t block = std::min(blockSize, tokens);
+  // TF32 tensor cores for the fp32 GEMMs when the activations are bf16/fp16
+  // (their products are exact in TF32; ADAPT_LIGHTNING_TF32=0: IEEE fp32).
+  const bool tf32 = (q.scalar_type() == torch::kBFloat16 || q.scalar_type() == torch::kHalf) &&
+                    !cuda::switchedOff("ADAPT_LIGHTNING_TF32");
   const torch::Tensor state = initialState.defined()
                                   ? initialState
                                   : torch::zeros({batch, heads, dk, dv}, q.options().dtype(torch::kFloat32));

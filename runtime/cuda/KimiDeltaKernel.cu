@@ -249,8 +249,8 @@ __device__ __forceinline__ void loadStateAndNewValues(bf16 *ss, bf16 *vs, const 
 /// scores, over the tiles the scores were built in (k and the pairs'
 /// scratch; the pairs' scratch rows and A), so that a block takes 112.5 KiB of
 /// shared memory instead of 163.5 and two share an SM: with one, eight warps
-/// wait out every barrier and load alone (ADAPT_KIMI_OUTPUT_TWO_BLOCKS=1,
-/// opt-in until checked on a GPU).
+/// wait out every barrier and load alone (the default since session 51's
+/// H100 checks; ADAPT_KIMI_OUTPUT_TWO_BLOCKS=0: one block).
 template <bool TwoBlocks>
 __global__ void __launch_bounds__(256, TwoBlocks ? 2 : 1)
     kimiOutputKernel(Strided query, Strided key, const bf16 *states, const bf16 *newValues, const float *cum,
@@ -320,9 +320,9 @@ constexpr size_t outputKernelBytes(bool twoBlocks) {
 }
 static_assert(2 * (outputKernelBytes(true) + 1024) <= 228 * 1024, "two output blocks must share an SM");
 
-/// Whether the output kernel takes its two-blocks-an-SM layout (ADAPT_KIMI_OUTPUT_TWO_BLOCKS=1).
+/// Whether the output kernel takes its two-blocks-an-SM layout (unless ADAPT_KIMI_OUTPUT_TWO_BLOCKS=0).
 bool outputTwoBlocks() {
-  static const bool on = switchedOn("ADAPT_KIMI_OUTPUT_TWO_BLOCKS");
+  static const bool on = !switchedOff("ADAPT_KIMI_OUTPUT_TWO_BLOCKS");
   return on;
 }
 
@@ -336,8 +336,8 @@ bool pairsPerThread() {
 }
 
 /// Whether the transform kernel stages the chunk's log decays in shared
-/// memory before summing them (ADAPT_KIMI_STAGED_DECAY=1; opt-in until its
-/// checks run on a GPU). The plain loop adds one decay from global memory a
+/// memory before summing them (the default since session 51's H100 checks;
+/// ADAPT_KIMI_STAGED_DECAY=0: the plain loop). The plain loop adds one decay from global memory a
 /// row: the next row's load waits behind this row's store (the compiler
 /// cannot move it past a store that may alias), so 64 memory latencies in
 /// sequence per chunk while the block's other warps wait at the barrier (at
@@ -346,7 +346,7 @@ bool pairsPerThread() {
 /// shared memory; the kernel then asks for the largest shared-memory
 /// carveout, where two of its blocks (112.75 KiB each) share an SM.
 bool stagedDecays() {
-  static const bool on = switchedOn("ADAPT_KIMI_STAGED_DECAY");
+  static const bool on = !switchedOff("ADAPT_KIMI_STAGED_DECAY");
   return on;
 }
 

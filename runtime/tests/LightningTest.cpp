@@ -74,24 +74,22 @@ TEST(Lightning, RefusesBadShapes) {
   EXPECT_THROW(lightningSlopes(2, 2, 2), RuntimeError);
 }
 
-TEST(Lightning, TrainingKeepsTheOutputAndTheInitialStateOnly) { // 1 % margin: allocation counts are deterministic
+TEST(Lightning, TrainingKeepsTheOutputAndEachBlocksStateOnly) { // 1 % margin: allocation counts are deterministic
   torch::manual_seed(5);
-  const int64_t batch = 2, heads = 2, tokens = 64, dim = 16, block = 8;
+  const int64_t batch = 2, heads = 2, tokens = 64, dim = 16, block = 8, blocks = tokens / block;
   torch::Tensor q = torch::randn({batch, heads, tokens, dim}).requires_grad_();
   torch::Tensor k = torch::randn({batch, heads, tokens, dim}).requires_grad_();
   torch::Tensor v = torch::randn({batch, heads, tokens, dim}).requires_grad_();
   torch::Tensor slopes = lightningSlopes(heads, 1, 4);
-  // The output and the initial state (zeros, made inside), fp32; the inputs
-  // are kept as given (allocated before counting); the final state, unused,
-  // is freed, and the blocks' entering states are rebuilt by the backward.
-  const int64_t stated = 4 * (batch * heads * tokens * dim + batch * heads * dim * dim);
+  // The output and each block's entering state, fp32; the inputs are kept
+  // as given (allocated before counting); the final state, unused, is freed.
+  const int64_t stated = 4 * (batch * heads * tokens * dim + batch * heads * blocks * dim * dim);
   adapt::rt::test::CountCpuAllocations count;
   torch::Tensor out = lightningAttentionBlocked(q, k, v, slopes, block);
   const int64_t kept = count.liveBytes();
   EXPECT_GE(kept, stated);
   // Autograd of the blocked composition kept the fp32 blocks, the masked
-  // scores and each decayed operand besides, and keeping the 8 blocks'
-  // states would add 160 %: a saved intermediate too many shows here.
+  // scores and each decayed operand besides: a saved intermediate too many shows here.
   EXPECT_LE(kept, stated + stated / 100) << "kept " << kept << " bytes, the stated tensors are " << stated;
   out.sum().backward();
   EXPECT_TRUE(q.grad().defined() && k.grad().defined() && v.grad().defined());
@@ -104,8 +102,8 @@ TEST(Lightning, TrainingPeakHoldsOneScoresBlock) { // 4 % margin: allocation cou
   torch::Tensor q = bf16(), k = bf16(), v = bf16();
   const torch::Tensor cot = torch::randn({batch, heads, tokens, dim}).to(torch::kBFloat16);
   // In units of one fp32 [B, H, T, d] tensor; a block's [b, b] fp32 scores
-  // over the sequence take b / d = 2 units. Measured: forward 6.88, forward
-  // and backward 11.0 (the fp32 q, k, v and dO blocks, the three gradients,
+  // over the sequence take b / d = 2 units. Measured: forward 7.00, forward
+  // and backward 10.94 (the fp32 q, k, v and dO blocks, the three gradients,
   // one scores tensor and its product's temporaries). Before the products
   // went in place and the scores were freed after their last reader (at
   // 1 x 4 x 4K x 128, block 256: the same ratios): 8.16 and 15.5. A second
@@ -116,7 +114,7 @@ TEST(Lightning, TrainingPeakHoldsOneScoresBlock) { // 4 % margin: allocation cou
   const double forwardPeak = double(count.peakBytes()) / unit;
   out.backward(cot);
   const double peak = double(count.peakBytes()) / unit;
-  EXPECT_LE(forwardPeak, 7.0);
-  EXPECT_LE(peak, 11.5);
+  EXPECT_LE(forwardPeak, 7.3);
+  EXPECT_LE(peak, 11.4);
   std::printf("lightning peaks: forward %.2f, forward and backward %.2f units\n", forwardPeak, peak);
 }
