@@ -113,18 +113,13 @@ if [ "${PHASE:-checks}" != timings ]; then
   check kimi-no-subchunks-bf16 ADAPT_KIMI_SCORES_SUBCHUNKS=0 -- kimi_delta
   check kimi-no-fused-terms-fp32 ADAPT_KIMI_FUSED_TERMS=0 -- kimi_delta.chunked float32
   check kimi-no-saved-scores ADAPT_KIMI_SAVED_SCORES=0 -- kimi_delta
-  # Session 49 (no GPU left): the transform kernel's log decays staged in
-  # shared memory before their sums (opt-in; bitwise the same G expected),
-  # in training and without a graph.
-  check kimi-staged-decay ADAPT_KIMI_STAGED_DECAY=1 -- kimi_delta
-  # ... and the output kernel at two blocks an SM (S_n and V_new loaded over
-  # the scores' tiles), alone and with the staged decays.
-  check kimi-output-two-blocks ADAPT_KIMI_OUTPUT_TWO_BLOCKS=1 -- kimi_delta
-  check kimi-forward-both ADAPT_KIMI_OUTPUT_TWO_BLOCKS=1 ADAPT_KIMI_STAGED_DECAY=1 -- kimi_delta
-  # ... and the block inverse's sums split four ways (GDN's and Kimi's
-  # transforms; fp32 sums in another order).
+  # Session 51's defaults off (the plain decay loop, one output block) stay
+  # checked; the block inverse's split sums (opt-in, not faster) too.
+  check kimi-no-staged-decay ADAPT_KIMI_STAGED_DECAY=0 -- kimi_delta
+  check kimi-one-output-block ADAPT_KIMI_OUTPUT_TWO_BLOCKS=0 -- kimi_delta
   check gdn-split-sums ADAPT_DELTA_RULE_INVERSE_SPLIT_SUMS=1 -- gated_delta_rule
   check kimi-split-sums ADAPT_DELTA_RULE_INVERSE_SPLIT_SUMS=1 -- kimi_delta
+  check lightning-no-tf32 ADAPT_LIGHTNING_TF32=0 -- lightning
   # Out-of-bounds accesses the checks' numbers could miss: memcheck over the
   # kernels, forward and backward, at the d-128 shapes.
   SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
@@ -174,10 +169,8 @@ if [ "${PHASE:-checks}" != checks ]; then
   fi
   echo "== Kimi delta attention $(date +%T)"
   want kda && EXTRA=--per-channel run_shapes kda-default ADAPT_NONE=1
-  want kda && EXTRA=--per-channel run_shapes kda-staged-decay ADAPT_KIMI_STAGED_DECAY=1 # session 49's opt-ins
-  want kda && EXTRA=--per-channel run_shapes kda-output-two-blocks ADAPT_KIMI_OUTPUT_TWO_BLOCKS=1
-  want kda && EXTRA=--per-channel run_shapes kda-forward-both ADAPT_KIMI_STAGED_DECAY=1 ADAPT_KIMI_OUTPUT_TWO_BLOCKS=1
-  want kda && EXTRA=--per-channel run_shapes kda-forward-all ADAPT_KIMI_STAGED_DECAY=1 ADAPT_KIMI_OUTPUT_TWO_BLOCKS=1 ADAPT_DELTA_RULE_INVERSE_SPLIT_SUMS=1
+  want kda && EXTRA=--per-channel run_shapes kda-forward-opt-outs ADAPT_KIMI_STAGED_DECAY=0 ADAPT_KIMI_OUTPUT_TWO_BLOCKS=0 # session 51's defaults, off
+  want kda && EXTRA=--per-channel run_shapes kda-split-sums ADAPT_DELTA_RULE_INVERSE_SPLIT_SUMS=1
   if want kda-switches; then
   EXTRA=--per-channel run_shapes kda-no-chunk-grad ADAPT_KIMI_CHUNK_GRAD_KERNEL=0 # session 47's kernel, off
   EXTRA=--per-channel run_shapes kda-one-pass ADAPT_KIMI_BACKWARD_SLICE_HEADS=1024
@@ -192,7 +185,10 @@ if [ "${PHASE:-checks}" != checks ]; then
   fi
   if want lightning; then
   echo "== lightning attention (MiniMax-M1: 64 heads of 128, block 256) $(date +%T)"
-  for T in 8192 32768; do timeout 120 $W/lc/long_context --lightning 1 64 $T 128 256 --iters 5 2>&1 | tail -1; done
+  for T in 8192 32768; do
+    echo "default $(timeout 120 $W/lc/long_context --lightning 1 64 $T 128 256 --iters 5 2>&1 | tail -1)"
+    echo "no-tf32 $(ADAPT_LIGHTNING_TF32=0 timeout 120 $W/lc/long_context --lightning 1 64 $T 128 256 --iters 5 2>&1 | tail -1)"
+  done
   fi
   if want layers; then
   echo "== one Gated DeltaNet layer (Qwen3-Next's heads at hidden 7,168), and the 3:1 hybrid block $(date +%T)"

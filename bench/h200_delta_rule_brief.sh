@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The delta rule's waiting opt-ins in one short device call, for when calls
-# are scarce (bench/h200_delta_rule.sh holds the full checks and rows, two
-# calls): their op checks (bf16, fp32), their timings beside the defaults,
-# then memcheck, ncu's view of Kimi's forward kernels, fla's KDA rows and
-# MiniMax's lightning attention beside fla's simple GLA, each skipped once the
-# call has run past its deadline (seconds from the start; MEMCHECK_BY, NCU_BY,
-# FLA_BY, SINGLES_BY, END_BY, LIGHTNING_BY). ~380-450 s on a fresh machine.
+# The delta rule's and lightning attention's defaults in one short device
+# call, for when calls are scarce (bench/h200_delta_rule.sh holds the full
+# checks and rows, two calls): their op checks (bf16, fp32), their timings
+# beside the latest opt-outs, then memcheck, ncu's view of Kimi's forward
+# kernels, fla's KDA rows and MiniMax's lightning attention beside fla's
+# simple GLA, each skipped once the call has run past its deadline (seconds
+# from the start; MEMCHECK_BY, NCU_BY, FLA_BY, SINGLES_BY, END_BY,
+# LIGHTNING_BY). ~475 s on a fresh H100 (session 51).
 # usage: bench/h200_delta_rule_brief.sh OUTDIR   (from the repository root,
 #        .whl and .fla-cache-parts carried)
 cd "$(dirname "$0")/.."
@@ -18,32 +19,30 @@ check() { local name=$1 envs=$2 only=$3 dtype=${4:-bfloat16}
   env $envs timeout 80 $W/rt/adapt-op-check --device cuda --seeds 2 --dtype $dtype --only $only --out $W/checks/$name > $W/checks-$name.log 2>&1
   echo "-- $name [$envs] $only $dtype: rc $? ($(el) s)"; grep -E "FAIL|fail|rror" $W/checks-$name.log | head -5
   grep -E "^\|" $W/checks/$name/op-stage.md 2>/dev/null | grep -v -- "---" | head -8; }
-ALL="ADAPT_KIMI_STAGED_DECAY=1 ADAPT_KIMI_OUTPUT_TWO_BLOCKS=1 ADAPT_DELTA_RULE_INVERSE_SPLIT_SUMS=1"
-check kimi-all "$ALL" kimi_delta
-check kimi-all-fp32 "$ALL" kimi_delta.chunked float32
-check gdn-split "ADAPT_DELTA_RULE_INVERSE_SPLIT_SUMS=1" gated_delta_rule
-check lightning-tf32 "ADAPT_LIGHTNING_TF32=1" lightning # the grouped state scan (default) and TF32
+# Session 51's defaults off: the plain decay loop and one output block.
+OFF="ADAPT_KIMI_STAGED_DECAY=0 ADAPT_KIMI_OUTPUT_TWO_BLOCKS=0"
+check kimi ADAPT_NONE=1 kimi_delta
+check kimi-fp32 ADAPT_NONE=1 kimi_delta.chunked float32
+check gdn ADAPT_NONE=1 gated_delta_rule
+check lightning ADAPT_NONE=1 lightning
 row() { local label=$1 envs=$2; shift 2
   for s in "$@"; do echo "$label $(env $envs timeout 60 $W/lc/long_context --delta-rule $s 128 128 --iters 5 ${EXTRA:-} 2>&1 | tail -1)"; done; }
 S3=("1 32 8192" "1 32 32768" "4 16 4096")
 echo "== timings $(el) s"
 EXTRA=--per-channel row kda-default ADAPT_NONE=1 "${S3[@]}"
-EXTRA=--per-channel row kda-forward-all "$ALL" "${S3[@]}"
 row gdn-default ADAPT_NONE=1 "${S3[@]}"
-row gdn-split-sums ADAPT_DELTA_RULE_INVERSE_SPLIT_SUMS=1 "${S3[@]}"
 if [ $(el) -lt ${SINGLES_BY:-250} ]; then
-  EXTRA=--per-channel row kda-staged-decay ADAPT_KIMI_STAGED_DECAY=1 "${S3[@]:0:2}"
-  EXTRA=--per-channel row kda-output-two-blocks ADAPT_KIMI_OUTPUT_TWO_BLOCKS=1 "${S3[@]:0:2}"
+  EXTRA=--per-channel row kda-forward-opt-outs "$OFF" "${S3[@]:0:2}"
 fi
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
 if [ -n "$SAN" ] && [ $(el) -lt ${MEMCHECK_BY:-270} ]; then
-  env $ALL timeout 110 $SAN --tool memcheck --error-exitcode 9 $W/rt/adapt-op-check --device cuda --seeds 1 --dtype bfloat16 \
+  timeout 110 $SAN --tool memcheck --error-exitcode 9 $W/rt/adapt-op-check --device cuda --seeds 1 --dtype bfloat16 \
     --only kimi_delta.chunked --out $W/checks/memcheck > $W/memcheck.log 2>&1
   echo "-- memcheck kimi_delta.chunked: rc $? $(grep -m1 'ERROR SUMMARY' $W/memcheck.log) ($(el) s)"; grep -m4 -A4 "Invalid" $W/memcheck.log
 fi
 NCU=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -1)
 if [ -n "$NCU" ] && [ $(el) -lt ${NCU_BY:-300} ]; then
-  for e in ADAPT_NONE=1 "$ALL"; do
+  for e in ADAPT_NONE=1 "$OFF"; do
     env $e timeout 80 $NCU --clock-control none -k "regex:kimiTransform|kimiOutput|deltaRuleStateKernel" -c 3 \
       --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
       $W/lc/long_context --delta-rule 1 32 8192 128 128 --per-channel --iters 1 > $W/ncu.log 2>&1
@@ -55,8 +54,8 @@ if [ $(el) -lt ${FLA_BY:-330} ]; then
   source bench/h200/fla_env.sh
   timeout $(( ${END_BY:-380} - $(el) )) python3 bench/h200/fla_delta_rule.py --bypass-triton-guard --per-channel 1 32 8192 128 128 1 32 32768 128 128 2>&1 | grep -v Warning | tail -3
 fi
-if [ $(el) -lt ${LIGHTNING_BY:-450} ]; then # MiniMax's lightning attention (opt-ins) beside fla's simple GLA
-  for e in ADAPT_NONE=1 ADAPT_LIGHTNING_TF32=1 "ADAPT_LIGHTNING_TF32=1 ADAPT_LIGHTNING_COMPUTE_BLOCK=64"; do
+if [ $(el) -lt ${LIGHTNING_BY:-450} ]; then # MiniMax's lightning attention beside fla's simple GLA
+  for e in ADAPT_NONE=1 ADAPT_LIGHTNING_TF32=0; do
     for T in 8192 32768; do
       echo "lightning [$e] $(env $e timeout 60 $W/lc/long_context --lightning 1 64 $T 128 256 --iters 5 2>&1 | tail -1)"
     done

@@ -1,0 +1,239 @@
+//===- Lightning.cpp - MiniMax lightning attention's kernels --------------===//
+
+#include "runtime/Lightning.h"
+
+#include "runtime/Errors.h"
+
+#include <cmath>
+
+namespace adapt::rt {
+
+namespace {
+
+/// Rejects inputs the kernels cannot take, naming what was expected.
+void checkInputs(const torch::Tensor &q, const torch::Tensor &k, const torch::Tensor &v,
+                 const torch::Tensor &slopes) {
+  auto fail = [](const std::string &what) {
+    throw RuntimeError("", "lightning attention", what, kExitInternal);
+  };
+  if (q.dim() != 4 || k.dim() != 4 || v.dim() != 4)
+    fail("expected q, k, v as [batch, heads, tokens, dim]");
+  if (k.sizes() != q.sizes())
+    fail("expected k shaped like q");
+  if (v.size(0) != q.size(0) || v.size(1) != q.size(1) || v.size(2) != q.size(2))
+    fail("expected v with q's batch, heads and tokens");
+  if (slopes.dim() != 1 || slopes.size(0) != q.size(1))
+    fail("expected one decay slope per head (" + std::to_string(q.size(1)) + ")");
+}
+
+/// slopes [H] as fp32 [1, H, 1, 1] on \p device.
+torch::Tensor perHead(const torch::Tensor &slopes, const torch::Device &device) {
+  return slopes.to(device, torch::kFloat32).view({1, -1, 1, 1});
+}
+
+} // namespace
+
+torch::Tensor lightningSlopes(int64_t heads, int64_t layerIndex, int64_t numLayers) {
+  if (heads <= 0 || numLayers <= 0 || layerIndex < 0 || layerIndex >= numLayers)
+    throw RuntimeError("", "lightning attention slopes",
+                       "expected heads > 0 and 0 <= layer < layers, found heads " + std::to_string(heads) +
+                           ", layer " + std::to_string(layerIndex) + " of " + std::to_string(numLayers),
+                       kExitInternal);
+  const double base = 1.0 / std::pow(2.0, 8.0 / double(heads));
+  const double factor = 1.0 - double(layerIndex) / (double(numLayers) - 1.0 + 1e-5) + 1e-5;
+  torch::Tensor out = torch::empty({heads}, torch::kFloat32);
+  auto acc = out.accessor<float, 1>();
+  for (int64_t h = 0; h < heads; ++h) {
+    // transformers rounds base^(h+1) to fp32 before the layer factor.
+    float rate = static_cast<float>(std::pow(base, double(h + 1)));
+    acc[h] = static_cast<float>(double(rate) * factor);
+  }
+  return out;
+}
+
+torch::Tensor lightningAttentionRecurrent(const torch::Tensor &q, const torch::Tensor &k,
+                                          const torch::Tensor &v, const torch::Tensor &slopes) {
+  checkInputs(q, k, v, slopes);
+  const int64_t batch = q.size(0), heads = q.size(1), tokens = q.size(2);
+  torch::Tensor qf = q.to(torch::kFloat32), kf = k.to(torch::kFloat32), vf = v.to(torch::kFloat32);
+  torch::Tensor decay = torch::exp(-perHead(slopes, q.device()));
+  torch::Tensor state = torch::zeros({batch, heads, q.size(3), v.size(3)}, qf.options());
+  std::vector<torch::Tensor> outputs;
+  outputs.reserve(tokens);
+  for (int64_t t = 0; t < tokens; ++t) {
+    torch::Tensor kt = kf.select(2, t).unsqueeze(-1), vt = vf.select(2, t).unsqueeze(-2);
+    state = decay * state + kt * vt;
+    outputs.push_back(torch::matmul(qf.select(2, t).unsqueeze(-2), state).squeeze(-2));
+  }
+  if (outputs.empty())
+    return torch::zeros({batch, heads, 0, v.size(3)}, q.options());
+  return torch::stack(outputs, 2).to(q.scalar_type());
+}
+
+namespace {
+
+using torch::Tensor;
+
+/// A sequence in blocks: \p x [B, H, T, d] as fp32 [B, H, N, block, d],
+/// tokens past the end zero. As keys and values they add nothing, and their
+/// query rows are dropped; the decays of a short last block are the
+/// prefixes of a full block's, so its outputs are unchanged.
+Tensor toBlocks(const Tensor &x, int64_t block, int64_t blocks) {
+  Tensor f = x.to(torch::kFloat32);
+  const int64_t padded = blocks * block, tokens = x.size(2);
+  if (padded > tokens)
+    f = torch::constant_pad_nd(f, {0, 0, 0, padded - tokens});
+  return f.view({x.size(0), x.size(1), blocks, block, x.size(3)});
+}
+
+/// [B, H, N, block, d] blocks back to [B, H, T, d] in \p dtype.
+Tensor fromBlocks(const Tensor &x, int64_t tokens, torch::ScalarType dtype) {
+  Tensor out = x.reshape({x.size(0), x.size(1), x.size(2) * x.size(3), x.size(4)});
+  if (out.size(2) > tokens)
+    out = out.narrow(2, 0, tokens);
+  return out.to(dtype);
+}
+
+/// The decay tables of one block length, as MiniMaxLightningAttention's
+/// decay_factors builds them, fp32 on the inputs' device.
+struct BlockDecays {
+  Tensor query; ///< e^{-s (i + 1)}: the entering state's decay at row i [1, H, 1, b, 1].
+  Tensor key;   ///< e^{-s (b - 1 - j)}: key j's decay to the block's end [1, H, 1, b, 1].
+  Tensor pairs; ///< e^{-s (i - j)} for i >= j, else 0 [1, H, 1, b, b].
+  Tensor block; ///< e^{-s b}: the state's decay over a whole block [1, H, 1, 1].
+  Tensor rate;  ///< s [1, H, 1, 1].
+
+  BlockDecays(const Tensor &slopes, int64_t b, const torch::TensorOptions &options) {
+    rate = perHead(slopes, options.device());
+    const Tensor s = rate.unsqueeze(-1);                                          // [1, H, 1, 1, 1]
+    const Tensor pos = torch::arange(1, b + 1, options).view({1, 1, 1, b, 1});   // i + 1
+    query = torch::exp(-s * pos);
+    key = torch::exp(-s * (double(b) - pos));
+    const Tensor scaled = s * (pos - pos.transpose(-1, -2));                      // s (i - j)
+    pairs = torch::exp(torch::where(scaled >= 0, -scaled, torch::full_like(scaled, -INFINITY)));
+    block = torch::exp(-rate * double(b));
+  }
+
+  /// The decay of the last block's key j to its own end, e^{-s (L - 1 - j)}
+  /// for its \p length tokens [1, H, L, 1].
+  Tensor lastKeyDecay(int64_t length, const torch::TensorOptions &options) const {
+    const Tensor j = torch::arange(length, options).view({1, 1, length, 1});
+    return torch::exp(-rate * (double(length - 1) - j));
+  }
+};
+
+/// Lightning attention in blocks as one autograd node, its backward written
+/// out: it keeps q, k, v as given and each block's entering state (fp32),
+/// where autograd of the blocked composition kept the fp32 blocks, the
+/// masked scores and every decayed operand. Outputs {O [B, H, T, dv] in
+/// q's dtype, the state after the last token, fp32}.
+struct LightningNode : torch::autograd::Function<LightningNode> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext *ctx, const Tensor &q,
+                                                const Tensor &k, const Tensor &v, const Tensor &slopes,
+                                                const Tensor &state, int64_t block) {
+    const int64_t tokens = q.size(2), blocks = (tokens + block - 1) / block;
+    const Tensor qb = toBlocks(q, block, blocks), kb = toBlocks(k, block, blocks), vb = toBlocks(v, block, blocks);
+    const BlockDecays decays(slopes, block, qb.options());
+    // Inside each block: (Q K^T * decay mask) V; each block's contribution
+    // to the state, decayed to the block's end.
+    const Tensor intra = torch::matmul(torch::matmul(qb, kb.transpose(-1, -2)) * decays.pairs, vb);
+    const std::vector<Tensor> contributions = torch::matmul((kb * decays.key).transpose(-1, -2), vb).unbind(2);
+    // The state entering each block: S_0 given, S_n = e^{-s b} S_{n-1} + C_{n-1}.
+    std::vector<Tensor> entering{state.to(torch::kFloat32)};
+    for (int64_t n = 1; n < blocks; ++n)
+      entering.push_back(entering.back() * decays.block + contributions[n - 1]);
+    const Tensor states = torch::stack(entering, 2); // [B, H, N, dk, dv]
+    // The last block, of its own length L: e^{-s L} S + sum_j e^{-s (L-1-j)} k_j^T v_j.
+    const int64_t length = tokens - (blocks - 1) * block;
+    const Tensor last = entering.back() * torch::exp(-decays.rate * double(length)) +
+                        torch::matmul((kb.select(2, blocks - 1).narrow(2, 0, length) *
+                                       decays.lastKeyDecay(length, qb.options()))
+                                          .transpose(-1, -2),
+                                      vb.select(2, blocks - 1).narrow(2, 0, length));
+    const Tensor out = intra + torch::matmul(qb * decays.query, states);
+    ctx->saved_data["block"] = block;
+    ctx->saved_data["stateDtype"] = int64_t(state.scalar_type());
+    ctx->set_materialize_grads(false); // an unused final state's gradient stays undefined
+    ctx->save_for_backward({q, k, v, slopes, states});
+    return {fromBlocks(out, tokens, q.scalar_type()), last};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
+                                                 torch::autograd::variable_list grads) {
+    const std::vector<Tensor> saved = ctx->get_saved_variables();
+    const Tensor &q = saved[0], &k = saved[1], &v = saved[2], &slopes = saved[3], &states = saved[4];
+    const int64_t block = ctx->saved_data["block"].toInt(), tokens = q.size(2), blocks = states.size(2);
+    const int64_t length = tokens - (blocks - 1) * block;
+    const Tensor qb = toBlocks(q, block, blocks), kb = toBlocks(k, block, blocks), vb = toBlocks(v, block, blocks);
+    const BlockDecays decays(slopes, block, qb.options());
+    const Tensor dOut = grads[0].defined() ? toBlocks(grads[0], block, blocks)
+                                           : torch::zeros({q.size(0), q.size(1), blocks, block, v.size(3)}, qb.options());
+    const Tensor &dLast = grads[1];
+
+    // Inside each block: O = (Q K^T * D) V.
+    const Tensor scores = torch::matmul(qb, kb.transpose(-1, -2)) * decays.pairs;
+    const Tensor dScores = torch::matmul(dOut, vb.transpose(-1, -2)) * decays.pairs;
+    Tensor dq = torch::matmul(dScores, kb);
+    Tensor dk = torch::matmul(dScores.transpose(-1, -2), qb);
+    Tensor dv = torch::matmul(scores.transpose(-1, -2), dOut);
+    // Across blocks: O += (Q e^{-s (i+1)}) S_n.
+    dq = dq + torch::matmul(dOut, states.transpose(-1, -2)) * decays.query;
+    const Tensor dEntering = torch::matmul((qb * decays.query).transpose(-1, -2), dOut); // [B, H, N, dk, dv]
+    // The states from the last block back: dS_{n-1} += e^{-s b} dS_n, and
+    // the final state's gradient enters the last block's state.
+    std::vector<Tensor> dStates = dEntering.unbind(2);
+    if (dLast.defined())
+      dStates[blocks - 1] = dStates[blocks - 1] + dLast.to(torch::kFloat32) * torch::exp(-decays.rate * double(length));
+    for (int64_t n = blocks - 1; n >= 1; --n)
+      dStates[n - 1] = dStates[n - 1] + decays.block * dStates[n];
+    // C_n = (K e^{-s (b-1-j)})^T V feeds S_{n+1}: its gradient is dS_{n+1} (none for the last block).
+    if (blocks > 1) {
+      std::vector<Tensor> dContributions(dStates.begin() + 1, dStates.end());
+      dContributions.push_back(torch::zeros_like(dStates[0]));
+      const Tensor dC = torch::stack(dContributions, 2);
+      dk = dk + torch::matmul(vb, dC.transpose(-1, -2)) * decays.key;
+      dv = dv + torch::matmul(kb * decays.key, dC);
+    }
+    if (dLast.defined()) { // the last block's own term of the final state
+      const Tensor g = dLast.to(torch::kFloat32);
+      const Tensor decay = decays.lastKeyDecay(length, qb.options());
+      const Tensor lastValues = vb.select(2, blocks - 1).narrow(2, 0, length);
+      dk.select(2, blocks - 1).narrow(2, 0, length).add_(torch::matmul(lastValues, g.transpose(-1, -2)) * decay);
+      dv.select(2, blocks - 1).narrow(2, 0, length).add_(
+          torch::matmul(kb.select(2, blocks - 1).narrow(2, 0, length) * decay, g));
+    }
+    return {fromBlocks(dq, tokens, q.scalar_type()), fromBlocks(dk, tokens, k.scalar_type()),
+            fromBlocks(dv, tokens, v.scalar_type()), Tensor(),
+            dStates[0].to(static_cast<torch::ScalarType>(ctx->saved_data["stateDtype"].toInt())), Tensor()};
+  }
+};
+
+} // namespace
+
+torch::Tensor lightningAttentionBlocked(const torch::Tensor &q, const torch::Tensor &k,
+                                        const torch::Tensor &v, const torch::Tensor &slopes,
+                                        int64_t blockSize, const torch::Tensor &initialState,
+                                        torch::Tensor *finalState) {
+  checkInputs(q, k, v, slopes);
+  if (blockSize <= 0)
+    throw RuntimeError("", "lightning attention", "expected block_size > 0, found " + std::to_string(blockSize),
+                       kExitInternal);
+  const int64_t batch = q.size(0), heads = q.size(1), tokens = q.size(2);
+  const int64_t dk = q.size(3), dv = v.size(3);
+  if (tokens == 0) {
+    if (finalState)
+      *finalState = initialState;
+    return torch::zeros({batch, heads, 0, dv}, q.options());
+  }
+  // A sequence shorter than a block is one (short) block, as in transformers.
+  const int64_t block = std::min(blockSize, tokens);
+  const torch::Tensor state = initialState.defined()
+                                  ? initialState
+                                  : torch::zeros({batch, heads, dk, dv}, q.options().dtype(torch::kFloat32));
+  torch::autograd::variable_list outs = LightningNode::apply(q, k, v, slopes, state, block);
+  if (finalState)
+    *finalState = outs[1];
+  return outs[0];
+}
+
+} // namespace adapt::rt
