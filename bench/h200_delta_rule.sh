@@ -189,6 +189,9 @@ if [ "${PHASE:-checks}" != checks ]; then
     echo "default $(timeout 120 $W/lc/long_context --lightning 1 64 $T 128 256 --iters 5 2>&1 | tail -1)"
     echo "no-tf32 $(ADAPT_LIGHTNING_TF32=0 timeout 120 $W/lc/long_context --lightning 1 64 $T 128 256 --iters 5 2>&1 | tail -1)"
   done
+  echo "-- lightning's kernels at 8K"
+  timeout 120 $W/lc/long_context --lightning 1 64 8192 128 256 --iters 2 --profile $W/proflight > $W/proflight.log 2>&1
+  python3 bench/h200/trace_kernels.py $W/proflight/profile/trace.json 3 16 2>&1 | tail -18
   fi
   if want layers; then
   echo "== one Gated DeltaNet layer (Qwen3-Next's heads at hidden 7,168), and the 3:1 hybrid block $(date +%T)"

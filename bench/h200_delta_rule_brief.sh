@@ -60,6 +60,8 @@ if [ $(el) -lt ${LIGHTNING_BY:-450} ]; then # MiniMax's lightning attention besi
       echo "lightning [$e] $(env $e timeout 60 $W/lc/long_context --lightning 1 64 $T 128 256 --iters 5 2>&1 | tail -1)"
     done
   done
+  timeout 60 $W/lc/long_context --lightning 1 64 8192 128 256 --iters 2 --profile $W/proflight > $W/proflight.log 2>&1
+  python3 bench/h200/trace_kernels.py $W/proflight/profile/trace.json 3 12 2>&1 | tail -14
   source bench/h200/fla_env.sh
   timeout $(( ${LIGHTNING_END_BY:-560} - $(el) )) python3 bench/h200/fla_delta_rule.py --lightning 1 64 8192 128 128 1 64 32768 128 128 2>&1 | grep -v Warning | tail -2
 fi

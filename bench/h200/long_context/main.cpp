@@ -8,7 +8,7 @@
 //   long_context --mixer gdn|dsa|hybrid --tokens T [--recompute] [--iters N] [--no-warmup] [--profile DIR]
 //   long_context --delta-rule B H T DK DV [--iters N] [--per-channel] [--profile DIR]   (the op alone;
 //      --per-channel: a decay per key channel, Kimi delta attention's)
-//   long_context --lightning B H T D BLOCK [--iters N]   (MiniMax's lightning attention alone, blocked)
+//   long_context --lightning B H T D BLOCK [--iters N] [--profile DIR]   (MiniMax's lightning attention alone, blocked)
 //
 // gdn: Qwen3-Next's Gated DeltaNet (16 key / 32 value heads of 128, conv 4).
 // dsa: DeepSeek-V3.2's sparse MLA with top-k 2048 and its 64-head indexer;
@@ -147,7 +147,7 @@ template <typename F> std::pair<double, double> measure(F step, int iters) {
 int usage() {
   std::fprintf(stderr, "usage: long_context --mixer gdn|dsa|hybrid --tokens T [--recompute] [--iters N] [--profile DIR]\n"
                        "       long_context --delta-rule B H T DK DV [--iters N] [--per-channel] [--profile DIR]\n"
-                       "       long_context --lightning B H T D BLOCK [--iters N]\n");
+                       "       long_context --lightning B H T D BLOCK [--iters N] [--profile DIR]\n");
   return 2;
 }
 
@@ -197,6 +197,15 @@ int main(int argc, char **argv) {
     auto [fwd, fwdPeak] =
         measure([&] { torch::NoGradGuard g; lightningAttentionBlocked(q, k, v, slopes, block); }, int(iters));
     auto [both, peak] = measure([&] { lightningAttentionBlocked(q, k, v, slopes, block).backward(cot); }, int(iters));
+    if (!profileDir.empty()) { // Kineto over 3 forward + backward calls: DIR/profile/breakdown.md
+      StepProfiler profiler(profileDir, 0, 3, /*cuda=*/true, /*loraRank=*/0, /*vocab=*/0);
+      for (int64_t i = 0; i < 3; ++i) {
+        profiler.beforeStep(i);
+        lightningAttentionBlocked(q, k, v, slopes, block).backward(cot);
+        torch::cuda::synchronize();
+        profiler.afterStep(i);
+      }
+    }
     std::printf("{\"op\": \"lightning_blocked\", \"B\": %lld, \"H\": %lld, \"T\": %lld, \"d\": %lld, \"block\": %lld, "
                 "\"forward_ms\": %.3f, \"forward_backward_ms\": %.3f, \"peak_gib\": %.3f}\n",
                 (long long)B, (long long)H, (long long)T, (long long)D, (long long)block, fwd, both, peak);
