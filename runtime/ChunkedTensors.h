@@ -31,12 +31,6 @@ inline torch::Tensor toChunks(const torch::Tensor &x, int64_t c, torch::ScalarTy
   return f.reshape({x.size(0), x.size(1), (t + pad) / c, c, x.size(3)});
 }
 
-/// Whether \p x is bf16 or fp16: its values are exact in fp32, so its
-/// products with fp32 tensors come out as an fp32 copy's would.
-inline bool reducedFloat(const torch::Tensor &x) {
-  return x.scalar_type() == torch::kBFloat16 || x.scalar_type() == torch::kHalf;
-}
-
 /// Chunks [B, H, n, c, d] back to [B, H, T, d] in \p dtype.
 inline torch::Tensor fromChunks(const torch::Tensor &x, int64_t t, torch::ScalarType dtype) {
   return x.reshape({x.size(0), x.size(1), x.size(2) * x.size(3), x.size(4)}).narrow(2, 0, t).to(dtype);

@@ -148,8 +148,8 @@ Tensor enteringStates(const Tensor &kb, const Tensor &vb, const BlockDecays &dec
 /// Lightning attention in blocks as one autograd node, its backward written
 /// out: it keeps q, k, v as given and each block's entering state (fp32),
 /// and rebuilds the scores, where autograd of the blocked composition kept
-/// the fp32 blocks, the masked scores and every decayed operand. Outputs {O [B, H, T, dv] in q's dtype, the state after the last
-/// token, fp32}.
+/// the fp32 blocks, the masked scores and every decayed operand. Outputs
+/// {O [B, H, T, dv] in q's dtype, the state after the last token, fp32}.
 struct LightningNode : torch::autograd::Function<LightningNode> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext *ctx, const Tensor &q,
                                                 const Tensor &k, const Tensor &v, const Tensor &slopes,
@@ -258,8 +258,7 @@ torch::Tensor lightningAttentionBlocked(const torch::Tensor &q, const torch::Ten
   const int64_t block = std::min(blockSize, tokens);
   // TF32 tensor cores for the fp32 GEMMs when the activations are bf16/fp16
   // (their products are exact in TF32; ADAPT_LIGHTNING_TF32=0: IEEE fp32).
-  const bool tf32 = (q.scalar_type() == torch::kBFloat16 || q.scalar_type() == torch::kHalf) &&
-                    !cuda::switchedOff("ADAPT_LIGHTNING_TF32");
+  const bool tf32 = reducedFloat(q) && !cuda::switchedOff("ADAPT_LIGHTNING_TF32");
   const torch::Tensor state = initialState.defined()
                                   ? initialState
                                   : torch::zeros({batch, heads, dk, dv}, q.options().dtype(torch::kFloat32));

@@ -14,8 +14,8 @@
 // that computation (the training form); lightningAttentionRecurrent is the
 // one-token-at-a-time definition (a reference). Both compute in fp32 and
 // return the input dtype. The blocked form is one autograd node with its
-// backward written out (it keeps q, k, v as given and the initial state, and
-// rebuilds the blocks' states); the recurrent form's backward is autograd's.
+// backward written out (it keeps q, k, v as given and each block's entering
+// state); the recurrent form's backward is autograd's.
 //
 //===----------------------------------------------------------------------===//
 #ifndef ADAPT_RUNTIME_LIGHTNING_H
@@ -43,11 +43,9 @@ torch::Tensor lightningAttentionRecurrent(const torch::Tensor &q, const torch::T
 /// be a multiple; the last block is shorter). Intra-block: (Q K^T masked by
 /// exp(-s (i - j)), i >= j) V; inter-block: (Q exp(-s (i + 1))) S; the state
 /// S [B, H, d, dv] advances by exp(-s b) S + (K exp(-s (b - 1 - j)))^T V per
-/// block of length b. All blocks are computed batched, the state recurrence
-/// as a grouped scan (no loop over blocks). Memory: O(T (d + blockSize)) per
-/// head plus one [d, dv] state per block while a pass runs; training keeps
-/// q, k, v and the initial state only. No tensor spans more than one block
-/// in time.
+/// block of length b. All blocks are computed batched; only the state
+/// recurrence loops over blocks. Memory: O(T (d + blockSize)) per head plus
+/// one [d, dv] state per block; no tensor spans more than one block in time.
 /// Same result as lightningAttentionRecurrent. \p initialState [B, H, d, dv]
 /// (fp32; undefined: zeros) is the state before the first token and
 /// \p finalState receives the state after the last: context parallelism

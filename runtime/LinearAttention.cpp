@@ -6,6 +6,7 @@
 #include "runtime/KimiDeltaFunction.h"
 #include "runtime/Ops.h"
 #include "runtime/Recompute.h"
+#include "runtime/Tf32Scope.h"
 
 #ifdef ADAPT_WITH_CUDA_KERNELS
 #include "runtime/cuda/CausalConvKernel.h"
@@ -214,7 +215,7 @@ torch::Tensor chunkedRun(const DeltaRuleInputs &in, const char *op, int64_t chun
   checkShapes(in, op);
   // The CPU takes the same nodes (the flag only affects CUDA GEMMs there), so
   // the op stage's bf16 checks cover their forward and backward everywhere.
-  const bool tensorCores = in.value.scalar_type() != torch::kFloat32 && in.value.scalar_type() != torch::kFloat64;
+  const bool tensorCores = reducedFloat(in.value);
   std::vector<torch::Tensor> r;
   if (in.decay.dim() == 3) { // one decay per head: the kernels, or the node with its backward written out
     r = scalarDecayDeltaRule(in, chunkSize, initialState, tensorCores);

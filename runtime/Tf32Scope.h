@@ -12,8 +12,16 @@
 #define ADAPT_RUNTIME_TF32SCOPE_H
 
 #include <ATen/Context.h>
+#include <ATen/core/Tensor.h>
 
 namespace adapt::rt {
+
+/// Whether \p x is bf16 or fp16: its values are exact in fp32 (so its
+/// products with fp32 tensors come out as an fp32 copy's would) and in TF32,
+/// the activations for which the linear-attention ops take TF32 GEMMs.
+inline bool reducedFloat(const at::Tensor &x) {
+  return x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf;
+}
 
 /// Allows TF32 tensor-core GEMMs for fp32 operands while alive (when \p
 /// enable), then restores the previous setting.
