@@ -3,8 +3,13 @@
 #include "runtime/Lightning.h"
 
 #include "runtime/Errors.h"
+#include "runtime/KernelLedger.h"
 #include "runtime/Tf32Scope.h"
 #include "runtime/cuda/Switches.h"
+
+#ifdef ADAPT_WITH_CUDA_KERNELS
+#include "runtime/cuda/DeltaRuleKernel.h"
+#endif
 
 #include <cmath>
 
@@ -237,6 +242,45 @@ struct LightningNode : torch::autograd::Function<LightningNode> {
   }
 };
 
+#ifdef ADAPT_WITH_CUDA_KERNELS
+/// Whether lightning attention takes the delta rule's kernels with W = 0
+/// (cuda::decayedLinearAttentionForward): opt-in (ADAPT_LIGHTNING_KERNEL=1)
+/// until its op checks have run on a GPU.
+bool lightningKernelEnabled() {
+  static const bool on = cuda::switchedOn("ADAPT_LIGHTNING_KERNEL");
+  return on;
+}
+
+/// Lightning attention on the kernels: the log decay -s_h at every token,
+/// no scale, chunks of 64 (the result does not depend on the block). Keeps
+/// q, k, v as given and what the forward kernels saved (each chunk's
+/// entering state and the values, bf16; W's zeros). Outputs {O (bf16), the
+/// state after the last token, fp32}.
+struct LightningKernelNode : torch::autograd::Function<LightningKernelNode> {
+  static torch::autograd::variable_list forward(torch::autograd::AutogradContext *ctx, const Tensor &q,
+                                                const Tensor &k, const Tensor &v, const Tensor &slopes,
+                                                const Tensor &state) {
+    const Tensor decay = slopes.to(q.device(), torch::kFloat32).neg().view({1, -1, 1}).expand({q.size(0), q.size(1), q.size(2)});
+    cuda::DeltaRuleSaved saved;
+    Tensor last;
+    Tensor out = cuda::decayedLinearAttentionForward(q, k, v, decay, 1.0f, state, &last, &saved);
+    ctx->saved_data["stateDtype"] = int64_t(state.scalar_type());
+    ctx->set_materialize_grads(false);
+    ctx->save_for_backward({q, k, v, saved.states, saved.newValues, saved.cum, saved.w});
+    return {out, last};
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
+                                                 torch::autograd::variable_list grads) {
+    const std::vector<Tensor> s = ctx->get_saved_variables();
+    const cuda::DeltaRuleSaved saved{Tensor(), s[3], s[4], s[5], s[6]};
+    cuda::DeltaRuleGrads g = cuda::decayedLinearAttentionBackward(s[0], s[1], s[2], saved, grads[0], grads[1], 1.0f);
+    return {g.query, g.key, g.value, Tensor(),
+            g.initialState.to(static_cast<torch::ScalarType>(ctx->saved_data["stateDtype"].toInt()))};
+  }
+};
+#endif
+
 } // namespace
 
 torch::Tensor lightningAttentionBlocked(const torch::Tensor &q, const torch::Tensor &k,
@@ -262,6 +306,14 @@ torch::Tensor lightningAttentionBlocked(const torch::Tensor &q, const torch::Ten
   const torch::Tensor state = initialState.defined()
                                   ? initialState
                                   : torch::zeros({batch, heads, dk, dv}, q.options().dtype(torch::kFloat32));
+#ifdef ADAPT_WITH_CUDA_KERNELS
+  if (chooseKernel("lightning", q, lightningKernelEnabled(), cuda::linearAttentionTakes(q, k, v))) {
+    torch::autograd::variable_list outs = LightningKernelNode::apply(q, k, v, slopes, state);
+    if (finalState)
+      *finalState = outs[1];
+    return outs[0];
+  }
+#endif
   torch::autograd::variable_list outs = LightningNode::apply(q, k, v, slopes, state, block, tf32);
   if (finalState)
     *finalState = outs[1];

@@ -463,39 +463,35 @@ bool twoBlocksPerSm() {
   return on;
 }
 
-const bf16 *bf16Data(const at::Tensor &x) { return reinterpret_cast<const bf16 *>(x.data_ptr<at::BFloat16>()); }
-bf16 *bf16Data(at::Tensor &x) { return reinterpret_cast<bf16 *>(x.data_ptr<at::BFloat16>()); }
 
 } // namespace
 
-DeltaRuleGrads gatedDeltaRuleBackward(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
-                                      const at::Tensor &beta, const DeltaRuleSaved &saved, const at::Tensor &gradOut,
-                                      const at::Tensor &gradFinal) {
-  TORCH_CHECK(deltaRuleForwardTakes(query, key, value, beta, beta, kChunk) && saved.w.defined(),
-              "gatedDeltaRuleBackward: expected the forward kernels' inputs and what they saved");
+namespace {
+
+/// What the backward's first three kernels leave: dq (bf16 [B, H, T, 128]),
+/// and over the rows [B·H, n·64, 128] dk's part through O and S' (fp32),
+/// dW (bf16), dG's part (fp32 [B·H, n·64]), dV_new and dS_0 (\p state,
+/// its dS' freed).
+struct ThroughState {
+  at::Tensor gradQuery, gradKeyPart, gradW, gradCumPart;
+  DeltaRuleStateGrads state;
+};
+
+/// Kernels 1 to 3 (the scores, the state gradient, the chunk gradients) from
+/// the forward's inputs, what it \p saved, and \p gradOut, \p gradFinal
+/// (either may be undefined: zeros); \p scale multiplies q.
+ThroughState backwardThroughState(const at::Tensor &query, const at::Tensor &key, const DeltaRuleSaved &saved,
+                                  const at::Tensor &gradOut, const at::Tensor &gradFinal, float scale) {
   const int64_t batch = key.size(0), heads = key.size(1), tokens = key.size(2), bh = batch * heads;
   const int chunks = static_cast<int>((tokens + kChunk - 1) / kChunk);
   const int64_t padded = int64_t(chunks) * kChunk;
-  const c10::cuda::CUDAGuard guard(key.device());
   const auto f32 = key.options().dtype(at::kFloat);
-  DeltaRuleGrads r;
-  r.beta = at::empty({batch, heads, tokens}, f32);
-  r.decay = at::empty_like(r.beta);
-  if (tokens == 0 || bh == 0) {
-    r.query = at::empty({batch, heads, tokens, kDim}, key.options());
-    r.key = at::empty_like(r.query);
-    r.value = at::empty_like(r.query);
-    r.initialState = gradFinal.defined() ? gradFinal.to(at::kFloat) : at::zeros({batch, heads, kDim, kDim}, f32);
-    return r;
-  }
   at::Tensor dOut = gradOut.defined() ? gradOut.to(at::kBFloat16) : at::zeros({batch, heads, tokens, kDim}, key.options());
   if (dOut.stride(3) != 1 || dOut.stride(2) % 8 || dOut.stride(1) % 8 || dOut.stride(0) % 8 ||
       reinterpret_cast<uintptr_t>(dOut.data_ptr()) % 16)
     dOut = dOut.contiguous();
   at::Tensor dLast = gradFinal.defined() ? gradFinal.to(at::kFloat).contiguous().view({bh, kDim, kDim})
                                          : at::zeros({bh, kDim, kDim}, f32);
-  at::Tensor b = beta.to(at::kFloat).contiguous();
-  const float scale = static_cast<float>(1.0 / std::sqrt(double(kDim)));
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const bool async = asyncLoads();
 
@@ -504,7 +500,7 @@ DeltaRuleGrads gatedDeltaRuleBackward(const at::Tensor &query, const at::Tensor 
   // chunks; else kernel 1's copy.
   const bool dOutIsRows = leanBackward() && dOut.is_contiguous() && tokens == padded;
   at::Tensor dOutRows = dOutIsRows ? dOut.view({bh, padded, kDim}) : at::empty({bh, padded, kDim}, key.options());
-  DeltaRuleStateGrads state;
+  ThroughState r;
   {
     at::Tensor keysToEnd = at::empty({bh, padded, kDim}, key.options()), queryDecayed = at::empty_like(keysToEnd);
     at::Tensor localNew = at::empty({bh, padded, kDim}, f32);
@@ -514,30 +510,69 @@ DeltaRuleGrads gatedDeltaRuleBackward(const at::Tensor &query, const at::Tensor 
         stridedRows(query), stridedRows(key), stridedRows(dOut), saved.cum.data_ptr<float>(), tokens, scale, bf16Data(keysToEnd),
         bf16Data(queryDecayed), dOutIsRows ? nullptr : bf16Data(dOutRows), localNew.data_ptr<float>(), async);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    state = deltaRuleStateBackward(keysToEnd, queryDecayed, saved.w, dOutRows, localNew, saved.cum, dLast);
+    r.state = deltaRuleStateBackward(keysToEnd, queryDecayed, saved.w, dOutRows, localNew, saved.cum, dLast);
   }
-  const bool bf16Grads = state.leaving.scalar_type() == at::kBFloat16;
+  const bool bf16Grads = r.state.leaving.scalar_type() == at::kBFloat16;
   // The gradients are allocated once kernel 2's temporaries are freed, k's and
-  // v's once kernel 4 no longer needs dS' (a lower peak: at 1 x 32 heads x
-  // 32K, dS' is 512 MiB and the two gradients as much).
-  r.query = at::empty({batch, heads, tokens, kDim}, key.options());
-  at::Tensor dKeyPart = at::empty({bh, padded, kDim}, f32), dW = at::empty({bh, padded, kDim}, key.options());
-  at::Tensor dCumPart = at::empty({bh, padded}, f32);
-  {
-    const size_t bytes = (5 * kChunk + kDim) * kRow * sizeof(bf16) + kChunk * kSquareRow * sizeof(bf16) +
-                         (2 * kChunk + 2) * sizeof(float);
-    auto kernel = bf16Grads ? deltaRuleChunkGradKernel<bf16> : deltaRuleChunkGradKernel<float>;
-    allowSharedMemory(kernel, bytes);
-    kernel<<<dim3(chunks, bh), 256, bytes, stream>>>(
-        stridedRows(query), stridedRows(key), bf16Data(dOutRows), bf16Data(saved.newValues), state.newValues.data_ptr(),
-        bf16Data(saved.states), state.leaving.data_ptr(), saved.cum.data_ptr<float>(), tokens, scale,
-        bf16Data(r.query), dKeyPart.data_ptr<float>(), bf16Data(dW), dCumPart.data_ptr<float>(), async);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
-  // Freed in stream order: kernel 5, on the same stream, may reuse its memory.
-  state.leaving = at::Tensor();
+  // v's (by the caller) once kernel 3 no longer needs dS' (a lower peak: at 1
+  // x 32 heads x 32K, dS' is 512 MiB and the two gradients as much).
+  r.gradQuery = at::empty({batch, heads, tokens, kDim}, key.options());
+  r.gradKeyPart = at::empty({bh, padded, kDim}, f32);
+  r.gradW = at::empty({bh, padded, kDim}, key.options());
+  r.gradCumPart = at::empty({bh, padded}, f32);
+  const size_t bytes = (5 * kChunk + kDim) * kRow * sizeof(bf16) + kChunk * kSquareRow * sizeof(bf16) +
+                       (2 * kChunk + 2) * sizeof(float);
+  auto kernel = bf16Grads ? deltaRuleChunkGradKernel<bf16> : deltaRuleChunkGradKernel<float>;
+  allowSharedMemory(kernel, bytes);
+  kernel<<<dim3(chunks, bh), 256, bytes, stream>>>(
+      stridedRows(query), stridedRows(key), bf16Data(dOutRows), bf16Data(saved.newValues), r.state.newValues.data_ptr(),
+      bf16Data(saved.states), r.state.leaving.data_ptr(), saved.cum.data_ptr<float>(), tokens, scale,
+      bf16Data(r.gradQuery), r.gradKeyPart.data_ptr<float>(), bf16Data(r.gradW), r.gradCumPart.data_ptr<float>(), async);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  // Freed in stream order: the next kernel, on the same stream, may reuse its memory.
+  r.state.leaving = at::Tensor();
+  return r;
+}
+
+/// The gradients of a sequence without tokens: empty, and dS_0 = dS_T.
+DeltaRuleGrads gradsOfNoTokens(const at::Tensor &key, const at::Tensor &gradFinal) {
+  DeltaRuleGrads r;
+  r.query = at::empty({key.size(0), key.size(1), key.size(2), kDim}, key.options());
   r.key = at::empty_like(r.query);
   r.value = at::empty_like(r.query);
+  r.initialState = gradFinal.defined() ? gradFinal.to(at::kFloat)
+                                       : at::zeros({key.size(0), key.size(1), kDim, kDim}, key.options().dtype(at::kFloat));
+  return r;
+}
+
+} // namespace
+
+DeltaRuleGrads gatedDeltaRuleBackward(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
+                                      const at::Tensor &beta, const DeltaRuleSaved &saved, const at::Tensor &gradOut,
+                                      const at::Tensor &gradFinal) {
+  TORCH_CHECK(deltaRuleForwardTakes(query, key, value, beta, beta, kChunk) && saved.w.defined() &&
+                  saved.inverse.defined(),
+              "gatedDeltaRuleBackward: expected the forward kernels' inputs and what they saved");
+  const int64_t batch = key.size(0), heads = key.size(1), tokens = key.size(2), bh = batch * heads;
+  const int chunks = static_cast<int>((tokens + kChunk - 1) / kChunk);
+  const c10::cuda::CUDAGuard guard(key.device());
+  const auto f32 = key.options().dtype(at::kFloat);
+  if (tokens == 0 || bh == 0) {
+    DeltaRuleGrads r = gradsOfNoTokens(key, gradFinal);
+    r.beta = at::empty({batch, heads, tokens}, f32);
+    r.decay = at::empty_like(r.beta);
+    return r;
+  }
+  ThroughState through = backwardThroughState(query, key, saved, gradOut, gradFinal,
+                                              static_cast<float>(1.0 / std::sqrt(double(kDim))));
+  DeltaRuleGrads r;
+  r.query = through.gradQuery;
+  r.beta = at::empty({batch, heads, tokens}, f32);
+  r.decay = at::empty_like(r.beta);
+  r.key = at::empty_like(r.query);
+  r.value = at::empty_like(r.query);
+  const bool bf16Grads = through.state.newValues.scalar_type() == at::kBFloat16;
+  at::Tensor b = beta.to(at::kFloat).contiguous();
   {
     const bool twoBlocks = twoBlocksPerSm();
     const size_t bytes = (twoBlocks ? 4 : 6) * kChunk * kRow * sizeof(bf16) +
@@ -547,13 +582,37 @@ DeltaRuleGrads gatedDeltaRuleBackward(const at::Tensor &query, const at::Tensor 
                             : (bf16Grads ? deltaRuleTransformGradKernel<bf16, false>
                                          : deltaRuleTransformGradKernel<float, false>);
     allowSharedMemory(kernel, bytes);
-    kernel<<<dim3(chunks, bh), 256, bytes, stream>>>(
+    kernel<<<dim3(chunks, bh), 256, bytes, at::cuda::getCurrentCUDAStream()>>>(
         stridedRows(key), stridedRows(value), b.data_ptr<float>(), saved.cum.data_ptr<float>(), bf16Data(saved.inverse),
-        bf16Data(dW), state.newValues.data_ptr(), dKeyPart.data_ptr<float>(), dCumPart.data_ptr<float>(),
-        tokens, bf16Data(r.key), bf16Data(r.value), r.beta.data_ptr<float>(), r.decay.data_ptr<float>(), async);
+        bf16Data(through.gradW), through.state.newValues.data_ptr(), through.gradKeyPart.data_ptr<float>(),
+        through.gradCumPart.data_ptr<float>(), tokens, bf16Data(r.key), bf16Data(r.value), r.beta.data_ptr<float>(),
+        r.decay.data_ptr<float>(), asyncLoads());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   }
-  r.initialState = state.initial.view({batch, heads, kDim, kDim});
+  r.initialState = through.state.initial.view({batch, heads, kDim, kDim});
+  return r;
+}
+
+DeltaRuleGrads decayedLinearAttentionBackward(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
+                                              const DeltaRuleSaved &saved, const at::Tensor &gradOut,
+                                              const at::Tensor &gradFinal, float scale) {
+  TORCH_CHECK(linearAttentionTakes(query, key, value) && saved.w.defined() && saved.states.defined(),
+              "decayedLinearAttentionBackward: expected the forward kernel's inputs and what it saved");
+  const int64_t batch = key.size(0), heads = key.size(1), tokens = key.size(2);
+  const c10::cuda::CUDAGuard guard(key.device());
+  if (tokens == 0 || batch * heads == 0)
+    return gradsOfNoTokens(key, gradFinal);
+  ThroughState through = backwardThroughState(query, key, saved, gradOut, gradFinal, scale);
+  // With W = 0 and U = V: dk is kernel 3's part, dv is dV_new.
+  const int64_t padded = through.gradKeyPart.size(1);
+  auto rowsToTokens = [&](const at::Tensor &rows) {
+    return rows.view({batch, heads, padded, kDim}).narrow(2, 0, tokens).to(at::kBFloat16);
+  };
+  DeltaRuleGrads r;
+  r.query = through.gradQuery;
+  r.key = rowsToTokens(through.gradKeyPart);
+  r.value = rowsToTokens(through.state.newValues);
+  r.initialState = through.state.initial.view({batch, heads, kDim, kDim});
   return r;
 }
 

@@ -12,6 +12,7 @@
 #include "runtime/cuda/DeltaRuleState.cuh"
 
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/ops/constant_pad_nd.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <ATen/ops/zeros.h>
@@ -202,6 +203,51 @@ bool rowsPackable(const at::Tensor &x) {
          reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
 }
 
+
+/// S_T of a sequence without tokens: the initial state (fp32), or zeros.
+at::Tensor stateOfNoTokens(const at::Tensor &initialState, const at::Tensor &key) {
+  return initialState.defined() ? initialState.to(at::kFloat).clone()
+                                : at::zeros({key.size(0), key.size(1), kDim, kDim}, key.options().dtype(at::kFloat));
+}
+
+/// The initial state as the state kernel reads it (fp32, contiguous), or
+/// undefined (zeros) when none is given.
+at::Tensor enteringState(const at::Tensor &initialState, int64_t bh) {
+  if (!initialState.defined())
+    return {};
+  TORCH_CHECK(initialState.numel() == bh * kDim * kDim, "the delta rule kernels: expected an initial state [B, H, 128, 128]");
+  return initialState.to(at::kFloat).contiguous();
+}
+
+/// Kernels 2 and 3 over \p chunks of 64: from W, U [B·H, n·64, 128] and the
+/// cumulative log decays \p cum [B·H, n·64], each chunk's entering state
+/// into \p states, V_new into \p vNew, the output [B, H, T, 128] into
+/// \p out and, where \p last is defined, S_T into it. \p init (fp32) may
+/// be undefined (zeros).
+void stateAndOutput(const at::Tensor &query, const at::Tensor &key, const at::Tensor &w, const at::Tensor &u,
+                    const at::Tensor &cum, const at::Tensor &init, float scale, at::Tensor &states, at::Tensor &vNew,
+                    at::Tensor &last, at::Tensor &out) {
+  const int64_t bh = key.size(0) * key.size(1), tokens = key.size(2);
+  const int chunks = static_cast<int>(states.size(1));
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const bool async = asyncLoads(), prefetch = async;
+  const auto [columns, warps] = stateLaunch(bh);
+  auto stateKernel = stateKernelFor<false>(prefetch, columns, warps);
+  stateKernel<<<dim3(kDim / columns, bh), 32 * warps, stateKernelBytes(prefetch, columns), stream>>>(
+      stridedRows(key), bf16Data(w), bf16Data(u), cum.data_ptr<float>(), tokens, chunks,
+      init.defined() ? init.data_ptr<float>() : nullptr, bf16Data(states), bf16Data(vNew),
+      last.defined() ? last.data_ptr<float>() : nullptr);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+
+  const size_t outputBytes = (3 * kChunk + kDim) * kRow * sizeof(bf16) + kChunk * kSquareRow * sizeof(bf16) +
+                             2 * kChunk * sizeof(float);
+  allowSharedMemory(deltaRuleOutputKernel, outputBytes);
+  deltaRuleOutputKernel<<<dim3(chunks, bh), 256, outputBytes, stream>>>(
+      stridedRows(query), stridedRows(key), bf16Data(states), bf16Data(vNew), cum.data_ptr<float>(), tokens, scale,
+      bf16Data(out), async, foldFactors());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
 } // namespace
 
 bool delta::asyncLoads() {
@@ -251,14 +297,20 @@ int delta::stateColumns(int64_t heads) {
   return gridUnderFilled(heads) ? 16 : 32;
 }
 
-bool deltaRuleForwardTakes(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
-                           const at::Tensor &decay, const at::Tensor &beta, int64_t chunkSize) {
-  if (chunkSize != kChunk || !query.is_cuda() || query.dim() != 4 || key.dim() != 4 || value.dim() != 4)
+bool linearAttentionTakes(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value) {
+  if (!query.is_cuda() || query.dim() != 4 || key.dim() != 4 || value.dim() != 4)
     return false;
   for (const at::Tensor *x : {&query, &key, &value})
     if (x->scalar_type() != at::kBFloat16 || x->size(3) != kDim || x->sizes().slice(0, 3) != key.sizes().slice(0, 3) ||
         !rowsPackable(*x) || x->device() != key.device())
       return false;
+  return true;
+}
+
+bool deltaRuleForwardTakes(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
+                           const at::Tensor &decay, const at::Tensor &beta, int64_t chunkSize) {
+  if (chunkSize != kChunk || !linearAttentionTakes(query, key, value))
+    return false;
   return decay.dim() == 3 && decay.sizes() == key.sizes().slice(0, 3) && beta.sizes() == decay.sizes() &&
          at::isFloatingType(decay.scalar_type()) && at::isFloatingType(beta.scalar_type());
 }
@@ -274,8 +326,7 @@ at::Tensor gatedDeltaRuleForward(const at::Tensor &query, const at::Tensor &key,
   at::Tensor out = at::empty({batch, heads, tokens, kDim}, key.options());
   if (tokens == 0 || bh == 0) {
     if (finalState)
-      *finalState = initialState.defined() ? initialState.to(at::kFloat).clone()
-                                           : at::zeros({batch, heads, kDim, kDim}, key.options().dtype(at::kFloat));
+      *finalState = stateOfNoTokens(initialState, key);
     return out;
   }
   TORCH_CHECK(bh <= 65535, "gatedDeltaRuleForward: at most 65,535 batch x heads, got ", bh);
@@ -286,15 +337,11 @@ at::Tensor gatedDeltaRuleForward(const at::Tensor &query, const at::Tensor &key,
   at::Tensor w = at::empty({bh, padded, kDim}, key.options()), u = at::empty_like(w), vNew = at::empty_like(w);
   at::Tensor cum = at::empty({bh, padded}, f32);
   at::Tensor states = at::empty({bh, chunks, kDim, kDim}, key.options());
-  at::Tensor init;
-  if (initialState.defined()) {
-    TORCH_CHECK(initialState.numel() == bh * kDim * kDim, "gatedDeltaRuleForward: expected an initial state [B, H, 128, 128]");
-    init = initialState.to(at::kFloat).contiguous();
-  }
+  const at::Tensor init = enteringState(initialState, bh);
   at::Tensor last = finalState ? at::empty({batch, heads, kDim, kDim}, f32) : at::Tensor();
   at::Tensor inverse = saved ? at::empty({bh, padded, kChunk}, key.options()) : at::Tensor();
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  const bool async = asyncLoads(), prefetch = async;
+  const bool async = asyncLoads();
 
   const size_t transformBytes = 2 * kChunk * kRow * sizeof(bf16) + kChunk * kSquareRow * sizeof(bf16) +
                                 (kChunk * (kChunk + 1) + 2 * kChunk) * sizeof(float);
@@ -306,28 +353,54 @@ at::Tensor gatedDeltaRuleForward(const at::Tensor &query, const at::Tensor &key,
       async, inverseForm(), foldFactors());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
-  const auto [columns, warps] = stateLaunch(bh);
-  auto stateKernel = stateKernelFor<false>(prefetch, columns, warps);
-  stateKernel<<<dim3(kDim / columns, bh), 32 * warps, stateKernelBytes(prefetch, columns), stream>>>(
-      stridedRows(key), reinterpret_cast<const bf16 *>(w.data_ptr<at::BFloat16>()),
-      reinterpret_cast<const bf16 *>(u.data_ptr<at::BFloat16>()), cum.data_ptr<float>(), tokens, chunks,
-      init.defined() ? init.data_ptr<float>() : nullptr, reinterpret_cast<bf16 *>(states.data_ptr<at::BFloat16>()),
-      reinterpret_cast<bf16 *>(vNew.data_ptr<at::BFloat16>()), last.defined() ? last.data_ptr<float>() : nullptr);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-
-  const size_t outputBytes = (3 * kChunk + kDim) * kRow * sizeof(bf16) + kChunk * kSquareRow * sizeof(bf16) +
-                             2 * kChunk * sizeof(float);
-  allowSharedMemory(deltaRuleOutputKernel, outputBytes);
-  deltaRuleOutputKernel<<<dim3(chunks, bh), 256, outputBytes, stream>>>(
-      stridedRows(query), stridedRows(key), reinterpret_cast<const bf16 *>(states.data_ptr<at::BFloat16>()),
-      reinterpret_cast<const bf16 *>(vNew.data_ptr<at::BFloat16>()), cum.data_ptr<float>(), tokens,
-      static_cast<float>(1.0 / std::sqrt(double(kDim))), reinterpret_cast<bf16 *>(out.data_ptr<at::BFloat16>()),
-      async, foldFactors());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  stateAndOutput(query, key, w, u, cum, init, static_cast<float>(1.0 / std::sqrt(double(kDim))), states, vNew, last,
+                 out);
   if (finalState)
     *finalState = last;
   if (saved)
     *saved = {inverse, states, vNew, cum, w};
+  return out;
+}
+
+at::Tensor decayedLinearAttentionForward(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
+                                         const at::Tensor &decay, float scale, const at::Tensor &initialState,
+                                         at::Tensor *finalState, DeltaRuleSaved *saved) {
+  TORCH_CHECK(deltaRuleForwardTakes(query, key, value, decay, decay, kChunk),
+              "decayedLinearAttentionForward: expected bf16 [B, H, T, 128] query, key, value with packable rows and "
+              "a [B, H, T] decay");
+  const int64_t batch = key.size(0), heads = key.size(1), tokens = key.size(2), bh = batch * heads;
+  const c10::cuda::CUDAGuard guard(key.device());
+  at::Tensor out = at::empty({batch, heads, tokens, kDim}, key.options());
+  if (tokens == 0 || bh == 0) {
+    if (finalState)
+      *finalState = stateOfNoTokens(initialState, key);
+    return out;
+  }
+  TORCH_CHECK(bh <= 65535, "decayedLinearAttentionForward: at most 65,535 batch x heads, got ", bh);
+  const int chunks = static_cast<int>((tokens + kChunk - 1) / kChunk);
+  const int64_t padded = int64_t(chunks) * kChunk;
+  // G: the log decays' sums within each chunk (padding decays by 0, as the
+  // transform kernel's chunkCumsum has it).
+  at::Tensor g = decay.to(at::kFloat).reshape({bh, tokens});
+  if (padded > tokens)
+    g = at::constant_pad_nd(g, {0, padded - tokens});
+  const at::Tensor cum = g.view({bh, chunks, kChunk}).cumsum(-1).view({bh, padded});
+  // W = 0 and U = V as the rows the state kernel reads (zeros past the end).
+  const at::Tensor w = at::zeros({bh, padded, kDim}, key.options());
+  at::Tensor u = value.is_contiguous() && padded == tokens ? value.view({bh, padded, kDim}) : at::Tensor();
+  if (!u.defined()) {
+    u = at::zeros({batch, heads, padded, kDim}, key.options());
+    u.narrow(2, 0, tokens).copy_(value);
+    u = u.view({bh, padded, kDim});
+  }
+  at::Tensor vNew = at::empty({bh, padded, kDim}, key.options());
+  at::Tensor states = at::empty({bh, chunks, kDim, kDim}, key.options());
+  at::Tensor last = finalState ? at::empty({batch, heads, kDim, kDim}, key.options().dtype(at::kFloat)) : at::Tensor();
+  stateAndOutput(query, key, w, u, cum, enteringState(initialState, bh), scale, states, vNew, last, out);
+  if (finalState)
+    *finalState = last;
+  if (saved)
+    *saved = {at::Tensor(), states, vNew, cum, w};
   return out;
 }
 

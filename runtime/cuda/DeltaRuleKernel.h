@@ -93,6 +93,31 @@ DeltaRuleGrads gatedDeltaRuleBackward(const at::Tensor &query, const at::Tensor 
                                       const at::Tensor &beta, const DeltaRuleSaved &saved, const at::Tensor &gradOut,
                                       const at::Tensor &gradFinal);
 
+/// Whether decayedLinearAttentionForward takes these inputs: CUDA bf16
+/// \p query, \p key and \p value [B, H, T, 128] with packable rows (as
+/// deltaRuleForwardTakes).
+bool linearAttentionTakes(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value);
+
+/// Linear attention with a scalar log decay per head and token and no delta
+/// rule: S_t = e^{g_t} S_{t-1} + k_t^T v_t, o_t = scale q_t S_t (fla's simple
+/// GLA; MiniMax's lightning attention is g = -s_h). It is the delta rule
+/// with W = 0 and U = V, so it runs the delta rule's state and output
+/// kernels (no UT transform): \p decay [B, H, T] (any float dtype, g per
+/// token), the rest as gatedDeltaRuleForward. \p saved keeps what
+/// decayedLinearAttentionBackward reads (no inverse; w holds zeros).
+at::Tensor decayedLinearAttentionForward(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
+                                         const at::Tensor &decay, float scale, const at::Tensor &initialState,
+                                         at::Tensor *finalState, DeltaRuleSaved *saved);
+
+/// The gradients of decayedLinearAttentionForward's query, key, value and
+/// initial state (bf16, bf16, bf16, fp32; decay and beta undefined): the
+/// delta rule backward's first three kernels, whose dk part and dV_new are
+/// then the whole dk and dv. \p gradOut and \p gradFinal as
+/// gatedDeltaRuleBackward's.
+DeltaRuleGrads decayedLinearAttentionBackward(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
+                                              const DeltaRuleSaved &saved, const at::Tensor &gradOut,
+                                              const at::Tensor &gradFinal, float scale);
+
 } // namespace adapt::rt::cuda
 
 #endif // ADAPT_RUNTIME_CUDA_DELTARULEKERNEL_H

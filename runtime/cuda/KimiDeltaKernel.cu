@@ -326,7 +326,6 @@ bool outputTwoBlocks() {
   return on;
 }
 
-bf16 *bf16Data(at::Tensor &x) { return reinterpret_cast<bf16 *>(x.data_ptr<at::BFloat16>()); }
 
 /// Whether the transform and output kernels sum a sub-chunk's pairs a
 /// thread per pair (withinPairsPerThread; ADAPT_KIMI_PAIRS_PER_THREAD=0: off).

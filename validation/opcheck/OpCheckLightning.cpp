@@ -89,12 +89,18 @@ void addLightningChecks(std::vector<Check> &all) {
   // two levels of groups and a ragged last group); the last layer, whose
   // decay is slowest, carries the state furthest.
   add("lightning.blocked", {1, 2, 600, 8, 8, 2, 3, 4});
+  // MiniMax's head width 128: in bf16 on a GPU these take the delta rule's
+  // kernels (ADAPT_LIGHTNING_KERNEL=1) in chunks of 64: three chunks, the
+  // last ragged; one short chunk.
+  add("lightning.blocked", {2, 2, 150, 128, 128, 64, 1, 4});
+  add("lightning.blocked", {1, 4, 40, 128, 128, 256, 0, 2});
   // Two parts through the state: the first part's last block full, ragged,
   // and the first part shorter than one block.
   add("lightning.segmented", {2, 4, 24, 8, 8, 4, 1, 4, 12});
   add("lightning.segmented", {1, 3, 29, 16, 16, 8, 2, 5, 13});
   add("lightning.segmented", {2, 2, 20, 16, 24, 16, 0, 3, 5});
   add("lightning.segmented", {1, 2, 203, 8, 8, 3, 3, 4, 101});
+  add("lightning.segmented", {1, 2, 200, 128, 128, 64, 3, 4, 70});
   // The recurrent reference form.
   add("lightning.recurrent", {2, 4, 13, 8, 8, 0, 1, 4});
   add("lightning.recurrent", {1, 3, 29, 16, 16, 0, 2, 5});
