@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # MiniMax's lightning attention on the delta rule's kernels
-# (ADAPT_LIGHTNING_KERNEL=1) beside its LibTorch blocked form and fla 0.6's
+# (ADAPT_LIGHTNING_KERNEL=1; with ADAPT_LINEAR_ATTENTION_SKIP_W=1 W's zero
+# products skipped) beside its LibTorch blocked form and fla 0.6's
 # simple GLA, in one device call: the op checks of lightning with and
 # without the kernels (bf16, fp32), of the delta rules whose host code the
 # kernels share (gated_delta_rule, kimi_delta), memcheck, forward and
@@ -22,23 +23,24 @@ check() { local name=$1 envs=$2 only=$3 dtype=${4:-bfloat16}
   grep -E "dk128" $W/checks-$name.log | head -8; cp $W/checks-$name.log $OUT/; }
 check lightning-kernel ADAPT_LIGHTNING_KERNEL=1 lightning
 check lightning-kernel-fp32 ADAPT_LIGHTNING_KERNEL=1 lightning float32
+check lightning-skip-w "ADAPT_LIGHTNING_KERNEL=1 ADAPT_LINEAR_ATTENTION_SKIP_W=1" lightning
 check lightning-composition ADAPT_NONE=1 lightning
 check gdn ADAPT_NONE=1 gated_delta_rule
 check kimi ADAPT_NONE=1 kimi_delta.no_grad
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
 if [ -n "$SAN" ] && [ $(el) -lt ${MEMCHECK_BY:-250} ]; then
-  ADAPT_LIGHTNING_KERNEL=1 timeout 90 $SAN --tool memcheck --error-exitcode 9 $W/rt/adapt-op-check --device cuda --seeds 1 \
+  ADAPT_LIGHTNING_KERNEL=1 ADAPT_LINEAR_ATTENTION_SKIP_W=1 timeout 90 $SAN --tool memcheck --error-exitcode 9 $W/rt/adapt-op-check --device cuda --seeds 1 \
     --dtype bfloat16 --only lightning --out $W/checks/memcheck > $W/memcheck.log 2>&1
   echo "-- memcheck lightning (kernel): rc $? $(grep -m1 'ERROR SUMMARY' $W/memcheck.log) ($(el) s)"; grep -m4 -A4 "Invalid" $W/memcheck.log
 fi
 echo "== timings $(el) s"
 for s in "1 64 8192" "1 64 32768" "4 16 4096"; do
-  for e in ADAPT_LIGHTNING_KERNEL=1 ADAPT_NONE=1; do
+  for e in ADAPT_LIGHTNING_KERNEL=1 "ADAPT_LIGHTNING_KERNEL=1 ADAPT_LINEAR_ATTENTION_SKIP_W=1" ADAPT_NONE=1; do
     echo "lightning [$e] $(env $e timeout 60 $W/lc/long_context --lightning $s 128 256 --iters 5 2>&1 | tail -1)"
   done
 done
 echo "gdn-default $(timeout 60 $W/lc/long_context --delta-rule 1 32 8192 128 128 --iters 5 2>&1 | tail -1)"
-ADAPT_LIGHTNING_KERNEL=1 timeout 60 $W/lc/long_context --lightning 1 64 8192 128 256 --iters 2 --profile $W/proflight > $W/proflight.log 2>&1
+ADAPT_LIGHTNING_KERNEL=1 ADAPT_LINEAR_ATTENTION_SKIP_W=1 timeout 60 $W/lc/long_context --lightning 1 64 8192 128 256 --iters 2 --profile $W/proflight > $W/proflight.log 2>&1
 python3 bench/h200/trace_kernels.py $W/proflight/profile/trace.json 3 12 2>&1 | tail -14
 if [ $(el) -lt ${FLA_BY:-480} ]; then
   source bench/h200/fla_env.sh

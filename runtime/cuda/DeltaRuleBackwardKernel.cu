@@ -51,8 +51,8 @@ struct BackwardTiles {
 
 /// Loads the chunk at rows [rows0, rows0 + 64) of the [B·H·n·64, 128]
 /// operands into \p s (Async: cp.async; localNew and G only then, G only
-/// for a scalar decay).
-template <bool Async, bool PerChannel = false>
+/// for a scalar decay; W only with Delta).
+template <bool Async, bool PerChannel = false, bool Delta = true>
 __device__ __forceinline__ void loadBackwardTiles(const BackwardTiles &s, const bf16 *keysToEnd,
                                                   const bf16 *queryDecayed, const bf16 *w, const bf16 *gradOut,
                                                   const float *localNew, const float *cum, int64_t rows0, int col0) {
@@ -61,7 +61,8 @@ __device__ __forceinline__ void loadBackwardTiles(const BackwardTiles &s, const 
     const int64_t at = (rows0 + r) * kDim + c;
     copy16<Async>(s.kd + r * kRow + c, keysToEnd + at);
     copy16<Async>(s.qd + r * kRow + c, queryDecayed + at);
-    copy16<Async>(s.ws + r * kRow + c, w + at);
+    if constexpr (Delta)
+      copy16<Async>(s.ws + r * kRow + c, w + at);
   }
   for (int i = threadIdx.x; i < kChunk * kStateColumns / 8; i += blockDim.x) {
     const int r = i / (kStateColumns / 8), c = (i % (kStateColumns / 8)) * 8;
@@ -92,8 +93,9 @@ __device__ __forceinline__ void storePair(bf16 *p, float a, float b) {
 /// \p PerChannel, \p cum is each chunk's last G per key channel [B·H, n,
 /// 128] rather than G per token [B·H, n·64]. \p Warps as the forward's
 /// state kernel (DeltaRuleState.cuh): four, or eight with dS by 16-row
-/// slices and dV_new by column halves (delta::stateWarps()).
-template <bool Prefetch, typename Grad, bool PerChannel = false, int Warps = 4>
+/// slices and dV_new by column halves (delta::stateWarps()). Without
+/// \p Delta (W = 0, \p w unread) the W^T dV_new term is skipped.
+template <bool Prefetch, typename Grad, bool PerChannel = false, int Warps = 4, bool Delta = true>
 __global__ void __launch_bounds__(32 * Warps)
     deltaRuleStateBackwardKernel(const bf16 *keysToEnd, const bf16 *queryDecayed, const bf16 *w, const bf16 *gradOut,
                                  const float *localNew, const float *cum, int chunks, const float *gradFinal,
@@ -116,7 +118,7 @@ __global__ void __launch_bounds__(32 * Warps)
     ds[mt][nt][i] = gradFinal[(bh * kDim + r) * kDim + col0 + c];
   });
   if constexpr (Prefetch) {
-    loadBackwardTiles<true, PerChannel>(BackwardTiles::at(sets + ((chunks - 1) & 1) * BackwardTiles::kBytes), keysToEnd,
+    loadBackwardTiles<true, PerChannel, Delta>(BackwardTiles::at(sets + ((chunks - 1) & 1) * BackwardTiles::kBytes), keysToEnd,
                             queryDecayed, w, gradOut, localNew, cum, base + padded - kChunk, col0);
     asyncCommit();
   }
@@ -138,12 +140,12 @@ __global__ void __launch_bounds__(32 * Warps)
       }
     if constexpr (Prefetch) {
       if (n > 0)
-        loadBackwardTiles<true, PerChannel>(BackwardTiles::at(sets + ((n - 1) & 1) * BackwardTiles::kBytes), keysToEnd,
+        loadBackwardTiles<true, PerChannel, Delta>(BackwardTiles::at(sets + ((n - 1) & 1) * BackwardTiles::kBytes), keysToEnd,
                                 queryDecayed, w, gradOut, localNew, cum, base + row0 - kChunk, col0);
       asyncCommit();
       asyncWait<1>(); // this chunk's copies have landed
     } else {
-      loadBackwardTiles<false>(s, keysToEnd, queryDecayed, w, gradOut, nullptr, nullptr, base + row0, col0);
+      loadBackwardTiles<false, false, Delta>(s, keysToEnd, queryDecayed, w, gradOut, nullptr, nullptr, base + row0, col0);
     }
     __syncthreads();
     const float last = PerChannel ? 0.0f : Prefetch ? s.cum[kChunk - 1] : cum[base + row0 + kChunk - 1];
@@ -186,13 +188,16 @@ __global__ void __launch_bounds__(32 * Warps)
       for (int mt = 0; mt < MT; ++mt) {
         uint32_t fq[4], fw[4];
         loadFragmentATransposed(fq, s.qd, kRow, 16 * kk, 16 * MT * warp + 16 * mt, lane);
-        loadFragmentATransposed(fw, s.ws, kRow, 16 * kk, 16 * MT * warp + 16 * mt, lane);
+        if constexpr (Delta)
+          loadFragmentATransposed(fw, s.ws, kRow, 16 * kk, 16 * MT * warp + 16 * mt, lane);
 #pragma unroll
         for (int np = 0; np < 2; ++np) {
           mma16816(ds[mt][2 * np], fq, fo[np][0], fo[np][1]);
           mma16816(ds[mt][2 * np + 1], fq, fo[np][2], fo[np][3]);
-          mma16816(ds[mt][2 * np], fw, fv[np][0], fv[np][1]);
-          mma16816(ds[mt][2 * np + 1], fw, fv[np][2], fv[np][3]);
+          if constexpr (Delta) {
+            mma16816(ds[mt][2 * np], fw, fv[np][0], fv[np][1]);
+            mma16816(ds[mt][2 * np + 1], fw, fv[np][2], fv[np][3]);
+          }
         }
       }
     }
@@ -220,9 +225,10 @@ DeltaRuleStateGrads deltaRuleStateBackward(const at::Tensor &keysToEnd, const at
                                            const at::Tensor &gradFinal, bool perChannel) {
   const int64_t bh = keysToEnd.size(0), padded = keysToEnd.size(1), chunks = padded / kChunk;
   TORCH_CHECK(padded % kChunk == 0 && bf16Rows(keysToEnd, padded) && bf16Rows(queryDecayed, padded) &&
-                  bf16Rows(w, padded) && bf16Rows(gradOut, padded) && queryDecayed.size(0) == bh &&
-                  w.size(0) == bh && gradOut.size(0) == bh,
-              "deltaRuleStateBackward: expected contiguous bf16 [B*H, n*64, 128] Kd, Qd, W and dO");
+                  (!w.defined() || (bf16Rows(w, padded) && w.size(0) == bh)) && bf16Rows(gradOut, padded) &&
+                  queryDecayed.size(0) == bh && gradOut.size(0) == bh && (w.defined() || !perChannel),
+              "deltaRuleStateBackward: expected contiguous bf16 [B*H, n*64, 128] Kd, Qd, W (or none, W = 0, for a "
+              "scalar decay) and dO");
   TORCH_CHECK(localNew.scalar_type() == at::kFloat && localNew.is_contiguous() && localNew.numel() == bh * padded * kDim &&
                   cum.scalar_type() == at::kFloat && cum.is_contiguous() &&
                   cum.numel() == (perChannel ? bh * chunks * kDim : bh * padded) &&
@@ -245,7 +251,7 @@ DeltaRuleStateGrads deltaRuleStateBackward(const at::Tensor &keysToEnd, const at
   auto launch = [&](auto kernel, auto *leaving, auto *gradNew) {
     allowSharedMemory(kernel, bytes);
     kernel<<<dim3(kDim / kStateColumns, bh), 32 * warps, bytes, at::cuda::getCurrentCUDAStream()>>>(
-        bf(keysToEnd), bf(queryDecayed), bf(w), bf(gradOut), localNew.data_ptr<float>(), cum.data_ptr<float>(),
+        bf(keysToEnd), bf(queryDecayed), w.defined() ? bf(w) : nullptr, bf(gradOut), localNew.data_ptr<float>(), cum.data_ptr<float>(),
         static_cast<int>(chunks), gradFinal.data_ptr<float>(), leaving, gradNew, r.initial.data_ptr<float>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
@@ -265,7 +271,18 @@ DeltaRuleStateGrads deltaRuleStateBackward(const at::Tensor &keysToEnd, const at
     const K kernels[] = {deltaRuleStateBackwardKernel<false, bf16>, deltaRuleStateBackwardKernel<true, bf16>,
                          deltaRuleStateBackwardKernel<false, bf16, false, 8>,
                          deltaRuleStateBackwardKernel<true, bf16, false, 8>};
-    launch(pick(kernels), leaving, gradNew);
+    const K withoutW[] = {deltaRuleStateBackwardKernel<false, bf16, false, 4, false>,
+                          deltaRuleStateBackwardKernel<true, bf16, false, 4, false>,
+                          deltaRuleStateBackwardKernel<false, bf16, false, 8, false>,
+                          deltaRuleStateBackwardKernel<true, bf16, false, 8, false>};
+    launch(w.defined() ? pick(kernels) : pick(withoutW), leaving, gradNew);
+  } else if (!w.defined()) {
+    using K = decltype(&deltaRuleStateBackwardKernel<true, float>);
+    const K kernels[] = {deltaRuleStateBackwardKernel<false, float, false, 4, false>,
+                         deltaRuleStateBackwardKernel<true, float, false, 4, false>,
+                         deltaRuleStateBackwardKernel<false, float, false, 8, false>,
+                         deltaRuleStateBackwardKernel<true, float, false, 8, false>};
+    launch(pick(kernels), r.leaving.data_ptr<float>(), r.newValues.data_ptr<float>());
   } else {
     using K = decltype(&deltaRuleStateBackwardKernel<true, float>);
     const K kernels[] = {deltaRuleStateBackwardKernel<false, float>, deltaRuleStateBackwardKernel<true, float>,

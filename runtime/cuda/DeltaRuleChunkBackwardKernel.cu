@@ -170,7 +170,8 @@ __device__ __forceinline__ void subtractColumnSums(float *sums, const float (&co
 /// gradient: dq (bf16 [B, H, T, 128]), dk's part through O and S' (fp32
 /// rows), dW = -dV_new S^T (bf16 rows), and the part of dG [B·H, n·64]
 /// from the scores, Qd, Kd and the chunk's last decay. dV_new and dS' come
-/// as \p Grad (fp32, or bf16 under leanBackward()).
+/// as \p Grad (fp32, or bf16 under leanBackward()). \p gradW null: W = 0,
+/// no dW.
 template <typename Grad>
 __global__ void __launch_bounds__(256)
     deltaRuleChunkGradKernel(Strided query, Strided key, const bf16 *gradOutRows, const bf16 *newValues,
@@ -252,7 +253,7 @@ __global__ void __launch_bounds__(256)
     });
     addRowSums(dc, rowPart, 16 * mt, g, t);
   }
-  { // dW = -dV_new S^T
+  if (gradW != nullptr) { // dW = -dV_new S^T (none when W = 0)
     float dw[8][4];
     zero(dw);
     productABt<8, kDim / 16>(dw, dns, kRow, ss, kRow, 16 * mt, 64 * half, g, t);
@@ -518,7 +519,8 @@ ThroughState backwardThroughState(const at::Tensor &query, const at::Tensor &key
   // x 32 heads x 32K, dS' is 512 MiB and the two gradients as much).
   r.gradQuery = at::empty({batch, heads, tokens, kDim}, key.options());
   r.gradKeyPart = at::empty({bh, padded, kDim}, f32);
-  r.gradW = at::empty({bh, padded, kDim}, key.options());
+  if (saved.w.defined())
+    r.gradW = at::empty({bh, padded, kDim}, key.options());
   r.gradCumPart = at::empty({bh, padded}, f32);
   const size_t bytes = (5 * kChunk + kDim) * kRow * sizeof(bf16) + kChunk * kSquareRow * sizeof(bf16) +
                        (2 * kChunk + 2) * sizeof(float);
@@ -527,7 +529,8 @@ ThroughState backwardThroughState(const at::Tensor &query, const at::Tensor &key
   kernel<<<dim3(chunks, bh), 256, bytes, stream>>>(
       stridedRows(query), stridedRows(key), bf16Data(dOutRows), bf16Data(saved.newValues), r.state.newValues.data_ptr(),
       bf16Data(saved.states), r.state.leaving.data_ptr(), saved.cum.data_ptr<float>(), tokens, scale,
-      bf16Data(r.gradQuery), r.gradKeyPart.data_ptr<float>(), bf16Data(r.gradW), r.gradCumPart.data_ptr<float>(), async);
+      bf16Data(r.gradQuery), r.gradKeyPart.data_ptr<float>(), r.gradW.defined() ? bf16Data(r.gradW) : nullptr,
+      r.gradCumPart.data_ptr<float>(), async);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   // Freed in stream order: the next kernel, on the same stream, may reuse its memory.
   r.state.leaving = at::Tensor();
@@ -596,7 +599,7 @@ DeltaRuleGrads gatedDeltaRuleBackward(const at::Tensor &query, const at::Tensor 
 DeltaRuleGrads decayedLinearAttentionBackward(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
                                               const DeltaRuleSaved &saved, const at::Tensor &gradOut,
                                               const at::Tensor &gradFinal, float scale) {
-  TORCH_CHECK(linearAttentionTakes(query, key, value) && saved.w.defined() && saved.states.defined(),
+  TORCH_CHECK(linearAttentionTakes(query, key, value) && saved.states.defined() && saved.newValues.defined(),
               "decayedLinearAttentionBackward: expected the forward kernel's inputs and what it saved");
   const int64_t batch = key.size(0), heads = key.size(1), tokens = key.size(2);
   const c10::cuda::CUDAGuard guard(key.device());

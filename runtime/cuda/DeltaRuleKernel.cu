@@ -219,7 +219,8 @@ at::Tensor enteringState(const at::Tensor &initialState, int64_t bh) {
   return initialState.to(at::kFloat).contiguous();
 }
 
-/// Kernels 2 and 3 over \p chunks of 64: from W, U [B·H, n·64, 128] and the
+/// Kernels 2 and 3 over \p chunks of 64: from W (undefined: W = 0, its
+/// product skipped), U [B·H, n·64, 128] and the
 /// cumulative log decays \p cum [B·H, n·64], each chunk's entering state
 /// into \p states, V_new into \p vNew, the output [B, H, T, 128] into
 /// \p out and, where \p last is defined, S_T into it. \p init (fp32) may
@@ -232,9 +233,10 @@ void stateAndOutput(const at::Tensor &query, const at::Tensor &key, const at::Te
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const bool async = asyncLoads(), prefetch = async;
   const auto [columns, warps] = stateLaunch(bh);
-  auto stateKernel = stateKernelFor<false>(prefetch, columns, warps);
+  auto stateKernel = w.defined() ? stateKernelFor<false>(prefetch, columns, warps)
+                                  : stateKernelFor<false, false>(prefetch, columns, warps);
   stateKernel<<<dim3(kDim / columns, bh), 32 * warps, stateKernelBytes(prefetch, columns), stream>>>(
-      stridedRows(key), bf16Data(w), bf16Data(u), cum.data_ptr<float>(), tokens, chunks,
+      stridedRows(key), w.defined() ? bf16Data(w) : nullptr, bf16Data(u), cum.data_ptr<float>(), tokens, chunks,
       init.defined() ? init.data_ptr<float>() : nullptr, bf16Data(states), bf16Data(vNew),
       last.defined() ? last.data_ptr<float>() : nullptr);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -267,6 +269,11 @@ int delta::inverseForm() {
 
 bool delta::foldFactors() {
   static const bool on = !switchedOff("ADAPT_DELTA_RULE_FOLD_FACTORS");
+  return on;
+}
+
+bool delta::linearAttentionSkipsW() {
+  static const bool on = switchedOn("ADAPT_LINEAR_ATTENTION_SKIP_W");
   return on;
 }
 
@@ -386,7 +393,9 @@ at::Tensor decayedLinearAttentionForward(const at::Tensor &query, const at::Tens
     g = at::constant_pad_nd(g, {0, padded - tokens});
   const at::Tensor cum = g.view({bh, chunks, kChunk}).cumsum(-1).view({bh, padded});
   // W = 0 and U = V as the rows the state kernel reads (zeros past the end).
-  const at::Tensor w = at::zeros({bh, padded, kDim}, key.options());
+  // W's zeros are kept only for the form that multiplies by them
+  // (ADAPT_LINEAR_ATTENTION_SKIP_W=1: the kernels skip W's products).
+  const at::Tensor w = linearAttentionSkipsW() ? at::Tensor() : at::zeros({bh, padded, kDim}, key.options());
   at::Tensor u = value.is_contiguous() && padded == tokens ? value.view({bh, padded, kDim}) : at::Tensor();
   if (!u.defined()) {
     u = at::zeros({batch, heads, padded, kDim}, key.options());

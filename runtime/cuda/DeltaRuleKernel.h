@@ -67,7 +67,8 @@ struct DeltaRuleStateGrads {
 bool deltaRuleStateBackwardTakes(int64_t keyDim, int64_t valueDim, int64_t chunkSize);
 
 /// \p keysToEnd (Kd = k e^{G_last - G}), \p queryDecayed (Qd = q scale e^G),
-/// \p w and \p gradOut: contiguous bf16 [B·H, n·64, 128]; \p localNew (P^T
+/// \p w (undefined: W = 0, for a scalar decay only) and \p gradOut:
+/// contiguous bf16 [B·H, n·64, 128]; \p localNew (P^T
 /// dO) fp32 [B·H, n·64, 128]; \p cum fp32 [B·H, n·64]; \p gradFinal fp32
 /// [B·H, 128, 128] (the gradient of S_T). With \p perChannel (Kimi's decay
 /// per key channel; Kd and Qd carry it per channel), \p cum is each chunk's
@@ -104,7 +105,8 @@ bool linearAttentionTakes(const at::Tensor &query, const at::Tensor &key, const 
 /// with W = 0 and U = V, so it runs the delta rule's state and output
 /// kernels (no UT transform): \p decay [B, H, T] (any float dtype, g per
 /// token), the rest as gatedDeltaRuleForward. \p saved keeps what
-/// decayedLinearAttentionBackward reads (no inverse; w holds zeros).
+/// decayedLinearAttentionBackward reads (no inverse; w holds zeros, or is
+/// undefined where the kernels skip W's products: delta::linearAttentionSkipsW).
 at::Tensor decayedLinearAttentionForward(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
                                          const at::Tensor &decay, float scale, const at::Tensor &initialState,
                                          at::Tensor *finalState, DeltaRuleSaved *saved);

@@ -37,18 +37,19 @@ template <int Columns> struct StateTiles {
   }
 };
 
-/// Loads chunk \p n's W, k (zeros past the \p tokens) and G into \p s, and
-/// with Async (cp.async) U's Columns columns too. PerChannel (Kimi): \p key
-/// holds the keys already decayed to the chunk's end, and \p cum the last
-/// token's G per key channel [B·H, n, 128].
-template <bool Async, bool PerChannel, int Columns>
+/// Loads chunk \p n's W (unless Delta is off: W = 0), k (zeros past the
+/// \p tokens) and G into \p s, and with Async (cp.async) U's Columns columns
+/// too. PerChannel (Kimi): \p key holds the keys already decayed to the
+/// chunk's end, and \p cum the last token's G per key channel [B·H, n, 128].
+template <bool Async, bool PerChannel, int Columns, bool Delta = true>
 __device__ __forceinline__ void loadStateTiles(const StateTiles<Columns> &s, const Strided &key, const bf16 *w, const bf16 *u,
                                                const float *cum, int64_t bh, int64_t padded, int64_t tokens, int n,
                                                int col0) {
   const int64_t row0 = int64_t(n) * kChunk, rows0 = bh * padded + row0;
   for (int i = threadIdx.x; i < kChunk * kDim / 8; i += blockDim.x) {
     const int r = i / (kDim / 8), c = (i % (kDim / 8)) * 8;
-    copy16<Async>(s.ws + r * kRow + c, w + (rows0 + r) * kDim + c);
+    if constexpr (Delta)
+      copy16<Async>(s.ws + r * kRow + c, w + (rows0 + r) * kDim + c);
     const bool valid = row0 + r < tokens;
     copy16<Async>(s.ks + r * kRow + c, key.row(bh, valid ? row0 + r : 0) + c, valid);
   }
@@ -75,7 +76,9 @@ __device__ __forceinline__ void loadStateTiles(const StateTiles<Columns> &s, con
 /// chunk n computes. With \p PerChannel (Kimi's decay per key channel),
 /// \p key holds k e^{G_last - G} and \p cum each chunk's last G per channel:
 /// the state's row r decays by e^{G_last, r} and V_new enters undecayed.
-template <bool Prefetch, bool PerChannel = false, int Columns = kStateColumns, int Warps = 4>
+/// Without \p Delta (linear attention with decay: W = 0, \p w unread),
+/// V_new = U and its product with the state is skipped.
+template <bool Prefetch, bool PerChannel = false, int Columns = kStateColumns, int Warps = 4, bool Delta = true>
 __global__ void __launch_bounds__(32 * Warps)
     deltaRuleStateKernel(Strided key, const bf16 *w, const bf16 *u, const float *cum, int64_t tokens, int chunks,
                          const float *initialState, bf16 *states, bf16 *newValues, float *finalState) {
@@ -101,7 +104,7 @@ __global__ void __launch_bounds__(32 * Warps)
     s[mt][nt][i] = initialState ? initialState[(bh * kDim + r) * kDim + col0 + c] : 0.0f;
   });
   if constexpr (Prefetch) {
-    loadStateTiles<true, PerChannel>(Tiles::at(sets), key, w, u, cum, bh, padded, tokens, 0, col0);
+    loadStateTiles<true, PerChannel, Columns, Delta>(Tiles::at(sets), key, w, u, cum, bh, padded, tokens, 0, col0);
     asyncCommit();
   }
   for (int n = 0; n < chunks; ++n) {
@@ -122,12 +125,12 @@ __global__ void __launch_bounds__(32 * Warps)
       }
     if constexpr (Prefetch) {
       if (n + 1 < chunks)
-        loadStateTiles<true, PerChannel>(Tiles::at(sets + ((n + 1) & 1) * Tiles::kBytes), key, w, u, cum, bh, padded,
-                             tokens, n + 1, col0);
+        loadStateTiles<true, PerChannel, Columns, Delta>(Tiles::at(sets + ((n + 1) & 1) * Tiles::kBytes), key, w, u,
+                                                         cum, bh, padded, tokens, n + 1, col0);
       asyncCommit();
       asyncWait<1>(); // this chunk's copies have landed
     } else {
-      loadStateTiles<false, PerChannel>(tiles, key, w, u, cum, bh, padded, tokens, n, col0);
+      loadStateTiles<false, PerChannel, Columns, Delta>(tiles, key, w, u, cum, bh, padded, tokens, n, col0);
     }
     __syncthreads();
     const float *cs = tiles.cum;
@@ -135,7 +138,10 @@ __global__ void __launch_bounds__(32 * Warps)
     // V_new = U - W S: this warp's 16 rows and Columns / Halves columns.
     {
       float acc[NTV][4];
-      rowsTimesStateColumns<NTV>(acc, tiles.ws + vRow * kRow, ss, kStateRow, vCol, g, t, lane);
+      if constexpr (Delta)
+        rowsTimesStateColumns<NTV>(acc, tiles.ws + vRow * kRow, ss, kStateRow, vCol, g, t, lane);
+      else
+        zero(acc);
 #pragma unroll
       for (int nt = 0; nt < NTV; ++nt)
 #pragma unroll
@@ -193,14 +199,14 @@ inline size_t stateKernelBytes(bool prefetch, int columns) {
 
 /// The forward's state kernel for \p columns (32 or 16; stateColumns()),
 /// \p warps (4, or 8 with 32 columns; stateWarps()) and \p prefetch, with
-/// the shared memory it needs allowed.
-template <bool PerChannel> auto stateKernelFor(bool prefetch, int columns, int warps) {
-  auto kernel = warps == 8     ? (prefetch ? deltaRuleStateKernel<true, PerChannel, 32, 8>
-                                           : deltaRuleStateKernel<false, PerChannel, 32, 8>)
-                : columns == 16 ? (prefetch ? deltaRuleStateKernel<true, PerChannel, 16>
-                                            : deltaRuleStateKernel<false, PerChannel, 16>)
-                                : (prefetch ? deltaRuleStateKernel<true, PerChannel, 32>
-                                            : deltaRuleStateKernel<false, PerChannel, 32>);
+/// the shared memory it needs allowed; Delta off: W = 0 (see the kernel).
+template <bool PerChannel, bool Delta = true> auto stateKernelFor(bool prefetch, int columns, int warps) {
+  auto kernel = warps == 8     ? (prefetch ? deltaRuleStateKernel<true, PerChannel, 32, 8, Delta>
+                                           : deltaRuleStateKernel<false, PerChannel, 32, 8, Delta>)
+                : columns == 16 ? (prefetch ? deltaRuleStateKernel<true, PerChannel, 16, 4, Delta>
+                                            : deltaRuleStateKernel<false, PerChannel, 16, 4, Delta>)
+                                : (prefetch ? deltaRuleStateKernel<true, PerChannel, 32, 4, Delta>
+                                            : deltaRuleStateKernel<false, PerChannel, 32, 4, Delta>);
   allowSharedMemory(kernel, stateKernelBytes(prefetch, columns));
   return kernel;
 }
