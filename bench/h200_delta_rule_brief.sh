@@ -10,15 +10,8 @@
 # usage: bench/h200_delta_rule_brief.sh OUTDIR   (from the repository root,
 #        .whl and .fla-cache-parts carried)
 cd "$(dirname "$0")/.."
-OUT=${1:?usage: h200_delta_rule_brief.sh OUTDIR}; mkdir -p "$OUT"; export W=/tmp/adapt-h200; mkdir -p $W/checks; T0=$(date +%s)
-el() { echo $(( $(date +%s) - T0 )); }
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-source bench/h200/build_runtime.sh
-echo "== built $(el) s"
-check() { local name=$1 envs=$2 only=$3 dtype=${4:-bfloat16}
-  env $envs timeout 80 $W/rt/adapt-op-check --device cuda --seeds 2 --dtype $dtype --only $only --out $W/checks/$name > $W/checks-$name.log 2>&1
-  echo "-- $name [$envs] $only $dtype: rc $? ($(el) s)"; grep -E "FAIL|fail|rror" $W/checks-$name.log | head -5
-  grep -E "^\|" $W/checks/$name/op-stage.md 2>/dev/null | grep -v -- "---" | head -8; }
+OUT=${1:?usage: h200_delta_rule_brief.sh OUTDIR}
+source bench/h200/start.sh
 # Session 51's defaults off: the plain decay loop and one output block.
 OFF="ADAPT_KIMI_STAGED_DECAY=0 ADAPT_KIMI_OUTPUT_TWO_BLOCKS=0"
 check kimi ADAPT_NONE=1 kimi_delta

@@ -12,15 +12,9 @@
 # usage: bench/h200_lightning.sh OUTDIR   (from the repository root; .whl
 #        and .fla-cache-parts carried for fla)
 cd "$(dirname "$0")/.."
-OUT=${1:?usage: h200_lightning.sh OUTDIR}; mkdir -p "$OUT"; export W=/tmp/adapt-h200; mkdir -p $W/checks; T0=$(date +%s)
-el() { echo $(( $(date +%s) - T0 )); }
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-source bench/h200/build_runtime.sh
-echo "== built $(el) s"
-check() { local name=$1 envs=$2 only=$3 dtype=${4:-bfloat16}
-  env $envs timeout 80 $W/rt/adapt-op-check --device cuda --seeds 2 --dtype $dtype --only $only --out $W/checks/$name > $W/checks-$name.log 2>&1
-  echo "-- $name [$envs] $only $dtype: rc $? ($(el) s)"; grep -E "FAIL|fail|rror" $W/checks-$name.log | head -5
-  grep -E "dk128" $W/checks-$name.log | head -8; cp $W/checks-$name.log $OUT/; }
+OUT=${1:?usage: h200_lightning.sh OUTDIR}
+source bench/h200/start.sh
+export CHECK_ROWS="dk128|dk 128|T150|T200|T40"
 check lightning-kernel ADAPT_LIGHTNING_KERNEL=1 lightning
 check lightning-kernel-fp32 ADAPT_LIGHTNING_KERNEL=1 lightning float32
 check lightning-skip-w "ADAPT_LIGHTNING_KERNEL=1 ADAPT_LINEAR_ATTENTION_SKIP_W=1" lightning

@@ -204,10 +204,30 @@ bool rowsPackable(const at::Tensor &x) {
 }
 
 
-/// S_T of a sequence without tokens: the initial state (fp32), or zeros.
-at::Tensor stateOfNoTokens(const at::Tensor &initialState, const at::Tensor &key) {
-  return initialState.defined() ? initialState.to(at::kFloat).clone()
-                                : at::zeros({key.size(0), key.size(1), kDim, kDim}, key.options().dtype(at::kFloat));
+/// A forward's sizes over chunks of 64 and its output [B, H, T, 128]
+/// (allocated); \p noTokens: nothing to compute (S_T, if asked, is then the
+/// initial state, or zeros).
+struct ForwardStart {
+  int64_t batch, heads, tokens, bh, padded;
+  int chunks;
+  at::Tensor out;
+  bool noTokens;
+};
+
+ForwardStart startForward(const char *name, const at::Tensor &key, const at::Tensor &initialState,
+                          at::Tensor *finalState) {
+  ForwardStart f;
+  f.batch = key.size(0), f.heads = key.size(1), f.tokens = key.size(2), f.bh = f.batch * f.heads;
+  f.out = at::empty({f.batch, f.heads, f.tokens, kDim}, key.options());
+  f.noTokens = f.tokens == 0 || f.bh == 0;
+  if (f.noTokens && finalState)
+    *finalState = initialState.defined()
+                      ? initialState.to(at::kFloat).clone()
+                      : at::zeros({f.batch, f.heads, kDim, kDim}, key.options().dtype(at::kFloat));
+  TORCH_CHECK(f.bh <= 65535, name, ": at most 65,535 batch x heads, got ", f.bh);
+  f.chunks = static_cast<int>((f.tokens + kChunk - 1) / kChunk);
+  f.padded = int64_t(f.chunks) * kChunk;
+  return f;
 }
 
 /// The initial state as the state kernel reads it (fp32, contiguous), or
@@ -328,17 +348,13 @@ at::Tensor gatedDeltaRuleForward(const at::Tensor &query, const at::Tensor &key,
   TORCH_CHECK(deltaRuleForwardTakes(query, key, value, decay, beta, kChunk),
               "gatedDeltaRuleForward: expected bf16 [B, H, T, 128] query, key, value with packable rows and a "
               "[B, H, T] decay and beta");
-  const int64_t batch = key.size(0), heads = key.size(1), tokens = key.size(2), bh = batch * heads;
   const c10::cuda::CUDAGuard guard(key.device());
-  at::Tensor out = at::empty({batch, heads, tokens, kDim}, key.options());
-  if (tokens == 0 || bh == 0) {
-    if (finalState)
-      *finalState = stateOfNoTokens(initialState, key);
-    return out;
-  }
-  TORCH_CHECK(bh <= 65535, "gatedDeltaRuleForward: at most 65,535 batch x heads, got ", bh);
-  const int chunks = static_cast<int>((tokens + kChunk - 1) / kChunk);
-  const int64_t padded = int64_t(chunks) * kChunk;
+  ForwardStart f = startForward("gatedDeltaRuleForward", key, initialState, finalState);
+  if (f.noTokens)
+    return f.out;
+  const int64_t batch = f.batch, heads = f.heads, tokens = f.tokens, bh = f.bh, padded = f.padded;
+  const int chunks = f.chunks;
+  at::Tensor &out = f.out;
   const auto f32 = key.options().dtype(at::kFloat);
   at::Tensor g = decay.to(at::kFloat).contiguous(), b = beta.to(at::kFloat).contiguous();
   at::Tensor w = at::empty({bh, padded, kDim}, key.options()), u = at::empty_like(w), vNew = at::empty_like(w);
@@ -375,17 +391,13 @@ at::Tensor decayedLinearAttentionForward(const at::Tensor &query, const at::Tens
   TORCH_CHECK(deltaRuleForwardTakes(query, key, value, decay, decay, kChunk),
               "decayedLinearAttentionForward: expected bf16 [B, H, T, 128] query, key, value with packable rows and "
               "a [B, H, T] decay");
-  const int64_t batch = key.size(0), heads = key.size(1), tokens = key.size(2), bh = batch * heads;
   const c10::cuda::CUDAGuard guard(key.device());
-  at::Tensor out = at::empty({batch, heads, tokens, kDim}, key.options());
-  if (tokens == 0 || bh == 0) {
-    if (finalState)
-      *finalState = stateOfNoTokens(initialState, key);
-    return out;
-  }
-  TORCH_CHECK(bh <= 65535, "decayedLinearAttentionForward: at most 65,535 batch x heads, got ", bh);
-  const int chunks = static_cast<int>((tokens + kChunk - 1) / kChunk);
-  const int64_t padded = int64_t(chunks) * kChunk;
+  ForwardStart f = startForward("decayedLinearAttentionForward", key, initialState, finalState);
+  if (f.noTokens)
+    return f.out;
+  const int64_t batch = f.batch, heads = f.heads, tokens = f.tokens, bh = f.bh, padded = f.padded;
+  const int chunks = f.chunks;
+  at::Tensor &out = f.out;
   // G: the log decays' sums within each chunk (padding decays by 0, as the
   // transform kernel's chunkCumsum has it).
   at::Tensor g = decay.to(at::kFloat).reshape({bh, tokens});
