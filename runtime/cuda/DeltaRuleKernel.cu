@@ -242,7 +242,8 @@ at::Tensor enteringState(const at::Tensor &initialState, int64_t bh) {
 /// Kernels 2 and 3 over \p chunks of 64: from W (undefined: W = 0, its
 /// product skipped), U [B·H, n·64, 128] and the
 /// cumulative log decays \p cum [B·H, n·64], each chunk's entering state
-/// into \p states, V_new into \p vNew, the output [B, H, T, 128] into
+/// into \p states, V_new into \p vNew (without W, V_new = U: \p vNew is
+/// then U itself, left as it is), the output [B, H, T, 128] into
 /// \p out and, where \p last is defined, S_T into it. \p init (fp32) may
 /// be undefined (zeros).
 void stateAndOutput(const at::Tensor &query, const at::Tensor &key, const at::Tensor &w, const at::Tensor &u,
@@ -414,7 +415,7 @@ at::Tensor decayedLinearAttentionForward(const at::Tensor &query, const at::Tens
     u.narrow(2, 0, tokens).copy_(value);
     u = u.view({bh, padded, kDim});
   }
-  at::Tensor vNew = at::empty({bh, padded, kDim}, key.options());
+  at::Tensor vNew = w.defined() ? at::empty({bh, padded, kDim}, key.options()) : u;
   at::Tensor states = at::empty({bh, chunks, kDim, kDim}, key.options());
   at::Tensor last = finalState ? at::empty({batch, heads, kDim, kDim}, key.options().dtype(at::kFloat)) : at::Tensor();
   stateAndOutput(query, key, w, u, cum, enteringState(initialState, bh), scale, states, vNew, last, out);

@@ -77,7 +77,8 @@ __device__ __forceinline__ void loadStateTiles(const StateTiles<Columns> &s, con
 /// \p key holds k e^{G_last - G} and \p cum each chunk's last G per channel:
 /// the state's row r decays by e^{G_last, r} and V_new enters undecayed.
 /// Without \p Delta (linear attention with decay: W = 0, \p w unread),
-/// V_new = U and its product with the state is skipped.
+/// V_new = U: its product with the state is skipped, and it is not written
+/// out (\p newValues unused; the output kernel reads U).
 template <bool Prefetch, bool PerChannel = false, int Columns = kStateColumns, int Warps = 4, bool Delta = true>
 __global__ void __launch_bounds__(32 * Warps)
     deltaRuleStateKernel(Strided key, const bf16 *w, const bf16 *u, const float *cum, int64_t tokens, int chunks,
@@ -151,7 +152,8 @@ __global__ void __launch_bounds__(32 * Warps)
           const __nv_bfloat162 uu = Prefetch ? *reinterpret_cast<const __nv_bfloat162 *>(tiles.us + r * kStateRow + c)
                                              : *reinterpret_cast<const __nv_bfloat162 *>(u + at);
           const float v0 = __low2float(uu) - acc[nt][2 * h], v1 = __high2float(uu) - acc[nt][2 * h + 1];
-          *reinterpret_cast<uint32_t *>(newValues + at) = packBf16(v0, v1);
+          if constexpr (Delta) // without, V_new = U: the caller keeps U
+            *reinterpret_cast<uint32_t *>(newValues + at) = packBf16(v0, v1);
           const float d = PerChannel ? 1.0f : __expf(last - cs[r]);
           *reinterpret_cast<uint32_t *>(vn + r * kStateRow + c) = packBf16(v0 * d, v1 * d);
         }
