@@ -410,9 +410,11 @@ at::Tensor decayedLinearAttentionForward(const at::Tensor &query, const at::Tens
   // (ADAPT_LINEAR_ATTENTION_SKIP_W=1: the kernels skip W's products).
   const at::Tensor w = linearAttentionSkipsW() ? at::Tensor() : at::zeros({bh, padded, kDim}, key.options());
   at::Tensor u = value.is_contiguous() && padded == tokens ? value.view({bh, padded, kDim}) : at::Tensor();
-  if (!u.defined()) {
-    u = at::zeros({batch, heads, padded, kDim}, key.options());
+  if (!u.defined()) { // one pass over v; only the padding is zeroed
+    u = at::empty({batch, heads, padded, kDim}, key.options());
     u.narrow(2, 0, tokens).copy_(value);
+    if (padded > tokens)
+      u.narrow(2, tokens, padded - tokens).zero_();
     u = u.view({bh, padded, kDim});
   }
   at::Tensor vNew = w.defined() ? at::empty({bh, padded, kDim}, key.options()) : u;
