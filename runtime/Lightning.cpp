@@ -254,8 +254,9 @@ bool lightningKernelEnabled() {
 /// Lightning attention on the kernels: the log decay -s_h at every token,
 /// no scale, chunks of 64 (the result does not depend on the block). Keeps
 /// q, k, v as given and what the forward kernels saved (each chunk's
-/// entering state and the values, bf16; W's zeros). Outputs {O (bf16), the
-/// state after the last token, fp32}.
+/// entering state, bf16; the values as the kernels' rows, v itself where it
+/// is contiguous and W is skipped; W's zeros unless skipped). Outputs {O
+/// (bf16), the state after the last token, fp32}.
 struct LightningKernelNode : torch::autograd::Function<LightningKernelNode> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext *ctx, const Tensor &q,
                                                 const Tensor &k, const Tensor &v, const Tensor &slopes,
