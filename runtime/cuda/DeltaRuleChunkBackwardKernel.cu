@@ -464,7 +464,6 @@ bool twoBlocksPerSm() {
   return on;
 }
 
-
 } // namespace
 
 namespace {

@@ -203,7 +203,6 @@ bool rowsPackable(const at::Tensor &x) {
          reinterpret_cast<uintptr_t>(x.data_ptr()) % 16 == 0;
 }
 
-
 /// A forward's sizes over chunks of 64 and its output [B, H, T, 128]
 /// (allocated); \p noTokens: nothing to compute (S_T, if asked, is then the
 /// initial state, or zeros).

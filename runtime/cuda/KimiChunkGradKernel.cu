@@ -172,7 +172,6 @@ __global__ void __launch_bounds__(256)
 constexpr size_t kSharedBytes =
     ((6 * kChunk + 2 * kDim) * kRow + 3 * kChunk * kSquareRow) * sizeof(bf16);
 
-
 } // namespace
 
 bool kimiChunkGradientsEnabled() {

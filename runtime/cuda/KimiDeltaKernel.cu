@@ -326,7 +326,6 @@ bool outputTwoBlocks() {
   return on;
 }
 
-
 /// Whether the transform and output kernels sum a sub-chunk's pairs a
 /// thread per pair (withinPairsPerThread; ADAPT_KIMI_PAIRS_PER_THREAD=0: off).
 bool pairsPerThread() {
