@@ -3,8 +3,8 @@
 # call, for when calls are scarce (bench/h200_delta_rule.sh holds the full
 # checks and rows, two calls): their op checks (bf16, fp32), their timings
 # beside the latest opt-outs, then memcheck, ncu's view of Kimi's forward
-# kernels, fla's KDA rows and MiniMax's lightning attention (the composition,
-# and session 52's opt-in kernels) beside fla's simple GLA, each skipped once the call has run past its deadline (seconds
+# kernels, fla's KDA rows and MiniMax's lightning attention (its kernels, the
+# default since session 53, and the composition) beside fla's simple GLA, each skipped once the call has run past its deadline (seconds
 # from the start; MEMCHECK_BY, NCU_BY, FLA_BY, SINGLES_BY, END_BY,
 # LIGHTNING_BY). ~475 s on a fresh H100 (session 51).
 # usage: bench/h200_delta_rule_brief.sh OUTDIR   (from the repository root,
@@ -18,7 +18,6 @@ check kimi ADAPT_NONE=1 kimi_delta
 check kimi-fp32 ADAPT_NONE=1 kimi_delta.chunked float32
 check gdn ADAPT_NONE=1 gated_delta_rule
 check lightning ADAPT_NONE=1 lightning
-check lightning-kernel "ADAPT_LIGHTNING_KERNEL=1 ADAPT_LINEAR_ATTENTION_SKIP_W=1" lightning
 row() { local label=$1 envs=$2; shift 2
   for s in "$@"; do echo "$label $(env $envs timeout 60 $W/lc/long_context --delta-rule $s 128 128 --iters 5 ${EXTRA:-} 2>&1 | tail -1)"; done; }
 S3=("1 32 8192" "1 32 32768" "4 16 4096")
@@ -49,7 +48,7 @@ if [ $(el) -lt ${FLA_BY:-330} ]; then
   timeout $(( ${END_BY:-380} - $(el) )) python3 bench/h200/fla_delta_rule.py --bypass-triton-guard --per-channel 1 32 8192 128 128 1 32 32768 128 128 2>&1 | grep -v Warning | tail -3
 fi
 if [ $(el) -lt ${LIGHTNING_BY:-450} ]; then # MiniMax's lightning attention beside fla's simple GLA
-  for e in ADAPT_NONE=1 ADAPT_LIGHTNING_TF32=0 "ADAPT_LIGHTNING_KERNEL=1 ADAPT_LINEAR_ATTENTION_SKIP_W=1"; do
+  for e in ADAPT_NONE=1 ADAPT_LIGHTNING_KERNEL=0; do
     for T in 8192 32768; do
       echo "lightning [$e] $(env $e timeout 60 $W/lc/long_context --lightning 1 64 $T 128 256 --iters 5 2>&1 | tail -1)"
     done

@@ -308,12 +308,6 @@ bool asyncLoads();
 /// 12.4 -> 11.9 ms forward + backward). Its op checks passed there.
 bool leanBackward();
 
-/// Whether linear attention with decay (decayedLinearAttentionForward, W =
-/// 0) skips W's products in the state kernels and dW in the chunk gradients
-/// instead of multiplying by zeros: opt-in (ADAPT_LINEAR_ATTENTION_SKIP_W=1)
-/// until its op checks have run on a GPU.
-bool linearAttentionSkipsW();
-
 /// Whether GDN's forward folds the rows' scalar factors into the smaller
 /// operand: beta exp(G) and beta into T's columns in the transform, scale
 /// exp(G) into q S_n's rows in fp32 in the output (session 47; 64 x 64 passes

@@ -171,12 +171,15 @@ __device__ __forceinline__ void subtractColumnSums(float *sums, const float (&co
 /// rows), dW = -dV_new S^T (bf16 rows), and the part of dG [B·H, n·64]
 /// from the scores, Qd, Kd and the chunk's last decay. dV_new and dS' come
 /// as \p Grad (fp32, or bf16 under leanBackward()). \p gradW null: W = 0,
-/// no dW.
-template <typename Grad>
+/// no dW. Without \p DeltaRule (linear attention with a fixed decay: W = 0,
+/// U = V, no decay gradient wanted) dk's part is the whole dk, written as
+/// bf16 [B, H, T, 128] to \p gradKeyData, and the scores q k^T, the dG sums
+/// and \p gradCumPart (null) are skipped.
+template <typename Grad, bool DeltaRule = true>
 __global__ void __launch_bounds__(256)
     deltaRuleChunkGradKernel(Strided query, Strided key, const bf16 *gradOutRows, const bf16 *newValues,
                              const void *gradNewData, const bf16 *states, const void *leavingData, const float *cum,
-                             int64_t tokens, float scale, bf16 *gradQuery, float *gradKeyPart, bf16 *gradW,
+                             int64_t tokens, float scale, bf16 *gradQuery, void *gradKeyData, bf16 *gradW,
                              float *gradCumPart, bool async) {
   const Grad *gradNew = static_cast<const Grad *>(gradNewData), *leaving = static_cast<const Grad *>(leavingData);
   extern __shared__ __align__(16) unsigned char shared[];
@@ -212,7 +215,7 @@ __global__ void __launch_bounds__(256)
     sums[tid] = 0.0f;
   awaitCopies(async);
   __syncthreads();
-  { // sum(dS' . S), for the chunk's last decay
+  if constexpr (DeltaRule) { // sum(dS' . S), for the chunk's last decay
     float x = stateGradDotState(stateGrad, ss, async);
     x = rowLanesSum(x);
     x += __shfl_xor_sync(0xffffffffu, x, 4);
@@ -228,17 +231,22 @@ __global__ void __launch_bounds__(256)
     zero(dsc);
     zero(sco);
     productABt<4, kDim / 16>(dsc, dos, kRow, vns, kRow, 16 * mt, 32 * half, g, t);
-    productABt<4, kDim / 16>(sco, qs, kRow, ks, kRow, 16 * mt, 32 * half, g, t);
+    if constexpr (DeltaRule)
+      productABt<4, kDim / 16>(sco, qs, kRow, ks, kRow, 16 * mt, 32 * half, g, t);
     float rowPart[2] = {0.0f, 0.0f}, columnPart[4][2] = {};
     forTile<4>(16 * mt, 32 * half, g, t, [&](int nt, int i, int r, int c) {
       const float d = c <= r ? __expf(cs[r] - cs[c]) : 0.0f;
-      const float p = dsc[nt][i] * sco[nt][i] * scale * d;
       sd[r * kSquareRow + c] = __float2bfloat16(dsc[nt][i] * d * scale);
-      rowPart[i / 2] += p;
-      columnPart[nt][i % 2] += p;
+      if constexpr (DeltaRule) {
+        const float p = dsc[nt][i] * sco[nt][i] * scale * d;
+        rowPart[i / 2] += p;
+        columnPart[nt][i % 2] += p;
+      }
     });
-    addRowSums(dc, rowPart, 16 * mt, g, t);
-    subtractColumnSums(dc, columnPart, 32 * half, g, t);
+    if constexpr (DeltaRule) {
+      addRowSums(dc, rowPart, 16 * mt, g, t);
+      subtractColumnSums(dc, columnPart, 32 * half, g, t);
+    }
   }
   // dQd = dO S^T: dq = scale e^G dQd (+ the scores' part below); dG += Qd . dQd.
   float dq[8][4];
@@ -249,11 +257,13 @@ __global__ void __launch_bounds__(256)
     forTile<8>(16 * mt, 64 * half, g, t, [&](int nt, int i, int r, int c) {
       const float gamma = scale * __expf(cs[r]);
       dq[nt][i] *= gamma;
-      rowPart[i / 2] += dq[nt][i] * __bfloat162float(qs[r * kRow + c]);
+      if constexpr (DeltaRule)
+        rowPart[i / 2] += dq[nt][i] * __bfloat162float(qs[r * kRow + c]);
     });
-    addRowSums(dc, rowPart, 16 * mt, g, t);
+    if constexpr (DeltaRule)
+      addRowSums(dc, rowPart, 16 * mt, g, t);
   }
-  if (gradW != nullptr) { // dW = -dV_new S^T (none when W = 0)
+  if (DeltaRule && gradW != nullptr) { // dW = -dV_new S^T (none when W = 0)
     float dw[8][4];
     zero(dw);
     productABt<8, kDim / 16>(dw, dns, kRow, ss, kRow, 16 * mt, 64 * half, g, t);
@@ -284,24 +294,38 @@ __global__ void __launch_bounds__(256)
     float rowPart[2] = {0.0f, 0.0f};
     forTile<8>(16 * mt, 64 * half, g, t, [&](int nt, int i, int r, int c) {
       dk[nt][i] *= __expf(last - cs[r]);
-      rowPart[i / 2] += dk[nt][i] * __bfloat162float(ks[r * kRow + c]);
+      if constexpr (DeltaRule)
+        rowPart[i / 2] += dk[nt][i] * __bfloat162float(ks[r * kRow + c]);
     });
-    float total = 0.0f;
+    if constexpr (DeltaRule) {
+      float total = 0.0f;
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const float x = rowLanesSum(rowPart[h]);
-      if (t == 0) {
-        atomicAdd(dc + 16 * mt + g + 8 * h, -x);
-        total += x;
+      for (int h = 0; h < 2; ++h) {
+        const float x = rowLanesSum(rowPart[h]);
+        if (t == 0) {
+          atomicAdd(dc + 16 * mt + g + 8 * h, -x);
+          total += x;
+        }
       }
+      if (t == 0)
+        atomicAdd(sums + 1, total);
     }
-    if (t == 0)
-      atomicAdd(sums + 1, total);
   }
   productAtB<8, kChunk / 16>(dk, sd, kSquareRow, qs, kRow, 16 * mt, 64 * half, lane);
-  forPairs<8>(16 * mt, 64 * half, g, t, [&](int nt, int h, int r, int c) {
-    *reinterpret_cast<float2 *>(gradKeyPart + (rows0 + r) * kDim + c) = make_float2(dk[nt][2 * h], dk[nt][2 * h + 1]);
-  });
+  if constexpr (DeltaRule) {
+    float *gradKeyPart = static_cast<float *>(gradKeyData);
+    forPairs<8>(16 * mt, 64 * half, g, t, [&](int nt, int h, int r, int c) {
+      *reinterpret_cast<float2 *>(gradKeyPart + (rows0 + r) * kDim + c) = make_float2(dk[nt][2 * h], dk[nt][2 * h + 1]);
+    });
+  } else { // the whole dk, as dq is written
+    bf16 *gradKey = static_cast<bf16 *>(gradKeyData);
+    forPairs<8>(16 * mt, 64 * half, g, t, [&](int nt, int h, int r, int c) {
+      if (r < valid)
+        *reinterpret_cast<uint32_t *>(gradKey + (bh * tokens + row0 + r) * kDim + c) =
+            packBf16(dk[nt][2 * h], dk[nt][2 * h + 1]);
+    });
+    return;
+  }
   __syncthreads();
   if (tid < kChunk)
     gradCumPart[rows0 + tid] =
@@ -469,9 +493,10 @@ bool twoBlocksPerSm() {
 namespace {
 
 /// What the backward's first three kernels leave: dq (bf16 [B, H, T, 128]),
-/// and over the rows [B·H, n·64, 128] dk's part through O and S' (fp32),
-/// dW (bf16), dG's part (fp32 [B·H, n·64]), dV_new and dS_0 (\p state,
-/// its dS' freed).
+/// and over the rows [B·H, n·64, 128] dk's part through O and S' (fp32;
+/// for linear attention the whole dk, bf16 [B, H, T, 128]), dW (bf16),
+/// dG's part (fp32 [B·H, n·64]; none for linear attention), dV_new and dS_0
+/// (\p state, its dS' freed).
 struct ThroughState {
   at::Tensor gradQuery, gradKeyPart, gradW, gradCumPart;
   DeltaRuleStateGrads state;
@@ -479,9 +504,13 @@ struct ThroughState {
 
 /// Kernels 1 to 3 (the scores, the state gradient, the chunk gradients) from
 /// the forward's inputs, what it \p saved, and \p gradOut, \p gradFinal
-/// (either may be undefined: zeros); \p scale multiplies q.
+/// (either may be undefined: zeros); \p scale multiplies q. Without
+/// \p deltaRule (linear attention with a fixed decay, saved.w undefined)
+/// kernel 3 writes the whole dk as bf16 [B, H, T, 128] into gradKeyPart and
+/// no dG.
 ThroughState backwardThroughState(const at::Tensor &query, const at::Tensor &key, const DeltaRuleSaved &saved,
-                                  const at::Tensor &gradOut, const at::Tensor &gradFinal, float scale) {
+                                  const at::Tensor &gradOut, const at::Tensor &gradFinal, float scale,
+                                  bool deltaRule) {
   const int64_t batch = key.size(0), heads = key.size(1), tokens = key.size(2), bh = batch * heads;
   const int chunks = static_cast<int>((tokens + kChunk - 1) / kChunk);
   const int64_t padded = int64_t(chunks) * kChunk;
@@ -517,19 +546,21 @@ ThroughState backwardThroughState(const at::Tensor &query, const at::Tensor &key
   // v's (by the caller) once kernel 3 no longer needs dS' (a lower peak: at 1
   // x 32 heads x 32K, dS' is 512 MiB and the two gradients as much).
   r.gradQuery = at::empty({batch, heads, tokens, kDim}, key.options());
-  r.gradKeyPart = at::empty({bh, padded, kDim}, f32);
+  r.gradKeyPart = deltaRule ? at::empty({bh, padded, kDim}, f32) : at::empty_like(r.gradQuery);
   if (saved.w.defined())
     r.gradW = at::empty({bh, padded, kDim}, key.options());
-  r.gradCumPart = at::empty({bh, padded}, f32);
+  if (deltaRule)
+    r.gradCumPart = at::empty({bh, padded}, f32);
   const size_t bytes = (5 * kChunk + kDim) * kRow * sizeof(bf16) + kChunk * kSquareRow * sizeof(bf16) +
                        (2 * kChunk + 2) * sizeof(float);
-  auto kernel = bf16Grads ? deltaRuleChunkGradKernel<bf16> : deltaRuleChunkGradKernel<float>;
+  auto kernel = deltaRule ? (bf16Grads ? deltaRuleChunkGradKernel<bf16> : deltaRuleChunkGradKernel<float>)
+                          : (bf16Grads ? deltaRuleChunkGradKernel<bf16, false> : deltaRuleChunkGradKernel<float, false>);
   allowSharedMemory(kernel, bytes);
   kernel<<<dim3(chunks, bh), 256, bytes, stream>>>(
       stridedRows(query), stridedRows(key), bf16Data(dOutRows), bf16Data(saved.newValues), r.state.newValues.data_ptr(),
       bf16Data(saved.states), r.state.leaving.data_ptr(), saved.cum.data_ptr<float>(), tokens, scale,
-      bf16Data(r.gradQuery), r.gradKeyPart.data_ptr<float>(), r.gradW.defined() ? bf16Data(r.gradW) : nullptr,
-      r.gradCumPart.data_ptr<float>(), async);
+      bf16Data(r.gradQuery), r.gradKeyPart.data_ptr(), r.gradW.defined() ? bf16Data(r.gradW) : nullptr,
+      deltaRule ? r.gradCumPart.data_ptr<float>() : nullptr, async);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   // Freed in stream order: the next kernel, on the same stream, may reuse its memory.
   r.state.leaving = at::Tensor();
@@ -566,7 +597,7 @@ DeltaRuleGrads gatedDeltaRuleBackward(const at::Tensor &query, const at::Tensor 
     return r;
   }
   ThroughState through = backwardThroughState(query, key, saved, gradOut, gradFinal,
-                                              static_cast<float>(1.0 / std::sqrt(double(kDim))));
+                                              static_cast<float>(1.0 / std::sqrt(double(kDim))), /*deltaRule=*/true);
   DeltaRuleGrads r;
   r.query = through.gradQuery;
   r.beta = at::empty({batch, heads, tokens}, f32);
@@ -604,16 +635,13 @@ DeltaRuleGrads decayedLinearAttentionBackward(const at::Tensor &query, const at:
   const c10::cuda::CUDAGuard guard(key.device());
   if (tokens == 0 || batch * heads == 0)
     return gradsOfNoTokens(key, gradFinal);
-  ThroughState through = backwardThroughState(query, key, saved, gradOut, gradFinal, scale);
-  // With W = 0 and U = V: dk is kernel 3's part, dv is dV_new.
-  const int64_t padded = through.gradKeyPart.size(1);
-  auto rowsToTokens = [&](const at::Tensor &rows) {
-    return rows.view({batch, heads, padded, kDim}).narrow(2, 0, tokens).to(at::kBFloat16);
-  };
+  ThroughState through = backwardThroughState(query, key, saved, gradOut, gradFinal, scale, /*deltaRule=*/false);
+  // With W = 0 and U = V: dk is kernel 3's (bf16, by token), dv is dV_new.
+  const int64_t padded = through.state.newValues.size(1);
   DeltaRuleGrads r;
   r.query = through.gradQuery;
-  r.key = rowsToTokens(through.gradKeyPart);
-  r.value = rowsToTokens(through.state.newValues);
+  r.key = through.gradKeyPart;
+  r.value = through.state.newValues.view({batch, heads, padded, kDim}).narrow(2, 0, tokens).to(at::kBFloat16);
   r.initialState = through.state.initial.view({batch, heads, kDim, kDim});
   return r;
 }

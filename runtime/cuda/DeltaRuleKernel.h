@@ -105,8 +105,8 @@ bool linearAttentionTakes(const at::Tensor &query, const at::Tensor &key, const 
 /// with W = 0 and U = V, so it runs the delta rule's state and output
 /// kernels (no UT transform): \p decay [B, H, T] (any float dtype, g per
 /// token), the rest as gatedDeltaRuleForward. \p saved keeps what
-/// decayedLinearAttentionBackward reads (no inverse; w holds zeros, or is
-/// undefined where the kernels skip W's products: delta::linearAttentionSkipsW).
+/// decayedLinearAttentionBackward reads (no inverse, no w: the state kernels
+/// are instantiated without W's products, Delta = false).
 at::Tensor decayedLinearAttentionForward(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
                                          const at::Tensor &decay, float scale, const at::Tensor &initialState,
                                          at::Tensor *finalState, DeltaRuleSaved *saved);

@@ -90,7 +90,7 @@ void addLightningChecks(std::vector<Check> &all) {
   // decay is slowest, carries the state furthest.
   add("lightning.blocked", {1, 2, 600, 8, 8, 2, 3, 4});
   // MiniMax's head width 128: in bf16 on a GPU these take the delta rule's
-  // kernels (ADAPT_LIGHTNING_KERNEL=1) in chunks of 64: three chunks, the
+  // kernels (ADAPT_LIGHTNING_KERNEL=0: the composition) in chunks of 64: three chunks, the
   // last ragged; one short chunk.
   add("lightning.blocked", {2, 2, 150, 128, 128, 64, 1, 4});
   add("lightning.blocked", {1, 4, 40, 128, 128, 256, 0, 2});
