@@ -5,8 +5,9 @@
 # fixture's LoRA targets (as tests/e2e/test_loss_alignment.py does).
 # usage: bench/h200_validate_prepare.sh [FAMILIES] [RANK]   (default: the six of
 #        the default test tier; rank 4, alpha twice the rank). A family F-d128
-#        (qwen3_next-d128, kimi_linear-d128) is F's tiny model with 128-wide
-#        linear-attention heads, so the delta rule's CUDA kernels run in it.
+#        (qwen3_next-d128, kimi_linear-d128, minimax-d128) is F's tiny model
+#        with 128-wide linear-attention heads, so the delta rule's CUDA
+#        kernels (lightning's too) run in it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ADAPT=${ADAPT:-build/bin/adapt}
@@ -23,8 +24,10 @@ import json, sys
 c = json.load(open(sys.argv[1]))
 if "linear_key_head_dim" in c:
     c["linear_key_head_dim"] = c["linear_value_head_dim"] = 128
-else:
+elif "linear_attn_config" in c:
     c["linear_attn_config"]["head_dim"] = 128
+else:  # MiniMax: one head width for lightning and full attention
+    c["head_dim"] = 128
 json.dump(c, open(sys.argv[2], "w"), indent=1)
 PY
     $ADAPT tiny $base --config .h200/tiny/$f.json --out .h200/tiny/$f > /dev/null
