@@ -255,8 +255,8 @@ bool lightningKernelEnabled() {
 /// no scale, chunks of 64 (the result does not depend on the block). Keeps
 /// q, k, v as given and what the forward kernels saved (each chunk's
 /// entering state, bf16; the values as the kernels' rows, v itself where it
-/// is contiguous and W is skipped; W's zeros unless skipped). Outputs {O
-/// (bf16), the state after the last token, fp32}.
+/// is contiguous and fills whole chunks; no W: its products are skipped).
+/// Outputs {O (bf16), the state after the last token, fp32}.
 struct LightningKernelNode : torch::autograd::Function<LightningKernelNode> {
   static torch::autograd::variable_list forward(torch::autograd::AutogradContext *ctx, const Tensor &q,
                                                 const Tensor &k, const Tensor &v, const Tensor &slopes,
@@ -267,14 +267,14 @@ struct LightningKernelNode : torch::autograd::Function<LightningKernelNode> {
     Tensor out = cuda::decayedLinearAttentionForward(q, k, v, decay, 1.0f, state, &last, &saved);
     ctx->saved_data["stateDtype"] = int64_t(state.scalar_type());
     ctx->set_materialize_grads(false);
-    ctx->save_for_backward({q, k, v, saved.states, saved.newValues, saved.cum, saved.w});
+    ctx->save_for_backward({q, k, v, saved.states, saved.newValues, saved.cum});
     return {out, last};
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext *ctx,
                                                  torch::autograd::variable_list grads) {
     const std::vector<Tensor> s = ctx->get_saved_variables();
-    const cuda::DeltaRuleSaved saved{Tensor(), s[3], s[4], s[5], s[6]};
+    const cuda::DeltaRuleSaved saved{Tensor(), s[3], s[4], s[5], Tensor()};
     cuda::DeltaRuleGrads g = cuda::decayedLinearAttentionBackward(s[0], s[1], s[2], saved, grads[0], grads[1], 1.0f);
     return {g.query, g.key, g.value, Tensor(),
             g.initialState.to(static_cast<torch::ScalarType>(ctx->saved_data["stateDtype"].toInt()))};
