@@ -206,9 +206,11 @@ int main(int argc, char **argv) {
         profiler.afterStep(i);
       }
     }
+    // ns per token of forward + backward over all heads, as fla_delta_rule.py counts it.
     std::printf("{\"op\": \"lightning_blocked\", \"B\": %lld, \"H\": %lld, \"T\": %lld, \"d\": %lld, \"block\": %lld, "
-                "\"forward_ms\": %.3f, \"forward_backward_ms\": %.3f, \"peak_gib\": %.3f}\n",
-                (long long)B, (long long)H, (long long)T, (long long)D, (long long)block, fwd, both, peak);
+                "\"forward_ms\": %.3f, \"forward_backward_ms\": %.3f, \"ns_per_token\": %.1f, \"peak_gib\": %.3f}\n",
+                (long long)B, (long long)H, (long long)T, (long long)D, (long long)block, fwd, both,
+                both * 1e6 / double(B * T), peak);
     return 0;
   }
   if (!op.empty()) {
