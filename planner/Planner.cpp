@@ -51,6 +51,19 @@ double moeElements(const ModelFacts &f, int64_t tp) {
   return 2.0 * f.hidden + f.topK * (f.hidden + 3.0 * f.expertWidth) + 3.0 * f.sharedWidth / tp;
 }
 
+/// Lightning attention's chunk on the GPU (the delta rule's kernels, which
+/// it runs on at width 128: cuda::kChunk).
+constexpr double kLightningChunk = 64.0;
+
+/// Activation elements kept per token by one lightning layer: as a softmax
+/// layer's (attentionElements) with q, k and v all of the lightning width,
+/// plus each chunk's entering state (heads x d x d per 64 tokens, bf16),
+/// which its kernels keep for the backward.
+double lightningElements(const ModelFacts &f, int64_t tp) {
+  const double w = double(f.lightningWidth);
+  return 3.0 * f.hidden + (14.0 * w + w * f.lightningHeadDim / kLightningChunk) / tp;
+}
+
 /// The runtime's delta-rule segment (LinearAttentionDef::segmentTokens):
 /// longer sequences run a delta-rule layer in segments recomputed in the
 /// backward pass.
@@ -65,8 +78,9 @@ double deltaRuleWorkingBytes(const ModelFacts &f, const Hardware &h, int64_t tp)
 /// \p seqLen tokens on a rank.
 double layerActivationBytes(const ModelFacts &f, const Hardware &h, int64_t tp, int64_t seqLen) {
   const double layers = std::max<int64_t>(f.layers, 1);
-  const double softmax = f.softmaxLayers + f.sparseLayers + f.lightningLayers;
+  const double softmax = f.softmaxLayers + f.sparseLayers;
   double bytes = softmax / layers * 2.0 * attentionElements(f, tp) * h.activationScale;
+  bytes += f.lightningLayers / layers * 2.0 * lightningElements(f, tp) * h.activationScale;
   // A segmented delta-rule layer keeps its normed input and the residual
   // stream (bf16) per token; one segment's working set is a buffer.
   bytes += f.deltaRuleLayers / layers *
@@ -89,10 +103,17 @@ std::pair<double, double> layerFlops(const ModelFacts &f, int64_t seqLen) {
   const double experts = 4.0 * expertActive;
   // Causal attention core: forward 2 matmuls over seqLen/2 keys on average,
   // backward 2.5x forward.
-  const double softmax = (f.softmaxLayers + f.lightningLayers) / layers;
+  const double softmax = f.softmaxLayers / layers;
   const double sparse = f.sparseLayers / layers;
-  const double core = 3.5 * 2.0 * 2.0 * f.queryWidth *
-                      (softmax * seqLen / 2.0 + sparse * std::min<double>(f.indexTopK, seqLen / 2.0));
+  double core = 3.5 * 2.0 * 2.0 * f.queryWidth *
+                (softmax * seqLen / 2.0 + sparse * std::min<double>(f.indexTopK, seqLen / 2.0));
+  // Lightning (linear) attention, chunked: per head and token q S and the
+  // state's k^T v (2 d^2 each), and within the chunk q k^T and the scores
+  // times v over C/2 keys on average (d C each): 2 W (2 d + C) forward, the
+  // same 3.5x for the backward. Linear in the tokens: as softmax attention
+  // over 2 d + C keys, never more than over all of them.
+  const double lightningKeys = std::min<double>(seqLen, 2.0 * f.lightningHeadDim + kLightningChunk);
+  core += 3.5 * 2.0 * f.lightningWidth * (f.lightningLayers / layers) * lightningKeys;
   return {dense + core, experts};
 }
 
@@ -141,6 +162,8 @@ ModelFacts modelFacts(const ModelSpec &spec, const ParameterCounts &counts, cons
       break;
     case MixerKind::Lightning:
       ++f.lightningLayers;
+      f.lightningWidth = std::max<int64_t>(f.lightningWidth, int64_t(qw));
+      f.lightningHeadDim = std::max<int64_t>(f.lightningHeadDim, m.headDim);
       f.tensorSplittable = false;
       break;
     }

@@ -94,6 +94,7 @@ struct ModelFacts {
   int64_t heads = 0, kvHeads = 0;
   int64_t queryWidth = 0, keyValueWidth = 0; ///< heads*headDim, kvHeads*headDim (per layer, largest).
   int64_t deltaValueWidth = 0;               ///< Linear attention value heads * dim.
+  int64_t lightningWidth = 0, lightningHeadDim = 0; ///< Lightning heads*headDim and headDim (largest).
   int64_t indexTopK = 0;
   int64_t indexWidth = 0; ///< DSA indexer heads * head dim.
   double totalParameters = 0, expertParameters = 0, activeParameters = 0;

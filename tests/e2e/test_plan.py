@@ -120,6 +120,26 @@ class Plan(unittest.TestCase):
             ratio = activations[131072][layout] / activations[65536][layout]
             self.assertLess(ratio, 1.0, f"{layout}: activations x{ratio:.2f} for twice the tokens")
 
+    def test_lightning_layers_cost_time_linear_in_the_tokens(self):
+        # MiniMax-M1: 70 of its 80 layers are lightning (linear) attention, 10
+        # softmax. From 64K to 256K tokens the compute per token grows only by
+        # the softmax layers' quadratic core: x1.50 by the formula (lightning
+        # counted as softmax attention would give x2.85).
+        per_token = {}
+        for seq in (65536, 262144):
+            proc = plan(model("MiniMax-M1"), "--gpus", "64", "--seq-len", str(seq), out=self.out)
+            self.assertIn(proc.returncode, (0, 3), proc.stderr)
+            p = self.read()
+            self.assertEqual(p["model"]["lightning_layers"], 70)
+            tokens = p["request"]["global_batch"] * p["request"]["seq_len"]
+            per_token[seq] = {c["layout"]["text"]: c["step_seconds"]["compute"] / tokens for c in p["candidates"]}
+        common = sorted(set(per_token[65536]) & set(per_token[262144]))
+        self.assertTrue(common, per_token)
+        for layout in common:
+            ratio = per_token[262144][layout] / per_token[65536][layout]
+            self.assertGreater(ratio, 1.3, f"{layout}: the softmax layers' core must still grow")
+            self.assertLess(ratio, 1.7, f"{layout}: compute per token x{ratio:.2f} for four times the tokens")
+
     def test_refusal_names_the_category_and_what_would_fit(self):
         proc = plan(model("Kimi-K2-Instruct"), "--gpus", "1", out=self.out)
         self.assertEqual(proc.returncode, 3, proc.stdout + proc.stderr)
