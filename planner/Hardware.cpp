@@ -45,10 +45,19 @@ const Hardware &h200() {
     // bench/h200_long_context.sh (docs/performance.md): ~0.6 MiB per token
     // per Gated DeltaNet layer of 32 x 128 value channels.
     x.deltaRuleBytesPerToken = 0.6 * (1 << 20);
-    // One gdn layer in recomputed segments, 131,072 tokens forward +
-    // backward in 779 ms (2026-12-04, docs/performance.md "One GDN layer at
-    // 512K and 1M tokens"): 5.9 us per token, flat to 1M tokens.
-    x.deltaRuleSecondsPerToken = 0.779 / 131072.0;
+    // One gdn layer (`long_context --mixer gdn`), 131,072 tokens forward +
+    // backward in 401.4 ms with the delta rule's kernels and the conv and
+    // gated-norm kernels (session 43, H200; docs/performance/long-context-
+    // and-attention-kernels.md "The kernels inside the model, measured"): 3.1
+    // us per token. The LibTorch composition took 779 ms (2026-12-04), flat
+    // to 1M tokens in recomputed segments.
+    x.deltaRuleSecondsPerToken = 0.4014 / 131072.0;
+    // Lightning attention alone at 1 x 64 heads x 32,768 tokens, forward +
+    // backward 11.13-11.31 ms on the delta rule's kernels (session 53, an
+    // H100, whose memory is slower than the H200's: an upper bound here;
+    // docs/performance/long-context-and-attention-kernels.md "Lightning
+    // attention on the kernels"): ~340 ns per token, ~360 at 8K.
+    x.lightningSecondsPerToken = 11.22e-3 / 32768.0;
     // The indexer's quadratic part (bf16 scores per head, the head reduction,
     // top-k; 2026-12-04, docs/performance.md "Sparse MLA: values inside the
     // gathered keys"): ~70 ms of the 475 ms DSA layer at 32,768 tokens, for

@@ -41,9 +41,13 @@ struct Hardware {
   /// segment of one layer at a time (the segments are recomputed).
   double deltaRuleBytesPerToken = 0;
   /// Seconds per token of one Gated DeltaNet layer (4,096 value channels)
-  /// forward + backward, projections included: the delta rule runs as a
-  /// LibTorch composition, far from its FLOP count.
+  /// forward + backward, projections included: the delta rule's kernels run
+  /// far from its FLOP count (the state's recurrence is latency-bound).
   double deltaRuleSecondsPerToken = 0;
+  /// Seconds per token of lightning attention's core (the delta rule's
+  /// kernels with W = 0) forward + backward at 64 heads x 128 (MiniMax's),
+  /// flat in the tokens: memory and latency, not FLOPs, set it.
+  double lightningSecondsPerToken = 0;
   /// FLOP/s the DSA lightning indexer's scoring reaches (bf16 scores, per head, then reduced).
   double indexerFlops = 0;
 };

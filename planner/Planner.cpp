@@ -105,15 +105,10 @@ std::pair<double, double> layerFlops(const ModelFacts &f, int64_t seqLen) {
   // backward 2.5x forward.
   const double softmax = f.softmaxLayers / layers;
   const double sparse = f.sparseLayers / layers;
-  double core = 3.5 * 2.0 * 2.0 * f.queryWidth *
-                (softmax * seqLen / 2.0 + sparse * std::min<double>(f.indexTopK, seqLen / 2.0));
-  // Lightning (linear) attention, chunked: per head and token q S and the
-  // state's k^T v (2 d^2 each), and within the chunk q k^T and the scores
-  // times v over C/2 keys on average (d C each): 2 W (2 d + C) forward, the
-  // same 3.5x for the backward. Linear in the tokens: as softmax attention
-  // over 2 d + C keys, never more than over all of them.
-  const double lightningKeys = std::min<double>(seqLen, 2.0 * f.lightningHeadDim + kLightningChunk);
-  core += 3.5 * 2.0 * f.lightningWidth * (f.lightningLayers / layers) * lightningKeys;
+  // Lightning (linear) attention's core is costed from its measured time
+  // (Hardware::lightningSecondsPerToken), not here.
+  const double core = 3.5 * 2.0 * 2.0 * f.queryWidth *
+                      (softmax * seqLen / 2.0 + sparse * std::min<double>(f.indexTopK, seqLen / 2.0));
   return {dense + core, experts};
 }
 
@@ -248,12 +243,15 @@ Candidate estimate(const ModelFacts &f, const PlanRequest &r, const Hardware &h,
   auto [denseFlops, expertFlops] = layerFlops(f, r.seqLen);
   double layerSeconds = tokensPerStep * layersPerStage * (denseFlops / l.tp + expertFlops) /
                         (h.bf16Flops * h.layerEfficiency);
-  // The two token mixers that run far from their FLOP count today: the
-  // delta rule (a LibTorch composition) and the DSA indexer (bf16 scores
-  // over every earlier key, forward only: its weights are frozen).
+  // The token mixers that run far from their FLOP count: the delta rule and
+  // lightning attention (latency-bound state recurrences, linear in the
+  // tokens) and the DSA indexer (bf16 scores over every earlier key,
+  // forward only: its weights are frozen).
   const double stageShare = layersPerStage / std::max<double>(f.layers, 1.0);
   layerSeconds += tokensPerStep * f.deltaRuleLayers * stageShare * h.deltaRuleSecondsPerToken *
                   (double(f.deltaValueWidth) / 4096.0);
+  layerSeconds += tokensPerStep * f.lightningLayers * stageShare * h.lightningSecondsPerToken *
+                  (double(f.lightningWidth) / 8192.0);
   // The indexer scores every earlier key: seqLen / 2 keys per query on one
   // GPU; under CP the last rank's queries (the slowest) see seqLen minus
   // half their own part.
