@@ -94,6 +94,9 @@ void addLightningChecks(std::vector<Check> &all) {
   // last ragged; one short chunk.
   add("lightning.blocked", {2, 2, 150, 128, 128, 64, 1, 4});
   add("lightning.blocked", {1, 4, 40, 128, 128, 256, 0, 2});
+  // Whole chunks: the kernels read v and dO in place (no copies), as at
+  // the benchmarks' lengths.
+  add("lightning.blocked", {1, 2, 128, 128, 128, 256, 2, 4});
   // Two parts through the state: the first part's last block full, ragged,
   // and the first part shorter than one block.
   add("lightning.segmented", {2, 4, 24, 8, 8, 4, 1, 4, 12});
