@@ -78,6 +78,13 @@ std::string profileKind(const std::string &op, const std::vector<std::vector<int
                         const std::string &kernel, int64_t loraRank, int64_t vocab) {
   const std::string s = lower(op.empty() ? kernel : op);
   const std::string k = lower(kernel);
+  // The token mixers' own kernels (runtime/cuda), by their names: the delta
+  // rule's (GDN, lightning, Kimi's state pass), Kimi's, the DSA indexer's and
+  // sparse MLA's (its key-gradient scatter too, which "scatter" below would
+  // count as routing). Without this they fell to elementwise.
+  if (containsAny(k, {"deltarule", "kimi", "perchannelscores", "indexerscores", "fusedindexer", "sparselatent",
+                      "sparsekeyscatter"}))
+    return "attention core";
   if (containsAny(s, {"scaled_dot_product", "flash", "efficient_attention", "cudnn_attention", "fmha"}) ||
       containsAny(k, {"flash", "fmha", "attention"}))
     return "attention core";

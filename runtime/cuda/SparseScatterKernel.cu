@@ -28,9 +28,9 @@ template <typename T> __device__ __forceinline__ float4 loadFour(const T *p) {
 }
 
 template <typename T>
-__global__ void scatterAddKernel(float *__restrict__ accumulator, const int64_t *__restrict__ rows,
-                                 const T *__restrict__ keyGrads, const T *__restrict__ valueGrads, int64_t width,
-                                 int64_t valueWidth) {
+__global__ void sparseKeyScatterKernel(float *__restrict__ accumulator, const int64_t *__restrict__ rows,
+                                       const T *__restrict__ keyGrads, const T *__restrict__ valueGrads,
+                                       int64_t width, int64_t valueWidth) {
   const int64_t i = blockIdx.x, dest = rows[i];
   const T *key = keyGrads + i * width;
   const T *value = valueGrads ? valueGrads + i * valueWidth : nullptr;
@@ -64,7 +64,7 @@ bool scatterAddKeyGradients(at::Tensor &accumulator, const at::Tensor &rows, con
     return true;
   const c10::cuda::CUDAGuard guard(accumulator.device());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, keyGrads.scalar_type(), "scatterAddKeyGradients", [&] {
-    scatterAddKernel<scalar_t><<<static_cast<unsigned>(n), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+    sparseKeyScatterKernel<scalar_t><<<static_cast<unsigned>(n), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
         accumulator.data_ptr<float>(), rows.data_ptr<int64_t>(), keyGrads.data_ptr<scalar_t>(),
         hasValues ? valueGrads.data_ptr<scalar_t>() : nullptr, width, valueWidth);
   });
