@@ -9,7 +9,7 @@
 # the same shapes, GDN's default row, and the kernels' table from a profile
 # at 32K. Each later part is skipped once the call has run past its deadline
 # (seconds from the start: MEMCHECK_BY, SHAPES_BY, FLA_BY, END_BY,
-# PROFILE_BY); ~330 s on a fresh H100 (session 53).
+# PROFILE_BY); 363 s on a fresh H100 (session 53, build 123 s).
 # usage: bench/h200_lightning.sh OUTDIR   (from the repository root; .whl
 #        and .fla-cache-parts carried for fla)
 cd "$(dirname "$0")/.."
