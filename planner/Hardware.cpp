@@ -58,6 +58,12 @@ const Hardware &h200() {
     // docs/performance/long-context-and-attention-kernels.md "Lightning
     // attention on the kernels"): ~340 ns per token, ~360 at 8K.
     x.lightningSecondsPerToken = 11.22e-3 / 32768.0;
+    // The delta rule's op alone at 1 x 32 heads x 8,192 tokens, forward +
+    // backward 3.14 ms on the delta rule's kernels (session 43, H200; the
+    // same doc, "The kernels inside the model, measured"). Kimi's per-channel
+    // form takes ~3.3x that (8.55 against 2.58 ms on an H100, session 51),
+    // which this constant does not tell apart.
+    x.deltaRuleOpSecondsPerToken = 3.14e-3 / 8192.0;
     // The indexer's quadratic part (bf16 scores per head, the head reduction,
     // top-k; 2026-12-04, docs/performance.md "Sparse MLA: values inside the
     // gathered keys"): ~70 ms of the 475 ms DSA layer at 32,768 tokens, for

@@ -48,6 +48,10 @@ struct Hardware {
   /// kernels with W = 0) forward + backward at 64 heads x 128 (MiniMax's),
   /// flat in the tokens: memory and latency, not FLOPs, set it.
   double lightningSecondsPerToken = 0;
+  /// Seconds per token of the delta rule's op alone (GDN, 32 heads x 128,
+  /// forward + backward): what a rank waits for per token of the previous
+  /// rank's part when CP passes the state on.
+  double deltaRuleOpSecondsPerToken = 0;
   /// FLOP/s the DSA lightning indexer's scoring reaches (bf16 scores, per head, then reduced).
   double indexerFlops = 0;
 };

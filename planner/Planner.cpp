@@ -112,6 +112,27 @@ std::pair<double, double> layerFlops(const ModelFacts &f, int64_t seqLen) {
   return {dense + core, experts};
 }
 
+/// The wait CP adds to linear attention (runtime/ContextParallel.h): rank c
+/// starts a linear layer's op when rank c-1 has passed its leaving state, so
+/// within a run of such layers the ranks form a pipeline, and the layer that
+/// synchronises them next (softmax or sparse attention) waits for the last:
+/// (cp - 1) times the op's time on one part, per run, forward and backward,
+/// for each micro-batch (a recomputed forward is not counted again). The
+/// op's time is the slowest linear kind's present (Hardware: the delta
+/// rule's op, lightning's).
+double stateChainSeconds(const ModelFacts &f, const Hardware &h, const Layout &l, double tokensPerStep,
+                         double stageShare) {
+  if (l.cp <= 1 || f.linearRuns == 0)
+    return 0.0;
+  double opPerToken = 0.0;
+  if (f.deltaRuleLayers > 0)
+    opPerToken = std::max(opPerToken, h.deltaRuleOpSecondsPerToken * double(f.deltaValueWidth) / 4096.0);
+  if (f.lightningLayers > 0)
+    opPerToken = std::max(opPerToken, h.lightningSecondsPerToken * double(f.lightningWidth) / 8192.0);
+  const double runs = std::ceil(f.linearRuns * stageShare);
+  return runs * (l.cp - 1.0) * tokensPerStep * opPerToken;
+}
+
 } // namespace
 
 std::string Layout::text() const {
@@ -129,8 +150,14 @@ ModelFacts modelFacts(const ModelSpec &spec, const ParameterCounts &counts, cons
   f.hidden = spec.hidden;
   f.vocab = spec.vocab;
   const double r = double(request.loraRank);
+  bool inLinearRun = false;
   for (const LayerSpec &l : spec.layers) {
     const MixerSpec &m = l.mixer;
+    const bool linear = m.kind == MixerKind::GatedDeltaNet || m.kind == MixerKind::KimiDelta ||
+                        m.kind == MixerKind::Lightning;
+    if (linear && !inLinearRun)
+      ++f.linearRuns;
+    inLinearRun = linear;
     double qw = double(m.numHeads) * m.headDim, kvw = double(m.numKvHeads) * m.headDim;
     switch (m.kind) {
     case MixerKind::Attention:
@@ -274,6 +301,7 @@ Candidate estimate(const ModelFacts &f, const PlanRequest &r, const Hardware &h,
     const double attention = std::ceil(double(f.softmaxLayers) / l.pp);
     const double bytes = tokensPerStep * 2.0 * f.keyValueWidth / l.tp * 2.0 * (l.cp - 1.0);
     t.contextParallel = attention * 2.0 * bytes / groupBandwidth(l.cp, cpStride, r, h);
+    t.contextParallel += stateChainSeconds(f, h, l, tokensPerStep, stageShare);
   }
   // Adapter gradients are summed over every rank that saw other tokens:
   // CP x EP x DP for the replicated ones, CP x DP for the experts' (EP shards

@@ -67,7 +67,7 @@ struct TimeEstimate {
   double compute = 0;       ///< Decoder layers, LM head and loss.
   double expertAllToAll = 0;///< Dispatch and combine, forward and backward.
   double tensorParallel = 0;///< All-reduces of TP.
-  double contextParallel = 0;///< Key/value exchange of CP.
+  double contextParallel = 0;///< CP: the key/value exchange, and the linear layers' wait for the previous rank's state.
   double dataParallel = 0;  ///< Gradient reduction of the adapters.
   double bubble = 0;        ///< Pipeline fill and drain.
   double total() const { return compute + expertAllToAll + tensorParallel + contextParallel + dataParallel + bubble; }
@@ -95,6 +95,11 @@ struct ModelFacts {
   int64_t queryWidth = 0, keyValueWidth = 0; ///< heads*headDim, kvHeads*headDim (per layer, largest).
   int64_t deltaValueWidth = 0;               ///< Linear attention value heads * dim.
   int64_t lightningWidth = 0, lightningHeadDim = 0; ///< Lightning heads*headDim and headDim (largest).
+  /// Runs of consecutive linear-attention layers (delta rule, lightning)
+  /// between the layers that synchronise the CP ranks (softmax and sparse
+  /// attention gather the earlier keys): under CP each run waits for the
+  /// previous rank's state, layer by layer.
+  int64_t linearRuns = 0;
   int64_t indexTopK = 0;
   int64_t indexWidth = 0; ///< DSA indexer heads * head dim.
   double totalParameters = 0, expertParameters = 0, activeParameters = 0;

@@ -4,6 +4,7 @@ exit 2, a golden plan, and the estimates against the H200 measurements
 (validation/records/h200/speed-qwen3-30b-a3b.json): memory within 10 %,
 tokens/s within 25 %."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -140,6 +141,35 @@ class Plan(unittest.TestCase):
             ratio = per_token[262144][layout] / per_token[65536][layout]
             self.assertGreater(ratio, 1.2, f"{layout}: the softmax layers' core must still grow")
             self.assertLess(ratio, 1.7, f"{layout}: compute per token x{ratio:.2f} for four times the tokens")
+
+    def test_cp_charges_linear_layers_the_wait_for_the_previous_ranks_state(self):
+        # Under CP a linear-attention layer (delta rule, lightning) starts on
+        # rank c when rank c-1 has passed its state on (runtime/ContextParallel.h),
+        # so each run of such layers between two softmax layers waits (cp - 1)
+        # parts of its op, forward and backward. The runs come from the
+        # configs' layer patterns; the wait is at least 300 ns a token of a
+        # part (the measured lightning op, ~340; GDN's op ~383).
+        for name, runs in (("MiniMax-M1", 10), ("Qwen3-Next-80B-A3B-Thinking", 12), ("Qwen3-30B-A3B", 0)):
+            with self.subTest(model=name):
+                proc = plan(model(name), "--gpus", "64", "--seq-len", "262144", out=self.out)
+                self.assertIn(proc.returncode, (0, 3), proc.stderr)
+                p = self.read()
+                self.assertEqual(p["model"]["linear_runs"], runs)
+                if not runs:
+                    continue
+                request, layers = p["request"], p["model"]["layers"]
+                checked = 0
+                for c in p["candidates"]:
+                    l = c["layout"]
+                    if l["cp"] == 1:
+                        self.assertEqual(c["step_seconds"]["CP exchange"], 0.0, l["text"])
+                        continue
+                    tokens_per_rank = request["global_batch"] * request["seq_len"] / (l["dp"] * l["ep"] * l["cp"])
+                    runs_per_stage = math.ceil(runs * math.ceil(layers / l["pp"]) / layers)
+                    wait = runs_per_stage * (l["cp"] - 1) * tokens_per_rank * 300e-9
+                    self.assertGreaterEqual(c["step_seconds"]["CP exchange"], wait, l["text"])
+                    checked += 1
+                self.assertGreater(checked, 0)
 
     def test_refusal_names_the_category_and_what_would_fit(self):
         proc = plan(model("Kimi-K2-Instruct"), "--gpus", "1", out=self.out)
