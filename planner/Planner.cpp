@@ -117,8 +117,7 @@ std::pair<double, double> layerFlops(const ModelFacts &f, int64_t seqLen) {
 /// within a run of such layers the ranks form a pipeline, and the layer that
 /// synchronises them next (softmax or sparse attention) waits for the last:
 /// (cp - 1) times the op's time on one part, per run, forward and backward,
-/// for each micro-batch (a recomputed forward is not counted again). The
-/// op's time is the slowest linear kind's present (Hardware: the delta
+/// for each micro-batch (CP layouts do not recompute). The op's time is the slowest linear kind's present (Hardware: the delta
 /// rule's op, lightning's).
 double stateChainSeconds(const ModelFacts &f, const Hardware &h, const Layout &l, double tokensPerStep,
                          double stageShare) {
@@ -338,7 +337,8 @@ Plan rankLayouts(const ModelFacts &f, const PlanRequest &r, const Hardware &h) {
       "PP at most the number of decoder layers",
       "CP divides the sequence length",
       "the data ranks (DP x EP) times the micro-batch divide the global batch",
-      "each layout with and without per-layer recomputation"};
+      "each layout with and without per-layer recomputation, but CP without it (the runtime refuses --recompute "
+      "with --cp: a recomputed layer would repeat its context exchange)"};
   int64_t expertGcd = 0;
   for (int64_t e : f.expertCounts)
     expertGcd = std::gcd(expertGcd, e);
@@ -358,6 +358,8 @@ Plan rankLayouts(const ModelFacts &f, const PlanRequest &r, const Hardware &h) {
           if (globalBatch % (dp * ep * r.microBatch))
             continue;
           for (bool recompute : {false, true}) {
+            if (recompute && cp > 1) // the runtime's rule (TrainMain.cpp)
+              continue;
             ++plan.layoutsConsidered;
             plan.candidates.push_back(estimate(f, plan.request, h, Layout{tp, ep, pp, cp, dp, recompute}));
           }

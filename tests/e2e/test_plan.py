@@ -53,6 +53,8 @@ class Plan(unittest.TestCase):
                 self.assertEqual(l["ep"], 1, l)
             self.assertLessEqual(l["pp"], p["model"]["layers"], l)
             self.assertEqual(p["request"]["seq_len"] % l["cp"], 0, l)
+            # The trainer refuses --recompute with --cp (TrainMain.cpp).
+            self.assertFalse(l["cp"] > 1 and l["recompute"], l)
             self.assertEqual(p["request"]["global_batch"] % (l["dp"] * l["ep"] * p["request"]["micro_batch"]), 0, l)
         fits = [c["fits"] for c in p["candidates"]]
         self.assertEqual(fits, sorted(fits, reverse=True), "fitting layouts come first")
