@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""`adapt plan`: legal layouts only, a plan for every shared model, refusals that say what is too big and what would fit, bad arguments
-exit 2, a golden plan, and the estimates against the H200 measurements
+"""`adapt plan`: legal layouts only (none the trainer refuses), a plan for every shared model, refusals that say what is too big and what would fit, bad arguments
+exit 2, linear attention costed as linear in the tokens and charged its CP state wait, a golden plan, and the estimates against the H200 measurements
 (validation/records/h200/speed-qwen3-30b-a3b.json): memory within 10 %,
 tokens/s within 25 %."""
 import json
