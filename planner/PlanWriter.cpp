@@ -148,7 +148,7 @@ std::string renderPlanJson(const Plan &plan) {
                 {"sparse_layers", f.sparseLayers},
                 {"delta_rule_layers", f.deltaRuleLayers},
                 {"lightning_layers", f.lightningLayers},
-                {"linear_runs", f.linearRuns},
+                {"delta_rule_runs", f.deltaRuleRuns},
                 {"lora_parameters", f.attentionAdapter + f.expertAdapter + f.mlpAdapter}};
   j["request"] = {{"gpus", r.gpus},           {"gpus_per_node", r.gpusPerNode},
                   {"gpu_memory_bytes", r.gpuMemoryBytes > 0 ? r.gpuMemoryBytes : h.memoryBytes},

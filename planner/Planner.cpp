@@ -112,23 +112,19 @@ std::pair<double, double> layerFlops(const ModelFacts &f, int64_t seqLen) {
   return {dense + core, experts};
 }
 
-/// The wait CP adds to linear attention (runtime/ContextParallel.h): rank c
-/// starts a linear layer's op when rank c-1 has passed its leaving state, so
-/// within a run of such layers the ranks form a pipeline, and the layer that
-/// synchronises them next (softmax or sparse attention) waits for the last:
-/// (cp - 1) times the op's time on one part, per run, forward and backward,
-/// for each micro-batch (CP layouts do not recompute). The op's time is the slowest linear kind's present (Hardware: the delta
-/// rule's op, lightning's).
+/// The wait CP adds to the delta rule (runtime/ContextParallel.h): rank c
+/// starts a delta-rule layer's op when rank c-1 has passed its leaving
+/// state, so within a run of such layers the ranks form a pipeline, and the
+/// layer that synchronises them next waits for the last: (cp - 1) times the
+/// op's time on one part, per run, forward and backward, for each
+/// micro-batch (CP layouts do not recompute). Lightning does not wait: its
+/// parts run from zero states at once (LightningLayer.cpp).
 double stateChainSeconds(const ModelFacts &f, const Hardware &h, const Layout &l, double tokensPerStep,
                          double stageShare) {
-  if (l.cp <= 1 || f.linearRuns == 0)
+  if (l.cp <= 1 || f.deltaRuleRuns == 0)
     return 0.0;
-  double opPerToken = 0.0;
-  if (f.deltaRuleLayers > 0)
-    opPerToken = std::max(opPerToken, h.deltaRuleOpSecondsPerToken * double(f.deltaValueWidth) / 4096.0);
-  if (f.lightningLayers > 0)
-    opPerToken = std::max(opPerToken, h.lightningSecondsPerToken * double(f.lightningWidth) / 8192.0);
-  const double runs = std::ceil(f.linearRuns * stageShare);
+  const double opPerToken = h.deltaRuleOpSecondsPerToken * double(f.deltaValueWidth) / 4096.0;
+  const double runs = std::ceil(f.deltaRuleRuns * stageShare);
   return runs * (l.cp - 1.0) * tokensPerStep * opPerToken;
 }
 
@@ -149,14 +145,13 @@ ModelFacts modelFacts(const ModelSpec &spec, const ParameterCounts &counts, cons
   f.hidden = spec.hidden;
   f.vocab = spec.vocab;
   const double r = double(request.loraRank);
-  bool inLinearRun = false;
+  bool inDeltaRuleRun = false;
   for (const LayerSpec &l : spec.layers) {
     const MixerSpec &m = l.mixer;
-    const bool linear = m.kind == MixerKind::GatedDeltaNet || m.kind == MixerKind::KimiDelta ||
-                        m.kind == MixerKind::Lightning;
-    if (linear && !inLinearRun)
-      ++f.linearRuns;
-    inLinearRun = linear;
+    const bool deltaRule = m.kind == MixerKind::GatedDeltaNet || m.kind == MixerKind::KimiDelta;
+    if (deltaRule && !inDeltaRuleRun)
+      ++f.deltaRuleRuns;
+    inDeltaRuleRun = deltaRule;
     double qw = double(m.numHeads) * m.headDim, kvw = double(m.numKvHeads) * m.headDim;
     switch (m.kind) {
     case MixerKind::Attention:

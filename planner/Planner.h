@@ -95,11 +95,11 @@ struct ModelFacts {
   int64_t queryWidth = 0, keyValueWidth = 0; ///< heads*headDim, kvHeads*headDim (per layer, largest).
   int64_t deltaValueWidth = 0;               ///< Linear attention value heads * dim.
   int64_t lightningWidth = 0, lightningHeadDim = 0; ///< Lightning heads*headDim and headDim (largest).
-  /// Runs of consecutive linear-attention layers (delta rule, lightning)
-  /// between the layers that synchronise the CP ranks (softmax and sparse
-  /// attention gather the earlier keys): under CP each run waits for the
-  /// previous rank's state, layer by layer.
-  int64_t linearRuns = 0;
+  /// Runs of consecutive delta-rule layers (Gated DeltaNet, KDA) between
+  /// the layers that synchronise the CP ranks (softmax and sparse attention
+  /// gather the earlier keys, lightning its parts' states): under CP each
+  /// run waits for the previous rank's state, layer by layer.
+  int64_t deltaRuleRuns = 0;
   int64_t indexTopK = 0;
   int64_t indexWidth = 0; ///< DSA indexer heads * head dim.
   double totalParameters = 0, expertParameters = 0, activeParameters = 0;

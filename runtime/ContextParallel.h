@@ -9,10 +9,12 @@
 // - softmax attention (GQA/MHA, MLA): every rank all-gathers the keys and
 //   values of the ranks before it and itself, and its queries attend to them
 //   with the causal mask shifted by its first position (gatherEarlier);
-// - linear attention: the recurrent state at the part boundary is all that
+// - the delta rule: the recurrent state at the part boundary is all that
 //   crosses. Rank c waits for rank c-1's leaving state, runs its part from
 //   it and passes its own on (stateFromPrevious / passStateOn); the
-//   backward pass sends each state's gradient back the same way;
+//   backward pass sends each state's gradient back the same way (lightning,
+//   whose decay is fixed, gathers its parts' states instead:
+//   LightningLayer.cpp);
 // - short causal convolutions read the last K-1 inputs of the previous part,
 //   passed on the same way.
 //

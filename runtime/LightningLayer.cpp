@@ -7,6 +7,32 @@
 
 namespace adapt::rt {
 
+namespace {
+
+/// Under context parallelism: this part's output from the state entering
+/// it, without a rank-to-rank chain. Lightning's state decays by a fixed
+/// a_h = e^{-s_h} a token, so the state entering part c is the earlier
+/// parts' leaving states, each run from zeros (\p leaving, fp32 [B, H, d,
+/// d]), decayed over the parts between: E_c = sum_{j<c} a^{T (c-1-j)} L_j
+/// (T tokens a part), from one all-gather; token t of the part then sees
+/// a^{t+1} q_t E_c (fp32). Differentiable; on rank 0 an empty sum (zeros),
+/// which keeps the gather, collective in the backward too, in the graph.
+torch::Tensor enteringStateOutput(const torch::Tensor &q, const torch::Tensor &leaving, const torch::Tensor &slopes,
+                                  const ContextSplit &cp) {
+  const torch::Tensor parts = gatherEarlier(leaving.unsqueeze(2), 2, cp); // [B, H, c + 1, d, d]
+  const int64_t tokens = q.size(2);
+  const torch::Tensor s = slopes.to(q.device(), torch::kFloat32).view({-1, 1});                // [H, 1]
+  const torch::Tensor between = torch::arange(cp.rank - 1, -1, -1, s.options()).view({1, -1}); // c-1-j
+  const torch::Tensor weights = torch::exp(-s * double(tokens) * between);                   // [H, c]
+  const torch::Tensor entering =
+      (parts.narrow(2, 0, cp.rank) * weights.view({1, s.size(0), cp.rank, 1, 1})).sum(2); // [B, H, d, d]
+  const torch::Tensor position = torch::arange(1, tokens + 1, s.options()).view({1, -1}); // t + 1
+  const torch::Tensor queryDecay = torch::exp(-s * position).view({1, -1, tokens, 1});    // [1, H, T, 1]
+  return torch::matmul(q.to(torch::kFloat32) * queryDecay, entering).to(q.scalar_type());
+}
+
+} // namespace
+
 void LightningLayer::setLayer(int64_t layerIndex) {
   if (def.keyHeads <= 0 || def.keyHeadDim <= 0 || def.valueHeads != def.keyHeads ||
       def.valueHeadDim != def.keyHeadDim || def.decayLayers <= 0 || def.chunkSize <= 0)
@@ -23,21 +49,20 @@ torch::Tensor LightningLayer::forward(const torch::Tensor &x, bool training) con
   torch::Tensor q = qkv.narrow(-1, 0, dim).transpose(1, 2);
   torch::Tensor k = qkv.narrow(-1, dim, dim).transpose(1, 2);
   torch::Tensor v = qkv.narrow(-1, 2 * dim, dim).transpose(1, 2);
-  // Context parallelism: from the previous part's state, this part's passed on.
-  torch::Tensor entering, leaving, token;
-  if (context.split())
-    entering = stateFromPrevious(k, {batch, heads, dim, dim}, k.options().dtype(torch::kFloat32), context,
-                                 static_cast<int>(layerIndex));
-  torch::Tensor out = lightningAttentionBlocked(q, k, v, slopes, def.chunkSize, entering,
+  // Context parallelism: each part from a zero state, all at once, then the
+  // entering state's share from the earlier parts' leaving states (no rank
+  // waits for the one before it, as the delta rule's layers do).
+  torch::Tensor leaving;
+  torch::Tensor out = lightningAttentionBlocked(q, k, v, slopes, def.chunkSize, torch::Tensor(),
                                                 context.split() ? &leaving : nullptr);
   if (context.split())
-    token = passStateOn(leaving, context, static_cast<int>(layerIndex));
+    out = out + enteringStateOutput(q, leaving, slopes, context);
   out = out.transpose(1, 2).reshape({batch, seqLen, heads * dim});
   out = tensorGroup ? splitWidthRmsNorm(out, norm, def.outputNormEps, /*zeroCentred=*/false, *tensorGroup)
                     : rmsNorm(out, norm, def.outputNormEps);
   out = torch::sigmoid(outputGate.forward(x, training)) * out;
   out = outProj.forward(out, training);
-  return token.defined() ? out + token : out;
+  return out;
 }
 
 } // namespace adapt::rt

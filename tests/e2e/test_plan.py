@@ -144,19 +144,19 @@ class Plan(unittest.TestCase):
             self.assertGreater(ratio, 1.2, f"{layout}: the softmax layers' core must still grow")
             self.assertLess(ratio, 1.7, f"{layout}: compute per token x{ratio:.2f} for four times the tokens")
 
-    def test_cp_charges_linear_layers_the_wait_for_the_previous_ranks_state(self):
-        # Under CP a linear-attention layer (delta rule, lightning) starts on
-        # rank c when rank c-1 has passed its state on (runtime/ContextParallel.h),
-        # so each run of such layers between two softmax layers waits (cp - 1)
-        # parts of its op, forward and backward. The runs come from the
-        # configs' layer patterns; the wait is at least 300 ns a token of a
-        # part (the measured lightning op, ~340; GDN's op ~383).
-        for name, runs in (("MiniMax-M1", 10), ("Qwen3-Next-80B-A3B-Thinking", 12), ("Qwen3-30B-A3B", 0)):
+    def test_cp_charges_delta_rule_layers_the_wait_for_the_previous_ranks_state(self):
+        # Under CP a delta-rule layer starts on rank c when rank c-1 has passed
+        # its state on (runtime/ContextParallel.h), so each run of such layers
+        # between two synchronising layers waits (cp - 1) parts of its op,
+        # forward and backward: at least 300 ns a token of a part (GDN's op
+        # measured at ~383). The runs come from the configs' layer patterns;
+        # lightning (MiniMax) runs its parts at once and has none.
+        for name, runs in (("Qwen3-Next-80B-A3B-Thinking", 12), ("MiniMax-M1", 0), ("Qwen3-30B-A3B", 0)):
             with self.subTest(model=name):
                 proc = plan(model(name), "--gpus", "64", "--seq-len", "262144", out=self.out)
                 self.assertIn(proc.returncode, (0, 3), proc.stderr)
                 p = self.read()
-                self.assertEqual(p["model"]["linear_runs"], runs)
+                self.assertEqual(p["model"]["delta_rule_runs"], runs)
                 if not runs:
                     continue
                 request, layers = p["request"], p["model"]["layers"]
