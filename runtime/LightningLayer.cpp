@@ -15,8 +15,11 @@ namespace {
 /// parts' leaving states, each run from zeros (\p leaving, fp32 [B, H, d,
 /// d]), decayed over the parts between: E_c = sum_{j<c} a^{T (c-1-j)} L_j
 /// (T tokens a part), from one all-gather; token t of the part then sees
-/// a^{t+1} q_t E_c (fp32). Differentiable; on rank 0 an empty sum (zeros),
-/// which keeps the gather, collective in the backward too, in the graph.
+/// a^{t+1} q_t E_c: q E_c in q's dtype (E_c rounded to it, as the kernels
+/// pass states in bf16; no fp32 copy of q, which at 64 heads x 128K tokens
+/// a rank would be 4 GiB), then each row's decay. Differentiable; on rank 0
+/// an empty sum (zeros), which keeps the gather, collective in the backward
+/// too, in the graph.
 torch::Tensor enteringStateOutput(const torch::Tensor &q, const torch::Tensor &leaving, const torch::Tensor &slopes,
                                   const ContextSplit &cp) {
   const torch::Tensor parts = gatherEarlier(leaving.unsqueeze(2), 2, cp); // [B, H, c + 1, d, d]
@@ -27,8 +30,8 @@ torch::Tensor enteringStateOutput(const torch::Tensor &q, const torch::Tensor &l
   const torch::Tensor entering =
       (parts.narrow(2, 0, cp.rank) * weights.view({1, s.size(0), cp.rank, 1, 1})).sum(2); // [B, H, d, d]
   const torch::Tensor position = torch::arange(1, tokens + 1, s.options()).view({1, -1}); // t + 1
-  const torch::Tensor queryDecay = torch::exp(-s * position).view({1, -1, tokens, 1});    // [1, H, T, 1]
-  return torch::matmul(q.to(torch::kFloat32) * queryDecay, entering).to(q.scalar_type());
+  const torch::Tensor rowDecay = torch::exp(-s * position).view({1, -1, tokens, 1});      // [1, H, T, 1]
+  return torch::matmul(q, entering.to(q.scalar_type())) * rowDecay.to(q.scalar_type());
 }
 
 } // namespace
