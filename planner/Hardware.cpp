@@ -60,10 +60,13 @@ const Hardware &h200() {
     x.lightningSecondsPerToken = 11.22e-3 / 32768.0;
     // The delta rule's op alone at 1 x 32 heads x 8,192 tokens, forward +
     // backward 3.14 ms on the delta rule's kernels (session 43, H200; the
-    // same doc, "The kernels inside the model, measured"). Kimi's per-channel
-    // form takes ~3.3x that (8.55 against 2.58 ms on an H100, session 51),
-    // which this constant does not tell apart.
+    // same doc, "The kernels inside the model, measured").
     x.deltaRuleOpSecondsPerToken = 3.14e-3 / 8192.0;
+    // Kimi delta attention's op alone at 1 x 32 heads x 8,192 tokens,
+    // forward + backward 8.55 ms on its kernels (session 51, an H100: its
+    // latest figure; the same doc, "Kimi's staged decays and two output
+    // blocks made defaults"), 3.3x GDN's there.
+    x.kimiDeltaOpSecondsPerToken = 8.55e-3 / 8192.0;
     // The indexer's quadratic part (bf16 scores per head, the head reduction,
     // top-k; 2026-12-04, docs/performance.md "Sparse MLA: values inside the
     // gathered keys"): ~70 ms of the 475 ms DSA layer at 32,768 tokens, for

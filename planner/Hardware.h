@@ -52,6 +52,8 @@ struct Hardware {
   /// forward + backward): what a rank waits for per token of the previous
   /// rank's part when CP passes the state on.
   double deltaRuleOpSecondsPerToken = 0;
+  /// The same for Kimi's per-channel delta rule (KDA), 32 heads x 128.
+  double kimiDeltaOpSecondsPerToken = 0;
   /// FLOP/s the DSA lightning indexer's scoring reaches (bf16 scores, per head, then reduced).
   double indexerFlops = 0;
 };

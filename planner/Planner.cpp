@@ -117,13 +117,15 @@ std::pair<double, double> layerFlops(const ModelFacts &f, int64_t seqLen) {
 /// state, so within a run of such layers the ranks form a pipeline, and the
 /// layer that synchronises them next waits for the last: (cp - 1) times the
 /// op's time on one part, per run, forward and backward, for each
-/// micro-batch (CP layouts do not recompute). Lightning does not wait: its
-/// parts run from zero states at once (LightningLayer.cpp).
+/// micro-batch (CP layouts do not recompute), at GDN's op or, with Kimi's
+/// per-channel decay, Kimi's. Lightning does not wait: its parts run from
+/// zero states at once (LightningLayer.cpp).
 double stateChainSeconds(const ModelFacts &f, const Hardware &h, const Layout &l, double tokensPerStep,
                          double stageShare) {
   if (l.cp <= 1 || f.deltaRuleRuns == 0)
     return 0.0;
-  const double opPerToken = h.deltaRuleOpSecondsPerToken * double(f.deltaValueWidth) / 4096.0;
+  const double op = f.perChannelDecay ? h.kimiDeltaOpSecondsPerToken : h.deltaRuleOpSecondsPerToken;
+  const double opPerToken = op * double(f.deltaValueWidth) / 4096.0;
   const double runs = std::ceil(f.deltaRuleRuns * stageShare);
   return runs * (l.cp - 1.0) * tokensPerStep * opPerToken;
 }
@@ -171,6 +173,7 @@ ModelFacts modelFacts(const ModelSpec &spec, const ParameterCounts &counts, cons
     case MixerKind::GatedDeltaNet:
     case MixerKind::KimiDelta:
       ++f.deltaRuleLayers;
+      f.perChannelDecay = f.perChannelDecay || m.kind == MixerKind::KimiDelta;
       qw = double(m.linearKeyHeads) * m.linearKeyDim;
       kvw = double(m.linearValueHeads) * m.linearValueDim;
       f.deltaValueWidth = std::max<int64_t>(f.deltaValueWidth, m.linearValueHeads * m.linearValueDim);

@@ -100,6 +100,7 @@ struct ModelFacts {
   /// gather the earlier keys, lightning its parts' states): under CP each
   /// run waits for the previous rank's state, layer by layer.
   int64_t deltaRuleRuns = 0;
+  bool perChannelDecay = false; ///< Some delta-rule layer is Kimi's (a decay per key channel).
   int64_t indexTopK = 0;
   int64_t indexWidth = 0; ///< DSA indexer heads * head dim.
   double totalParameters = 0, expertParameters = 0, activeParameters = 0;
