@@ -67,7 +67,7 @@ struct TimeEstimate {
   double compute = 0;       ///< Decoder layers, LM head and loss.
   double expertAllToAll = 0;///< Dispatch and combine, forward and backward.
   double tensorParallel = 0;///< All-reduces of TP.
-  double contextParallel = 0;///< CP: the key/value exchange, and the linear layers' wait for the previous rank's state.
+  double contextParallel = 0;///< CP: the key/value exchange, and the delta-rule layers' wait for the previous rank's state.
   double dataParallel = 0;  ///< Gradient reduction of the adapters.
   double bubble = 0;        ///< Pipeline fill and drain.
   double total() const { return compute + expertAllToAll + tensorParallel + contextParallel + dataParallel + bubble; }

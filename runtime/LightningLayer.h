@@ -27,13 +27,12 @@ struct LightningLayer {
   LoraLinear qkvProj, outputGate, outProj;
   torch::Tensor norm;   ///< [heads * headDim], the output RMSNorm's weight.
   torch::Tensor slopes; ///< [heads] fp32 decay rates of this layer (lightningSlopes).
-  /// Context parallelism: this rank's part of the sequence, and the layer's
-  /// index (the tag of its state exchange).
+  /// Context parallelism: this rank's part of the sequence (the parts'
+  /// states are all-gathered, no tag needed).
   ContextSplit context;
   /// Tensor parallelism: the group over which the output norm's statistics
   /// are summed (each rank holds whole heads). Null: not split.
   Collectives *tensorGroup = nullptr;
-  int64_t layerIndex = 0;
 
   /// Sets the decay slopes for decoder layer \p layerIndex of def.decayLayers.
   void setLayer(int64_t layerIndex);

@@ -61,7 +61,7 @@ Layer ModelImpl::buildLayer(const LayerDef &l) {
     buildAttention(l, layer.attention);
   buildFfn(l, layer.ffn);
   layer.attention.context = layer.deltaNet.context = layer.kimiDelta.context = layer.lightning.context = context;
-  layer.deltaNet.layerIndex = layer.kimiDelta.layerIndex = layer.lightning.layerIndex = l.index;
+  layer.deltaNet.layerIndex = layer.kimiDelta.layerIndex = l.index;
   return layer;
 }
 

@@ -187,11 +187,6 @@ onRanks(int size, const std::function<std::vector<torch::Tensor>(Collectives &, 
   return perRank;
 }
 
-std::vector<std::vector<torch::Tensor>>
-onTwoRanks(const std::function<std::vector<torch::Tensor>(Collectives &, int)> &part) {
-  return onRanks(2, part);
-}
-
 /// The ranks' [output, input gradient, LoRA gradients...] against one
 /// process's: outputs and input gradients joined along the sequence, LoRA
 /// gradients summed; each within 1e-5 and reaching its tensor.
@@ -224,7 +219,7 @@ template <typename Layer> void expectContextParallelSegmentsMatch(const Layer &l
   torch::Tensor cot = torch::randn({2, 66, kHidden});
   const std::vector<torch::Tensor> whole = valueAndGradients(layer, x, cot, 0);
 
-  const auto perRank = onTwoRanks([&](Collectives &group, int r) {
+  const auto perRank = onRanks(2, [&](Collectives &group, int r) {
     Layer mine = withOwnAdapters(layer);
     mine.context = ContextSplit{&group, r, 2};
     return valueAndGradients(mine, x.narrow(1, 33 * r, 33), cot.narrow(1, 33 * r, 33), 16);
@@ -353,7 +348,7 @@ TEST(HybridBlock, ContextParallelMatchesOneProcess) {
   torch::Tensor cot = torch::randn({2, 2 * kPart, kHidden});
   const std::vector<torch::Tensor> whole = block.withOwnAdapters().valueAndGradients(x, cot, 0);
 
-  const auto perRank = onTwoRanks([&](Collectives &group, int r) {
+  const auto perRank = onRanks(2, [&](Collectives &group, int r) {
     HybridBlock mine = block.withOwnAdapters();
     for (GatedDeltaNetLayer &g : mine.deltas)
       g.context = ContextSplit{&group, r, 2};
