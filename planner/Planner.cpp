@@ -117,9 +117,11 @@ std::pair<double, double> layerFlops(const ModelFacts &f, int64_t seqLen) {
 /// state, so within a run of such layers the ranks form a pipeline, and the
 /// layer that synchronises them next waits for the last: (cp - 1) times the
 /// op's time on one part, per run, forward and backward, for each
-/// micro-batch (CP layouts do not recompute), at GDN's op or, with Kimi's
-/// per-channel decay, Kimi's. Lightning does not wait: its parts run from
-/// zero states at once (LightningLayer.cpp).
+/// micro-batch, at GDN's op or, with Kimi's per-channel decay, Kimi's.
+/// Recomputation runs the forward chain a second time in the backward pass:
+/// a third more (the forward is about a third of the op's forward and
+/// backward). Lightning does not wait: its parts run from zero states at
+/// once (LightningLayer.cpp).
 double stateChainSeconds(const ModelFacts &f, const Hardware &h, const Layout &l, double tokensPerStep,
                          double stageShare) {
   if (l.cp <= 1 || f.deltaRuleRuns == 0)
@@ -127,7 +129,8 @@ double stateChainSeconds(const ModelFacts &f, const Hardware &h, const Layout &l
   const double op = f.perChannelDecay ? h.kimiDeltaOpSecondsPerToken : h.deltaRuleOpSecondsPerToken;
   const double opPerToken = op * double(f.deltaValueWidth) / 4096.0;
   const double runs = std::ceil(f.deltaRuleRuns * stageShare);
-  return runs * (l.cp - 1.0) * tokensPerStep * opPerToken;
+  const double recomputed = l.recompute ? 4.0 / 3.0 : 1.0;
+  return runs * (l.cp - 1.0) * tokensPerStep * opPerToken * recomputed;
 }
 
 } // namespace
@@ -297,7 +300,9 @@ Candidate estimate(const ModelFacts &f, const PlanRequest &r, const Hardware &h,
   if (l.cp > 1) {
     const double attention = std::ceil(double(f.softmaxLayers) / l.pp);
     const double bytes = tokensPerStep * 2.0 * f.keyValueWidth / l.tp * 2.0 * (l.cp - 1.0);
-    t.contextParallel = attention * 2.0 * bytes / groupBandwidth(l.cp, cpStride, r, h);
+    // Forward all-gather and backward reduction of the keys and values; a
+    // recomputed layer gathers them again.
+    t.contextParallel = attention * (l.recompute ? 3.0 : 2.0) * bytes / groupBandwidth(l.cp, cpStride, r, h);
     t.contextParallel += stateChainSeconds(f, h, l, tokensPerStep, stageShare);
   }
   // Adapter gradients are summed over every rank that saw other tokens:
@@ -335,8 +340,8 @@ Plan rankLayouts(const ModelFacts &f, const PlanRequest &r, const Hardware &h) {
       "PP at most the number of decoder layers",
       "CP divides the sequence length",
       "the data ranks (DP x EP) times the micro-batch divide the global batch",
-      "each layout with and without per-layer recomputation, but CP without it (the runtime refuses --recompute "
-      "with --cp: a recomputed layer would repeat its context exchange)"};
+      "each layout with and without per-layer recomputation (with CP, a recomputed layer repeats its forward "
+      "context exchange in the backward pass)"};
   int64_t expertGcd = 0;
   for (int64_t e : f.expertCounts)
     expertGcd = std::gcd(expertGcd, e);
@@ -356,8 +361,6 @@ Plan rankLayouts(const ModelFacts &f, const PlanRequest &r, const Hardware &h) {
           if (globalBatch % (dp * ep * r.microBatch))
             continue;
           for (bool recompute : {false, true}) {
-            if (recompute && cp > 1) // the runtime's rule (TrainMain.cpp)
-              continue;
             ++plan.layoutsConsidered;
             plan.candidates.push_back(estimate(f, plan.request, h, Layout{tp, ep, pp, cp, dp, recompute}));
           }

@@ -439,10 +439,6 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
   const bool recompute =
       args.has("--recompute") || (plan.present && plan.recompute && !layoutFlags && !args.has("--no-recompute"));
   checkLayout(layout, launch.worldSize, def, opts.batch, opts.seqLen);
-  if (layout.cp > 1 && recompute)
-    throw badInput("", "--recompute",
-                   "expected no --recompute with --cp (recomputing a layer would repeat its context "
-                   "exchange; not implemented yet)");
   if ((opts.batch / layout.dataRanks()) % opts.microBatches != 0)
     throw badInput("", "--micro-batches",
                    "expected a count dividing each rank's batch (" +
@@ -469,8 +465,8 @@ int run(int argc, char **argv, const ModelDef &def, const std::string &defaultMo
                                 ? parseInteger("--dist-timeout", *args.find("--dist-timeout"), 1)
                                 : 300;
     opts.distributed = Distributed::join(launch, layout, opts.device, std::chrono::seconds(timeout));
-    std::fprintf(stderr, "rank %d of %d (%s, %s): data rank %lld, expert rank %lld\n", launch.rank,
-                 launch.worldSize, launch.launcher.c_str(), layout.text().c_str(),
+    std::fprintf(stderr, "rank %d of %d (%s, %s%s): data rank %lld, expert rank %lld\n", launch.rank,
+                 launch.worldSize, launch.launcher.c_str(), layout.text().c_str(), recompute ? ", recompute" : "",
                  (long long)opts.distributed->dataRank(), (long long)opts.distributed->expertRank());
   }
   // Provenance of every generated operator compiled in (adapt review).

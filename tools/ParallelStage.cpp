@@ -87,10 +87,18 @@ constexpr int kBatch = 4, kSeqLen = 32;
 constexpr int kContextPart = 64;
 constexpr unsigned kLayoutSeconds = 900;
 
-/// One layout: its name ("DP2xEP2") and the trainer flags it takes.
+/// The suffix of a layout run with per-layer recomputation ("CP2+recompute").
+constexpr const char *kRecomputeSuffix = "+recompute";
+
+/// One layout: its name ("DP2xEP2", "CP2+recompute") and the trainer flags
+/// it takes.
 struct LayoutSpec {
   std::string name;
   std::map<std::string, int> sizes; ///< "--ep" -> 2, ...
+  /// --recompute: every layer (its context exchange included) runs again in
+  /// the backward pass; the reference does not recompute, and recomputation
+  /// must not change a bit of it.
+  bool recompute = false;
   int world() const {
     int n = 1;
     for (const auto &[flag, size] : sizes)
@@ -105,7 +113,13 @@ const char *const kAllLayouts[] = {"TP2", "EP2", "PP2", "DP2", "CP2",
 
 std::optional<LayoutSpec> parseLayout(const std::string &text) {
   LayoutSpec spec{text, {}};
-  std::stringstream parts(text);
+  std::string sizes = text;
+  const std::string suffix = kRecomputeSuffix;
+  if (sizes.size() > suffix.size() && sizes.compare(sizes.size() - suffix.size(), suffix.size(), suffix) == 0) {
+    spec.recompute = true;
+    sizes.resize(sizes.size() - suffix.size());
+  }
+  std::stringstream parts(sizes);
   std::string part;
   while (std::getline(parts, part, 'x')) {
     if (part.size() < 3)
@@ -368,6 +382,9 @@ LayoutOutcome checkLayout(StageRuns &runs, const LayoutSpec &spec, bool deltaRul
   std::vector<std::string> args = runs.args(dir, true, micro, seqLen);
   for (const auto &[flag, count] : spec.sizes)
     args.insert(args.end(), {flag, std::to_string(count)});
+  if (spec.recompute)
+    args.push_back("--recompute");
+  record["recompute"] = spec.recompute;
   auto began = std::chrono::steady_clock::now();
   std::string problem = launch(runs.train, args, spec.world(), dir);
   record["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
@@ -382,6 +399,17 @@ LayoutOutcome checkLayout(StageRuns &runs, const LayoutSpec &spec, bool deltaRul
     std::cout << spec.name << ": " << record["status"].get<std::string>() << " ("
               << record["reason"].get<std::string>() << ")" << std::endl;
     return refused ? LayoutOutcome::NotApplicable : LayoutOutcome::Failed;
+  }
+  if (spec.recompute) { // the trainer says so on its first line; a run without it checks nothing new
+    std::ifstream log(dir + ".0.log");
+    std::string first;
+    std::getline(log, first);
+    if (first.find(", recompute)") == std::string::npos) {
+      record["status"] = "failed";
+      record["reason"] = "the trainer did not report recomputation: " + first;
+      std::cout << spec.name << ": FAILED (" << record["reason"].get<std::string>() << ")" << std::endl;
+      return LayoutOutcome::Failed;
+    }
   }
   const Reference *matching = runs.reference(dataRanks * micro, seqLen);
   // The model's own rounding sensitivity: K micro-batches against one
@@ -508,7 +536,7 @@ int runParallelStage(const ParallelStageOptions &o) {
                                                    : o.layouts) {
     std::optional<LayoutSpec> spec = parseLayout(text);
     if (!spec) {
-      std::cerr << "adapt: error: --layouts: expected layouts like EP2, DP2xEP2 or TP2xPP2xEP2, got '" << text << "'\n";
+      std::cerr << "adapt: error: --layouts: expected layouts like EP2, DP2xEP2, TP2xPP2xEP2 or CP2+recompute, got '" << text << "'\n";
       return kExitBadInput;
     }
     layouts.push_back(*spec);

@@ -453,6 +453,166 @@ __global__ void __launch_bounds__(Paired ? kPairedThreads : kThreads)
   }
 }
 
+constexpr int kRowsPerThread = 4; ///< Consecutive rows a thread of the row-block backward takes.
+
+/// perChannelScoresSubchunkBackwardKernel with each thread taking
+/// kRowsPerThread consecutive rows r0 .. r0 + 3 (one block of kSub) of one
+/// channel instead of one: each shared-memory read of a key, query or decay
+/// row then feeds four rows' sums, and g's four rows (or, transposed, four
+/// columns) arrive as float4s. The sub-chunk form read about six shared
+/// words for every eight multiply-adds below the diagonal (a load-bound
+/// loop at 25 % occupancy: 1.97 ms of KDA's 9.5 ms step at 1 x 32 x 8K on
+/// the H100, session 51's profile); here it is twelve for 32. Each sum is
+/// taken in the same order as there. Rows are grouped so that at dk 128 each
+/// thread gets one group in every block row (the same work per thread).
+/// Opt-in (ADAPT_KIMI_SCORES_ROW_BLOCKS=1) until its checks run on a GPU.
+template <bool Paired>
+__global__ void __launch_bounds__(Paired ? kPairedThreads : kThreads, 1)
+    perChannelScoresRowBlockBackwardKernel(const float *gradA, const float *xA, const float *gradB, const float *xB,
+                                           const float *y, const float *cum, int chunk, int channels, float *gradXA,
+                                           float *gradXB, float *gradY) {
+  constexpr int R = kRowsPerThread;
+  extern __shared__ __align__(16) float smem[];
+  const BackwardTiles s = loadBackwardTiles<Paired>(smem, gradA, xA, gradB, xB, y, cum, chunk, channels, blockIdx.x);
+  float *xas = s.xa, *xbs = s.xb, *yhat = s.end;
+  const float *ys = s.y, *gs = s.g, *pa = s.pa, *pb = s.pb;
+  const int64_t base = int64_t(blockIdx.x) * chunk * channels;
+  __syncthreads();
+  scaleKeysToBlockRows(ys, gs, channels, chunk, channels, yhat);
+  __syncthreads();
+  const int slots = blockDim.x / channels, d = threadIdx.x % channels, groups = (chunk + R - 1) / R;
+  const bool active = threadIdx.x < slots * channels;
+  const bool wide = chunk % 4 == 0; // g's rows and columns four at a time (every group then has R rows)
+  for (int group = threadIdx.x / channels; active && group < groups; group += slots) {
+    const int r0 = group * R, rows = min(R, chunk - r0), a0 = r0 / kSub * kSub, end = min(a0 + kSub, chunk);
+    float gr[R], dxa[R] = {}, dxb[R] = {}, dy[R] = {};
+#pragma unroll
+    for (int j = 0; j < R; ++j)
+      gr[j] = j < rows ? gs[(r0 + j) * channels + d] : 0.0f;
+    for (int i = a0; i < r0 + rows; ++i) { // dx's diagonal block: keys a0 <= i <= r
+      const float yi = ys[i * channels + d], gi = gs[i * channels + d];
+#pragma unroll
+      for (int j = 0; j < R; ++j)
+        if (j < rows && i <= r0 + j) {
+          const float ye = yi * __expf(gr[j] - gi);
+          dxa[j] += pa[(r0 + j) * chunk + i] * ye;
+          if constexpr (Paired)
+            dxb[j] += pb[(r0 + j) * chunk + i] * ye;
+        }
+    }
+    if (a0 > 0) { // dx's earlier blocks, through the keys scaled to a0
+      const float *keys = yhat + scaledKeysRow(a0 / kSub) * channels;
+      float sa[R] = {}, sb[R] = {};
+      if (wide) {
+        for (int i = 0; i < a0; i += 4) {
+          const float k0 = keys[i * channels + d], k1 = keys[(i + 1) * channels + d];
+          const float k2 = keys[(i + 2) * channels + d], k3 = keys[(i + 3) * channels + d];
+#pragma unroll
+          for (int j = 0; j < R; ++j) {
+            const float4 ga = *reinterpret_cast<const float4 *>(pa + (r0 + j) * chunk + i);
+            sa[j] += ga.x * k0 + ga.y * k1 + ga.z * k2 + ga.w * k3;
+            if constexpr (Paired) {
+              const float4 gb = *reinterpret_cast<const float4 *>(pb + (r0 + j) * chunk + i);
+              sb[j] += gb.x * k0 + gb.y * k1 + gb.z * k2 + gb.w * k3;
+            }
+          }
+        }
+      } else {
+        for (int i = 0; i < a0; ++i) {
+          const float k = keys[i * channels + d];
+#pragma unroll
+          for (int j = 0; j < R; ++j)
+            if (j < rows) {
+              sa[j] += pa[(r0 + j) * chunk + i] * k;
+              if constexpr (Paired)
+                sb[j] += pb[(r0 + j) * chunk + i] * k;
+            }
+        }
+      }
+      const float ga0 = gs[a0 * channels + d];
+#pragma unroll
+      for (int j = 0; j < R; ++j) {
+        const float back = __expf(gr[j] - ga0);
+        dxa[j] += back * sa[j];
+        dxb[j] += back * sb[j];
+      }
+    }
+    for (int t = r0; t < end; ++t) { // dy's diagonal block: queries r <= t < end
+      const float xa = xas[t * channels + d], xb = Paired ? xbs[t * channels + d] : 0.0f, gt = gs[t * channels + d];
+#pragma unroll
+      for (int j = 0; j < R; ++j)
+        if (j < rows && t >= r0 + j) {
+          float term = pa[t * chunk + r0 + j] * xa;
+          if constexpr (Paired)
+            term += pb[t * chunk + r0 + j] * xb;
+          dy[j] += term * __expf(gt - gr[j]);
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < R; ++j)
+      if (j < rows) {
+        const int64_t at = base + (r0 + j) * channels + d;
+        gradXA[at] = dxa[j];
+        if constexpr (Paired)
+          gradXB[at] = dxb[j];
+        gradY[at] = dy[j];
+      }
+  }
+  __syncthreads(); // the diagonal pass read the unscaled queries
+  scaleRowsToBlockStart(xas, gs, channels, chunk, channels);
+  if constexpr (Paired)
+    scaleRowsToBlockStart(xbs, gs, channels, chunk, channels);
+  __syncthreads();
+  const int blocks = (chunk + kSub - 1) / kSub;
+  for (int group = threadIdx.x / channels; active && group < groups; group += slots) {
+    const int r0 = group * R, rows = min(R, chunk - r0), blockOfR = r0 / kSub;
+    if (blockOfR + 1 >= blocks)
+      continue;
+    float gr[R], dy[R] = {};
+#pragma unroll
+    for (int j = 0; j < R; ++j)
+      gr[j] = j < rows ? gs[(r0 + j) * channels + d] : 0.0f;
+    for (int a = blockOfR + 1; a < blocks; ++a) { // later block rows: queries scaled to a0
+      const int a0 = a * kSub, end = min(a0 + kSub, chunk);
+      float sum[R] = {};
+      for (int t = a0; t < end; ++t) {
+        const float xa = xas[t * channels + d], xb = Paired ? xbs[t * channels + d] : 0.0f;
+        if (wide) {
+          const float4 ga = *reinterpret_cast<const float4 *>(pa + t * chunk + r0);
+          const float gav[R] = {ga.x, ga.y, ga.z, ga.w};
+          float gbv[R] = {};
+          if constexpr (Paired) {
+            const float4 gb = *reinterpret_cast<const float4 *>(pb + t * chunk + r0);
+            gbv[0] = gb.x, gbv[1] = gb.y, gbv[2] = gb.z, gbv[3] = gb.w;
+          }
+#pragma unroll
+          for (int j = 0; j < R; ++j) {
+            sum[j] += gav[j] * xa;
+            if constexpr (Paired)
+              sum[j] += gbv[j] * xb;
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < R; ++j)
+            if (j < rows) {
+              sum[j] += pa[t * chunk + r0 + j] * xa;
+              if constexpr (Paired)
+                sum[j] += pb[t * chunk + r0 + j] * xb;
+            }
+        }
+      }
+      const float ga0 = gs[a0 * channels + d];
+#pragma unroll
+      for (int j = 0; j < R; ++j)
+        dy[j] += __expf(ga0 - gr[j]) * sum[j];
+    }
+#pragma unroll
+    for (int j = 0; j < R; ++j)
+      if (j < rows) // a reduction without a return: no wait on the row written above
+        atomicAdd(gradY + base + (r0 + j) * channels + d, dy[j]);
+  }
+}
+
 /// Whether x, y and cum are alike: CUDA fp32 [.., c, dk] with c <= 64, dk in [32, 128].
 bool chunkOperands(const at::Tensor &x, const at::Tensor &y, const at::Tensor &cum) {
   if (!x.is_cuda() || x.dim() < 2 || x.scalar_type() != at::kFloat)
@@ -483,6 +643,13 @@ bool perChannelScoresTakes(const at::Tensor &x, const at::Tensor &y, const at::T
 bool scoresSubchunksEnabled() {
   static const bool on = !switchedOff("ADAPT_KIMI_SCORES_SUBCHUNKS");
   return on;
+}
+
+/// The row-block backward kernel (opt-in ADAPT_KIMI_SCORES_ROW_BLOCKS=1),
+/// with the sub-chunks it builds on.
+bool scoresRowBlocksEnabled() {
+  static const bool on = switchedOn("ADAPT_KIMI_SCORES_ROW_BLOCKS");
+  return on && scoresSubchunksEnabled();
 }
 
 bool pairedScoresBackwardEnabled() {
@@ -530,7 +697,9 @@ std::pair<at::Tensor, at::Tensor> perChannelScoresBackward(const at::Tensor &gra
     return {dx, dy};
   const c10::cuda::CUDAGuard guard(x.device());
   const bool subchunks = scoresSubchunksEnabled();
-  const auto kernel = subchunks ? perChannelScoresSubchunkBackwardKernel<false> : perChannelScoresBackwardKernel<false>;
+  const auto kernel = scoresRowBlocksEnabled() ? perChannelScoresRowBlockBackwardKernel<false>
+                      : subchunks              ? perChannelScoresSubchunkBackwardKernel<false>
+                                               : perChannelScoresBackwardKernel<false>;
   const size_t bytes = (3 * size_t(chunk) * channels + size_t(chunk) * chunk +
                         (subchunks ? size_t(scaledKeysRow((chunk + kSub - 1) / kSub)) * channels : 0)) *
                        sizeof(float);
@@ -559,7 +728,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> perChannelScoresPairedBackward(co
     return {dxA, dxB, dy};
   const c10::cuda::CUDAGuard guard(y.device());
   const bool subchunks = scoresSubchunksEnabled();
-  const auto kernel = subchunks ? perChannelScoresSubchunkBackwardKernel<true> : perChannelScoresBackwardKernel<true>;
+  const auto kernel = scoresRowBlocksEnabled() ? perChannelScoresRowBlockBackwardKernel<true>
+                      : subchunks              ? perChannelScoresSubchunkBackwardKernel<true>
+                                               : perChannelScoresBackwardKernel<true>;
   const size_t bytes = (4 * size_t(chunk) * channels + 2 * size_t(chunk) * chunk +
                         (subchunks ? size_t(scaledKeysRow((chunk + kSub - 1) / kSub)) * channels : 0)) *
                        sizeof(float);

@@ -2,7 +2,8 @@
 """Parallel LoRA training on CPU processes (gloo), like a cluster job runs it.
 
 The parallel stage of the validation ladder (`adapt validate --stage
-parallel`): EP2, DP2, DP2xEP2, TP2, TP2xEP2, PP2, PP2xDP2 and CP2 against one
+parallel`): EP2, DP2, DP2xEP2, TP2, TP2xEP2, PP2, PP2xDP2, CP2 and CP2 with
+per-layer recomputation (CP2+recompute) against one
 process on representative families (every tiny family, and TP2xPP2xEP2, with
 ADAPT_TEST_TIER=full). Then, on one trainer: torchrun's and Slurm's variables
 form the groups; bad layouts exit 2 naming the flag before any weight is
@@ -75,7 +76,10 @@ class ParallelStage(unittest.TestCase):
                     self.assertEqual(run(ADAPT, "tiny", family, "--out", model).returncode, 0)
                     out = os.path.join(work, family + "-val")
                     print(f"[{family}] parallel stage", file=sys.stderr, flush=True)
-                    layouts = ["EP2", "DP2", "DP2xEP2", "TP2", "TP2xEP2", "PP2", "PP2xDP2", "CP2"]
+                    # CP2+recompute: every layer's context exchange (gathered keys,
+                    # the delta rule's passed state, lightning's gathered states)
+                    # runs again inside its recomputation in the backward pass.
+                    layouts = ["EP2", "DP2", "DP2xEP2", "TP2", "TP2xEP2", "PP2", "PP2xDP2", "CP2", "CP2+recompute"]
                     if os.environ.get("ADAPT_TEST_TIER") == "full":
                         layouts.append("TP2xPP2xEP2")  # 8 processes
                     proc = run(ADAPT, "validate", model, "--stage", "parallel", "--out", out,
@@ -170,7 +174,6 @@ class Launch(unittest.TestCase):
             (4, ["--pp", "4"], "--pp", "2 layers"),
             (2, ["--dp", "2", "--batch", "3"], "--batch", "divisible"),
             (3, ["--cp", "3"], "--cp", "sequence length 32"),
-            (2, ["--cp", "2", "--recompute"], "--recompute", "--cp"),
         ]
         for world, flags, flag, needle in cases:
             batch = [] if "--batch" in flags else ["--batch", 4]

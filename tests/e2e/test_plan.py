@@ -5,6 +5,7 @@ exit 2, linear attention costed as linear in the tokens and charged its CP state
 tokens/s within 25 %."""
 import json
 import math
+import re
 import os
 import subprocess
 import sys
@@ -53,8 +54,6 @@ class Plan(unittest.TestCase):
                 self.assertEqual(l["ep"], 1, l)
             self.assertLessEqual(l["pp"], p["model"]["layers"], l)
             self.assertEqual(p["request"]["seq_len"] % l["cp"], 0, l)
-            # The trainer refuses --recompute with --cp (TrainMain.cpp).
-            self.assertFalse(l["cp"] > 1 and l["recompute"], l)
             self.assertEqual(p["request"]["global_batch"] % (l["dp"] * l["ep"] * p["request"]["micro_batch"]), 0, l)
         fits = [c["fits"] for c in p["candidates"]]
         self.assertEqual(fits, sorted(fits, reverse=True), "fitting layouts come first")
@@ -174,6 +173,30 @@ class Plan(unittest.TestCase):
                     self.assertGreaterEqual(c["step_seconds"]["CP exchange"], wait, l["text"])
                     checked += 1
                 self.assertGreater(checked, 0)
+
+    def test_cp_with_recompute_repeats_the_exchange_and_keeps_only_layer_inputs(self):
+        # A recomputed layer runs its context exchange again in the backward
+        # pass (the trainer takes --recompute with --cp): the same layout
+        # costs more CP exchange with recomputation and keeps less activation
+        # memory. MiniMax-M1 at a million tokens fits no GPU count without it
+        # (every layer's activations of a part kept); with it, 512 GPUs.
+        proc = plan(model("MiniMax-M1"), "--gpus", "64", "--seq-len", "1048576", out=self.out)
+        self.assertEqual(proc.returncode, 3, proc.stdout + proc.stderr)
+        p = self.read()
+        self.check_rules(p, 64, 32)
+        gpus = [s for s in p["suggestions"] if re.match(r"\d+ GPUs: ", s)]
+        self.assertEqual(len(gpus), 1, p["suggestions"])
+        self.assertRegex(gpus[0], r"CP(\d+) DP\d+ recompute", gpus[0])
+        by_text = {c["layout"]["text"]: c for c in p["candidates"]}
+        pairs = 0
+        for text, c in by_text.items():
+            if not c["layout"]["recompute"] or c["layout"]["cp"] == 1:
+                continue
+            plain = by_text[text.replace(" recompute", "")]
+            self.assertGreater(c["step_seconds"]["CP exchange"], plain["step_seconds"]["CP exchange"], text)
+            self.assertLess(c["memory_bytes"]["activations"], plain["memory_bytes"]["activations"], text)
+            pairs += 1
+        self.assertGreater(pairs, 0)
 
     def test_refusal_names_the_category_and_what_would_fit(self):
         proc = plan(model("Kimi-K2-Instruct"), "--gpus", "1", out=self.out)

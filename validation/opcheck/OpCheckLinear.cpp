@@ -257,6 +257,9 @@ void addLinearAttentionChecks(std::vector<Check> &all) {
   // A ragged last block of 8 rows and channels no multiple of 8 (the
   // sub-chunk kernels' guards, the default on a GPU).
   scores(1, 2, 2, 40, 100);
+  // A chunk no multiple of 4: the row-block backward's scalar path and its
+  // last group of one row.
+  scores(1, 2, 2, 37, 64);
   // Training's forward kernels at the released widths on a GPU in bf16 (three
   // chunks, the last ragged).
   delta("kimi_delta.chunked", {2, 130, 128, 128, 64, true});
