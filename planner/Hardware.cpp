@@ -42,16 +42,25 @@ const Hardware &h200() {
     // activations 0.84 leave 0.99 GiB (embedding output, loss chunk of
     // 832 x vocab logits, cuBLAS workspace).
     x.fixedAllocatorBytes = 0.99 * (1ull << 30);
-    // bench/h200_long_context.sh (docs/performance.md): ~0.6 MiB per token
-    // per Gated DeltaNet layer of 32 x 128 value channels.
-    x.deltaRuleBytesPerToken = 0.6 * (1 << 20);
-    // One gdn layer (`long_context --mixer gdn`), 131,072 tokens forward +
-    // backward in 401.4 ms with the delta rule's kernels and the conv and
-    // gated-norm kernels (session 43, H200; docs/performance/long-context-
-    // and-attention-kernels.md "The kernels inside the model, measured"): 3.1
-    // us per token. The LibTorch composition took 779 ms (2026-12-04), flat
-    // to 1M tokens in recomputed segments.
-    x.deltaRuleSecondsPerToken = 0.4014 / 131072.0;
+    // Gated DeltaNet with its kernels, fitted on Qwen3-Next-80B-A3B's widths
+    // at 4 and 8 layers (session 43, H200, 2 x 4096 tokens; validation/
+    // records/h200/speed-qwen3-next-80b-a3b.json): from 4 to 8 layers the
+    // allocator peak grows 21.3 GiB, of which this planner's other terms
+    // (weights, adapter state, the MoE and softmax layers' activations)
+    // account for 17.33; the three more GDN layers 1.323 GiB each at 8,192
+    // tokens: ~173 KB a token at 32 x 128 value channels (the LibTorch
+    // composition kept ~0.6 MiB). Each depth's total is the check
+    // (tests/e2e/test_plan.py: -1.1 % and -0.6 %).
+    x.deltaRuleBytesPerToken = 1.323 * (1ull << 30) / 8192.0;
+    // The same runs: 14.68 ms a layer (the 3:1 mix's average, from 105.3K
+    // and 60.0K tokens/s), of which this planner's FLOP count and softmax
+    // terms give 7.33; so one GDN layer takes 9.80 ms at 8,192 tokens
+    // beyond its projections' FLOPs (1.196 us a token). Its op alone is
+    // deltaRuleOpSecondsPerToken (3.14 ms at 8K); the rest, 0.813 us a token
+    // (the convolution, gates, gated norm, and whatever the FLOP count
+    // misses in these layers), is this constant; Kimi's layers add Kimi's op
+    // to it instead. Checked at each depth's total: -3.8 % and -2.2 %.
+    x.deltaRuleLayerRestSecondsPerToken = 1.196e-6 - 3.14e-3 / 8192.0;
     // Lightning attention alone at 1 x 64 heads x 32,768 tokens, forward +
     // backward 11.13-11.31 ms on the delta rule's kernels (session 53, an
     // H100, whose memory is slower than the H200's: an upper bound here;

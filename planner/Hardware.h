@@ -35,15 +35,17 @@ struct Hardware {
   /// (embedding output, loss chunk, workspace).
   double fixedAllocatorBytes = 0;
   /// Activation bytes per token per Gated DeltaNet / KDA layer of 4,096
-  /// value channels (the LibTorch chunked composition's saved fp32
-  /// intermediates), scaled by the layer's value width. Sequences longer
-  /// than the runtime's segment (kDeltaRuleSegmentTokens) keep this for one
-  /// segment of one layer at a time (the segments are recomputed).
+  /// value channels with the delta rule's kernels (its inputs, gates,
+  /// convolution and norm around it, each chunk's bf16 state), scaled by
+  /// the layer's value width. Sequences longer than the runtime's segment
+  /// (kDeltaRuleSegmentTokens) keep this for one segment of one layer at a
+  /// time (the segments are recomputed).
   double deltaRuleBytesPerToken = 0;
   /// Seconds per token of one Gated DeltaNet layer (4,096 value channels)
-  /// forward + backward, projections included: the delta rule's kernels run
-  /// far from its FLOP count (the state's recurrence is latency-bound).
-  double deltaRuleSecondsPerToken = 0;
+  /// forward + backward beyond its projections' FLOPs (which layerFlops
+  /// counts) and beyond the delta rule's op (deltaRuleOpSecondsPerToken, or
+  /// Kimi's): the convolution, gates, norms and the layer's other passes.
+  double deltaRuleLayerRestSecondsPerToken = 0;
   /// Seconds per token of lightning attention's core (the delta rule's
   /// kernels with W = 0) forward + backward at 64 heads x 128 (MiniMax's),
   /// flat in the tokens: memory and latency, not FLOPs, set it.

@@ -275,7 +275,8 @@ Candidate estimate(const ModelFacts &f, const PlanRequest &r, const Hardware &h,
   // tokens) and the DSA indexer (bf16 scores over every earlier key,
   // forward only: its weights are frozen).
   const double stageShare = layersPerStage / std::max<double>(f.layers, 1.0);
-  layerSeconds += tokensPerStep * f.deltaRuleLayers * stageShare * h.deltaRuleSecondsPerToken *
+  const double deltaOp = f.perChannelDecay ? h.kimiDeltaOpSecondsPerToken : h.deltaRuleOpSecondsPerToken;
+  layerSeconds += tokensPerStep * f.deltaRuleLayers * stageShare * (h.deltaRuleLayerRestSecondsPerToken + deltaOp) *
                   (double(f.deltaValueWidth) / 4096.0);
   layerSeconds += tokensPerStep * f.lightningLayers * stageShare * h.lightningSecondsPerToken *
                   (double(f.lightningWidth) / 8192.0);
