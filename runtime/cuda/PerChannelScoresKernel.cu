@@ -365,110 +365,27 @@ __global__ void __launch_bounds__(kSubchunkThreads, 2)
   }
 }
 
-/// A block per chunk: dx and dy [c][dk] from g [c][c] as
-/// perChannelScoresBackwardKernel (a thread per (channel, row), \p Paired for
-/// two cotangents sharing y and G), the blocks below the diagonal through
-/// scaled rows: dx_t gains e^{G_t - G_a0} sum_{i < a0} g_ti yhat_i, and dy_i
-/// gains, for each later block row a, e^{G_a0 - G_i} sum_{t in a} g_ti xhat_t.
-/// dy's diagonal part goes to memory first and its thread adds the rest
-/// (each element has one writer).
-template <bool Paired>
-__global__ void __launch_bounds__(Paired ? kPairedThreads : kThreads)
-    perChannelScoresSubchunkBackwardKernel(const float *gradA, const float *xA, const float *gradB, const float *xB,
-                                           const float *y, const float *cum, int chunk, int channels, float *gradXA,
-                                           float *gradXB, float *gradY) {
-  extern __shared__ __align__(16) float smem[];
-  const BackwardTiles s = loadBackwardTiles<Paired>(smem, gradA, xA, gradB, xB, y, cum, chunk, channels, blockIdx.x);
-  float *xas = s.xa, *xbs = s.xb, *yhat = s.end;
-  const float *ys = s.y, *gs = s.g, *pa = s.pa, *pb = s.pb;
-  const int64_t base = int64_t(blockIdx.x) * chunk * channels;
-  __syncthreads();
-  scaleKeysToBlockRows(ys, gs, channels, chunk, channels, yhat);
-  __syncthreads();
-  const int rowsAtOnce = blockDim.x / channels, d = threadIdx.x % channels;
-  const bool active = threadIdx.x < rowsAtOnce * channels;
-  for (int r = threadIdx.x / channels; active && r < chunk; r += rowsAtOnce) {
-    const int a0 = r / kSub * kSub, end = min(a0 + kSub, chunk);
-    const float gr = gs[r * channels + d];
-    float dxa = 0.0f, dxb = 0.0f, dy = 0.0f;
-    for (int i = a0; i <= r; ++i) { // dx_r's diagonal block: keys a0 <= i <= r
-      const float ye = ys[i * channels + d] * __expf(gr - gs[i * channels + d]);
-      dxa += pa[r * chunk + i] * ye;
-      if constexpr (Paired)
-        dxb += pb[r * chunk + i] * ye;
-    }
-    if (a0 > 0) { // dx_r's earlier blocks, through the keys scaled to a0
-      const float *keys = yhat + scaledKeysRow(a0 / kSub) * channels;
-      float sa = 0.0f, sb = 0.0f;
-      if (chunk % 4 == 0) { // g's row four keys a load (a broadcast across the warp)
-        for (int i = 0; i < a0; i += 4) {
-          const float4 ga = *reinterpret_cast<const float4 *>(pa + r * chunk + i);
-          const float k0 = keys[i * channels + d], k1 = keys[(i + 1) * channels + d];
-          const float k2 = keys[(i + 2) * channels + d], k3 = keys[(i + 3) * channels + d];
-          sa += ga.x * k0 + ga.y * k1 + ga.z * k2 + ga.w * k3;
-          if constexpr (Paired) {
-            const float4 gb = *reinterpret_cast<const float4 *>(pb + r * chunk + i);
-            sb += gb.x * k0 + gb.y * k1 + gb.z * k2 + gb.w * k3;
-          }
-        }
-      } else {
-        for (int i = 0; i < a0; ++i) {
-          const float k = keys[i * channels + d];
-          sa += pa[r * chunk + i] * k;
-          if constexpr (Paired)
-            sb += pb[r * chunk + i] * k;
-        }
-      }
-      const float back = __expf(gr - gs[a0 * channels + d]);
-      dxa += back * sa;
-      dxb += back * sb;
-    }
-    dy += queriesTerm<Paired>(s, r, d, end, chunk, channels, gr); // dy_r's diagonal block
-    gradXA[base + r * channels + d] = dxa;
-    if constexpr (Paired)
-      gradXB[base + r * channels + d] = dxb;
-    gradY[base + r * channels + d] = dy;
-  }
-  __syncthreads(); // the diagonal pass read the unscaled queries
-  scaleRowsToBlockStart(xas, gs, channels, chunk, channels);
-  if constexpr (Paired)
-    scaleRowsToBlockStart(xbs, gs, channels, chunk, channels);
-  __syncthreads();
-  for (int r = threadIdx.x / channels; active && r < chunk; r += rowsAtOnce) {
-    const int blockOfR = r / kSub, blocks = (chunk + kSub - 1) / kSub;
-    const float gr = gs[r * channels + d];
-    float dy = 0.0f;
-    for (int a = blockOfR + 1; a < blocks; ++a) { // later block rows: queries scaled to a0
-      const int a0 = a * kSub, end = min(a0 + kSub, chunk);
-      float sum = 0.0f;
-      for (int t = a0; t < end; ++t) {
-        sum += pa[t * chunk + r] * xas[t * channels + d];
-        if constexpr (Paired)
-          sum += pb[t * chunk + r] * xbs[t * channels + d];
-      }
-      dy += __expf(gs[a0 * channels + d] - gr) * sum;
-    }
-    if (blockOfR + 1 < blocks) // a reduction without a return: no wait on the row written above
-      atomicAdd(gradY + base + r * channels + d, dy);
-  }
-}
-
 constexpr int kRowsPerThread = 4; ///< Consecutive rows a thread of the row-block backward takes.
 
-/// perChannelScoresSubchunkBackwardKernel with each thread taking
-/// kRowsPerThread consecutive rows r0 .. r0 + 3 (one block of kSub) of one
-/// channel instead of one: each shared-memory read of a key, query or decay
-/// row then feeds four rows' sums, and g's four rows (or, transposed, four
-/// columns) arrive as float4s. The sub-chunk form read about six shared
-/// words for every eight multiply-adds below the diagonal (a load-bound
-/// loop at 25 % occupancy: 1.97 ms of KDA's 9.5 ms step at 1 x 32 x 8K on
-/// the H100, session 51's profile); here it is twelve for 32. Each sum is
-/// taken in the same order as there. Rows are grouped so that at dk 128 each
-/// thread gets one group in every block row (the same work per thread).
-/// Opt-in (ADAPT_KIMI_SCORES_ROW_BLOCKS=1) until its checks run on a GPU.
+/// A block per chunk: dx and dy [c][dk] from g [c][c] as
+/// perChannelScoresBackwardKernel (\p Paired for two cotangents sharing y
+/// and G), the blocks below the diagonal through scaled rows: dx_t gains
+/// e^{G_t - G_a0} sum_{i < a0} g_ti yhat_i, and dy_i gains, for each later
+/// block row a, e^{G_a0 - G_i} sum_{t in a} g_ti xhat_t. dy's diagonal part
+/// goes to memory first and its thread adds the rest (each element has one
+/// writer).
+/// Each thread takes kRowsPerThread consecutive rows r0 .. r0 + 3 (within
+/// one block of kSub) of one channel: each shared-memory read of a key,
+/// query or decay row feeds four rows' sums, and g's four rows (or,
+/// transposed, four columns) arrive as float4s. A thread per (row, channel)
+/// read about six shared words for every eight multiply-adds below the
+/// diagonal (a load-bound loop at 25 % occupancy: 1.96 ms of KDA's step at
+/// 1 x 32 x 8K on an H100); here twelve for 32, and the kernel takes
+/// 1.65 ms (session 54). Rows are grouped so that at dk 128 each thread
+/// gets one group in every block row (the same work per thread).
 template <bool Paired>
 __global__ void __launch_bounds__(Paired ? kPairedThreads : kThreads, 1)
-    perChannelScoresRowBlockBackwardKernel(const float *gradA, const float *xA, const float *gradB, const float *xB,
+    perChannelScoresSubchunkBackwardKernel(const float *gradA, const float *xA, const float *gradB, const float *xB,
                                            const float *y, const float *cum, int chunk, int channels, float *gradXA,
                                            float *gradXB, float *gradY) {
   constexpr int R = kRowsPerThread;
@@ -645,13 +562,6 @@ bool scoresSubchunksEnabled() {
   return on;
 }
 
-/// The row-block backward kernel (opt-in ADAPT_KIMI_SCORES_ROW_BLOCKS=1),
-/// with the sub-chunks it builds on.
-bool scoresRowBlocksEnabled() {
-  static const bool on = switchedOn("ADAPT_KIMI_SCORES_ROW_BLOCKS");
-  return on && scoresSubchunksEnabled();
-}
-
 bool pairedScoresBackwardEnabled() {
   static const bool on = !switchedOff("ADAPT_KIMI_SCORES_PAIRED_BACKWARD");
   return on;
@@ -697,9 +607,7 @@ std::pair<at::Tensor, at::Tensor> perChannelScoresBackward(const at::Tensor &gra
     return {dx, dy};
   const c10::cuda::CUDAGuard guard(x.device());
   const bool subchunks = scoresSubchunksEnabled();
-  const auto kernel = scoresRowBlocksEnabled() ? perChannelScoresRowBlockBackwardKernel<false>
-                      : subchunks              ? perChannelScoresSubchunkBackwardKernel<false>
-                                               : perChannelScoresBackwardKernel<false>;
+  const auto kernel = subchunks ? perChannelScoresSubchunkBackwardKernel<false> : perChannelScoresBackwardKernel<false>;
   const size_t bytes = (3 * size_t(chunk) * channels + size_t(chunk) * chunk +
                         (subchunks ? size_t(scaledKeysRow((chunk + kSub - 1) / kSub)) * channels : 0)) *
                        sizeof(float);
@@ -728,9 +636,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> perChannelScoresPairedBackward(co
     return {dxA, dxB, dy};
   const c10::cuda::CUDAGuard guard(y.device());
   const bool subchunks = scoresSubchunksEnabled();
-  const auto kernel = scoresRowBlocksEnabled() ? perChannelScoresRowBlockBackwardKernel<true>
-                      : subchunks              ? perChannelScoresSubchunkBackwardKernel<true>
-                                               : perChannelScoresBackwardKernel<true>;
+  const auto kernel = subchunks ? perChannelScoresSubchunkBackwardKernel<true> : perChannelScoresBackwardKernel<true>;
   const size_t bytes = (4 * size_t(chunk) * channels + 2 * size_t(chunk) * chunk +
                         (subchunks ? size_t(scaledKeysRow((chunk + kSub - 1) / kSub)) * channels : 0)) *
                        sizeof(float);
