@@ -14,6 +14,7 @@
 #include "runtime/LightningLayer.h"
 #include "runtime/LinearAttention.h"
 #include "runtime/LinearLayers.h"
+#include "runtime/Recompute.h"
 #include "runtime/SparseAttention.h"
 #include "runtime/tests/CpuMemory.h"
 #include "runtime/tests/Loopback.h"
@@ -253,16 +254,22 @@ struct HybridBlock {
     return copy;
   }
   /// The output, the input's gradient and every LoRA factor's gradient for
-  /// \p x at global positions \p first onwards, delta-rule segments of 16.
-  std::vector<torch::Tensor> valueAndGradients(const torch::Tensor &x0, const torch::Tensor &cot, int64_t first) {
+  /// \p x at global positions \p first onwards, delta-rule segments of 16;
+  /// with \p recomputed each layer runs again in the backward pass (the
+  /// trainer's --recompute), its context exchange included.
+  std::vector<torch::Tensor> valueAndGradients(const torch::Tensor &x0, const torch::Tensor &cot, int64_t first,
+                                               bool recomputed = false) {
     torch::Tensor x = x0.clone().requires_grad_();
     RopeTables rope = ropeTablesAt(sparse.def.rope, first, x.size(1), torch::kCPU);
+    auto layer = [recomputed](const RecomputedFunction &body, const torch::Tensor &in) {
+      return recomputed ? recompute(body, in) : body(in);
+    };
     torch::Tensor h = x;
     for (GatedDeltaNetLayer &g : deltas) {
       g.def.segmentTokens = 16;
-      h = h + g.forward(h, /*training=*/true);
+      h = layer([&g](const torch::Tensor &in) { return in + g.forward(in, /*training=*/true); }, h);
     }
-    h = h + sparseMlaForward(sparse, h, rope, /*training=*/true);
+    h = layer([&](const torch::Tensor &in) { return in + sparseMlaForward(sparse, in, rope, /*training=*/true); }, h);
     h.backward(cot);
     std::vector<torch::Tensor> all{h.detach(), x.grad().clone()};
     for (LoraLinear *l : adapted())
@@ -356,6 +363,32 @@ TEST(HybridBlock, ContextParallelMatchesOneProcess) {
     return mine.valueAndGradients(x.narrow(1, kPart * r, kPart), cot.narrow(1, kPart * r, kPart), kPart * r);
   });
   expectRanksMatchOneProcess(perRank, whole, "hybrid");
+}
+
+/// The same block with every layer recomputed in the backward pass on each
+/// rank (the trainer's --recompute with --cp): the recomputation receives
+/// the previous rank's state again (which that rank sends again from its own
+/// recomputation) and gathers the sparse layer's keys again, and the state
+/// gradients go back once. Against the same one process, not recomputed:
+/// measured (ADAPT_PRINT_MARGINS=1) up to 2.76e-7, as the test above, since
+/// recomputation repeats the same fp32 operations; bound 1e-5 (36x).
+TEST(HybridBlock, ContextParallelWithRecomputationMatchesOneProcess) {
+  torch::manual_seed(9);
+  const int64_t kPart = 32;
+  HybridBlock block = hybridBlock();
+  torch::Tensor x = torch::randn({2, 2 * kPart, kHidden});
+  torch::Tensor cot = torch::randn({2, 2 * kPart, kHidden});
+  const std::vector<torch::Tensor> whole = block.withOwnAdapters().valueAndGradients(x, cot, 0);
+
+  const auto perRank = onRanks(2, [&](Collectives &group, int r) {
+    HybridBlock mine = block.withOwnAdapters();
+    for (GatedDeltaNetLayer &g : mine.deltas)
+      g.context = ContextSplit{&group, r, 2};
+    mine.sparse.context = ContextSplit{&group, r, 2};
+    return mine.valueAndGradients(x.narrow(1, kPart * r, kPart), cot.narrow(1, kPart * r, kPart), kPart * r,
+                                  /*recomputed=*/true);
+  });
+  expectRanksMatchOneProcess(perRank, whole, "hybrid, recomputed");
 }
 
 /// What lets one delta-rule layer train at 512K and 1M tokens: in segments
