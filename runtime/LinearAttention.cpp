@@ -12,6 +12,7 @@
 #include "runtime/cuda/CausalConvKernel.h"
 #include "runtime/cuda/GatedNormKernel.h"
 #include "runtime/cuda/KimiDeltaKernel.h"
+#include "runtime/cuda/L2NormKernel.h"
 #endif
 
 #include <ATen/Context.h>
@@ -36,6 +37,21 @@ struct CausalConvSiluNode : torch::autograd::Function<CausalConvSiluNode> {
     const auto saved = ctx->get_saved_variables();
     auto [dx, dw] = cuda::causalConvSiluBackward(saved[0], saved[1], grads[0], ctx->needs_input_grad(1));
     return {dx, dw.defined() ? dw.reshape(saved[1].sizes()).to(saved[1].scalar_type()) : torch::Tensor()};
+  }
+};
+
+/// The query and key rows' L2 normalisation as one CUDA kernel each way
+/// (runtime/cuda/L2NormKernel.h): keeps x as it lies and each row's 1 / norm.
+struct L2NormNode : torch::autograd::Function<L2NormNode> {
+  static torch::Tensor forward(torch::autograd::AutogradContext *ctx, const torch::Tensor &x, double eps) {
+    auto [y, r] = cuda::l2NormForward(x, eps);
+    ctx->save_for_backward({x, r});
+    return y;
+  }
+  static torch::autograd::tensor_list backward(torch::autograd::AutogradContext *ctx,
+                                               torch::autograd::tensor_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    return {cuda::l2NormBackward(saved[0], saved[1], grads[0]), torch::Tensor()};
   }
 };
 
@@ -98,14 +114,18 @@ torch::Tensor causalConv1dSilu(const torch::Tensor &x, const torch::Tensor &weig
 }
 
 torch::Tensor l2Normalize(const torch::Tensor &x, double eps) {
-  return x * torch::rsqrt((x * x).sum(-1, /*keepdim=*/true) + eps);
+#ifdef ADAPT_WITH_CUDA_KERNELS
+  if (chooseKernel("l2_normalize", x, cuda::l2NormKernelEnabled(), cuda::l2NormFits(x)))
+    return L2NormNode::apply(x, eps);
+#endif
+  const auto dtype = x.scalar_type();
+  const torch::Tensor h = x.to(at::promote_types(dtype, torch::kFloat32));
+  return (h * torch::rsqrt((h * h).sum(-1, /*keepdim=*/true) + eps)).to(dtype);
 }
 
 DeltaRuleInputs deltaInputs(const torch::Tensor &query, const torch::Tensor &key, const torch::Tensor &value,
                             const torch::Tensor &decay, const torch::Tensor &beta) {
-  const auto dtype = value.scalar_type();
-  return {l2Normalize(query.to(torch::kFloat32)).to(dtype).transpose(1, 2),
-          l2Normalize(key.to(torch::kFloat32)).to(dtype).transpose(1, 2), value.transpose(1, 2),
+  return {l2Normalize(query).transpose(1, 2), l2Normalize(key).transpose(1, 2), value.transpose(1, 2),
           decay.transpose(1, 2), beta.transpose(1, 2)};
 }
 

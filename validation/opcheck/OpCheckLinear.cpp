@@ -147,6 +147,21 @@ Trial l2Trial(const Ctx &c, int64_t N, int64_t D) {
   return t;
 }
 
+/// The delta rule's use of l2Normalize (deltaInputs): q or k as a view of
+/// the convolution's output (its heads' rows strided by every channel), the
+/// result transposed to [B, H, T, D], so the gradient arrives strided too.
+/// On a GPU with ADAPT_L2NORM_KERNEL=1 the kernels read both in place.
+Trial l2StridedTrial(const Ctx &c, int64_t B, int64_t T, int64_t H, int64_t D) {
+  Input mixed = input(c, torch::randn({B, T, 3 * H * D}, f64), true);
+  auto heads = [&](const Tensor &m) { return m.narrow(-1, H * D, H * D).view({B, T, H, D}); };
+  Tensor ours = l2Normalize(heads(mixed.ours), 1e-6).transpose(1, 2);
+  Tensor r = heads(mixed.ref);
+  Tensor ref = (r / torch::sqrt(r.pow(2).sum(-1, true) + 1e-6)).transpose(1, 2);
+  Trial t{{"out", ours, ref}};
+  backward(t, ours, ref, {{"mixed", &mixed}});
+  return t;
+}
+
 /// Kimi's per-channel decayed scores alone, P[t][i] = sum_d x_td y_id
 /// e^{G_td - G_id} (i <= t), and the backward written for them (dx, dy), at
 /// chunk shapes [B, H, n, c, dk], against float64 pairs and autograd: on a
@@ -288,6 +303,9 @@ void addLinearAttentionChecks(std::vector<Check> &all) {
     addCheck(all, "norm.zero_centred_rms", shape, [=](const Ctx &c) { return zeroCentredTrial(c, N, D); });
     addCheck(all, "norm.l2", shape, [=](const Ctx &c) { return l2Trial(c, N, D); });
   }
+  for (auto [T, H, D] : std::vector<std::array<int64_t, 3>>{{9, 3, 128}, {5, 2, 16}})
+    addCheck(all, "norm.l2.strided", shapeText({{"B", 2}, {"T", T}, {"H", H}, {"D", D}}),
+             [=](const Ctx &c) { return l2StridedTrial(c, 2, T, H, D); });
 }
 
 } // namespace adapt::rt::opcheck
