@@ -2,9 +2,10 @@
 # The query/key L2-norm kernels (opt-in ADAPT_L2NORM_KERNEL=1, written in
 # session 54 without a GPU) in one device call: their op checks (norm.l2 and
 # its strided form, fp32 and bf16) and the delta rule's (gated_delta_rule,
-# kimi_delta) with them on, memcheck, then Qwen3-Next-80B-A3B's widths at 4
-# layers with them against without (adapt alone, 8 steps, the losses'
-# largest relative difference), and GDN's layer bench both ways.
+# kimi_delta, unless past KIMI_BY seconds) with them on, Qwen3-Next-80B-A3B's
+# widths at 4 layers with them against without (adapt alone, 8 steps, the
+# losses' largest relative difference), then memcheck (unless past
+# MEMCHECK_BY seconds).
 # usage: bench/h200_l2norm.sh OUTDIR   (from the repository root; .h200/qn-L4
 #        from `NEXT_DEPTHS=4 bench/h200_prepare.sh`, carried with
 #        `carry: [".h200"]`)
@@ -15,14 +16,14 @@ ON=ADAPT_L2NORM_KERNEL=1
 check l2-fp32 $ON norm.l2 float32
 check l2-bf16 $ON norm.l2
 check gdn $ON gated_delta_rule
-check kimi $ON kimi_delta
-SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
-if [ -n "$SAN" ]; then
-  env $ON timeout 110 $SAN --tool memcheck --error-exitcode 9 $W/rt/adapt-op-check --device cuda --seeds 1 \
-    --dtype bfloat16 --only norm.l2 --out $W/checks/memcheck > $W/memcheck.log 2>&1
-  echo "-- memcheck norm.l2 [$ON]: rc $? $(grep -m1 'ERROR SUMMARY' $W/memcheck.log) ($(el) s)"
-fi
+[ $(el) -lt ${KIMI_BY:-200} ] && check kimi $ON kimi_delta
 export $ON
 COMPARE_ENV=ADAPT_L2NORM_KERNEL=0 NAME=qn DEPTHS=4 PEER=0 PROFILE=0 STEPS=8 bash bench/h200_speed.sh "$OUT" 2>&1 | tail -30
 python3 -c "import json,sys; print('l2_normalize:', json.load(open(sys.argv[1])).get('sites', {}).get('l2_normalize'))" $W/run-L4/kernels.json
+SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+if [ -n "$SAN" ] && [ $(el) -lt ${MEMCHECK_BY:-330} ]; then
+  timeout 60 $SAN --tool memcheck --error-exitcode 9 $W/rt/adapt-op-check --device cuda --seeds 1 \
+    --dtype bfloat16 --only norm.l2 --out $W/checks/memcheck > $W/memcheck.log 2>&1
+  echo "-- memcheck norm.l2 [$ON]: rc $? $(grep -m1 'ERROR SUMMARY' $W/memcheck.log) ($(el) s)"
+fi
 echo "== done $(el) s"
