@@ -333,6 +333,30 @@ TEST(LinearLayers, LightningContextParallelMatchesOneProcess) {
   }
 }
 
+namespace {
+
+/// The hybrid block's 64 tokens on two CP ranks (each layer recomputed in the
+/// backward pass when \p recomputed) against one process, not recomputed.
+void expectHybridBlockOnTwoRanksMatches(bool recomputed) {
+  torch::manual_seed(9);
+  const int64_t kPart = 32; // a whole number of chunks of 8 (see below)
+  HybridBlock block = hybridBlock();
+  torch::Tensor x = torch::randn({2, 2 * kPart, kHidden});
+  torch::Tensor cot = torch::randn({2, 2 * kPart, kHidden});
+  const std::vector<torch::Tensor> whole = block.withOwnAdapters().valueAndGradients(x, cot, 0);
+  const auto perRank = onRanks(2, [&](Collectives &group, int r) {
+    HybridBlock mine = block.withOwnAdapters();
+    for (GatedDeltaNetLayer &g : mine.deltas)
+      g.context = ContextSplit{&group, r, 2};
+    mine.sparse.context = ContextSplit{&group, r, 2};
+    return mine.valueAndGradients(x.narrow(1, kPart * r, kPart), cot.narrow(1, kPart * r, kPart), kPart * r,
+                                  recomputed);
+  });
+  expectRanksMatchOneProcess(perRank, whole, recomputed ? "hybrid, recomputed" : "hybrid");
+}
+
+} // namespace
+
 /// The 3:1 hybrid block on two context-parallel ranks (threads, an
 /// in-process group) against one process over the whole 64-token sequence:
 /// each rank runs its 32 tokens, the delta-rule layers in segments of 16
@@ -347,23 +371,7 @@ TEST(LinearLayers, LightningContextParallelMatchesOneProcess) {
 /// Parts that split a chunk (33 tokens) take other, equally exact, fp32
 /// paths through four stacked layers and land at up to 1.1e-5; the ragged
 /// boundary itself is covered per layer by the tests above.
-TEST(HybridBlock, ContextParallelMatchesOneProcess) {
-  torch::manual_seed(9);
-  const int64_t kPart = 32; // a whole number of chunks of 8 (see above)
-  HybridBlock block = hybridBlock();
-  torch::Tensor x = torch::randn({2, 2 * kPart, kHidden});
-  torch::Tensor cot = torch::randn({2, 2 * kPart, kHidden});
-  const std::vector<torch::Tensor> whole = block.withOwnAdapters().valueAndGradients(x, cot, 0);
-
-  const auto perRank = onRanks(2, [&](Collectives &group, int r) {
-    HybridBlock mine = block.withOwnAdapters();
-    for (GatedDeltaNetLayer &g : mine.deltas)
-      g.context = ContextSplit{&group, r, 2};
-    mine.sparse.context = ContextSplit{&group, r, 2};
-    return mine.valueAndGradients(x.narrow(1, kPart * r, kPart), cot.narrow(1, kPart * r, kPart), kPart * r);
-  });
-  expectRanksMatchOneProcess(perRank, whole, "hybrid");
-}
+TEST(HybridBlock, ContextParallelMatchesOneProcess) { expectHybridBlockOnTwoRanksMatches(/*recomputed=*/false); }
 
 /// The same block with every layer recomputed in the backward pass on each
 /// rank (the trainer's --recompute with --cp): the recomputation receives
@@ -373,22 +381,7 @@ TEST(HybridBlock, ContextParallelMatchesOneProcess) {
 /// measured (ADAPT_PRINT_MARGINS=1) up to 2.76e-7, as the test above, since
 /// recomputation repeats the same fp32 operations; bound 1e-5 (36x).
 TEST(HybridBlock, ContextParallelWithRecomputationMatchesOneProcess) {
-  torch::manual_seed(9);
-  const int64_t kPart = 32;
-  HybridBlock block = hybridBlock();
-  torch::Tensor x = torch::randn({2, 2 * kPart, kHidden});
-  torch::Tensor cot = torch::randn({2, 2 * kPart, kHidden});
-  const std::vector<torch::Tensor> whole = block.withOwnAdapters().valueAndGradients(x, cot, 0);
-
-  const auto perRank = onRanks(2, [&](Collectives &group, int r) {
-    HybridBlock mine = block.withOwnAdapters();
-    for (GatedDeltaNetLayer &g : mine.deltas)
-      g.context = ContextSplit{&group, r, 2};
-    mine.sparse.context = ContextSplit{&group, r, 2};
-    return mine.valueAndGradients(x.narrow(1, kPart * r, kPart), cot.narrow(1, kPart * r, kPart), kPart * r,
-                                  /*recomputed=*/true);
-  });
-  expectRanksMatchOneProcess(perRank, whole, "hybrid, recomputed");
+  expectHybridBlockOnTwoRanksMatches(/*recomputed=*/true);
 }
 
 /// What lets one delta-rule layer train at 512K and 1M tokens: in segments
