@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The query/key L2-norm kernels (opt-in ADAPT_L2NORM_KERNEL=1, written in
-# session 54 without a GPU) in one device call: their op checks (norm.l2 and
+# The query/key L2-norm kernels (ADAPT_L2NORM_KERNEL, the default since
+# session 54's H100 call of this script) in one device call: their op checks (norm.l2 and
 # its strided form, fp32 and bf16) and the delta rule's (gated_delta_rule,
 # kimi_delta, unless past KIMI_BY seconds) with them on, Qwen3-Next-80B-A3B's
 # widths at 4 layers with them against without (adapt alone, 8 steps, the

@@ -38,7 +38,7 @@ torch::Tensor causalConv1dSilu(const torch::Tensor &x, const torch::Tensor &weig
 
 /// x * rsqrt(sum(x^2) + eps) over the last dim (the FLA/transformers l2norm),
 /// in fp32 (or x's wider dtype) and rounded once to x's dtype; one CUDA
-/// kernel each way with ADAPT_L2NORM_KERNEL=1 (runtime/cuda/L2NormKernel.h).
+/// kernel each way on a GPU (runtime/cuda/L2NormKernel.h).
 torch::Tensor l2Normalize(const torch::Tensor &x, double eps = 1e-6);
 
 /// Gated RMSNorm (Qwen3-Next's RMSNormGated): rmsnorm(x) * weight * silu(z)

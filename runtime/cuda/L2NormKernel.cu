@@ -107,7 +107,7 @@ __global__ void __launch_bounds__(kThreads)
 } // namespace
 
 bool l2NormKernelEnabled() {
-  static const bool on = switchedOn("ADAPT_L2NORM_KERNEL");
+  static const bool on = !switchedOff("ADAPT_L2NORM_KERNEL");
   return on;
 }
 
