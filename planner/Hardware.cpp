@@ -50,7 +50,7 @@ const Hardware &h200() {
     // account for 17.33; the three more GDN layers 1.323 GiB each at 8,192
     // tokens: ~173 KB a token at 32 x 128 value channels (the LibTorch
     // composition kept ~0.6 MiB). Each depth's total is the check
-    // (tests/e2e/test_plan.py: -1.1 % and -0.6 %).
+    // (tests/e2e/test_plan.py: -1.0 % and -0.5 %).
     x.deltaRuleBytesPerToken = 1.323 * (1ull << 30) / 8192.0;
     // The same runs: 14.68 ms a layer (the 3:1 mix's average, from 105.3K
     // and 60.0K tokens/s), of which this planner's FLOP count and softmax

@@ -112,6 +112,12 @@ std::pair<double, double> layerFlops(const ModelFacts &f, int64_t seqLen) {
   return {dense + core, experts};
 }
 
+/// Seconds per token of the delta rule's op alone at 4,096 value channels:
+/// Kimi's per-channel form or GDN's.
+double deltaOpSecondsPerToken(const ModelFacts &f, const Hardware &h) {
+  return f.perChannelDecay ? h.kimiDeltaOpSecondsPerToken : h.deltaRuleOpSecondsPerToken;
+}
+
 /// The wait CP adds to the delta rule (runtime/ContextParallel.h): rank c
 /// starts a delta-rule layer's op when rank c-1 has passed its leaving
 /// state, so within a run of such layers the ranks form a pipeline, and the
@@ -126,8 +132,7 @@ double stateChainSeconds(const ModelFacts &f, const Hardware &h, const Layout &l
                          double stageShare) {
   if (l.cp <= 1 || f.deltaRuleRuns == 0)
     return 0.0;
-  const double op = f.perChannelDecay ? h.kimiDeltaOpSecondsPerToken : h.deltaRuleOpSecondsPerToken;
-  const double opPerToken = op * double(f.deltaValueWidth) / 4096.0;
+  const double opPerToken = deltaOpSecondsPerToken(f, h) * double(f.deltaValueWidth) / 4096.0;
   const double runs = std::ceil(f.deltaRuleRuns * stageShare);
   const double recomputed = l.recompute ? 4.0 / 3.0 : 1.0;
   return runs * (l.cp - 1.0) * tokensPerStep * opPerToken * recomputed;
@@ -275,8 +280,8 @@ Candidate estimate(const ModelFacts &f, const PlanRequest &r, const Hardware &h,
   // tokens) and the DSA indexer (bf16 scores over every earlier key,
   // forward only: its weights are frozen).
   const double stageShare = layersPerStage / std::max<double>(f.layers, 1.0);
-  const double deltaOp = f.perChannelDecay ? h.kimiDeltaOpSecondsPerToken : h.deltaRuleOpSecondsPerToken;
-  layerSeconds += tokensPerStep * f.deltaRuleLayers * stageShare * (h.deltaRuleLayerRestSecondsPerToken + deltaOp) *
+  layerSeconds += tokensPerStep * f.deltaRuleLayers * stageShare *
+                  (h.deltaRuleLayerRestSecondsPerToken + deltaOpSecondsPerToken(f, h)) *
                   (double(f.deltaValueWidth) / 4096.0);
   layerSeconds += tokensPerStep * f.lightningLayers * stageShare * h.lightningSecondsPerToken *
                   (double(f.lightningWidth) / 8192.0);

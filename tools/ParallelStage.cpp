@@ -96,8 +96,8 @@ struct LayoutSpec {
   std::string name;
   std::map<std::string, int> sizes; ///< "--ep" -> 2, ...
   /// --recompute: every layer (its context exchange included) runs again in
-  /// the backward pass; the reference does not recompute, and recomputation
-  /// must not change a bit of it.
+  /// the backward pass. The reference does not recompute; recomputation
+  /// repeats the same operations, so the layout's bounds stay as they are.
   bool recompute = false;
   int world() const {
     int n = 1;

@@ -56,14 +56,7 @@ __global__ void __launch_bounds__(kThreads)
   if (row >= rows)
     return;
   const T *src = x + in.offset(row);
-  float squares = 0.0f;
-  for (int h = lane * P::kSize; h < width; h += 32 * P::kSize) {
-    const P v = P::load(src + h);
-#pragma unroll
-    for (int i = 0; i < P::kSize; ++i)
-      squares += v.v[i] * v.v[i];
-  }
-  const float r = rsqrtf(warpSum(squares) + eps);
+  const float r = rsqrtf(rowSquares(src, width, lane) + eps);
   if (lane == 0)
     rOut[row] = r;
   for (int h = lane * P::kSize; h < width; h += 32 * P::kSize) {
@@ -150,7 +143,7 @@ at::Tensor l2NormBackward(const at::Tensor &x, const at::Tensor &r, const at::Te
   at::Tensor dx = at::empty(x.sizes(), x.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "l2NormBackward", [&] {
     l2NormBackwardKernel<scalar_t><<<blocksFor(rows), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
-        x.data_ptr<scalar_t>(), layoutOf(x), r.contiguous().data_ptr<float>(), dy.data_ptr<scalar_t>(), layoutOf(dy),
+        x.data_ptr<scalar_t>(), layoutOf(x), r.data_ptr<float>(), dy.data_ptr<scalar_t>(), layoutOf(dy),
         dx.data_ptr<scalar_t>(), rows, static_cast<int>(width));
   });
   C10_CUDA_KERNEL_LAUNCH_CHECK();

@@ -1,6 +1,6 @@
 //===- RowNorm.cuh - a warp per row for the RMSNorm kernels ----*- C++ -*-===//
 //
-// The RMSNorm kernels (RmsNormKernel.cu, GatedNormKernel.cu) give each row
+// The row-norm kernels (RmsNormKernel.cu, GatedNormKernel.cu, L2NormKernel.cu) give each row
 // to one warp, which walks it in 16-byte packs (Packed.cuh): the rows are
 // short (64-8,192 elements), and a block per row would leave most of it idle.
 //
@@ -28,10 +28,10 @@ __device__ __forceinline__ float warpSum(float v) {
   return v;
 }
 
-/// rsqrt(mean(row^2) + eps) of the \p width elements at \p row, in every
-/// lane of the warp (\p lane: this thread's).
+/// sum(row^2) of the \p width elements at \p row, in every lane of the
+/// warp (\p lane: this thread's).
 template <typename T>
-__device__ __forceinline__ float rowRstd(const T *row, int64_t width, int lane, float eps) {
+__device__ __forceinline__ float rowSquares(const T *row, int64_t width, int lane) {
   using P = Pack<T>;
   float squares = 0.0f;
   for (int64_t h = lane * int64_t(P::kSize); h < width; h += 32 * P::kSize) {
@@ -40,7 +40,14 @@ __device__ __forceinline__ float rowRstd(const T *row, int64_t width, int lane, 
     for (int i = 0; i < P::kSize; ++i)
       squares += v.v[i] * v.v[i];
   }
-  return rsqrtf(warpSum(squares) / static_cast<float>(width) + eps);
+  return warpSum(squares);
+}
+
+/// rsqrt(mean(row^2) + eps) of the \p width elements at \p row, in every
+/// lane of the warp (\p lane: this thread's).
+template <typename T>
+__device__ __forceinline__ float rowRstd(const T *row, int64_t width, int lane, float eps) {
+  return rsqrtf(rowSquares(row, width, lane) / static_cast<float>(width) + eps);
 }
 
 /// Blocks for \p rows rows.
