@@ -187,12 +187,14 @@ struct KimiTerms {
   /// on a GPU in one kernel pass when q is given (unless ADAPT_KIMI_FUSED_TERMS=0)
   /// (cuda::kimiFusedTerms, the same products in the same order), else
   /// LibTorch's passes.
-  KimiTerms(const Tensor &q, const Tensor &k, const Tensor &beta, const Tensor &cum) {
+  /// With \p bf16Decayed the kernel writes Kd and Qd in bf16 (their one
+  /// reader is then the state pass, which takes bf16 operands).
+  KimiTerms(const Tensor &q, const Tensor &k, const Tensor &beta, const Tensor &cum, bool bf16Decayed = false) {
     last = cum.narrow(3, cum.size(3) - 1, 1);
 #ifdef ADAPT_WITH_CUDA_KERNELS
     if (q.defined() && chooseKernel("kimi_delta_rule.backward_terms", k, cuda::kimiFusedTermsEnabled(),
                                     cuda::kimiFusedTermsTake(q, k, beta, cum))) {
-      cuda::KimiTermTensors t = cuda::kimiFusedTerms(q, k, beta, cum);
+      cuda::KimiTermTensors t = cuda::kimiFusedTerms(q, k, beta, cum, bf16Decayed);
       keysBeta = t.keysBeta, keysWeighted = t.keysWeighted, keysToEnd = t.keysToEnd, queryDecayed = t.queryDecayed;
       return;
     }
@@ -317,38 +319,58 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     const Tensor cum = toChunks(saved[3], c).cumsum(3), bt = toChunks(saved[4].unsqueeze(-1), c);
     const int64_t b = k.size(0), h = k.size(1), dk = k.size(4), dv = v.size(4);
     const Masks m(c, k.device());
-    KimiTerms terms(q, k, bt, cum); // not const: its tensors are freed after their last reader
-    Tensor xv = v * bt;
-    const Tensor &queryDecayed = terms.queryDecayed;
-    Tensor w = torch::matmul(inverse, terms.keysWeighted);
-    Tensor dOut = grads[0].defined() ? toChunks(grads[0], c) : torch::zeros(savedNewValues.sizes(), k.options());
-    Tensor dLast = grads[1].defined() ? grads[1].to(torch::kFloat32).reshape({b * h, dk, dv})
-                                      : torch::zeros({b * h, dk, dv}, k.options());
-
-    // The state's gradient from the last chunk back: dS = M^T dS' + Qd^T dO - W^T P^T dO,
-    // P the forward kernel's scores where it saved them (kimiSavedScoresEnabled), else rebuilt.
     const bool scoresSaved = saved.size() > 8 && saved[8].defined();
-    Tensor localNew = torch::matmul(
-        transposed(scoresSaved ? saved[8].to(torch::kFloat32) : perChannelDecayedScores(q, k, cum)), dOut); // P^T dO
-    // The chunk gradients through O = Qd S + P V_new, S' = diag(e^{G_last})
-    // S + Kd^T V_new, V_new = U - W S, W = T Xk, U = T Xv and T = (I + A)^-1
-    // with A = strictly-lower(diag(b) P_kk); leavingDotState = sum_v dS' . S.
-    Tensor ds, dQueryDecayed, dScores, dKeysToEnd, dXk, dXv, dSystem, leavingDotState;
     // Which tail runs (below): the kernel derives its own terms, so with it
     // the chunk terms' last reader comes earlier.
 #ifdef ADAPT_WITH_CUDA_KERNELS
     const bool tailKernel = chooseKernel("kimi_delta_rule.backward_tail", k, cuda::kimiBackwardTailEnabled(),
                                          cuda::kimiBackwardTailTakes(k));
-#else
-    const bool tailKernel = false;
-#endif
-#ifdef ADAPT_WITH_CUDA_KERNELS
     // After the forward kernels: the serial pass as one kernel (GDN's, its
     // state rows decaying per key channel), then (unless switched off) the
     // chunk gradients as one kernel reading its bf16 results as they are.
     const bool stateKernel = ctx->saved_data.count("kernels") > 0 && cuda::deltaRuleStateBackwardTakes(dk, dv, c);
-    if (stateKernel && chooseKernel("kimi_delta_rule.chunk_gradients", k, cuda::kimiChunkGradientsEnabled(),
-                                    cuda::kimiChunkGradientsTake(dOut, savedStates))) {
+    // bf16 operands where the kernels read them in bf16 anyway: dO as it
+    // arrives (its fp32 copy and the cast back for the state pass spared),
+    // P^T dO from bf16 P and dO with fp32 accumulation and output, and Kd
+    // and Qd from the terms kernel in bf16 when the tail kernel leaves the
+    // state pass their only reader.
+    const bool bf16Operands = stateKernel && scoresSaved && cuda::kimiBf16OperandsEnabled() &&
+                              grads[0].defined() && grads[0].scalar_type() == torch::kBFloat16;
+#else
+    const bool tailKernel = false, bf16Operands = false;
+#endif
+    Tensor dOut = grads[0].defined() ? toChunks(grads[0], c, bf16Operands ? torch::kBFloat16 : torch::kFloat32)
+                                     : torch::zeros(savedNewValues.sizes(), k.options());
+#ifdef ADAPT_WITH_CUDA_KERNELS
+    const bool chunkKernel = stateKernel && chooseKernel("kimi_delta_rule.chunk_gradients", k,
+                                                         cuda::kimiChunkGradientsEnabled(),
+                                                         cuda::kimiChunkGradientsTake(dOut, savedStates));
+#else
+    const bool chunkKernel = false;
+#endif
+    KimiTerms terms(q, k, bt, cum, bf16Operands && chunkKernel && tailKernel); // not const: freed after last reader
+    Tensor xv = v * bt;
+    const Tensor &queryDecayed = terms.queryDecayed;
+    Tensor w = torch::matmul(inverse, terms.keysWeighted);
+    Tensor dLast = grads[1].defined() ? grads[1].to(torch::kFloat32).reshape({b * h, dk, dv})
+                                      : torch::zeros({b * h, dk, dv}, k.options());
+
+    // The state's gradient from the last chunk back: dS = M^T dS' + Qd^T dO - W^T P^T dO,
+    // P the forward kernel's scores where it saved them (kimiSavedScoresEnabled), else rebuilt.
+    Tensor localNew;
+    if (bf16Operands) { // bf16 P^T and dO, fp32 products and sums: [b·h·n, c, dv]
+      const Tensor scores = saved[8].reshape({-1, c, c}), gradOut = dOut.reshape({-1, c, dv});
+      localNew = at::bmm(transposed(scores), gradOut, torch::kFloat32).view(dOut.sizes());
+    } else {
+      localNew = torch::matmul(
+          transposed(scoresSaved ? saved[8].to(torch::kFloat32) : perChannelDecayedScores(q, k, cum)), dOut); // P^T dO
+    }
+    // The chunk gradients through O = Qd S + P V_new, S' = diag(e^{G_last})
+    // S + Kd^T V_new, V_new = U - W S, W = T Xk, U = T Xv and T = (I + A)^-1
+    // with A = strictly-lower(diag(b) P_kk); leavingDotState = sum_v dS' . S.
+    Tensor ds, dQueryDecayed, dScores, dKeysToEnd, dXk, dXv, dSystem, leavingDotState;
+#ifdef ADAPT_WITH_CUDA_KERNELS
+    if (chunkKernel) {
       cuda::DeltaRuleStateGrads state = stateGradientsOnGpuRaw(terms.keysToEnd, w, queryDecayed, dOut, localNew,
                                                                terms.last, dLast, /*perChannel=*/true);
       w.reset(), localNew.reset(); // read by the state pass only: freed before the chunk gradients' outputs
@@ -364,6 +386,7 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
 #endif
     if (!dQueryDecayed.defined()) {
       const Tensor states = savedStates.to(torch::kFloat32), newValues = savedNewValues.to(torch::kFloat32);
+      dOut = dOut.to(torch::kFloat32); // bf16 when the chunk-gradient kernel was expected but refused
       Tensor dLeaving, dNew;
 #ifdef ADAPT_WITH_CUDA_KERNELS
       if (stateKernel)
@@ -389,7 +412,8 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     // v's gradient (already in v's dtype: the one rounding it gets anyway)
     // and its term in b's, taken now so that v and dXv (fp32 chunk tensors)
     // are freed before the peak, not held through it.
-    const Tensor dValue = (dXv * bt).to(static_cast<torch::ScalarType>(dtypes[2]));
+    Tensor dValue = torch::empty(dXv.sizes(), dXv.options().dtype(static_cast<torch::ScalarType>(dtypes[2])));
+    torch::mul_out(dValue, dXv, bt); // one pass on a GPU: the product in fp32, rounded as it is stored
     const Tensor dBetaValues = (dXv * v).sum(-1, true);
     dXv.reset(), v.reset();
     if (tailKernel)
@@ -412,7 +436,11 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
       // decays' gradient (decayGradient below, with dLastCum's terms).
       cuda::KimiBackwardTail tail =
           cuda::kimiBackwardTail(q, k, cum, bt, dqScores, dQueryDecayed, dKeysBeta, dkColumns, dXk, dKeysToEnd, scale,
-                                 cuda::kimiTailDecayGradientEnabled() ? leavingDotState : Tensor());
+                                 cuda::kimiTailDecayGradientEnabled() ? leavingDotState : Tensor(),
+                                 bf16Operands && dtypes[0] == int64_t(torch::kBFloat16) &&
+                                         dtypes[1] == int64_t(torch::kBFloat16)
+                                     ? torch::kBFloat16
+                                     : torch::kFloat32);
       dq = tail.query, dKey = tail.key, dBetaKeys = tail.betaKeys;
       (tail.decayGradient ? dDecay : dCum) = tail.cum;
       keysToEndSums = tail.keysToEndSums;

@@ -16,6 +16,7 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
+#include <cuda_bf16.h>
 
 #include <vector>
 
@@ -32,8 +33,11 @@ struct TailInputs {
   const float *beta; ///< [items, c]
 };
 
+/// The sums of kimiBackwardTail, a block per chunk; dq and dk written as
+/// \p Out (fp32, or bf16: the inputs' dtype, sparing the casts after).
+template <typename Out>
 __global__ void __launch_bounds__(kThreads)
-    kimiBackwardTailKernel(TailInputs in, int chunk, int channels, float scale, float *dq, float *dKey, float *dCum,
+    kimiBackwardTailKernel(TailInputs in, int chunk, int channels, float scale, Out *dq, Out *dKey, float *dCum,
                            float *betaKeys, float *keysToEndSums, const float *leavingDotState) {
   __shared__ float rowSums[kMaxChunk];
   const int d = threadIdx.x, lane = d % 32;
@@ -57,8 +61,8 @@ __global__ void __launch_bounds__(kThreads)
       const float q = in.q[at], k = in.k[at];
       const float dqS = in.dqScores[at], dQD = in.dQueryDecayed[at];
       const float dKB = in.dKeysBeta[at], dkC = in.dkColumns[at], dXk = in.dXk[at], dKE = in.dKeysToEnd[at];
-      dq[at] = (dqS + dQD * gamma) * scale;
-      dKey[at] = dKB * b + dkC + dXk * b * gamma + dKE * toEnd;
+      dq[at] = Out((dqS + dQD * gamma) * scale);
+      dKey[at] = Out(dKB * b + dkC + dXk * b * gamma + dKE * toEnd);
       const float keysToEndTerm = dKE * k * toEnd;
       const float gradCum = q * dqS + k * (dKB * b - dkC) + dQD * q * gamma + dXk * k * b * gamma - keysToEndTerm;
       suffixSum += gradCum;
@@ -104,7 +108,9 @@ KimiBackwardTail kimiBackwardTail(const at::Tensor &q, const at::Tensor &k, cons
                                   const at::Tensor &beta, const at::Tensor &dqScores, const at::Tensor &dQueryDecayed,
                                   const at::Tensor &dKeysBeta, const at::Tensor &dkColumns,
                                   const at::Tensor &dXk, const at::Tensor &dKeysToEnd, double scale,
-                                  const at::Tensor &leavingDotState) {
+                                  const at::Tensor &leavingDotState, at::ScalarType rowsType) {
+  TORCH_CHECK(rowsType == at::kFloat || rowsType == at::kBFloat16,
+              "kimiBackwardTail: dq and dk go out in fp32 or bf16, not ", c10::toString(rowsType));
   TORCH_CHECK(kimiBackwardTailTakes(k), "kimiBackwardTail: expected CUDA fp32 chunks [.., c <= 64, dk <= 128], found ",
               k.sizes());
   const int64_t chunk = k.size(-2), channels = k.size(-1), items = k.numel() / (chunk * channels);
@@ -124,8 +130,8 @@ KimiBackwardTail kimiBackwardTail(const at::Tensor &q, const at::Tensor &k, cons
                 data(dKeysBeta, "dKeysBeta"), data(dkColumns, "dkColumns"), data(dXk, "dXk"),
                 data(dKeysToEnd, "dKeysToEnd"), b.data_ptr<float>()};
   KimiBackwardTail r;
-  r.query = at::empty(k.sizes(), k.options());
-  r.key = at::empty(k.sizes(), k.options());
+  r.query = at::empty(k.sizes(), k.options().dtype(rowsType));
+  r.key = at::empty(k.sizes(), k.options().dtype(rowsType));
   r.cum = at::empty(k.sizes(), k.options());
   std::vector<int64_t> rowShape(k.sizes().begin(), k.sizes().end()), columnShape = rowShape;
   rowShape.back() = 1;
@@ -143,12 +149,18 @@ KimiBackwardTail kimiBackwardTail(const at::Tensor &q, const at::Tensor &k, cons
   } else {
     r.keysToEndSums = at::empty(columnShape, k.options());
   }
-  if (items > 0)
+  auto launch = [&](auto *dq, auto *dKey) {
     kimiBackwardTailKernel<<<static_cast<unsigned>(items), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
-        in, static_cast<int>(chunk), static_cast<int>(channels), static_cast<float>(scale), r.query.data_ptr<float>(),
-        r.key.data_ptr<float>(), r.cum.data_ptr<float>(), r.betaKeys.data_ptr<float>(),
-        leaving ? nullptr : r.keysToEndSums.data_ptr<float>(), leaving);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+        in, static_cast<int>(chunk), static_cast<int>(channels), static_cast<float>(scale), dq, dKey,
+        r.cum.data_ptr<float>(), r.betaKeys.data_ptr<float>(), leaving ? nullptr : r.keysToEndSums.data_ptr<float>(),
+        leaving);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  const auto bf16Rows = [](at::Tensor &x) { return reinterpret_cast<__nv_bfloat16 *>(x.data_ptr<at::BFloat16>()); };
+  if (items > 0 && rowsType == at::kBFloat16)
+    launch(bf16Rows(r.query), bf16Rows(r.key));
+  else if (items > 0)
+    launch(r.query.data_ptr<float>(), r.key.data_ptr<float>());
   return r;
 }
 

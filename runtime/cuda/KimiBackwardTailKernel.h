@@ -35,7 +35,7 @@ bool kimiTailDecayGradientEnabled();
 /// [.., c, dk] with c <= 64 and dk <= 128.
 bool kimiBackwardTailTakes(const at::Tensor &key);
 
-/// The tail's results, all fp32.
+/// The tail's results, fp32 but for dq and dk (the asked-for rows type).
 struct KimiBackwardTail {
   at::Tensor query;         ///< dq [.., c, dk] (times the query's scale).
   at::Tensor key;           ///< dk [.., c, dk].
@@ -58,12 +58,14 @@ struct KimiBackwardTail {
 /// tensor [.., c, dk] but \p beta; all fp32 on one CUDA device. Given \p
 /// leavingDotState (sum_v dS' . S per key channel [.., 1, dk]), cum is the
 /// log decays' gradient itself: dg_t = sum_{t' >= t} dG_t' + keysToEndSums
-/// + leavingDotState e^L.
+/// + leavingDotState e^L. dq and dk go out as \p rowsType (fp32 or bf16:
+/// rounded once, as the casts to the inputs' dtype after would round them).
 KimiBackwardTail kimiBackwardTail(const at::Tensor &q, const at::Tensor &k, const at::Tensor &cum,
                                   const at::Tensor &beta, const at::Tensor &dqScores, const at::Tensor &dQueryDecayed,
                                   const at::Tensor &dKeysBeta, const at::Tensor &dkColumns,
                                   const at::Tensor &dXk, const at::Tensor &dKeysToEnd, double scale,
-                                  const at::Tensor &leavingDotState = at::Tensor());
+                                  const at::Tensor &leavingDotState = at::Tensor(),
+                                  at::ScalarType rowsType = at::kFloat);
 
 } // namespace adapt::rt::cuda
 

@@ -64,10 +64,11 @@ struct ChunkGradOutputs {
 };
 
 /// A block per chunk (blockIdx.x over b·h·n): the products of
-/// kimiChunkGradients. \p Grad is dS' and dV_new's type (bf16 or fp32).
-template <typename Grad>
+/// kimiChunkGradients. \p Grad is dS' and dV_new's type, \p GradOut dO's
+/// (each bf16 or fp32).
+template <typename Grad, typename GradOut>
 __global__ void __launch_bounds__(256)
-    kimiChunkGradKernel(const float *gradOut, const bf16 *states, const bf16 *newValues, const Grad *leaving,
+    kimiChunkGradKernel(const GradOut *gradOut, const bf16 *states, const bf16 *newValues, const Grad *leaving,
                         const Grad *gradNew, const float *keysWeighted, const float *valuesWeighted,
                         const float *inverse, ChunkGradOutputs out, bool async) {
   extern __shared__ __align__(16) unsigned char shared[];
@@ -91,7 +92,10 @@ __global__ void __launch_bounds__(256)
     loadGrad<kChunk>(dns, kRow, gradNew + rows0 * kDim, async);
     loadGrad<kDim>(dss, kRow, leaving + state0, async);
   }
-  loadFloatBatched<kChunk, kDim>(dos, kRow, gradOut + rows0 * kDim);
+  if constexpr (std::is_same_v<GradOut, bf16>)
+    loadBf16(dos, kRow, gradOut + rows0 * kDim, kChunk, async);
+  else
+    loadFloatBatched<kChunk, kDim>(dos, kRow, gradOut + rows0 * kDim);
   loadFloatBatched<kChunk, kDim>(xks, kRow, keysWeighted + rows0 * kDim);
   loadFloatBatched<kChunk, kDim>(xvs, kRow, valuesWeighted + rows0 * kDim);
   loadFloatBatched<kChunk, kChunk>(ts, kSquareRow, inverse + rows0 * kChunk);
@@ -179,8 +183,14 @@ bool kimiChunkGradientsEnabled() {
   return on;
 }
 
+bool kimiBf16OperandsEnabled() {
+  static const bool on = switchedOn("ADAPT_KIMI_BF16_OPERANDS");
+  return on;
+}
+
 bool kimiChunkGradientsTake(const at::Tensor &gradOut, const at::Tensor &states) {
-  return gradOut.is_cuda() && gradOut.scalar_type() == at::kFloat && gradOut.dim() == 5 &&
+  return gradOut.is_cuda() && (gradOut.scalar_type() == at::kFloat || gradOut.scalar_type() == at::kBFloat16) &&
+         gradOut.dim() == 5 &&
          gradOut.size(3) == kChunk && gradOut.size(4) == kDim && states.scalar_type() == at::kBFloat16 &&
          states.dim() == 5 && states.sizes().slice(0, 3) == gradOut.sizes().slice(0, 3) && states.size(3) == kDim &&
          states.size(4) == kDim;
@@ -191,8 +201,8 @@ KimiChunkGrads kimiChunkGradients(const at::Tensor &gradOut, const at::Tensor &s
                                   const at::Tensor &valuesWeighted, const at::Tensor &inverse) {
   TORCH_CHECK(kimiChunkGradientsTake(gradOut, states) &&
                   (leaving.scalar_type() == at::kBFloat16 || leaving.scalar_type() == at::kFloat),
-              "kimiChunkGradients: expected fp32 dO [b, h, n, 64, 128], bf16 states [b, h, n, 128, 128] and a bf16 "
-              "or fp32 dS' on CUDA");
+              "kimiChunkGradients: expected a bf16 or fp32 dO [b, h, n, 64, 128], bf16 states [b, h, n, 128, 128] "
+              "and a bf16 or fp32 dS' on CUDA");
   const at::IntArrayRef chunks = gradOut.sizes().slice(0, 3);
   const at::ScalarType gradType = leaving.scalar_type();
   auto expect = [&](const at::Tensor &x, const char *name, at::ScalarType dtype, int64_t rows, int64_t width) {
@@ -202,7 +212,8 @@ KimiChunkGrads kimiChunkGradients(const at::Tensor &gradOut, const at::Tensor &s
                 width, "], found ", c10::toString(x.scalar_type()), " ", x.sizes());
     return x.contiguous();
   };
-  const at::Tensor dO = expect(gradOut, "dO", at::kFloat, kChunk, kDim);
+  const at::Tensor dO = expect(gradOut, "dO", gradOut.scalar_type(), kChunk, kDim);
+  const at::TensorOptions f32 = dO.options().dtype(at::kFloat);
   const at::Tensor s = expect(states, "S", at::kBFloat16, kDim, kDim);
   const at::Tensor vNew = expect(newValues, "V_new", at::kBFloat16, kChunk, kDim);
   const at::Tensor dS = expect(leaving, "dS'", gradType, kDim, kDim);
@@ -212,13 +223,13 @@ KimiChunkGrads kimiChunkGradients(const at::Tensor &gradOut, const at::Tensor &s
   const at::Tensor t = expect(inverse, "T", at::kFloat, kChunk, kChunk);
   const c10::cuda::CUDAGuard guard(gradOut.device());
   KimiChunkGrads r;
-  r.queryDecayed = at::empty(dO.sizes(), dO.options());
+  r.queryDecayed = at::empty(dO.sizes(), f32);
   r.keysToEnd = at::empty_like(r.queryDecayed);
   r.keysWeighted = at::empty_like(r.queryDecayed);
   r.valuesWeighted = at::empty_like(r.queryDecayed);
-  r.scores = at::empty(t.sizes(), dO.options());
+  r.scores = at::empty(t.sizes(), f32);
   r.system = at::empty_like(r.scores);
-  r.leavingDotState = at::empty({chunks[0], chunks[1], chunks[2], 1, kDim}, dO.options());
+  r.leavingDotState = at::empty({chunks[0], chunks[1], chunks[2], 1, kDim}, f32);
   const int64_t items = dO.numel() / (kChunk * kDim);
   if (items == 0)
     return r;
@@ -229,17 +240,21 @@ KimiChunkGrads kimiChunkGradients(const at::Tensor &gradOut, const at::Tensor &s
                              r.leavingDotState.data_ptr<float>()};
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const bool async = asyncLoads();
-  if (gradType == at::kBFloat16) {
-    allowSharedMemory(kimiChunkGradKernel<bf16>, kSharedBytes);
-    kimiChunkGradKernel<bf16><<<static_cast<unsigned>(items), 256, kSharedBytes, stream>>>(
-        dO.data_ptr<float>(), bf16Data(s), bf16Data(vNew), bf16Data(dS), bf16Data(dVNew), xk.data_ptr<float>(),
+  auto launch = [&](auto kernel, const auto *gradOutData, const auto *leavingData, const auto *gradNewData) {
+    allowSharedMemory(kernel, kSharedBytes);
+    kernel<<<static_cast<unsigned>(items), 256, kSharedBytes, stream>>>(
+        gradOutData, bf16Data(s), bf16Data(vNew), leavingData, gradNewData, xk.data_ptr<float>(),
         xv.data_ptr<float>(), t.data_ptr<float>(), out, async);
-  } else {
-    allowSharedMemory(kimiChunkGradKernel<float>, kSharedBytes);
-    kimiChunkGradKernel<float><<<static_cast<unsigned>(items), 256, kSharedBytes, stream>>>(
-        dO.data_ptr<float>(), bf16Data(s), bf16Data(vNew), dS.data_ptr<float>(), dVNew.data_ptr<float>(),
-        xk.data_ptr<float>(), xv.data_ptr<float>(), t.data_ptr<float>(), out, async);
-  }
+  };
+  const bool bf16Out = dO.scalar_type() == at::kBFloat16;
+  if (gradType == at::kBFloat16 && bf16Out)
+    launch(kimiChunkGradKernel<bf16, bf16>, bf16Data(dO), bf16Data(dS), bf16Data(dVNew));
+  else if (gradType == at::kBFloat16)
+    launch(kimiChunkGradKernel<bf16, float>, dO.data_ptr<float>(), bf16Data(dS), bf16Data(dVNew));
+  else if (bf16Out)
+    launch(kimiChunkGradKernel<float, bf16>, bf16Data(dO), dS.data_ptr<float>(), dVNew.data_ptr<float>());
+  else
+    launch(kimiChunkGradKernel<float, float>, dO.data_ptr<float>(), dS.data_ptr<float>(), dVNew.data_ptr<float>());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return r;
 }

@@ -26,8 +26,17 @@ namespace adapt::rt::cuda {
 /// unless ADAPT_KIMI_CHUNK_GRAD_KERNEL=0).
 bool kimiChunkGradientsEnabled();
 
-/// Whether the kernel takes these operands: CUDA, chunk 64, d 128, fp32 \p
-/// gradOut [b, h, n, 64, 128] and bf16 \p states [b, h, n, 128, 128] (the
+/// Whether the Kimi node's backward hands the kernels bf16 operands where
+/// they read bf16 anyway (opt-in ADAPT_KIMI_BF16_OPERANDS=1 until checked
+/// on a GPU): dO as it arrives to this kernel and the state pass, P^T dO
+/// from the saved bf16 scores (fp32 sums), k e^{G_last - G} and q e^G from
+/// the terms kernel in bf16, and dq and dk from the tail kernel in bf16. At
+/// 1 x 32 heads x 8K that drops ~1.4 GiB of fp32 traffic: the copies and
+/// casts of session 54's profile (0.66 ms of 8.31).
+bool kimiBf16OperandsEnabled();
+
+/// Whether the kernel takes these operands: CUDA, chunk 64, d 128, bf16 or
+/// fp32 \p gradOut [b, h, n, 64, 128] and bf16 \p states [b, h, n, 128, 128] (the
 /// forward kernels' saved states; the state gradients come after this test).
 bool kimiChunkGradientsTake(const at::Tensor &gradOut, const at::Tensor &states);
 
@@ -42,7 +51,8 @@ struct KimiChunkGrads {
   at::Tensor leavingDotState; ///< sum over v of dS' . S per key channel [.., 1, 128].
 };
 
-/// Per chunk of \p gradOut (dO, fp32), \p states (S entering the chunk,
+/// Per chunk of \p gradOut (dO, bf16 or fp32: bf16 as the output's
+/// gradient arrives spares its fp32 copy), \p states (S entering the chunk,
 /// bf16), \p newValues (V_new, bf16 [.., 64, 128]), \p leaving (dS' of the
 /// state leaving it, [.., 128, 128]) and \p gradNew (dV_new [.., 64, 128]),
 /// both bf16 or both fp32, \p keysWeighted (Xk = b k e^G) and \p

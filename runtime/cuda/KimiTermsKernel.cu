@@ -12,6 +12,7 @@
 
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty_like.h>
+#include <cuda_bf16.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
@@ -29,20 +30,30 @@ __device__ __forceinline__ float4 expOfDifference(float4 a, float4 b) {
   return {expf(a.x - b.x), expf(a.y - b.y), expf(a.z - b.z), expf(a.w - b.w)};
 }
 
+/// Four fp32 values as four bf16, each rounded to nearest even as
+/// at::Tensor::to's cast rounds them: 8 bytes.
+struct __align__(8) Bf16Quad {
+  __nv_bfloat162 low, high;
+  __device__ __forceinline__ Bf16Quad(float4 v)
+      : low(__floats2bfloat162_rn(v.x, v.y)), high(__floats2bfloat162_rn(v.z, v.w)) {}
+};
+
 /// The four terms over \p groups float4 groups, \p quads groups a row,
-/// \p chunk rows a chunk.
+/// \p chunk rows a chunk; the decayed keys and queries stored as \p
+/// Decayed (float4, or Bf16Quad for the state pass's bf16 operands).
+template <typename Decayed>
 __global__ void __launch_bounds__(256)
     kimiTermsKernel(const float4 *query, const float4 *key, const float *beta, const float4 *cum, int chunk, int quads,
-                    int64_t groups, float4 *keysBeta, float4 *keysWeighted, float4 *keysToEnd,
-                    float4 *queryDecayed) {
+                    int64_t groups, float4 *keysBeta, float4 *keysWeighted, Decayed *keysToEnd,
+                    Decayed *queryDecayed) {
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < groups; e += int64_t(gridDim.x) * blockDim.x) {
     const int64_t row = e / quads, lastRow = row - row % chunk + chunk - 1;
     const float4 g = cum[e], last = cum[lastRow * quads + e % quads], k = key[e];
     const float4 decay = expOf(g), leave = expOfDifference(last, g), kb = k * beta[row];
     keysBeta[e] = kb;
     keysWeighted[e] = kb * decay;
-    keysToEnd[e] = k * leave;
-    queryDecayed[e] = query[e] * decay;
+    keysToEnd[e] = Decayed(k * leave);
+    queryDecayed[e] = Decayed(query[e] * decay);
   }
 }
 
@@ -70,10 +81,12 @@ bool kimiFusedTermsTake(const at::Tensor &query, const at::Tensor &key, const at
 }
 
 KimiTermTensors kimiFusedTerms(const at::Tensor &query, const at::Tensor &key, const at::Tensor &beta,
-                               const at::Tensor &cum) {
+                               const at::Tensor &cum, bool bf16Decayed) {
   TORCH_CHECK(kimiFusedTermsTake(query, key, beta, cum),
               "kimiFusedTerms: expected CUDA fp32 contiguous q, k, cum [.., c, d] (d a multiple of 4) and beta [.., c, 1]");
-  KimiTermTensors t{at::empty_like(key), at::empty_like(key), at::empty_like(key), at::empty_like(key)};
+  const at::TensorOptions decayedOptions = bf16Decayed ? key.options().dtype(at::kBFloat16) : key.options();
+  KimiTermTensors t{at::empty_like(key), at::empty_like(key), at::empty_like(key, decayedOptions),
+                    at::empty_like(key, decayedOptions)};
   const int64_t groups = key.numel() / 4;
   if (groups == 0)
     return t;
@@ -82,10 +95,17 @@ KimiTermTensors kimiFusedTerms(const at::Tensor &query, const at::Tensor &key, c
   const auto blocks = static_cast<unsigned>(std::min<int64_t>((groups + 255) / 256, int64_t(sms) * 8));
   const auto f4 = [](const at::Tensor &x) { return reinterpret_cast<const float4 *>(x.data_ptr<float>()); };
   const auto out = [](at::Tensor &x) { return reinterpret_cast<float4 *>(x.data_ptr<float>()); };
-  kimiTermsKernel<<<blocks, 256, 0, at::cuda::getCurrentCUDAStream()>>>(
-      f4(query), f4(key), beta.data_ptr<float>(), f4(cum), static_cast<int>(key.size(-2)),
-      static_cast<int>(key.size(-1) / 4), groups, out(t.keysBeta), out(t.keysWeighted), out(t.keysToEnd),
-      out(t.queryDecayed));
+  const auto outBf16 = [](at::Tensor &x) { return reinterpret_cast<Bf16Quad *>(x.data_ptr<at::BFloat16>()); };
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const int chunk = static_cast<int>(key.size(-2)), quads = static_cast<int>(key.size(-1) / 4);
+  if (bf16Decayed)
+    kimiTermsKernel<Bf16Quad><<<blocks, 256, 0, stream>>>(f4(query), f4(key), beta.data_ptr<float>(), f4(cum), chunk,
+                                                          quads, groups, out(t.keysBeta), out(t.keysWeighted),
+                                                          outBf16(t.keysToEnd), outBf16(t.queryDecayed));
+  else
+    kimiTermsKernel<float4><<<blocks, 256, 0, stream>>>(f4(query), f4(key), beta.data_ptr<float>(), f4(cum), chunk,
+                                                        quads, groups, out(t.keysBeta), out(t.keysWeighted),
+                                                        out(t.keysToEnd), out(t.queryDecayed));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return t;
 }

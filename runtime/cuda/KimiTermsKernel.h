@@ -32,20 +32,25 @@ bool kimiFusedTermsEnabled();
 bool kimiFusedTermsTake(const at::Tensor &query, const at::Tensor &key, const at::Tensor &beta,
                         const at::Tensor &cum);
 
-/// The terms, fp32 and shaped like \p key.
+/// The terms, shaped like \p key: fp32, but for the decayed keys and
+/// queries when asked for in bf16.
 /// e^G and e^{G_last - G} themselves are not among them: only the backward's
 /// LibTorch tail reads them, and the tail kernel derives its own.
 struct KimiTermTensors {
   at::Tensor keysBeta;     ///< k b
   at::Tensor keysWeighted; ///< (k b) e^G
-  at::Tensor keysToEnd;    ///< k e^{G_last - G}, G_last the chunk's last row
-  at::Tensor queryDecayed; ///< q e^G
+  at::Tensor keysToEnd;    ///< k e^{G_last - G}, G_last the chunk's last row (fp32 or bf16)
+  at::Tensor queryDecayed; ///< q e^G (fp32 or bf16)
 };
 
 /// The terms of \p query, \p key, \p beta and \p cum in one pass (each
 /// product in the composition's order, exponentials as torch.exp's expf).
+/// With \p bf16Decayed, k e^{G_last - G} and q e^G are written in bf16,
+/// rounded as .to(kBFloat16) rounds them: where only the state pass reads
+/// them (it takes bf16 operands), that spares two fp32 writes and the two
+/// casts after them.
 KimiTermTensors kimiFusedTerms(const at::Tensor &query, const at::Tensor &key, const at::Tensor &beta,
-                               const at::Tensor &cum);
+                               const at::Tensor &cum, bool bf16Decayed = false);
 
 } // namespace adapt::rt::cuda
 

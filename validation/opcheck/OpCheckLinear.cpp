@@ -276,8 +276,11 @@ void addLinearAttentionChecks(std::vector<Check> &all) {
   // last group of one row.
   scores(1, 2, 2, 37, 64);
   // Training's forward kernels at the released widths on a GPU in bf16 (three
-  // chunks, the last ragged).
+  // chunks, the last ragged), and whole chunks: there the backward's bf16
+  // operands (ADAPT_KIMI_BF16_OPERANDS) are dO's rows in place and dq, dk
+  // the tail kernel's own.
   delta("kimi_delta.chunked", {2, 130, 128, 128, 64, true});
+  delta("kimi_delta.chunked", {1, 128, 128, 128, 64, true});
   // The forward without a graph at the released widths: on a GPU in bf16
   // cuda::kimiDeltaRuleForward (three chunks,
   // the last ragged; one whole chunk).

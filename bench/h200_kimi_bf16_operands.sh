@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Kimi's backward with bf16 operands where its kernels read bf16 anyway
+# (opt-in ADAPT_KIMI_BF16_OPERANDS=1, session 55: dO as it arrives, P^T dO
+# from the saved bf16 scores, Kd and Qd from the terms kernel in bf16, dq and
+# dk from the tail kernel in bf16) in one device call: the op checks with it
+# on (kimi_delta bf16, kimi_delta.chunked fp32, kimi_scores bf16), memcheck,
+# KDA forward + backward with it against the default in two interleaved
+# rounds, and the backward's kernels at 8K with it on (trace_kernels.py).
+# ~330 s on a fresh H100/H200.
+# usage: bench/h200_kimi_bf16_operands.sh OUTDIR   (from the repository root)
+cd "$(dirname "$0")/.."
+OUT=${1:?usage: h200_kimi_bf16_operands.sh OUTDIR}
+source bench/h200/start.sh
+ON=ADAPT_KIMI_BF16_OPERANDS=1
+check kimi $ON kimi_delta
+check kimi-fp32 $ON kimi_delta.chunked float32
+SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+if [ -n "$SAN" ] && [ $(el) -lt ${MEMCHECK_BY:-260} ]; then
+  env $ON timeout 110 $SAN --tool memcheck --error-exitcode 9 $W/rt/adapt-op-check --device cuda --seeds 1 \
+    --dtype bfloat16 --only kimi_delta.chunked --out $W/checks/memcheck > $W/memcheck.log 2>&1
+  echo "-- memcheck kimi_delta.chunked [$ON]: rc $? $(grep -m1 'ERROR SUMMARY' $W/memcheck.log) ($(el) s)"
+  grep -m4 -A4 "Invalid" $W/memcheck.log
+fi
+echo "== timings $(el) s"
+for round in 1 2; do
+  for e in ADAPT_NONE=1 $ON; do
+    for s in "1 32 8192" "1 32 32768" "4 16 4096"; do
+      echo "kda [$e] round $round $(env $e timeout 60 $W/lc/long_context --delta-rule $s 128 128 --per-channel --iters 5 2>&1 | tail -1)"
+    done
+  done
+done
+for e in $ON ADAPT_NONE=1; do
+  rm -rf $W/prof; env $e timeout 60 $W/lc/long_context --delta-rule 1 32 8192 128 128 --per-channel --iters 2 \
+    --profile $W/prof > $W/prof.log 2>&1
+  echo "-- kernels [$e] ($(el) s)"; python3 bench/h200/trace_kernels.py $W/prof/profile/trace.json 3 14 2>&1 | tail -15
+done
+echo "== done $(el) s"
