@@ -5,7 +5,8 @@
 # dk from the tail kernel in bf16) in one device call: the op checks with it
 # on (kimi_delta bf16, kimi_delta.chunked fp32, kimi_scores bf16), memcheck,
 # KDA forward + backward with it against the default in two interleaved
-# rounds, and the backward's kernels at 8K with it on (trace_kernels.py).
+# rounds, and the backward's kernels at 8K with it on (trace_kernels.py;
+# PROFILE_BASELINE=1: the default's too).
 # ~330 s on a fresh H100/H200.
 # usage: bench/h200_kimi_bf16_operands.sh OUTDIR   (from the repository root)
 cd "$(dirname "$0")/.."
@@ -29,7 +30,7 @@ for round in 1 2; do
     done
   done
 done
-for e in $ON ADAPT_NONE=1; do
+for e in $ON ${PROFILE_BASELINE:+ADAPT_NONE=1}; do
   rm -rf $W/prof; env $e timeout 60 $W/lc/long_context --delta-rule 1 32 8192 128 128 --per-channel --iters 2 \
     --profile $W/prof > $W/prof.log 2>&1
   echo "-- kernels [$e] ($(el) s)"; python3 bench/h200/trace_kernels.py $W/prof/profile/trace.json 3 14 2>&1 | tail -15
