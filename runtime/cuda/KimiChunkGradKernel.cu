@@ -184,7 +184,7 @@ bool kimiChunkGradientsEnabled() {
 }
 
 bool kimiBf16OperandsEnabled() {
-  static const bool on = switchedOn("ADAPT_KIMI_BF16_OPERANDS");
+  static const bool on = !switchedOff("ADAPT_KIMI_BF16_OPERANDS");
   return on;
 }
 

@@ -27,12 +27,14 @@ namespace adapt::rt::cuda {
 bool kimiChunkGradientsEnabled();
 
 /// Whether the Kimi node's backward hands the kernels bf16 operands where
-/// they read bf16 anyway (opt-in ADAPT_KIMI_BF16_OPERANDS=1 until checked
-/// on a GPU): dO as it arrives to this kernel and the state pass, P^T dO
-/// from the saved bf16 scores (fp32 sums), k e^{G_last - G} and q e^G from
-/// the terms kernel in bf16, and dq and dk from the tail kernel in bf16. At
-/// 1 x 32 heads x 8K that drops ~1.4 GiB of fp32 traffic: the copies and
-/// casts of session 54's profile (0.66 ms of 8.31).
+/// they read bf16 anyway: dO as it arrives to this kernel and the state
+/// pass, P^T dO from the saved bf16 scores (fp32 sums), k e^{G_last - G}
+/// and q e^G from the terms kernel in bf16, and dq and dk from the tail
+/// kernel in bf16. At 1 x 32 heads x 8K that drops ~1.4 GiB of fp32
+/// traffic, the copies and casts of session 54's profile. The default since
+/// session 55's checks on an H100 (kimi_delta bf16 and fp32, memcheck 0
+/// errors): KDA forward + backward 8.29-8.37 -> 7.60-7.65 ms at 1 x 32 x 8K,
+/// peak 3.07 -> 2.82 GiB; ADAPT_KIMI_BF16_OPERANDS=0 opts out.
 bool kimiBf16OperandsEnabled();
 
 /// Whether the kernel takes these operands: CUDA, chunk 64, d 128, bf16 or

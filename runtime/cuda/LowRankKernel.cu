@@ -13,7 +13,6 @@
 
 #include "runtime/cuda/LowRankKernel.h"
 #include "runtime/cuda/Packed.cuh"
-#include "runtime/cuda/Switches.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/cuda/CUDAContext.h>
@@ -88,24 +87,16 @@ __device__ __forceinline__ void loadBatch(const T *__restrict__ out, int64_t fir
 /// 607ef44) passed the `expert` checks and memcheck but took 181 against
 /// 135 us: its 4-byte accesses cover 8 rows x 16 bytes per warp instruction
 /// where this form's cover one row's 128 contiguous bytes, so the kernel is
-/// bound by its access pattern, not by its FMAs.
-///
-///
-/// With \p VectorTile the tile is 16-byte aligned, so the compiler reads a
-/// row's r inputs as float4s (r / 4 shared loads, broadcast to the warp).
-/// With only a float's alignment it read them one at a time: the PTX held
-/// one shared load for every two FMAs (248 against 496 at rank 16). At one
-/// warp instruction a clock for shared loads against four for FMAs, that is
-/// ~16 clocks a warp and row, ~56 us of issue alone on the H100's [67,456,
-/// 768] gradient: the same order as the 138 us measured against ~69 us of
-/// traffic. Aligned, the PTX holds 64 float4 loads for 512 FMAs. The sums
-/// keep their order: the same bits either way.
-template <typename T, int Rank, bool VectorTile>
+/// bound by its access pattern, not by its FMAs. Nor by its shared loads: the
+/// PTX reads the tile one float at a time (256 loads for 512 FMAs at rank
+/// 16), and a 16-byte aligned tile that the compiler reads as float4s (64
+/// loads; session 55, commit 4b83768) passed the `expert` checks but ran 12
+/// layers at 65.18K against 65.25K tokens/s on an H100.
+template <typename T, int Rank>
 __global__ void addLowRankRowsKernel(T *__restrict__ out, const T *__restrict__ low, const T *__restrict__ factor,
                                      const int64_t *__restrict__ expertOfRow, int64_t rows, int64_t width,
                                      int64_t outStride, int64_t lowStride) {
-  static_assert(Rank % 4 == 0, "a row of the tile is whole float4s");
-  alignas(VectorTile ? 16 : 4) __shared__ float lowTile[kTileRows][Rank];
+  __shared__ float lowTile[kTileRows][Rank];
   __shared__ int64_t expertTile[kTileRows];
   const int64_t firstRow = int64_t(blockIdx.x) * kTileRows; // rows on x: no 65,535 limit
   const int tileRows = static_cast<int>(rows - firstRow < kTileRows ? rows - firstRow : kTileRows);
@@ -145,23 +136,15 @@ __global__ void addLowRankRowsKernel(T *__restrict__ out, const T *__restrict__ 
   }
 }
 
-/// Whether the kernel reads the tile's rows as float4s (opt-in
-/// ADAPT_LOW_RANK_VECTOR_TILE=1 until checked on a GPU).
-bool lowRankVectorTile() {
-  static const bool on = switchedOn("ADAPT_LOW_RANK_VECTOR_TILE");
-  return on;
-}
-
 template <typename T, int Rank>
 void launch(at::Tensor &out, const at::Tensor &low, const at::Tensor &factor, const at::Tensor &expertOfRow) {
   const int64_t rows = out.size(0), width = out.size(1);
   const int threads = (width / 2) % kThreads == 0 || (width / 2) % (kThreads / 2) != 0 ? kThreads : kThreads / 2;
   const dim3 grid(static_cast<unsigned>((rows + kTileRows - 1) / kTileRows),
                   static_cast<unsigned>((width / 2 + threads - 1) / threads));
-  auto kernel = lowRankVectorTile() ? addLowRankRowsKernel<T, Rank, true> : addLowRankRowsKernel<T, Rank, false>;
-  kernel<<<grid, threads, 0, at::cuda::getCurrentCUDAStream()>>>(out.data_ptr<T>(), low.data_ptr<T>(),
-                                                                  factor.data_ptr<T>(), expertOfRow.data_ptr<int64_t>(),
-                                                                  rows, width, out.stride(0), low.stride(0));
+  addLowRankRowsKernel<T, Rank><<<grid, threads, 0, at::cuda::getCurrentCUDAStream()>>>(
+      out.data_ptr<T>(), low.data_ptr<T>(), factor.data_ptr<T>(), expertOfRow.data_ptr<int64_t>(), rows, width,
+      out.stride(0), low.stride(0));
 }
 
 } // namespace
