@@ -369,6 +369,7 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     // S + Kd^T V_new, V_new = U - W S, W = T Xk, U = T Xv and T = (I + A)^-1
     // with A = strictly-lower(diag(b) P_kk); leavingDotState = sum_v dS' . S.
     Tensor ds, dQueryDecayed, dScores, dKeysToEnd, dXk, dXv, dSystem, leavingDotState;
+    Tensor kernelValueGrad, kernelBetaValues; // dXv's two uses, when the chunk-gradient kernel took them
 #ifdef ADAPT_WITH_CUDA_KERNELS
     if (chunkKernel) {
       cuda::DeltaRuleStateGrads state = stateGradientsOnGpuRaw(terms.keysToEnd, w, queryDecayed, dOut, localNew,
@@ -376,12 +377,17 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
       w.reset(), localNew.reset(); // read by the state pass only: freed before the chunk gradients' outputs
       if (tailKernel) // the tail kernel derives its own: the state pass was their last reader
         terms.keysToEnd.reset(), terms.queryDecayed.reset();
-      const cuda::KimiChunkGrads chunk = cuda::kimiChunkGradients(dOut, savedStates, savedNewValues, state.leaving,
-                                                                  state.newValues, terms.keysWeighted, xv, inverse);
+      // With bf16 v, the kernel can take dXv's two uses itself (below).
+      const bool valueTerms = bf16Operands && cuda::kimiValueTermsEnabled() && v.scalar_type() == torch::kBFloat16 &&
+                              dtypes[2] == int64_t(torch::kBFloat16);
+      const cuda::KimiChunkGrads chunk =
+          cuda::kimiChunkGradients(dOut, savedStates, savedNewValues, state.leaving, state.newValues,
+                                   terms.keysWeighted, xv, inverse, valueTerms ? v : Tensor(), valueTerms ? bt : Tensor());
       ds = state.initial;
       dQueryDecayed = chunk.queryDecayed, dScores = chunk.scores, dKeysToEnd = chunk.keysToEnd;
       dXk = chunk.keysWeighted, dXv = chunk.valuesWeighted, dSystem = chunk.system;
       leavingDotState = chunk.leavingDotState;
+      kernelValueGrad = chunk.values, kernelBetaValues = chunk.betaValues;
     }
 #endif
     if (!dQueryDecayed.defined()) {
@@ -412,9 +418,12 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     // v's gradient (already in v's dtype: the one rounding it gets anyway)
     // and its term in b's, taken now so that v and dXv (fp32 chunk tensors)
     // are freed before the peak, not held through it.
-    Tensor dValue = torch::empty(dXv.sizes(), dXv.options().dtype(static_cast<torch::ScalarType>(dtypes[2])));
-    torch::mul_out(dValue, dXv, bt); // one pass on a GPU: the product in fp32, rounded as it is stored
-    const Tensor dBetaValues = (dXv * v).sum(-1, true);
+    Tensor dValue = kernelValueGrad, dBetaValues = kernelBetaValues;
+    if (!dValue.defined()) {
+      dValue = torch::empty(dXv.sizes(), dXv.options().dtype(static_cast<torch::ScalarType>(dtypes[2])));
+      torch::mul_out(dValue, dXv, bt); // one pass on a GPU: the product in fp32, rounded as it is stored
+      dBetaValues = (dXv * v).sum(-1, true);
+    }
     dXv.reset(), v.reset();
     if (tailKernel)
       terms.keysWeighted.reset(), terms.keysToEnd.reset(), terms.queryDecayed.reset();

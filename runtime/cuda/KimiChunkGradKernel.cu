@@ -63,6 +63,42 @@ struct ChunkGradOutputs {
   float *queryDecayed, *scores, *keysToEnd, *keysWeighted, *valuesWeighted, *system, *leavingDotState;
 };
 
+/// dXv's two uses, taken in the kernel's epilogue when given (else dXv is
+/// written, valuesWeighted): v's gradient dXv b (bf16) and beta's value
+/// term sum_v dXv v (fp32 [.., 64, 1]), from v's bf16 rows and b.
+struct ValueTerms {
+  const bf16 *values = nullptr; ///< v [.., 64, 128] bf16
+  const float *beta = nullptr;  ///< b [.., 64] fp32
+  bf16 *valueGrad = nullptr;    ///< dXv b [.., 64, 128] bf16
+  float *betaValues = nullptr;  ///< sum_v dXv v [.., 64]
+};
+
+/// A warp's rows [m0, m0 + 16) and columns [n0, n0 + 64) of dXv = T^T dV_new,
+/// turned into v's gradient (dXv b, rounded once to bf16, as a product in
+/// fp32 then a cast) and into this warp's half of beta's value term per row
+/// (sum over its 64 columns of dXv v, in column order within a lane, then
+/// across the four lanes of the row), left in \p halves [half][row].
+__device__ __forceinline__ void storeValueTerms(const ValueTerms &vt, int64_t rows0, const bf16 *ts, const bf16 *dns,
+                                                int m0, int n0, int g, int t, int lane, int half,
+                                                float (*halves)[kChunk]) {
+  float acc[8][4];
+  zero(acc);
+  productAtB<8, kChunk / 16>(acc, ts, kSquareRow, dns, kRow, m0, n0, lane);
+  float rowSums[2] = {0.0f, 0.0f};
+  forPairs<8>(m0, n0, g, t, [&](int nt, int h, int r, int c) {
+    const int64_t at = (rows0 + r) * kDim + c;
+    const float b = vt.beta[rows0 + r];
+    const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(vt.values + at));
+    *reinterpret_cast<uint32_t *>(vt.valueGrad + at) = packBf16(acc[nt][2 * h] * b, acc[nt][2 * h + 1] * b);
+    rowSums[h] += acc[nt][2 * h] * v.x + acc[nt][2 * h + 1] * v.y;
+  });
+  for (int h = 0; h < 2; ++h) {
+    const float sum = rowLanesSum(rowSums[h]);
+    if (t == 0)
+      halves[half][m0 + g + 8 * h] = sum;
+  }
+}
+
 /// A block per chunk (blockIdx.x over b·h·n): the products of
 /// kimiChunkGradients. \p Grad is dS' and dV_new's type, \p GradOut dO's
 /// (each bf16 or fp32).
@@ -70,8 +106,9 @@ template <typename Grad, typename GradOut>
 __global__ void __launch_bounds__(256)
     kimiChunkGradKernel(const GradOut *gradOut, const bf16 *states, const bf16 *newValues, const Grad *leaving,
                         const Grad *gradNew, const float *keysWeighted, const float *valuesWeighted,
-                        const float *inverse, ChunkGradOutputs out, bool async) {
+                        const float *inverse, ChunkGradOutputs out, ValueTerms valueTerms, bool async) {
   extern __shared__ __align__(16) unsigned char shared[];
+  __shared__ float betaHalves[2][kChunk]; // beta's value term per row, a half of the columns each
   bf16 *dos = reinterpret_cast<bf16 *>(shared); // dO
   bf16 *vns = dos + kChunk * kRow;              // V_new
   bf16 *dns = vns + kChunk * kRow;              // dV_new
@@ -145,8 +182,13 @@ __global__ void __launch_bounds__(256)
     productABt<8, kDim / 16>(acc, vns, kRow, dss, kRow, m0, 64 * half, g, t);
     storeRows(out.keysToEnd + rows0 * kDim, acc, m0, 64 * half, g, t);
   }
-  storeInverseTransposedTimes(out.valuesWeighted + rows0 * kDim, ts, dns, m0, 64 * half, g, t, lane); // dXv
-  __syncthreads(); // dW in place
+  if (valueTerms.values) // dXv's two uses, from its accumulators
+    storeValueTerms(valueTerms, rows0, ts, dns, m0, 64 * half, g, t, lane, half, betaHalves);
+  else
+    storeInverseTransposedTimes(out.valuesWeighted + rows0 * kDim, ts, dns, m0, 64 * half, g, t, lane); // dXv
+  __syncthreads(); // dW in place (and beta's halves)
+  if (valueTerms.values && tid < kChunk)
+    valueTerms.betaValues[rows0 + tid] = betaHalves[0][tid] + betaHalves[1][tid];
   { // dT = dW Xk^T + dV_new Xv^T
     float acc[4][4];
     zero(acc);
@@ -183,6 +225,11 @@ bool kimiChunkGradientsEnabled() {
   return on;
 }
 
+bool kimiValueTermsEnabled() {
+  static const bool on = switchedOn("ADAPT_KIMI_VALUE_TERMS");
+  return on;
+}
+
 bool kimiBf16OperandsEnabled() {
   static const bool on = !switchedOff("ADAPT_KIMI_BF16_OPERANDS");
   return on;
@@ -198,7 +245,8 @@ bool kimiChunkGradientsTake(const at::Tensor &gradOut, const at::Tensor &states)
 
 KimiChunkGrads kimiChunkGradients(const at::Tensor &gradOut, const at::Tensor &states, const at::Tensor &newValues,
                                   const at::Tensor &leaving, const at::Tensor &gradNew, const at::Tensor &keysWeighted,
-                                  const at::Tensor &valuesWeighted, const at::Tensor &inverse) {
+                                  const at::Tensor &valuesWeighted, const at::Tensor &inverse, const at::Tensor &values,
+                                  const at::Tensor &beta) {
   TORCH_CHECK(kimiChunkGradientsTake(gradOut, states) &&
                   (leaving.scalar_type() == at::kBFloat16 || leaving.scalar_type() == at::kFloat),
               "kimiChunkGradients: expected a bf16 or fp32 dO [b, h, n, 64, 128], bf16 states [b, h, n, 128, 128] "
@@ -226,7 +274,19 @@ KimiChunkGrads kimiChunkGradients(const at::Tensor &gradOut, const at::Tensor &s
   r.queryDecayed = at::empty(dO.sizes(), f32);
   r.keysToEnd = at::empty_like(r.queryDecayed);
   r.keysWeighted = at::empty_like(r.queryDecayed);
-  r.valuesWeighted = at::empty_like(r.queryDecayed);
+  ValueTerms valueTerms;
+  at::Tensor v, b;
+  if (values.defined()) { // dXv's two uses in the kernel, dXv itself never written
+    v = expect(values, "v", at::kBFloat16, kChunk, kDim);
+    TORCH_CHECK(beta.numel() == v.numel() / kDim && beta.scalar_type() == at::kFloat && beta.device() == v.device(),
+                "kimiChunkGradients: expected beta fp32 [.., 64, 1] beside v ", v.sizes(), ", found ", beta.sizes());
+    b = beta.contiguous();
+    r.values = at::empty(v.sizes(), v.options());
+    r.betaValues = at::empty(b.sizes(), f32);
+    valueTerms = {bf16Data(v), b.data_ptr<float>(), bf16Data(r.values), r.betaValues.data_ptr<float>()};
+  } else {
+    r.valuesWeighted = at::empty_like(r.queryDecayed);
+  }
   r.scores = at::empty(t.sizes(), f32);
   r.system = at::empty_like(r.scores);
   r.leavingDotState = at::empty({chunks[0], chunks[1], chunks[2], 1, kDim}, f32);
@@ -236,7 +296,7 @@ KimiChunkGrads kimiChunkGradients(const at::Tensor &gradOut, const at::Tensor &s
   TORCH_CHECK(items <= 0x7fffffff, "kimiChunkGradients: at most 2^31 - 1 chunks, got ", items);
   const ChunkGradOutputs out{r.queryDecayed.data_ptr<float>(), r.scores.data_ptr<float>(),
                              r.keysToEnd.data_ptr<float>(),    r.keysWeighted.data_ptr<float>(),
-                             r.valuesWeighted.data_ptr<float>(), r.system.data_ptr<float>(),
+                             values.defined() ? nullptr : r.valuesWeighted.data_ptr<float>(), r.system.data_ptr<float>(),
                              r.leavingDotState.data_ptr<float>()};
   cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   const bool async = asyncLoads();
@@ -244,7 +304,7 @@ KimiChunkGrads kimiChunkGradients(const at::Tensor &gradOut, const at::Tensor &s
     allowSharedMemory(kernel, kSharedBytes);
     kernel<<<static_cast<unsigned>(items), 256, kSharedBytes, stream>>>(
         gradOutData, bf16Data(s), bf16Data(vNew), leavingData, gradNewData, xk.data_ptr<float>(),
-        xv.data_ptr<float>(), t.data_ptr<float>(), out, async);
+        xv.data_ptr<float>(), t.data_ptr<float>(), out, valueTerms, async);
   };
   const bool bf16Out = dO.scalar_type() == at::kBFloat16;
   if (gradType == at::kBFloat16 && bf16Out)

@@ -48,7 +48,9 @@ struct KimiChunkGrads {
   at::Tensor scores;          ///< dP = dO V_new^T on and below the diagonal [.., 64, 64].
   at::Tensor keysToEnd;       ///< dKd = V_new dS'^T.
   at::Tensor keysWeighted;    ///< dXk = T^T dW, with dW = -dV_new S^T.
-  at::Tensor valuesWeighted;  ///< dXv = T^T dV_new.
+  at::Tensor valuesWeighted;  ///< dXv = T^T dV_new (undefined when v was given).
+  at::Tensor values;          ///< v's gradient dXv b, bf16 (when v was given).
+  at::Tensor betaValues;      ///< beta's value term sum_v dXv v [.., 64, 1] (when v was given).
   at::Tensor system;          ///< dA = -(T^T dT T^T) strictly below the diagonal, dT = dW Xk^T + dV_new Xv^T [.., 64, 64].
   at::Tensor leavingDotState; ///< sum over v of dS' . S per key channel [.., 1, 128].
 };
@@ -60,10 +62,20 @@ struct KimiChunkGrads {
 /// both bf16 or both fp32, \p keysWeighted (Xk = b k e^G) and \p
 /// valuesWeighted (Xv = b v), fp32, and \p inverse (T = (I + A)^-1, fp32 [..,
 /// 64, 64]): the products KimiChunkGrads names, from bf16 tiles with fp32
-/// accumulation.
+/// accumulation. Given \p values (v, bf16 [.., 64, 128]) and \p beta (b,
+/// fp32 [.., 64, 1]), dXv's two uses come out of the kernel instead of dXv
+/// (an fp32 [.., 64, 128] write, then two passes over it): v's gradient
+/// dXv b in bf16, rounded once as the cast of the fp32 product rounds it,
+/// and beta's value term sum_v dXv v.
 KimiChunkGrads kimiChunkGradients(const at::Tensor &gradOut, const at::Tensor &states, const at::Tensor &newValues,
                                   const at::Tensor &leaving, const at::Tensor &gradNew, const at::Tensor &keysWeighted,
-                                  const at::Tensor &valuesWeighted, const at::Tensor &inverse);
+                                  const at::Tensor &valuesWeighted, const at::Tensor &inverse,
+                                  const at::Tensor &values = at::Tensor(), const at::Tensor &beta = at::Tensor());
+
+/// Whether the Kimi node's backward has the chunk-gradient kernel take dXv's
+/// two uses (v's gradient, beta's value term) in its epilogue (opt-in
+/// ADAPT_KIMI_VALUE_TERMS=1 until checked on a GPU; with bf16 operands only).
+bool kimiValueTermsEnabled();
 
 } // namespace adapt::rt::cuda
 

@@ -1,22 +1,22 @@
 #!/usr/bin/env bash
-# Kimi's backward with bf16 operands where its kernels read bf16 anyway
-# (opt-in ADAPT_KIMI_BF16_OPERANDS=1, session 55: dO as it arrives, P^T dO
-# from the saved bf16 scores, Kd and Qd from the terms kernel in bf16, dq and
-# dk from the tail kernel in bf16) in one device call: the op checks with it
-# on (kimi_delta bf16, kimi_delta.chunked fp32, kimi_scores bf16), memcheck,
-# KDA forward + backward with it against the default in two interleaved
-# rounds, and the backward's kernels at 8K with it on (trace_kernels.py;
-# PROFILE_BASELINE=1: the default's too).
-# ~330 s on a fresh H100/H200.
-# usage: bench/h200_kimi_bf16_operands.sh OUTDIR   (from the repository root)
+# A Kimi delta attention opt-in (ON, an environment setting; default
+# ADAPT_KIMI_VALUE_TERMS=1, session 55: the chunk-gradient kernel takes v's
+# gradient and beta's value term in its epilogue) in one device call: the op
+# checks with it on (kimi_delta bf16, kimi_delta.chunked fp32), memcheck
+# (unless past MEMCHECK_BY seconds), KDA forward + backward with it against
+# the default in two interleaved rounds, and the backward's kernels at 8K
+# with it on (trace_kernels.py; PROFILE_BASELINE=1: the default's too).
+# Session 55 ran it for ADAPT_KIMI_BF16_OPERANDS=1 (now the default): 325 s
+# on a fresh H100, 180 of them the build.
+# usage: [ON=ENV=1] bench/h200_kimi_opt_in.sh OUTDIR   (from the repository root)
 cd "$(dirname "$0")/.."
-OUT=${1:?usage: h200_kimi_bf16_operands.sh OUTDIR}
+OUT=${1:?usage: h200_kimi_opt_in.sh OUTDIR}
 source bench/h200/start.sh
-ON=ADAPT_KIMI_BF16_OPERANDS=1
+ON=${ON:-ADAPT_KIMI_VALUE_TERMS=1}
 check kimi $ON kimi_delta
 check kimi-fp32 $ON kimi_delta.chunked float32
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
-if [ -n "$SAN" ] && [ $(el) -lt ${MEMCHECK_BY:-260} ]; then
+if [ -n "$SAN" ] && [ $(el) -lt ${MEMCHECK_BY:-330} ]; then
   env $ON timeout 110 $SAN --tool memcheck --error-exitcode 9 $W/rt/adapt-op-check --device cuda --seeds 1 \
     --dtype bfloat16 --only kimi_delta.chunked --out $W/checks/memcheck > $W/memcheck.log 2>&1
   echo "-- memcheck kimi_delta.chunked [$ON]: rc $? $(grep -m1 'ERROR SUMMARY' $W/memcheck.log) ($(el) s)"
