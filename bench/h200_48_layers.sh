@@ -13,7 +13,7 @@ set -uo pipefail
 OUT=${1:?usage: h200_48_layers.sh OUTDIR}; export W=/tmp/adapt-h200; mkdir -p $W "$OUT/L48"; T0=$(date +%s)
 [ -d .h200/q30-L48 ] || { echo "error: .h200/q30-L48 missing: run bench/h200_prepare.sh here and carry .h200" >&2; exit 2; }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-source bench/h200/build_runtime.sh
+RUNTIME_ONLY=$([ -n "${COMPARE_ENV:-}" ] && echo 0 || echo 1) source bench/h200/build_runtime.sh
 echo "== built $(( $(date +%s) - T0 )) s" | tee -a "$OUT/log.txt"
 COMPARE_ENV=${COMPARE_ENV:-}
 if [ -n "$COMPARE_ENV" ]; then
