@@ -226,7 +226,7 @@ bool kimiChunkGradientsEnabled() {
 }
 
 bool kimiValueTermsEnabled() {
-  static const bool on = switchedOn("ADAPT_KIMI_VALUE_TERMS");
+  static const bool on = !switchedOff("ADAPT_KIMI_VALUE_TERMS");
   return on;
 }
 
