@@ -1,18 +1,19 @@
 #!/usr/bin/env bash
-# A Kimi delta attention opt-in (ON, an environment setting; default
-# ADAPT_KIMI_VALUE_TERMS=1, session 55: the chunk-gradient kernel takes v's
-# gradient and beta's value term in its epilogue) in one device call: the op
+# A Kimi delta attention switch (ON, an environment setting such as
+# ADAPT_KIMI_VALUE_TERMS=0 or a new opt-in =1) against the default in one
+# device call: the op
 # checks with it on (kimi_delta bf16, kimi_delta.chunked fp32), memcheck
 # (unless past MEMCHECK_BY seconds), KDA forward + backward with it against
 # the default in two interleaved rounds, and the backward's kernels at 8K
 # with it on (trace_kernels.py; PROFILE_BASELINE=1: the default's too).
-# Session 55 ran it for ADAPT_KIMI_BF16_OPERANDS=1 (now the default): 325 s
-# on a fresh H100, 180 of them the build.
-# usage: [ON=ENV=1] bench/h200_kimi_opt_in.sh OUTDIR   (from the repository root)
+# Session 55 ran it for ADAPT_KIMI_BF16_OPERANDS=1 and ADAPT_KIMI_VALUE_TERMS=1
+# (both opt-ins then, defaults now): 325 s on a fresh H100, 180 of them the
+# build.
+# usage: ON=NAME=VALUE bench/h200_kimi_opt_in.sh OUTDIR   (from the repository root)
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: h200_kimi_opt_in.sh OUTDIR}
 source bench/h200/start.sh
-ON=${ON:-ADAPT_KIMI_VALUE_TERMS=1}
+ON=${ON:?usage: ON=NAME=VALUE bench/h200_kimi_opt_in.sh OUTDIR}
 check kimi $ON kimi_delta
 check kimi-fp32 $ON kimi_delta.chunked float32
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
