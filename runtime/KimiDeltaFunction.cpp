@@ -333,7 +333,9 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     // arrives (its fp32 copy and the cast back for the state pass spared),
     // P^T dO from bf16 P and dO with fp32 accumulation and output, and Kd
     // and Qd from the terms kernel in bf16 when the tail kernel leaves the
-    // state pass their only reader.
+    // state pass their only reader, dq and dk (and with the value terms dv)
+    // written in bf16 by the kernels. The forward kernels ("kernels") take
+    // bf16 q, k and v only, so those are the gradients' dtypes here too.
     const bool bf16Operands = stateKernel && scoresSaved && cuda::kimiBf16OperandsEnabled() &&
                               grads[0].defined() && grads[0].scalar_type() == torch::kBFloat16;
 #else
@@ -378,8 +380,7 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
       if (tailKernel) // the tail kernel derives its own: the state pass was their last reader
         terms.keysToEnd.reset(), terms.queryDecayed.reset();
       // With bf16 v, the kernel can take dXv's two uses itself (below).
-      const bool valueTerms = bf16Operands && cuda::kimiValueTermsEnabled() && v.scalar_type() == torch::kBFloat16 &&
-                              dtypes[2] == int64_t(torch::kBFloat16);
+      const bool valueTerms = bf16Operands && cuda::kimiValueTermsEnabled();
       const cuda::KimiChunkGrads chunk =
           cuda::kimiChunkGradients(dOut, savedStates, savedNewValues, state.leaving, state.newValues,
                                    terms.keysWeighted, xv, inverse, valueTerms ? v : Tensor(), valueTerms ? bt : Tensor());
@@ -392,7 +393,7 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
 #endif
     if (!dQueryDecayed.defined()) {
       const Tensor states = savedStates.to(torch::kFloat32), newValues = savedNewValues.to(torch::kFloat32);
-      dOut = dOut.to(torch::kFloat32); // bf16 when the chunk-gradient kernel was expected but refused
+      dOut = dOut.to(torch::kFloat32); // bf16 when the chunk-gradient kernel was switched off or refused
       Tensor dLeaving, dNew;
 #ifdef ADAPT_WITH_CUDA_KERNELS
       if (stateKernel)
@@ -446,10 +447,7 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
       cuda::KimiBackwardTail tail =
           cuda::kimiBackwardTail(q, k, cum, bt, dqScores, dQueryDecayed, dKeysBeta, dkColumns, dXk, dKeysToEnd, scale,
                                  cuda::kimiTailDecayGradientEnabled() ? leavingDotState : Tensor(),
-                                 bf16Operands && dtypes[0] == int64_t(torch::kBFloat16) &&
-                                         dtypes[1] == int64_t(torch::kBFloat16)
-                                     ? torch::kBFloat16
-                                     : torch::kFloat32);
+                                 bf16Operands ? torch::kBFloat16 : torch::kFloat32);
       dq = tail.query, dKey = tail.key, dBetaKeys = tail.betaKeys;
       (tail.decayGradient ? dDecay : dCum) = tail.cum;
       keysToEndSums = tail.keysToEndSums;
