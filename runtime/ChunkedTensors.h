@@ -31,6 +31,19 @@ inline torch::Tensor toChunks(const torch::Tensor &x, int64_t c, torch::ScalarTy
   return f.reshape({x.size(0), x.size(1), (t + pad) / c, c, x.size(3)});
 }
 
+/// toChunks(x, c) * scale in one pass over x (no fp32 copy to scale
+/// after): each element float(x) * float(scale), as the copy times the
+/// scalar would give.
+inline torch::Tensor scaledChunks(const torch::Tensor &x, int64_t c, double scale) {
+  const int64_t t = x.size(2);
+  if (t % c != 0)
+    return toChunks(x, c) * scale;
+  torch::Tensor out = torch::empty(x.sizes(), x.options().dtype(torch::kFloat32));
+  // A one-element fp32 tensor, not a scalar: it makes the product's type fp32.
+  torch::mul_out(out, x, torch::full({1}, static_cast<float>(scale), out.options()));
+  return out.view({x.size(0), x.size(1), t / c, c, x.size(3)});
+}
+
 /// Chunks [B, H, n, c, d] back to [B, H, T, d] in \p dtype.
 inline torch::Tensor fromChunks(const torch::Tensor &x, int64_t t, torch::ScalarType dtype) {
   return x.reshape({x.size(0), x.size(1), x.size(2) * x.size(3), x.size(4)}).narrow(2, 0, t).to(dtype);

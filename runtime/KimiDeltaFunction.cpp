@@ -310,7 +310,7 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     const int64_t t = ctx->saved_data["t"].toInt(), c = ctx->saved_data["chunk"].toInt();
     const std::vector<int64_t> dtypes = ctx->saved_data["dtypes"].toIntVector();
     const double scale = 1.0 / std::sqrt(static_cast<double>(saved[1].size(3)));
-    const Tensor q = toChunks(saved[0], c) * scale, k = toChunks(saved[1], c);
+    const Tensor q = scaledChunks(saved[0], c, scale), k = toChunks(saved[1], c);
     // v as stored when bf16/fp16: its two products (with b's fp32 chunks and
     // dXv) promote to fp32 exactly as its fp32 copy would, and the copy's
     // [.., c, dv] fp32 tensor is not held through the chunk gradients. Not
@@ -347,11 +347,14 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     const bool chunkKernel = stateKernel && chooseKernel("kimi_delta_rule.chunk_gradients", k,
                                                          cuda::kimiChunkGradientsEnabled(),
                                                          cuda::kimiChunkGradientsTake(dOut, savedStates));
+    // With bf16 v, the chunk-gradient kernel takes dXv's two uses itself, and
+    // then forms Xv = b v too (its fp32 [.., c, dv] write and read spared).
+    const bool valueTerms = chunkKernel && bf16Operands && cuda::kimiValueTermsEnabled();
 #else
-    const bool chunkKernel = false;
+    const bool chunkKernel = false, valueTerms = false;
 #endif
     KimiTerms terms(q, k, bt, cum, bf16Operands && chunkKernel && tailKernel); // not const: freed after last reader
-    Tensor xv = v * bt;
+    Tensor xv = valueTerms ? Tensor() : v * bt;
     const Tensor &queryDecayed = terms.queryDecayed;
     Tensor w = torch::matmul(inverse, terms.keysWeighted);
     Tensor dLast = grads[1].defined() ? grads[1].to(torch::kFloat32).reshape({b * h, dk, dv})
@@ -379,8 +382,6 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
       w.reset(), localNew.reset(); // read by the state pass only: freed before the chunk gradients' outputs
       if (tailKernel) // the tail kernel derives its own: the state pass was their last reader
         terms.keysToEnd.reset(), terms.queryDecayed.reset();
-      // With bf16 v, the kernel can take dXv's two uses itself (below).
-      const bool valueTerms = bf16Operands && cuda::kimiValueTermsEnabled();
       const cuda::KimiChunkGrads chunk =
           cuda::kimiChunkGradients(dOut, savedStates, savedNewValues, state.leaving, state.newValues,
                                    terms.keysWeighted, xv, inverse, valueTerms ? v : Tensor(), valueTerms ? bt : Tensor());

@@ -73,6 +73,19 @@ struct ValueTerms {
   float *betaValues = nullptr;  ///< sum_v dXv v [.., 64]
 };
 
+/// Multiplies each row r of the bf16 [64][kRow] \p tile by \p scale[r] in
+/// fp32, rounding the product once to bf16 (by a block of 256 threads): the
+/// tile a fp32 [64, 128] array of the products would round to.
+__device__ __forceinline__ void scaleRows(bf16 *tile, const float *scale) {
+  for (int i = threadIdx.x; i < kChunk * kDim / 2; i += blockDim.x) {
+    const int r = i / (kDim / 2), c = 2 * (i % (kDim / 2));
+    auto *pair = reinterpret_cast<uint32_t *>(tile + r * kRow + c);
+    const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(pair));
+    const float s = scale[r];
+    *pair = packBf16(x.x * s, x.y * s);
+  }
+}
+
 /// A warp's rows [m0, m0 + 16) and columns [n0, n0 + 64) of dXv = T^T dV_new,
 /// turned into v's gradient (dXv b, rounded once to bf16, as a product in
 /// fp32 then a cast) and into this warp's half of beta's value term per row
@@ -134,7 +147,10 @@ __global__ void __launch_bounds__(256)
   else
     loadFloatBatched<kChunk, kDim>(dos, kRow, gradOut + rows0 * kDim);
   loadFloatBatched<kChunk, kDim>(xks, kRow, keysWeighted + rows0 * kDim);
-  loadFloatBatched<kChunk, kDim>(xvs, kRow, valuesWeighted + rows0 * kDim);
+  if (valuesWeighted) // else Xv = b v from v's bf16 rows, scaled in place below
+    loadFloatBatched<kChunk, kDim>(xvs, kRow, valuesWeighted + rows0 * kDim);
+  else
+    loadBf16(xvs, kRow, valueTerms.values + rows0 * kDim, kChunk, async);
   loadFloatBatched<kChunk, kChunk>(ts, kSquareRow, inverse + rows0 * kChunk);
   if constexpr (!std::is_same_v<Grad, bf16>) {
     loadGrad<kChunk>(dns, kRow, gradNew + rows0 * kDim, async);
@@ -142,6 +158,8 @@ __global__ void __launch_bounds__(256)
   }
   awaitCopies(async);
   __syncthreads();
+  if (!valuesWeighted) // Xv = b v, rounded once as the fp32 product's tile is; first read after dW's barrier
+    scaleRows(xvs, valueTerms.beta + rows0);
 
   { // sum over v of dS' . S, a pair of threads per key channel (row)
     const int r = tid / 2, c0 = 2 * (tid % 2);
@@ -267,7 +285,9 @@ KimiChunkGrads kimiChunkGradients(const at::Tensor &gradOut, const at::Tensor &s
   const at::Tensor dS = expect(leaving, "dS'", gradType, kDim, kDim);
   const at::Tensor dVNew = expect(gradNew, "dV_new", gradType, kChunk, kDim);
   const at::Tensor xk = expect(keysWeighted, "Xk", at::kFloat, kChunk, kDim);
-  const at::Tensor xv = expect(valuesWeighted, "Xv", at::kFloat, kChunk, kDim);
+  TORCH_CHECK(valuesWeighted.defined() || values.defined(), "kimiChunkGradients: expected Xv or v and beta");
+  const at::Tensor xv =
+      valuesWeighted.defined() ? expect(valuesWeighted, "Xv", at::kFloat, kChunk, kDim) : at::Tensor();
   const at::Tensor t = expect(inverse, "T", at::kFloat, kChunk, kChunk);
   const c10::cuda::CUDAGuard guard(gradOut.device());
   KimiChunkGrads r;
@@ -304,7 +324,7 @@ KimiChunkGrads kimiChunkGradients(const at::Tensor &gradOut, const at::Tensor &s
     allowSharedMemory(kernel, kSharedBytes);
     kernel<<<static_cast<unsigned>(items), 256, kSharedBytes, stream>>>(
         gradOutData, bf16Data(s), bf16Data(vNew), leavingData, gradNewData, xk.data_ptr<float>(),
-        xv.data_ptr<float>(), t.data_ptr<float>(), out, valueTerms, async);
+        xv.defined() ? xv.data_ptr<float>() : nullptr, t.data_ptr<float>(), out, valueTerms, async);
   };
   const bool bf16Out = dO.scalar_type() == at::kBFloat16;
   if (gradType == at::kBFloat16 && bf16Out)

@@ -66,7 +66,9 @@ struct KimiChunkGrads {
 /// fp32 [.., 64, 1]), dXv's two uses come out of the kernel instead of dXv
 /// (an fp32 [.., 64, 128] write, then two passes over it): v's gradient
 /// dXv b in bf16, rounded once as the cast of the fp32 product rounds it,
-/// and beta's value term sum_v dXv v.
+/// and beta's value term sum_v dXv v; \p valuesWeighted may then be
+/// undefined: the kernel forms Xv's bf16 tile from v and b itself, rounded
+/// as the fp32 product's (an fp32 [.., 64, 128] write and read spared).
 KimiChunkGrads kimiChunkGradients(const at::Tensor &gradOut, const at::Tensor &states, const at::Tensor &newValues,
                                   const at::Tensor &leaving, const at::Tensor &gradNew, const at::Tensor &keysWeighted,
                                   const at::Tensor &valuesWeighted, const at::Tensor &inverse,
