@@ -189,16 +189,21 @@ struct KimiTerms {
   /// LibTorch's passes.
   /// With \p bf16Decayed the kernel writes Kd and Qd in bf16 (their one
   /// reader is then the state pass, which takes bf16 operands).
-  KimiTerms(const Tensor &q, const Tensor &k, const Tensor &beta, const Tensor &cum, bool bf16Decayed = false) {
+  /// \p q and \p k may be the bf16 inputs (bf16Rows, which requires the
+  /// kernel): q times \p queryScale, and keysBeta left undefined.
+  KimiTerms(const Tensor &q, const Tensor &k, const Tensor &beta, const Tensor &cum, bool bf16Decayed = false,
+            double queryScale = 1.0) {
     last = cum.narrow(3, cum.size(3) - 1, 1);
 #ifdef ADAPT_WITH_CUDA_KERNELS
     if (q.defined() && chooseKernel("kimi_delta_rule.backward_terms", k, cuda::kimiFusedTermsEnabled(),
                                     cuda::kimiFusedTermsTake(q, k, beta, cum))) {
-      cuda::KimiTermTensors t = cuda::kimiFusedTerms(q, k, beta, cum, bf16Decayed);
+      cuda::KimiTermTensors t = cuda::kimiFusedTerms(q, k, beta, cum, bf16Decayed, queryScale);
       keysBeta = t.keysBeta, keysWeighted = t.keysWeighted, keysToEnd = t.keysToEnd, queryDecayed = t.queryDecayed;
       return;
     }
 #endif
+    TORCH_CHECK(k.scalar_type() == torch::kFloat32 && queryScale == 1.0,
+                "KimiTerms: fp32 chunks expected without the terms kernel, found ", k.scalar_type());
     gamma = cum.exp();
     toEnd = (last - cum).exp();
     keysBeta = k * beta;
@@ -217,6 +222,21 @@ struct KimiTerms {
     return torch::diag_embed(last.exp().squeeze(3)) - torch::matmul(transposed(keysToEnd), w);
   }
 };
+
+#ifdef ADAPT_WITH_CUDA_KERNELS
+/// The paired score gradients (pairedDecayedScoresBackward's) from the bf16
+/// inputs' chunks \p queryRows and \p keyRows, unscaled, with q \p scale, k
+/// and k b formed in the kernel (bf16Rows has checked that it takes them).
+PairedScoreGradients pairedScoresFromRows(const Tensor &gradA, const Tensor &gradB, const Tensor &queryRows,
+                                          const Tensor &keyRows, const Tensor &beta, const Tensor &cum,
+                                          double scale) {
+  TORCH_CHECK(chooseKernel("kimi_scores.paired_backward", keyRows, cuda::pairedScoresBackwardEnabled(),
+                           cuda::pairedScoresBf16KeysTake(queryRows, keyRows, beta, cum)),
+              "pairedScoresFromRows: the bf16-rows kernel was refused after it was chosen");
+  auto [dxA, dxB, dy] = cuda::perChannelScoresPairedBackwardBf16Keys(gradA, gradB, queryRows, keyRows, beta, cum, scale);
+  return {dxA, dxB, dy};
+}
+#endif
 
 struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
   /// Outputs {O [B, H, T, dv] in the query's dtype, S_T fp32}; \p state
@@ -310,21 +330,24 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     const int64_t t = ctx->saved_data["t"].toInt(), c = ctx->saved_data["chunk"].toInt();
     const std::vector<int64_t> dtypes = ctx->saved_data["dtypes"].toIntVector();
     const double scale = 1.0 / std::sqrt(static_cast<double>(saved[1].size(3)));
-    const Tensor q = scaledChunks(saved[0], c, scale), k = toChunks(saved[1], c);
+    // k as stored (bf16 chunks in training, a view when T is whole chunks):
+    // the kernels' choices below look at it; its fp32 copy is made where read.
+    const Tensor keyRows = toChunks(saved[1], c, saved[1].scalar_type());
     // v as stored when bf16/fp16: its two products (with b's fp32 chunks and
     // dXv) promote to fp32 exactly as its fp32 copy would, and the copy's
     // [.., c, dv] fp32 tensor is not held through the chunk gradients. Not
     // const: freed once v's two terms are taken (below).
     Tensor v = reducedFloat(saved[2]) ? toChunks(saved[2], c, saved[2].scalar_type()) : toChunks(saved[2], c);
     const Tensor cum = toChunks(saved[3], c).cumsum(3), bt = toChunks(saved[4].unsqueeze(-1), c);
-    const int64_t b = k.size(0), h = k.size(1), dk = k.size(4), dv = v.size(4);
-    const Masks m(c, k.device());
+    const int64_t b = keyRows.size(0), h = keyRows.size(1), dk = keyRows.size(4), dv = v.size(4);
+    const torch::TensorOptions f32 = cum.options();
+    const Masks m(c, cum.device());
     const bool scoresSaved = saved.size() > 8 && saved[8].defined();
     // Which tail runs (below): the kernel derives its own terms, so with it
     // the chunk terms' last reader comes earlier.
 #ifdef ADAPT_WITH_CUDA_KERNELS
-    const bool tailKernel = chooseKernel("kimi_delta_rule.backward_tail", k, cuda::kimiBackwardTailEnabled(),
-                                         cuda::kimiBackwardTailTakes(k));
+    const bool tailKernel = chooseKernel("kimi_delta_rule.backward_tail", keyRows, cuda::kimiBackwardTailEnabled(),
+                                         cuda::kimiBackwardTailTakes(keyRows));
     // After the forward kernels: the serial pass as one kernel (GDN's, its
     // state rows decaying per key channel), then (unless switched off) the
     // chunk gradients as one kernel reading its bf16 results as they are.
@@ -342,23 +365,36 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     const bool tailKernel = false, bf16Operands = false;
 #endif
     Tensor dOut = grads[0].defined() ? toChunks(grads[0], c, bf16Operands ? torch::kBFloat16 : torch::kFloat32)
-                                     : torch::zeros(savedNewValues.sizes(), k.options());
+                                     : torch::zeros(savedNewValues.sizes(), f32);
 #ifdef ADAPT_WITH_CUDA_KERNELS
-    const bool chunkKernel = stateKernel && chooseKernel("kimi_delta_rule.chunk_gradients", k,
+    const bool chunkKernel = stateKernel && chooseKernel("kimi_delta_rule.chunk_gradients", keyRows,
                                                          cuda::kimiChunkGradientsEnabled(),
                                                          cuda::kimiChunkGradientsTake(dOut, savedStates));
-    // With bf16 v, the chunk-gradient kernel takes dXv's two uses itself, and
-    // then forms Xv = b v too (its fp32 [.., c, dv] write and read spared).
+    // With bf16 v, the chunk-gradient kernel takes dXv's two uses itself.
     const bool valueTerms = chunkKernel && bf16Operands && cuda::kimiValueTermsEnabled();
+    // With every kernel after it, q, k and v's readers can take the bf16
+    // inputs as they are (kimiBf16RowsEnabled): q scale, k, k b and v b are
+    // formed as they are read, never written in fp32.
+    const bool rowsWanted = valueTerms && tailKernel && cuda::kimiBf16RowsEnabled() &&
+                            cuda::kimiFusedTermsEnabled() && cuda::perChannelScoresKernelEnabled() &&
+                            cuda::pairedScoresBackwardEnabled();
+    const Tensor queryRows = rowsWanted ? toChunks(saved[0], c, saved[0].scalar_type()) : Tensor();
+    const bool bf16Rows = rowsWanted && cuda::kimiFusedTermsTake(queryRows, keyRows, bt, cum) &&
+                          cuda::pairedScoresBf16KeysTake(queryRows, keyRows, bt, cum);
 #else
-    const bool chunkKernel = false, valueTerms = false;
+    const bool chunkKernel = false, valueTerms = false, bf16Rows = false;
+    const Tensor queryRows;
 #endif
-    KimiTerms terms(q, k, bt, cum, bf16Operands && chunkKernel && tailKernel); // not const: freed after last reader
-    Tensor xv = valueTerms ? Tensor() : v * bt;
+    // q times the scale and k: the bf16 inputs themselves with bf16Rows, else fp32 chunks.
+    const Tensor q = bf16Rows ? queryRows : scaledChunks(saved[0], c, scale);
+    const Tensor k = bf16Rows ? keyRows : toChunks(saved[1], c);
+    // not const: freed after the last reader
+    KimiTerms terms(q, k, bt, cum, bf16Operands && chunkKernel && tailKernel, bf16Rows ? scale : 1.0);
+    Tensor xv = bf16Rows ? Tensor() : v * bt; // with bf16Rows the chunk-gradient kernel forms Xv = b v
     const Tensor &queryDecayed = terms.queryDecayed;
     Tensor w = torch::matmul(inverse, terms.keysWeighted);
     Tensor dLast = grads[1].defined() ? grads[1].to(torch::kFloat32).reshape({b * h, dk, dv})
-                                      : torch::zeros({b * h, dk, dv}, k.options());
+                                      : torch::zeros({b * h, dk, dv}, f32);
 
     // The state's gradient from the last chunk back: dS = M^T dS' + Qd^T dO - W^T P^T dO,
     // P the forward kernel's scores where it saved them (kimiSavedScoresEnabled), else rebuilt.
@@ -433,7 +469,13 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     // k: the latter's x gradient gives k's row term (times b) and b's term
     // (its dot with k), so the key pairs P_kk themselves (a scores pass) are
     // never rebuilt. Only the sum of the two key-column gradients is needed.
-    PairedScoreGradients scoreGrads = pairedDecayedScoresBackward(dScores, q, dSystem, terms.keysBeta, k, cum);
+    PairedScoreGradients scoreGrads;
+#ifdef ADAPT_WITH_CUDA_KERNELS
+    if (bf16Rows)
+      scoreGrads = pairedScoresFromRows(dScores, dSystem, q, k, bt, cum, scale);
+#endif
+    if (!bf16Rows)
+      scoreGrads = pairedDecayedScoresBackward(dScores, q, dSystem, terms.keysBeta, k, cum);
     const Tensor &dqScores = scoreGrads.xA, &dKeysBeta = scoreGrads.xB, &dkColumns = scoreGrads.y;
     dScores.reset(), dSystem.reset(), terms.keysBeta.reset();
 

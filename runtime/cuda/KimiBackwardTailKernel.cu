@@ -31,6 +31,9 @@ constexpr int kMaxChunk = 64;
 struct TailInputs {
   const float *q, *k, *cum, *dqScores, *dQueryDecayed, *dKeysBeta, *dkColumns, *dXk, *dKeysToEnd;
   const float *beta; ///< [items, c]
+  /// q and k as the node's bf16 inputs, in place of q and k (then null):
+  /// q's value is float(q) times the kernel's scale, as the fp32 copy's.
+  const __nv_bfloat16 *queryRows = nullptr, *keyRows = nullptr;
 };
 
 /// The sums of kimiBackwardTail, a block per chunk; dq and dk written as
@@ -58,7 +61,8 @@ __global__ void __launch_bounds__(kThreads)
     float betaPart = 0.0f;
     if (active) {
       const float g = in.cum[at], gamma = __expf(g), toEnd = __expf(last - g);
-      const float q = in.q[at], k = in.k[at];
+      const float q = in.queryRows ? __bfloat162float(in.queryRows[at]) * scale : in.q[at];
+      const float k = in.keyRows ? __bfloat162float(in.keyRows[at]) : in.k[at];
       const float dqS = in.dqScores[at], dQD = in.dQueryDecayed[at];
       const float dKB = in.dKeysBeta[at], dkC = in.dkColumns[at], dXk = in.dXk[at], dKE = in.dKeysToEnd[at];
       dq[at] = Out((dqS + dQD * gamma) * scale);
@@ -100,7 +104,7 @@ bool kimiTailDecayGradientEnabled() {
 }
 
 bool kimiBackwardTailTakes(const at::Tensor &key) {
-  return key.is_cuda() && key.scalar_type() == at::kFloat && key.dim() >= 2 && key.size(-2) >= 1 &&
+  return key.is_cuda() && (key.scalar_type() == at::kFloat || key.scalar_type() == at::kBFloat16) && key.dim() >= 2 && key.size(-2) >= 1 &&
          key.size(-2) <= kMaxChunk && key.size(-1) >= 1 && key.size(-1) <= kThreads;
 }
 
@@ -111,8 +115,10 @@ KimiBackwardTail kimiBackwardTail(const at::Tensor &q, const at::Tensor &k, cons
                                   const at::Tensor &leavingDotState, at::ScalarType rowsType) {
   TORCH_CHECK(rowsType == at::kFloat || rowsType == at::kBFloat16,
               "kimiBackwardTail: dq and dk go out in fp32 or bf16, not ", c10::toString(rowsType));
-  TORCH_CHECK(kimiBackwardTailTakes(k), "kimiBackwardTail: expected CUDA fp32 chunks [.., c <= 64, dk <= 128], found ",
-              k.sizes());
+  TORCH_CHECK(kimiBackwardTailTakes(k) && q.scalar_type() == k.scalar_type() && q.sizes() == k.sizes() &&
+                  q.device() == k.device(),
+              "kimiBackwardTail: expected CUDA q and k alike (fp32 or bf16) [.., c <= 64, dk <= 128], found ",
+              c10::toString(q.scalar_type()), " ", q.sizes(), " and ", c10::toString(k.scalar_type()), " ", k.sizes());
   const int64_t chunk = k.size(-2), channels = k.size(-1), items = k.numel() / (chunk * channels);
   std::vector<at::Tensor> kept; // contiguous copies where a view was passed
   auto data = [&](const at::Tensor &x, const char *name) {
@@ -125,18 +131,24 @@ KimiBackwardTail kimiBackwardTail(const at::Tensor &q, const at::Tensor &k, cons
               "kimiBackwardTail: expected beta [.., c, 1] fp32 beside the keys ", k.sizes());
   const c10::cuda::CUDAGuard guard(k.device());
   const at::Tensor b = beta.contiguous();
-  TailInputs in{data(q, "q"),         data(k, "k"),           data(cum, "cum"),
+  const bool bf16Rows = k.scalar_type() == at::kBFloat16;
+  auto rows = [&](const at::Tensor &x) { // bf16 q or k, contiguous
+    kept.push_back(x.contiguous());
+    return reinterpret_cast<const __nv_bfloat16 *>(kept.back().data_ptr<at::BFloat16>());
+  };
+  TailInputs in{bf16Rows ? nullptr : data(q, "q"), bf16Rows ? nullptr : data(k, "k"), data(cum, "cum"),
                 data(dqScores, "dqScores"), data(dQueryDecayed, "dQueryDecayed"),
                 data(dKeysBeta, "dKeysBeta"), data(dkColumns, "dkColumns"), data(dXk, "dXk"),
-                data(dKeysToEnd, "dKeysToEnd"), b.data_ptr<float>()};
+                data(dKeysToEnd, "dKeysToEnd"), b.data_ptr<float>(),
+                bf16Rows ? rows(q) : nullptr, bf16Rows ? rows(k) : nullptr};
   KimiBackwardTail r;
   r.query = at::empty(k.sizes(), k.options().dtype(rowsType));
   r.key = at::empty(k.sizes(), k.options().dtype(rowsType));
-  r.cum = at::empty(k.sizes(), k.options());
+  r.cum = at::empty(k.sizes(), k.options().dtype(at::kFloat));
   std::vector<int64_t> rowShape(k.sizes().begin(), k.sizes().end()), columnShape = rowShape;
   rowShape.back() = 1;
   columnShape[columnShape.size() - 2] = 1;
-  r.betaKeys = at::empty(rowShape, k.options());
+  r.betaKeys = at::empty(rowShape, k.options().dtype(at::kFloat));
   const float *leaving = nullptr;
   if (leavingDotState.defined()) { // r.cum is the decays' gradient itself
     TORCH_CHECK(leavingDotState.sizes() == at::IntArrayRef(columnShape) &&
@@ -147,7 +159,7 @@ KimiBackwardTail kimiBackwardTail(const at::Tensor &q, const at::Tensor &k, cons
     leaving = kept.back().data_ptr<float>();
     r.decayGradient = true;
   } else {
-    r.keysToEndSums = at::empty(columnShape, k.options());
+    r.keysToEndSums = at::empty(columnShape, k.options().dtype(at::kFloat));
   }
   auto launch = [&](auto *dq, auto *dKey) {
     kimiBackwardTailKernel<<<static_cast<unsigned>(items), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
@@ -156,9 +168,9 @@ KimiBackwardTail kimiBackwardTail(const at::Tensor &q, const at::Tensor &k, cons
         leaving);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
-  const auto bf16Rows = [](at::Tensor &x) { return reinterpret_cast<__nv_bfloat16 *>(x.data_ptr<at::BFloat16>()); };
+  const auto bf16Out = [](at::Tensor &x) { return reinterpret_cast<__nv_bfloat16 *>(x.data_ptr<at::BFloat16>()); };
   if (items > 0 && rowsType == at::kBFloat16)
-    launch(bf16Rows(r.query), bf16Rows(r.key));
+    launch(bf16Out(r.query), bf16Out(r.key));
   else if (items > 0)
     launch(r.query.data_ptr<float>(), r.key.data_ptr<float>());
   return r;

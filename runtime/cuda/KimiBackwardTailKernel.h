@@ -31,7 +31,7 @@ bool kimiBackwardTailEnabled();
 /// peak 12.3 -> 11.9 GiB); ADAPT_KIMI_TAIL_DECAY_GRADIENT=0 takes LibTorch's.
 bool kimiTailDecayGradientEnabled();
 
-/// Whether the kernel takes chunk tensors like \p key: CUDA fp32
+/// Whether the kernel takes chunk tensors like \p key: CUDA fp32 or bf16
 /// [.., c, dk] with c <= 64 and dk <= 128.
 bool kimiBackwardTailTakes(const at::Tensor &key);
 
@@ -60,6 +60,9 @@ struct KimiBackwardTail {
 /// log decays' gradient itself: dg_t = sum_{t' >= t} dG_t' + keysToEndSums
 /// + leavingDotState e^L. dq and dk go out as \p rowsType (fp32 or bf16:
 /// rounded once, as the casts to the inputs' dtype after would round them).
+/// \p q and \p k may instead be the node's bf16 inputs (chunked, unscaled):
+/// the kernel widens them as it reads, q times \p scale, each value as the
+/// fp32 copies'; the other tensors stay fp32.
 KimiBackwardTail kimiBackwardTail(const at::Tensor &q, const at::Tensor &k, const at::Tensor &cum,
                                   const at::Tensor &beta, const at::Tensor &dqScores, const at::Tensor &dQueryDecayed,
                                   const at::Tensor &dKeysBeta, const at::Tensor &dkColumns,

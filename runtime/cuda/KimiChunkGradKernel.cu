@@ -248,6 +248,11 @@ bool kimiValueTermsEnabled() {
   return on;
 }
 
+bool kimiBf16RowsEnabled() {
+  static const bool on = switchedOn("ADAPT_KIMI_BF16_ROWS");
+  return on;
+}
+
 bool kimiBf16OperandsEnabled() {
   static const bool on = !switchedOff("ADAPT_KIMI_BF16_OPERANDS");
   return on;

@@ -81,6 +81,15 @@ KimiChunkGrads kimiChunkGradients(const at::Tensor &gradOut, const at::Tensor &s
 /// 7.15-7.17 ms at 1 x 32 x 8K; ADAPT_KIMI_VALUE_TERMS=0 opts out.
 bool kimiValueTermsEnabled();
 
+/// Whether the Kimi node's backward, with the value terms and every kernel
+/// after the state pass, hands the terms, paired score-gradient and tail
+/// kernels q and k as the bf16 inputs themselves, and this kernel v: each
+/// forms q scale, k, k b and v b as it reads them, each value as the fp32
+/// copies' (which are then never made: at 1 x 32 heads x 8K four [.., 64,
+/// 128] fp32 tensors of 128 MiB, each written once and read two or three
+/// times). Opt-in (ADAPT_KIMI_BF16_ROWS=1) until its checks on a GPU.
+bool kimiBf16RowsEnabled();
+
 } // namespace adapt::rt::cuda
 
 #endif // ADAPT_RUNTIME_CUDA_KIMICHUNKGRADKERNEL_H

@@ -27,8 +27,9 @@ namespace adapt::rt::cuda {
 /// (unless ADAPT_KIMI_FUSED_TERMS=0).
 bool kimiFusedTermsEnabled();
 
-/// Whether the kernel takes these: CUDA fp32 contiguous \p query, \p key and
-/// \p cum alike [.., c, d] with d a multiple of 4, \p beta [.., c, 1].
+/// Whether the kernel takes these: CUDA contiguous \p query and \p key (both
+/// fp32 or both bf16) and fp32 \p cum alike [.., c, d] with d a multiple of
+/// 4, \p beta fp32 [.., c, 1].
 bool kimiFusedTermsTake(const at::Tensor &query, const at::Tensor &key, const at::Tensor &beta,
                         const at::Tensor &cum);
 
@@ -37,7 +38,7 @@ bool kimiFusedTermsTake(const at::Tensor &query, const at::Tensor &key, const at
 /// e^G and e^{G_last - G} themselves are not among them: only the backward's
 /// LibTorch tail reads them, and the tail kernel derives its own.
 struct KimiTermTensors {
-  at::Tensor keysBeta;     ///< k b
+  at::Tensor keysBeta;     ///< k b (undefined from bf16 q and k: its one reader then forms it)
   at::Tensor keysWeighted; ///< (k b) e^G
   at::Tensor keysToEnd;    ///< k e^{G_last - G}, G_last the chunk's last row (fp32 or bf16)
   at::Tensor queryDecayed; ///< q e^G (fp32 or bf16)
@@ -48,9 +49,13 @@ struct KimiTermTensors {
 /// With \p bf16Decayed, k e^{G_last - G} and q e^G are written in bf16,
 /// rounded as .to(kBFloat16) rounds them: where only the state pass reads
 /// them (it takes bf16 operands), that spares two fp32 writes and the two
-/// casts after them.
+/// casts after them. \p query and \p key may be the node's bf16 inputs
+/// themselves (chunked views): the kernel widens them as it reads, q times
+/// \p queryScale (fp32 q arrives scaled), each product as the fp32 copies'
+/// (so two [.., c, d] fp32 copies are never made), and leaves k b to the
+/// paired score gradients, its one reader, which form it likewise.
 KimiTermTensors kimiFusedTerms(const at::Tensor &query, const at::Tensor &key, const at::Tensor &beta,
-                               const at::Tensor &cum, bool bf16Decayed = false);
+                               const at::Tensor &cum, bool bf16Decayed = false, double queryScale = 1.0);
 
 } // namespace adapt::rt::cuda
 

@@ -24,6 +24,7 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/util/Exception.h>
+#include <cuda_bf16.h>
 
 namespace adapt::rt::cuda {
 
@@ -125,24 +126,56 @@ struct BackwardTiles {
   float *xa, *xb, *y, *g, *pa, *pb, *end;
 };
 
-/// Fills BackwardTiles from \p smem (behind the caller's barrier).
+/// Kimi's q and k as the node's bf16 inputs, for the paired backward in
+/// place of its fp32 xA = q scale, y = k and xB = k b (then null): each
+/// widened and multiplied in fp32 as the composition's fp32 copies are (k b
+/// as the terms kernel forms it). Null \p key: the fp32 operands are read.
+struct Bf16Keys {
+  const __nv_bfloat16 *query = nullptr, *key = nullptr;
+  const float *beta = nullptr; ///< b [items, c]
+  float queryScale = 1.0f;
+};
+
+/// Widens \p count bf16 values of rows \p width wide (both multiples of 4,
+/// \p src 8-byte aligned) into \p dst, each times \p rowScale[row] when
+/// given, else times \p scale.
+__device__ __forceinline__ void widenRows(float *dst, const __nv_bfloat16 *src, int count, int width, float scale,
+                                          const float *rowScale) {
+  for (int i = threadIdx.x; i < count / 4; i += blockDim.x) {
+    const uint2 raw = reinterpret_cast<const uint2 *>(src)[i];
+    const float2 low = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&raw.x));
+    const float2 high = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&raw.y));
+    const float f = rowScale ? rowScale[4 * i / width] : scale;
+    reinterpret_cast<float4 *>(dst)[i] = make_float4(low.x * f, low.y * f, high.x * f, high.y * f);
+  }
+}
+
+/// Fills BackwardTiles from \p smem (behind the caller's barrier): x, y
+/// (and the second x) from \p keys when it holds bf16 rows.
 template <bool Paired>
 __device__ BackwardTiles loadBackwardTiles(float *smem, const float *gradA, const float *xA, const float *gradB,
                                            const float *xB, const float *y, const float *cum, int chunk, int channels,
-                                           int64_t item) {
+                                           int64_t item, const Bf16Keys &keys) {
   const int tile = chunk * channels;
   BackwardTiles s;
   s.xa = smem, s.xb = s.xa + (Paired ? tile : 0), s.y = s.xb + tile, s.g = s.y + tile;
   s.pa = s.g + tile, s.pb = s.pa + (Paired ? chunk * chunk : 0), s.end = s.pb + chunk * chunk;
   const int64_t base = item * tile;
-  copyFloats(s.xa, xA + base, tile);
-  copyFloats(s.y, y + base, tile);
+  if (keys.key) {
+    widenRows(s.xa, keys.query + base, tile, channels, keys.queryScale, nullptr);
+    widenRows(s.y, keys.key + base, tile, channels, 1.0f, nullptr);
+    if constexpr (Paired)
+      widenRows(s.xb, keys.key + base, tile, channels, 1.0f, keys.beta + item * chunk);
+  } else {
+    copyFloats(s.xa, xA + base, tile);
+    copyFloats(s.y, y + base, tile);
+    if constexpr (Paired)
+      copyFloats(s.xb, xB + base, tile);
+  }
   copyFloats(s.g, cum + base, tile);
   copyFloats(s.pa, gradA + item * chunk * chunk, chunk * chunk);
-  if constexpr (Paired) {
-    copyFloats(s.xb, xB + base, tile);
+  if constexpr (Paired)
     copyFloats(s.pb, gradB + item * chunk * chunk, chunk * chunk);
-  }
   return s;
 }
 
@@ -174,9 +207,9 @@ template <bool Paired>
 __global__ void __launch_bounds__(Paired ? kPairedThreads : kThreads)
     perChannelScoresBackwardKernel(const float *gradA, const float *xA, const float *gradB, const float *xB,
                                    const float *y, const float *cum, int chunk, int channels, float *gradXA,
-                                   float *gradXB, float *gradY) {
+                                   float *gradXB, float *gradY, Bf16Keys keys) {
   extern __shared__ __align__(16) float smem[];
-  const BackwardTiles s = loadBackwardTiles<Paired>(smem, gradA, xA, gradB, xB, y, cum, chunk, channels, blockIdx.x);
+  const BackwardTiles s = loadBackwardTiles<Paired>(smem, gradA, xA, gradB, xB, y, cum, chunk, channels, blockIdx.x, keys);
   const float *ys = s.y, *gs = s.g, *pa = s.pa, *pb = s.pb;
   const int64_t base = int64_t(blockIdx.x) * chunk * channels;
   __syncthreads();
@@ -387,10 +420,10 @@ template <bool Paired>
 __global__ void __launch_bounds__(Paired ? kPairedThreads : kThreads, 1)
     perChannelScoresSubchunkBackwardKernel(const float *gradA, const float *xA, const float *gradB, const float *xB,
                                            const float *y, const float *cum, int chunk, int channels, float *gradXA,
-                                           float *gradXB, float *gradY) {
+                                           float *gradXB, float *gradY, Bf16Keys keys) {
   constexpr int R = kRowsPerThread;
   extern __shared__ __align__(16) float smem[];
-  const BackwardTiles s = loadBackwardTiles<Paired>(smem, gradA, xA, gradB, xB, y, cum, chunk, channels, blockIdx.x);
+  const BackwardTiles s = loadBackwardTiles<Paired>(smem, gradA, xA, gradB, xB, y, cum, chunk, channels, blockIdx.x, keys);
   float *xas = s.xa, *xbs = s.xb, *yhat = s.end;
   const float *ys = s.y, *gs = s.g, *pa = s.pa, *pb = s.pb;
   const int64_t base = int64_t(blockIdx.x) * chunk * channels;
@@ -614,7 +647,7 @@ std::pair<at::Tensor, at::Tensor> perChannelScoresBackward(const at::Tensor &gra
   allowBytes(kernel, bytes);
   kernel<<<static_cast<unsigned>(items), kThreads, bytes, at::cuda::getCurrentCUDAStream()>>>(
       g.data_ptr<float>(), x.data_ptr<float>(), nullptr, nullptr, y.data_ptr<float>(), cum.data_ptr<float>(), chunk,
-      channels, dx.data_ptr<float>(), nullptr, dy.data_ptr<float>());
+      channels, dx.data_ptr<float>(), nullptr, dy.data_ptr<float>(), Bf16Keys{});
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {dx, dy};
 }
@@ -643,7 +676,54 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> perChannelScoresPairedBackward(co
   allowBytes(kernel, bytes);
   kernel<<<static_cast<unsigned>(items), kPairedThreads, bytes, at::cuda::getCurrentCUDAStream()>>>(
       ga.data_ptr<float>(), xA.data_ptr<float>(), gb.data_ptr<float>(), xB.data_ptr<float>(), y.data_ptr<float>(),
-      cum.data_ptr<float>(), chunk, channels, dxA.data_ptr<float>(), dxB.data_ptr<float>(), dy.data_ptr<float>());
+      cum.data_ptr<float>(), chunk, channels, dxA.data_ptr<float>(), dxB.data_ptr<float>(), dy.data_ptr<float>(),
+      Bf16Keys{});
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return {dxA, dxB, dy};
+}
+
+bool pairedScoresBf16KeysTake(const at::Tensor &query, const at::Tensor &key, const at::Tensor &beta,
+                              const at::Tensor &cum) {
+  if (!cum.is_cuda() || cum.dim() < 2 || cum.scalar_type() != at::kFloat)
+    return false;
+  for (const at::Tensor *t : {&query, &key})
+    if (t->device() != cum.device() || t->scalar_type() != at::kBFloat16 || t->sizes() != cum.sizes())
+      return false;
+  const int64_t c = cum.size(-2), dk = cum.size(-1);
+  return c >= 1 && c <= kMaxChunk && dk >= 32 && dk <= kMaxChannels && dk % 4 == 0 &&
+         cum.numel() / (c * dk) <= INT32_MAX && beta.device() == cum.device() && beta.scalar_type() == at::kFloat &&
+         beta.numel() * dk == cum.numel();
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> perChannelScoresPairedBackwardBf16Keys(
+    const at::Tensor &gradA, const at::Tensor &gradB, const at::Tensor &queryIn, const at::Tensor &keyIn,
+    const at::Tensor &betaIn, const at::Tensor &cumIn, double queryScale) {
+  TORCH_CHECK(pairedScoresBf16KeysTake(queryIn, keyIn, betaIn, cumIn),
+              "perChannelScoresPairedBackwardBf16Keys: expected CUDA bf16 q, k and fp32 cum alike [.., c <= 64, "
+              "32 <= dk <= 128, dk % 4 == 0] and fp32 beta [.., c, 1]");
+  const at::Tensor query = queryIn.contiguous(), key = keyIn.contiguous(), beta = betaIn.contiguous(),
+                   cum = cumIn.contiguous();
+  const int chunk = static_cast<int>(cum.size(-2)), channels = static_cast<int>(cum.size(-1));
+  const int64_t items = cum.numel() / (int64_t(chunk) * channels);
+  const at::Tensor ga = gradA.to(at::kFloat).contiguous(), gb = gradB.to(at::kFloat).contiguous();
+  TORCH_CHECK(ga.numel() == items * chunk * chunk && gb.numel() == ga.numel() && ga.device() == cum.device() &&
+                  gb.device() == cum.device(),
+              "perChannelScoresPairedBackwardBf16Keys: expected two cotangents [.., c, c] beside the keys");
+  at::Tensor dxA = at::empty_like(cum), dxB = at::empty_like(cum), dy = at::empty_like(cum);
+  if (items == 0)
+    return {dxA, dxB, dy};
+  const c10::cuda::CUDAGuard guard(cum.device());
+  const bool subchunks = scoresSubchunksEnabled();
+  const auto kernel = subchunks ? perChannelScoresSubchunkBackwardKernel<true> : perChannelScoresBackwardKernel<true>;
+  const size_t bytes = (4 * size_t(chunk) * channels + 2 * size_t(chunk) * chunk +
+                        (subchunks ? size_t(scaledKeysRow((chunk + kSub - 1) / kSub)) * channels : 0)) *
+                       sizeof(float);
+  allowBytes(kernel, bytes);
+  const auto rows = [](const at::Tensor &x) { return reinterpret_cast<const __nv_bfloat16 *>(x.data_ptr<at::BFloat16>()); };
+  const Bf16Keys keys{rows(query), rows(key), beta.data_ptr<float>(), static_cast<float>(queryScale)};
+  kernel<<<static_cast<unsigned>(items), kPairedThreads, bytes, at::cuda::getCurrentCUDAStream()>>>(
+      ga.data_ptr<float>(), nullptr, gb.data_ptr<float>(), nullptr, nullptr, cum.data_ptr<float>(), chunk, channels,
+      dxA.data_ptr<float>(), dxB.data_ptr<float>(), dy.data_ptr<float>(), keys);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {dxA, dxB, dy};
 }

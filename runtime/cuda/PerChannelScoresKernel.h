@@ -57,6 +57,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> perChannelScoresPairedBackward(co
                                                     const at::Tensor &gradB, const at::Tensor &xB, const at::Tensor &y,
                                                     const at::Tensor &cum);
 
+/// Whether perChannelScoresPairedBackwardBf16Keys takes these: CUDA bf16
+/// \p query and \p key and fp32 \p cum alike [.., c <= 64, dk] (32 <= dk <=
+/// 128, a multiple of 4), fp32 \p beta [.., c, 1].
+bool pairedScoresBf16KeysTake(const at::Tensor &query, const at::Tensor &key, const at::Tensor &beta,
+                              const at::Tensor &cum);
+
+/// perChannelScoresPairedBackward for Kimi's backward with xA = q scale,
+/// xB = k b and y = k formed in the kernel from the node's bf16 \p query
+/// and \p key (chunked, unscaled) and fp32 \p beta, each value as the
+/// fp32 copies' (float(q) queryScale, float(k), float(k) b): those three
+/// [.., c, dk] fp32 tensors are never written. Returns {dxA, dxB, dy}, fp32.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> perChannelScoresPairedBackwardBf16Keys(
+    const at::Tensor &gradA, const at::Tensor &gradB, const at::Tensor &query, const at::Tensor &key,
+    const at::Tensor &beta, const at::Tensor &cum, double queryScale);
+
 } // namespace adapt::rt::cuda
 
 #endif // ADAPT_RUNTIME_CUDA_PERCHANNELSCORESKERNEL_H
