@@ -652,22 +652,26 @@ std::pair<at::Tensor, at::Tensor> perChannelScoresBackward(const at::Tensor &gra
   return {dx, dy};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> perChannelScoresPairedBackward(const at::Tensor &gradA, const at::Tensor &xAIn,
-                                                    const at::Tensor &gradB, const at::Tensor &xBIn,
-                                                    const at::Tensor &yIn, const at::Tensor &cumIn) {
-  TORCH_CHECK(chunkOperands(xAIn, yIn, cumIn) && chunkOperands(xBIn, yIn, cumIn),
-              "perChannelScoresPairedBackward: expected CUDA fp32 xA, xB, y, cum [.., c <= 64, 32 <= dk <= 128]");
-  const at::Tensor xA = xAIn.contiguous(), xB = xBIn.contiguous(), y = yIn.contiguous(), cum = cumIn.contiguous();
-  const int chunk = static_cast<int>(y.size(-2)), channels = static_cast<int>(y.size(-1));
-  const int64_t items = y.numel() / (int64_t(chunk) * channels);
+namespace {
+
+/// The paired backward kernel over the chunks of \p cum (contiguous) for
+/// the cotangents \p gradA and \p gradB: fp32 \p xA, \p xB and \p y
+/// (contiguous, like cum), or null with \p keys' bf16 rows. \p caller
+/// names the entry point in errors.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> pairedBackward(const at::Tensor &gradA, const at::Tensor &gradB,
+                                                              const float *xA, const float *xB, const float *y,
+                                                              const at::Tensor &cum, const Bf16Keys &keys,
+                                                              const char *caller) {
+  const int chunk = static_cast<int>(cum.size(-2)), channels = static_cast<int>(cum.size(-1));
+  const int64_t items = cum.numel() / (int64_t(chunk) * channels);
   const at::Tensor ga = gradA.to(at::kFloat).contiguous(), gb = gradB.to(at::kFloat).contiguous();
-  TORCH_CHECK(ga.numel() == items * chunk * chunk && gb.numel() == ga.numel() && ga.device() == y.device() &&
-                  gb.device() == y.device(),
-              "perChannelScoresPairedBackward: expected two cotangents [.., c, c] beside y");
-  at::Tensor dxA = at::empty_like(xA), dxB = at::empty_like(xB), dy = at::empty_like(y);
+  TORCH_CHECK(ga.numel() == items * chunk * chunk && gb.numel() == ga.numel() && ga.device() == cum.device() &&
+                  gb.device() == cum.device(),
+              caller, ": expected two cotangents [.., c, c] beside the keys");
+  at::Tensor dxA = at::empty_like(cum), dxB = at::empty_like(cum), dy = at::empty_like(cum);
   if (items == 0)
     return {dxA, dxB, dy};
-  const c10::cuda::CUDAGuard guard(y.device());
+  const c10::cuda::CUDAGuard guard(cum.device());
   const bool subchunks = scoresSubchunksEnabled();
   const auto kernel = subchunks ? perChannelScoresSubchunkBackwardKernel<true> : perChannelScoresBackwardKernel<true>;
   const size_t bytes = (4 * size_t(chunk) * channels + 2 * size_t(chunk) * chunk +
@@ -675,11 +679,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> perChannelScoresPairedBackward(co
                        sizeof(float);
   allowBytes(kernel, bytes);
   kernel<<<static_cast<unsigned>(items), kPairedThreads, bytes, at::cuda::getCurrentCUDAStream()>>>(
-      ga.data_ptr<float>(), xA.data_ptr<float>(), gb.data_ptr<float>(), xB.data_ptr<float>(), y.data_ptr<float>(),
-      cum.data_ptr<float>(), chunk, channels, dxA.data_ptr<float>(), dxB.data_ptr<float>(), dy.data_ptr<float>(),
-      Bf16Keys{});
+      ga.data_ptr<float>(), xA, gb.data_ptr<float>(), xB, y, cum.data_ptr<float>(), chunk, channels,
+      dxA.data_ptr<float>(), dxB.data_ptr<float>(), dy.data_ptr<float>(), keys);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return {dxA, dxB, dy};
+}
+
+} // namespace
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> perChannelScoresPairedBackward(const at::Tensor &gradA, const at::Tensor &xAIn,
+                                                    const at::Tensor &gradB, const at::Tensor &xBIn,
+                                                    const at::Tensor &yIn, const at::Tensor &cumIn) {
+  TORCH_CHECK(chunkOperands(xAIn, yIn, cumIn) && chunkOperands(xBIn, yIn, cumIn),
+              "perChannelScoresPairedBackward: expected CUDA fp32 xA, xB, y, cum [.., c <= 64, 32 <= dk <= 128]");
+  const at::Tensor xA = xAIn.contiguous(), xB = xBIn.contiguous(), y = yIn.contiguous(), cum = cumIn.contiguous();
+  return pairedBackward(gradA, gradB, xA.data_ptr<float>(), xB.data_ptr<float>(), y.data_ptr<float>(), cum,
+                        Bf16Keys{}, "perChannelScoresPairedBackward");
 }
 
 bool pairedScoresBf16KeysTake(const at::Tensor &query, const at::Tensor &key, const at::Tensor &beta,
@@ -703,29 +718,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> perChannelScoresPairedBackwardBf1
               "32 <= dk <= 128, dk % 4 == 0] and fp32 beta [.., c, 1]");
   const at::Tensor query = queryIn.contiguous(), key = keyIn.contiguous(), beta = betaIn.contiguous(),
                    cum = cumIn.contiguous();
-  const int chunk = static_cast<int>(cum.size(-2)), channels = static_cast<int>(cum.size(-1));
-  const int64_t items = cum.numel() / (int64_t(chunk) * channels);
-  const at::Tensor ga = gradA.to(at::kFloat).contiguous(), gb = gradB.to(at::kFloat).contiguous();
-  TORCH_CHECK(ga.numel() == items * chunk * chunk && gb.numel() == ga.numel() && ga.device() == cum.device() &&
-                  gb.device() == cum.device(),
-              "perChannelScoresPairedBackwardBf16Keys: expected two cotangents [.., c, c] beside the keys");
-  at::Tensor dxA = at::empty_like(cum), dxB = at::empty_like(cum), dy = at::empty_like(cum);
-  if (items == 0)
-    return {dxA, dxB, dy};
-  const c10::cuda::CUDAGuard guard(cum.device());
-  const bool subchunks = scoresSubchunksEnabled();
-  const auto kernel = subchunks ? perChannelScoresSubchunkBackwardKernel<true> : perChannelScoresBackwardKernel<true>;
-  const size_t bytes = (4 * size_t(chunk) * channels + 2 * size_t(chunk) * chunk +
-                        (subchunks ? size_t(scaledKeysRow((chunk + kSub - 1) / kSub)) * channels : 0)) *
-                       sizeof(float);
-  allowBytes(kernel, bytes);
   const auto rows = [](const at::Tensor &x) { return reinterpret_cast<const __nv_bfloat16 *>(x.data_ptr<at::BFloat16>()); };
   const Bf16Keys keys{rows(query), rows(key), beta.data_ptr<float>(), static_cast<float>(queryScale)};
-  kernel<<<static_cast<unsigned>(items), kPairedThreads, bytes, at::cuda::getCurrentCUDAStream()>>>(
-      ga.data_ptr<float>(), nullptr, gb.data_ptr<float>(), nullptr, nullptr, cum.data_ptr<float>(), chunk, channels,
-      dxA.data_ptr<float>(), dxB.data_ptr<float>(), dy.data_ptr<float>(), keys);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-  return {dxA, dxB, dy};
+  return pairedBackward(gradA, gradB, nullptr, nullptr, nullptr, cum, keys, "perChannelScoresPairedBackwardBf16Keys");
 }
 
 } // namespace adapt::rt::cuda
