@@ -8,6 +8,7 @@
 //
 //===----------------------------------------------------------------------===//
 
+#include "runtime/ChunkedTensors.h"
 #include "runtime/KimiDeltaFunction.h"
 #include "runtime/tests/CpuMemory.h"
 #include "runtime/tests/Margins.h"
@@ -15,6 +16,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <vector>
 
@@ -116,4 +118,22 @@ TEST(KimiDelta, BackwardSlicesFollowTheMemoryBudget) {
     }
   }
   unsetenv("ADAPT_KIMI_BACKWARD_SLICE_HEADS");
+}
+
+/// The backward's scaled query chunks come from one pass over the bf16
+/// input (scaledChunks) instead of an fp32 copy scaled after: every value
+/// must be the copy's times the scale, bit for bit, whole chunks or padded,
+/// contiguous or a transposed view (the projections' layout).
+TEST(KimiDelta, ScaledQueryChunksEqualTheFp32CopyTimesTheScale) {
+  const double scale = 1.0 / std::sqrt(128.0);
+  const torch::Tensor whole = torch::randn({2, 3, 128, 16}).to(torch::kBFloat16);
+  const torch::Tensor padded = torch::randn({2, 3, 100, 16}).to(torch::kBFloat16);
+  const torch::Tensor view = torch::randn({2, 128, 3, 16}).to(torch::kBFloat16).transpose(1, 2);
+  for (const torch::Tensor &x : {whole, padded, view}) {
+    const torch::Tensor got = scaledChunks(x, 64, scale), want = toChunks(x, 64) * scale;
+    ASSERT_EQ(got.scalar_type(), torch::kFloat32);
+    ASSERT_EQ(got.sizes(), want.sizes());
+    EXPECT_TRUE(torch::equal(got, want)) << "max difference " << (got - want).abs().max().item<float>() << " for "
+                                         << x.sizes();
+  }
 }
