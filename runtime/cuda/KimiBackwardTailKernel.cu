@@ -104,8 +104,9 @@ bool kimiTailDecayGradientEnabled() {
 }
 
 bool kimiBackwardTailTakes(const at::Tensor &key) {
-  return key.is_cuda() && (key.scalar_type() == at::kFloat || key.scalar_type() == at::kBFloat16) && key.dim() >= 2 && key.size(-2) >= 1 &&
-         key.size(-2) <= kMaxChunk && key.size(-1) >= 1 && key.size(-1) <= kThreads;
+  return key.is_cuda() && (key.scalar_type() == at::kFloat || key.scalar_type() == at::kBFloat16) &&
+         key.dim() >= 2 && key.size(-2) >= 1 && key.size(-2) <= kMaxChunk && key.size(-1) >= 1 &&
+         key.size(-1) <= kThreads;
 }
 
 KimiBackwardTail kimiBackwardTail(const at::Tensor &q, const at::Tensor &k, const at::Tensor &cum,
