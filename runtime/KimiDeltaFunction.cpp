@@ -158,7 +158,10 @@ PairedScoreGradients pairedDecayedScoresBackward(const Tensor &gradA, const Tens
 // state backward kernel's grid being B·h x 4 blocks. At 1 x 32 heads x 32K
 // on an H100 (session 46), forward + backward and peak: one pass 49.4 ms,
 // 21.8 GiB; slices of 16 heads 52.6 ms, 14.2 GiB; of 8 (the earlier 128 MiB
-// budget) 56.9 ms, 9.7 GiB.
+// budget) 56.9 ms, 9.7 GiB. Session 56 (H100), with the backward holding
+// less (bf16 rows): one pass 25.4-25.5 ms, 8.93 GiB (fla's KDA: 9.78);
+// slices of 16 28.2-28.3 ms, 7.80 GiB; at 128K slices of 8 123.2 ms, 26.3
+// GiB, of 4 152.1 ms, 23.9 GiB. So the budget is now 512 MiB.
 int64_t kimiBackwardSliceHeads(int64_t batch, int64_t paddedTokens, int64_t keyDim) {
   if (const char *v = std::getenv("ADAPT_KIMI_BACKWARD_SLICE_HEADS")) {
     char *end = nullptr;
@@ -167,7 +170,7 @@ int64_t kimiBackwardSliceHeads(int64_t batch, int64_t paddedTokens, int64_t keyD
                 v, "'");
     return n;
   }
-  constexpr int64_t kSliceBytes = int64_t(256) << 20;
+  constexpr int64_t kSliceBytes = int64_t(512) << 20;
   const int64_t perHead = std::max<int64_t>(1, batch * paddedTokens * keyDim * int64_t(sizeof(float)));
   return std::max<int64_t>(1, kSliceBytes / perHead);
 }

@@ -57,9 +57,8 @@ PairedScoreGradients pairedDecayedScoresBackward(const torch::Tensor &gradA, con
 
 /// Heads per slice of the Kimi node's backward for \p batch sequences of
 /// \p paddedTokens tokens (whole chunks) and \p keyDim channels: as many as
-/// keep one [B, heads, T, dk] fp32 tensor within 256 MiB (all of 32 heads
-/// at 8K tokens, so training at 2 x 4K runs in one pass; 16 at 32K; 4 at
-/// 128K), or ADAPT_KIMI_BACKWARD_SLICE_HEADS=N (a positive count; anything
+/// keep one [B, heads, T, dk] fp32 tensor within 512 MiB (all of 32 heads
+/// up to 32K tokens, so training at 2 x 4K runs in one pass; 8 at 128K), or ADAPT_KIMI_BACKWARD_SLICE_HEADS=N (a positive count; anything
 /// else stops with an error naming the variable). The backward holds dozens
 /// of such tensors at once; each slice's are freed before the next.
 int64_t kimiBackwardSliceHeads(int64_t batch, int64_t paddedTokens, int64_t keyDim);

@@ -249,7 +249,7 @@ bool kimiValueTermsEnabled() {
 }
 
 bool kimiBf16RowsEnabled() {
-  static const bool on = switchedOn("ADAPT_KIMI_BF16_ROWS");
+  static const bool on = !switchedOff("ADAPT_KIMI_BF16_ROWS");
   return on;
 }
 
