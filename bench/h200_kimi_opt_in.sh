@@ -8,7 +8,8 @@
 # with it on (trace_kernels.py; PROFILE_BASELINE=1: the default's too).
 # Session 55 ran it for ADAPT_KIMI_BF16_OPERANDS=1 and ADAPT_KIMI_VALUE_TERMS=1
 # (both opt-ins then, defaults now): 325 s on a fresh H100, 180 of them the
-# build.
+# build; session 56 for ADAPT_KIMI_BF16_ROWS=1 (default now): 229 s, build 143 s.
+# With a default-on switch, ON=NAME=0 times the two sides (checks then run off).
 # usage: ON=NAME=VALUE bench/h200_kimi_opt_in.sh OUTDIR   (from the repository root)
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: h200_kimi_opt_in.sh OUTDIR}
