@@ -334,7 +334,7 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     const std::vector<int64_t> dtypes = ctx->saved_data["dtypes"].toIntVector();
     const double scale = 1.0 / std::sqrt(static_cast<double>(saved[1].size(3)));
     // k as stored (bf16 chunks in training, a view when T is whole chunks):
-    // the kernels' choices below look at it; its fp32 copy is made where read.
+    // the kernels' choices below look at it; its fp32 copy is made below unless bf16Rows.
     const Tensor keyRows = toChunks(saved[1], c, saved[1].scalar_type());
     // v as stored when bf16/fp16: its two products (with b's fp32 chunks and
     // dXv) promote to fp32 exactly as its fp32 copy would, and the copy's
@@ -388,7 +388,8 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     const bool chunkKernel = false, valueTerms = false, bf16Rows = false;
     const Tensor queryRows;
 #endif
-    // q times the scale and k: the bf16 inputs themselves with bf16Rows, else fp32 chunks.
+    // q and k: with bf16Rows the bf16 inputs themselves (q unscaled: the kernels apply the
+    // scale as they read), else fp32 chunks, q times the scale.
     const Tensor q = bf16Rows ? queryRows : scaledChunks(saved[0], c, scale);
     const Tensor k = bf16Rows ? keyRows : toChunks(saved[1], c);
     // not const: freed after the last reader
