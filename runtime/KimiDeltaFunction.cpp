@@ -154,6 +154,20 @@ PairedScoreGradients pairedDecayedScoresBackward(const Tensor &gradA, const Tens
   return {dxA, dxB, dyA.add_(dyB)};
 }
 
+PairedScoreGradients pairedDecayedScoresBackwardFromRows(const Tensor &gradA, const Tensor &gradB, const Tensor &query,
+                                                         const Tensor &key, const Tensor &beta, const Tensor &cum,
+                                                         double scale) {
+#ifdef ADAPT_WITH_CUDA_KERNELS
+  if (chooseKernel("kimi_scores.paired_backward", key, cuda::pairedScoresBackwardEnabled(),
+                   cuda::pairedScoresBf16KeysTake(query, key, beta, cum))) {
+    auto [dxA, dxB, dy] = cuda::perChannelScoresPairedBackwardBf16Keys(gradA, gradB, query, key, beta, cum, scale);
+    return {dxA, dxB, dy};
+  }
+#endif
+  const Tensor k = key.to(torch::kFloat32);
+  return pairedDecayedScoresBackward(gradA, query.to(torch::kFloat32) * scale, gradB, k * beta, k, cum);
+}
+
 // The budget's measurements (KimiDeltaFunction.h): slices cost time, the
 // state backward kernel's grid being B·h x 4 blocks. At 1 x 32 heads x 32K
 // on an H100 (session 46), forward + backward and peak: one pass 49.4 ms,

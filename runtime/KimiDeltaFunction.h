@@ -55,6 +55,17 @@ PairedScoreGradients pairedDecayedScoresBackward(const torch::Tensor &gradA, con
                                                  const torch::Tensor &gradB, const torch::Tensor &xB,
                                                  const torch::Tensor &y, const torch::Tensor &cum);
 
+/// pairedDecayedScoresBackward for Kimi's backward operands formed from the
+/// chunks of its inputs: xA = \p query \p scale, y = \p key and xB = \p key
+/// \p beta (q and k [b, h, n, c, dk], beta [b, h, n, c, 1] fp32). On a GPU
+/// with bf16 q and k the kernel forms them as it reads the rows (at c 64, dk
+/// 128 on tensor cores with ADAPT_KIMI_SCORES_MMA=1); elsewhere they are made
+/// in fp32 first. Op check: `kimi_scores.paired_backward_rows`.
+PairedScoreGradients pairedDecayedScoresBackwardFromRows(const torch::Tensor &gradA, const torch::Tensor &gradB,
+                                                         const torch::Tensor &query, const torch::Tensor &key,
+                                                         const torch::Tensor &beta, const torch::Tensor &cum,
+                                                         double scale);
+
 /// Heads per slice of the Kimi node's backward for \p batch sequences of
 /// \p paddedTokens tokens (whole chunks) and \p keyDim channels: as many as
 /// keep one [B, heads, T, dk] fp32 tensor within 512 MiB (all of 32 heads

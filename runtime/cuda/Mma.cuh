@@ -1,4 +1,4 @@
-//===- Mma.cuh - warp-level bf16 tensor-core tiles (mma.sync m16n8k16) ----===//
+//===- Mma.cuh - warp-level tensor-core tiles (mma.sync, bf16 and TF32) ---===//
 //
 // The register layout of mma.sync.m16n8k16 with bf16 inputs and fp32
 // accumulators, per lane (g = lane / 4, t = lane % 4):
@@ -23,6 +23,25 @@ namespace adapt::rt::cuda {
 /// c += a * b for one m16n8k16 tile (bf16 in, fp32 accumulation).
 __device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+               "{%8, %9}, {%0, %1, %2, %3};\n"
+               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/// \p x rounded to TF32 (10-bit mantissa, to nearest, ties away) in a
+/// register, as mma1688Tf32 reads it.
+__device__ __forceinline__ uint32_t toTf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+
+/// c += a * b for one m16n8k8 tile with TF32 inputs and fp32 accumulation.
+/// Per lane (g = lane / 4, t = lane % 4): a[0] = (g, t), a[1] = (g + 8, t),
+/// a[2] = (g, t + 4), a[3] = (g + 8, t + 4) of A (16 x 8, row-major);
+/// b0 = (k t, n g), b1 = (k t + 4, n g) of B (8 x 8); c as m16n8k16's.
+__device__ __forceinline__ void mma1688Tf32(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
                "{%8, %9}, {%0, %1, %2, %3};\n"
                : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));

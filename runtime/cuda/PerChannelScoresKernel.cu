@@ -16,6 +16,7 @@
 //===----------------------------------------------------------------------===//
 
 #include "runtime/cuda/PerChannelScoresKernel.h"
+#include "runtime/cuda/PerChannelScores.cuh"
 #include "runtime/cuda/Switches.h"
 
 #include <ATen/cuda/CUDAContext.h>
@@ -27,6 +28,8 @@
 #include <cuda_bf16.h>
 
 namespace adapt::rt::cuda {
+
+using namespace scores;
 
 namespace {
 
@@ -126,30 +129,6 @@ struct BackwardTiles {
   float *xa, *xb, *y, *g, *pa, *pb, *end;
 };
 
-/// Kimi's q and k as the node's bf16 inputs, for the paired backward in
-/// place of its fp32 xA = q scale, y = k and xB = k b (then null): each
-/// widened and multiplied in fp32 as the composition's fp32 copies are (k b
-/// as the terms kernel forms it). Null \p key: the fp32 operands are read.
-struct Bf16Keys {
-  const __nv_bfloat16 *query = nullptr, *key = nullptr;
-  const float *beta = nullptr; ///< b [items, c]
-  float queryScale = 1.0f;
-};
-
-/// Widens \p count bf16 values of rows \p width wide (both multiples of 4,
-/// \p src 8-byte aligned) into \p dst, each times \p rowScale[row] when
-/// given, else times \p scale.
-__device__ __forceinline__ void widenRows(float *dst, const __nv_bfloat16 *src, int count, int width, float scale,
-                                          const float *rowScale) {
-  for (int i = threadIdx.x; i < count / 4; i += blockDim.x) {
-    const uint2 raw = reinterpret_cast<const uint2 *>(src)[i];
-    const float2 low = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&raw.x));
-    const float2 high = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&raw.y));
-    const float f = rowScale ? rowScale[4 * i / width] : scale;
-    reinterpret_cast<float4 *>(dst)[i] = make_float4(low.x * f, low.y * f, high.x * f, high.y * f);
-  }
-}
-
 /// Fills BackwardTiles from \p smem (behind the caller's barrier): x, y
 /// (and the second x) from \p keys when it holds bf16 rows.
 template <bool Paired>
@@ -248,37 +227,6 @@ __global__ void __launch_bounds__(Paired ? kPairedThreads : kThreads)
 // memcheck passed with them on an H100 (session 49; KDA forward + backward
 // 11.48 -> 10.84 ms at 8K, 46.37 -> 43.85 at 32K);
 // ADAPT_KIMI_SCORES_SUBCHUNKS=0 keeps the thread-per-pair kernels.
-
-constexpr int kSub = 16; ///< Rows per block: the span of the per-term exponentials.
-
-/// The first scratch row of block row \p a's scaled keys (keys 0 .. 16a - 1,
-/// a >= 1): 0, 16, 48 for a = 1, 2, 3; blocks(c) rows in all for 8 a (a - 1).
-__host__ __device__ constexpr int scaledKeysRow(int a) { return 8 * a * (a - 1); }
-
-/// Fills \p yhat [scaledKeysRow(blocks)][stride]: for each block row a >= 1,
-/// the keys i < a0 as y_i e^{G_a0 - G_i}. \p ys and \p gs have row stride
-/// \p stride, as \p yhat.
-__device__ void scaleKeysToBlockRows(const float *ys, const float *gs, int stride, int chunk, int channels,
-                                     float *yhat) {
-  const int blocks = (chunk + kSub - 1) / kSub, rows = scaledKeysRow(blocks);
-  for (int e = threadIdx.x; e < rows * channels; e += blockDim.x) {
-    const int v = e / channels, d = e % channels;
-    int a = 1;
-    while (scaledKeysRow(a + 1) <= v)
-      ++a;
-    const int i = v - scaledKeysRow(a), a0 = a * kSub;
-    yhat[v * stride + d] = ys[i * stride + d] * __expf(gs[a0 * stride + d] - gs[i * stride + d]);
-  }
-}
-
-/// Scales \p xs's rows t >= kSub in place to their block's first row:
-/// x_t e^{G_t - G_a0}. Every reader of the unscaled rows is behind a barrier.
-__device__ void scaleRowsToBlockStart(float *xs, const float *gs, int stride, int chunk, int channels) {
-  for (int e = kSub * channels + threadIdx.x; e < chunk * channels; e += blockDim.x) {
-    const int t = e / channels, d = e % channels, a0 = t / kSub * kSub;
-    xs[t * stride + d] *= __expf(gs[t * stride + d] - gs[a0 * stride + d]);
-  }
-}
 
 constexpr int kDiagonalParts = 8;      ///< Lanes that share a row's channels in the diagonal pass.
 constexpr int kSubchunkThreads = 512; ///< The forward's threads: kDiagonalParts per row at 64 rows.
@@ -673,6 +621,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> pairedBackward(const at::Tensor &
     return {dxA, dxB, dy};
   const c10::cuda::CUDAGuard guard(cum.device());
   const bool subchunks = scoresSubchunksEnabled();
+  if (subchunks && pairedScoresMmaEnabled() &&
+      pairedScoresMmaTakes(chunk, channels, keys, ga.data_ptr<float>(), gb.data_ptr<float>(), cum.data_ptr<float>())) {
+    pairedScoresMmaBackward(ga.data_ptr<float>(), gb.data_ptr<float>(), keys, cum.data_ptr<float>(), items,
+                            dxA.data_ptr<float>(), dxB.data_ptr<float>(), dy.data_ptr<float>(),
+                            at::cuda::getCurrentCUDAStream());
+    return {dxA, dxB, dy};
+  }
   const auto kernel = subchunks ? perChannelScoresSubchunkBackwardKernel<true> : perChannelScoresBackwardKernel<true>;
   const size_t bytes = (4 * size_t(chunk) * channels + 2 * size_t(chunk) * chunk +
                         (subchunks ? size_t(scaledKeysRow((chunk + kSub - 1) / kSub)) * channels : 0)) *

@@ -210,6 +210,34 @@ Trial kimiPairedScoresTrial(const Ctx &c, int64_t B, int64_t H, int64_t n, int64
           {"grad y", ours.y, y.ref.grad(), true}};
 }
 
+/// pairedDecayedScoresBackwardFromRows against autograd in float64: q and k
+/// in the tested dtype (bf16 on a GPU: the kernel that forms q scale, k and
+/// k b as it reads the rows, on tensor cores at c 64, dk 128 with
+/// ADAPT_KIMI_SCORES_MMA=1), beta and G fp32, the cotangents as in
+/// kimiPairedScoresTrial. The gradients are those of xA = q scale, xB = k b
+/// and y = k, as Kimi's backward uses them.
+Trial kimiPairedScoresRowsTrial(const Ctx &c, int64_t B, int64_t H, int64_t n, int64_t chunk, int64_t dk) {
+  const double scale = 1.0 / std::sqrt(static_cast<double>(dk));
+  Input q = input(c, torch::randn({B, H, n, chunk, dk}, f64), false);
+  Input k = input(c, torch::randn({B, H, n, chunk, dk}, f64), false);
+  Input beta = input(c, torch::rand({B, H, n, chunk, 1}, f64), false, torch::kFloat32);
+  Input cum = input(c, torch::log_sigmoid(torch::randn({B, H, n, chunk, dk}, f64) + 2.0).cumsum(3), false,
+                    torch::kFloat32);
+  Tensor xa = (q.ref * scale).detach().requires_grad_(true), xb = (k.ref * beta.ref).detach().requires_grad_(true);
+  Tensor y = k.ref.detach().requires_grad_(true);
+  Tensor later = torch::ones({chunk, chunk}, torch::kBool).triu(1).view({chunk, chunk, 1});
+  Tensor decay = (cum.ref.unsqueeze(4) - cum.ref.unsqueeze(3)).masked_fill(later, -INFINITY).exp(); // [.., t, i, dk]
+  Tensor scoresA = (xa.unsqueeze(4) * y.unsqueeze(3) * decay).sum(-1);
+  Tensor scoresB = (xb.unsqueeze(4) * y.unsqueeze(3) * decay).sum(-1);
+  Tensor cotA = torch::randn(scoresA.sizes(), f64).tril().to(c.dtype).to(f64);
+  Tensor cotB = torch::randn(scoresB.sizes(), f64).tril(-1).to(c.dtype).to(f64);
+  ((scoresA * cotA).sum() + (scoresB * cotB).sum()).backward();
+  PairedScoreGradients ours =
+      pairedDecayedScoresBackwardFromRows(cotA.to(c.device, torch::kFloat32), cotB.to(c.device, torch::kFloat32),
+                                          q.ours, k.ours, beta.ours, cum.ours, scale);
+  return {{"grad xA", ours.xA, xa.grad(), true}, {"grad xB", ours.xB, xb.grad(), true}, {"grad y", ours.y, y.grad(), true}};
+}
+
 } // namespace
 
 void addLinearAttentionChecks(std::vector<Check> &all) {
@@ -266,6 +294,14 @@ void addLinearAttentionChecks(std::vector<Check> &all) {
     addCheck(all, "kimi_scores.paired_backward", shape,
              [=](const Ctx &c) { return kimiPairedScoresTrial(c, B, H, n, chunk, dk); });
   };
+  // Kimi's backward reads q and k as the input's rows: a ragged chunk (the
+  // scalar kernel on a GPU) and Kimi-Linear's 64 x 128 (the tensor-core one
+  // with ADAPT_KIMI_SCORES_MMA=1), three chunks each.
+  for (auto [chunk, dk] : {std::pair<int64_t, int64_t>{40, 100}, {64, 128}}) {
+    std::string shape = shapeText({{"B", 1}, {"H", 2}, {"n", 3}, {"c", chunk}, {"dk", dk}});
+    addCheck(all, "kimi_scores.paired_backward_rows", shape,
+             [=](const Ctx &c) { return kimiPairedScoresRowsTrial(c, 1, 2, 3, chunk, dk); });
+  }
   scores(2, 2, 3, 16, 8);
   scores(1, 2, 2, 48, 32);
   scores(1, 2, 2, 64, 128);
