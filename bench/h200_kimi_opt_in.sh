@@ -10,7 +10,9 @@
 # (both opt-ins then, defaults now): 325 s on a fresh H100, 180 of them the
 # build; session 56 for ADAPT_KIMI_BF16_ROWS=1 (default now): 229 s, build 143 s.
 # With a default-on switch, ON=NAME=0 times the two sides (checks then run off;
-# CHECK_ENV=ADAPT_NONE=1 runs them on the defaults).
+# CHECK_ENV=ADAPT_NONE=1 runs them on the defaults). EXTRA_ONLY=CHECK adds
+# that bf16 op check, SKIP_FP32=1 drops the fp32 one, MEMCHECK_ONLY=CHECK
+# runs memcheck over that check instead of kimi_delta.chunked.
 # FLA_BY=SECONDS adds fla 0.6's chunk_kda at the same three shapes in the same
 # call (carry .whl, and .fla-cache-parts when a call saved one) unless the
 # call has run that long, and saves its Triton cache under OUTDIR.
@@ -20,12 +22,13 @@ OUT=${1:?usage: h200_kimi_opt_in.sh OUTDIR}
 source bench/h200/start.sh
 ON=${ON:?usage: ON=NAME=VALUE bench/h200_kimi_opt_in.sh OUTDIR}
 check kimi ${CHECK_ENV:-$ON} kimi_delta
-check kimi-fp32 ${CHECK_ENV:-$ON} kimi_delta.chunked float32
+[ -n "${EXTRA_ONLY:-}" ] && check extra ${CHECK_ENV:-$ON} $EXTRA_ONLY
+[ -z "${SKIP_FP32:-}" ] && check kimi-fp32 ${CHECK_ENV:-$ON} kimi_delta.chunked float32
 SAN=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
 if [ -n "$SAN" ] && [ $(el) -lt ${MEMCHECK_BY:-330} ]; then
   env $ON timeout 110 $SAN --tool memcheck --error-exitcode 9 $W/rt/adapt-op-check --device cuda --seeds 1 \
-    --dtype bfloat16 --only kimi_delta.chunked --out $W/checks/memcheck > $W/memcheck.log 2>&1
-  echo "-- memcheck kimi_delta.chunked [$ON]: rc $? $(grep -m1 'ERROR SUMMARY' $W/memcheck.log) ($(el) s)"
+    --dtype bfloat16 --only ${MEMCHECK_ONLY:-kimi_delta.chunked} --out $W/checks/memcheck > $W/memcheck.log 2>&1
+  echo "-- memcheck ${MEMCHECK_ONLY:-kimi_delta.chunked} [$ON]: rc $? $(grep -m1 'ERROR SUMMARY' $W/memcheck.log) ($(el) s)"
   grep -m4 -A4 "Invalid" $W/memcheck.log
 fi
 echo "== timings $(el) s"
@@ -40,7 +43,7 @@ if [ -n "${FLA_BY:-}" ] && [ $(el) -lt $FLA_BY ]; then
   source bench/h200/fla_env.sh
   echo "-- fla chunk_kda ($(el) s)"
   timeout $(( ${FLA_END_BY:-540} - $(el) )) python3 bench/h200/fla_delta_rule.py --bypass-triton-guard --per-channel \
-    1 32 8192 128 128 1 32 32768 128 128 4 16 4096 128 128 2>&1 | grep -v Warning | tail -4
+    ${FLA_SHAPES:-1 32 8192 128 128 1 32 32768 128 128 4 16 4096 128 128} 2>&1 | grep -v Warning | tail -4
   save_fla_cache $OUT
 fi
 for e in $ON ${PROFILE_BASELINE:+ADAPT_NONE=1}; do
