@@ -59,7 +59,7 @@ PairedScoreGradients pairedDecayedScoresBackward(const torch::Tensor &gradA, con
 /// chunks of its inputs: xA = \p query \p scale, y = \p key and xB = \p key
 /// \p beta (q and k [b, h, n, c, dk], beta [b, h, n, c, 1] fp32). On a GPU
 /// with bf16 q and k the kernel forms them as it reads the rows (at c 64, dk
-/// 128 on tensor cores with ADAPT_KIMI_SCORES_MMA=1); elsewhere they are made
+/// 128 on tensor cores unless ADAPT_KIMI_SCORES_MMA=0); elsewhere they are made
 /// in fp32 first. Op check: `kimi_scores.paired_backward_rows`.
 PairedScoreGradients pairedDecayedScoresBackwardFromRows(const torch::Tensor &gradA, const torch::Tensor &gradB,
                                                          const torch::Tensor &query, const torch::Tensor &key,

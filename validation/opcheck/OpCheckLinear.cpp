@@ -213,7 +213,7 @@ Trial kimiPairedScoresTrial(const Ctx &c, int64_t B, int64_t H, int64_t n, int64
 /// pairedDecayedScoresBackwardFromRows against autograd in float64: q and k
 /// in the tested dtype (bf16 on a GPU: the kernel that forms q scale, k and
 /// k b as it reads the rows, on tensor cores at c 64, dk 128 with
-/// ADAPT_KIMI_SCORES_MMA=1), beta and G fp32, the cotangents as in
+/// ADAPT_KIMI_SCORES_MMA=0 opts out), beta and G fp32, the cotangents as in
 /// kimiPairedScoresTrial. The gradients are those of xA = q scale, xB = k b
 /// and y = k, as Kimi's backward uses them.
 Trial kimiPairedScoresRowsTrial(const Ctx &c, int64_t B, int64_t H, int64_t n, int64_t chunk, int64_t dk) {
@@ -296,7 +296,7 @@ void addLinearAttentionChecks(std::vector<Check> &all) {
   };
   // Kimi's backward reads q and k as the input's rows: a ragged chunk (the
   // scalar kernel on a GPU) and Kimi-Linear's 64 x 128 (the tensor-core one
-  // with ADAPT_KIMI_SCORES_MMA=1), three chunks each.
+  // unless ADAPT_KIMI_SCORES_MMA=0), three chunks each.
   for (auto [chunk, dk] : {std::pair<int64_t, int64_t>{40, 100}, {64, 128}}) {
     std::string shape = shapeText({{"B", 1}, {"H", 2}, {"n", 3}, {"c", chunk}, {"dk", dk}});
     addCheck(all, "kimi_scores.paired_backward_rows", shape,
