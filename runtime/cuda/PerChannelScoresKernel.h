@@ -68,6 +68,9 @@ bool pairedScoresBf16KeysTake(const at::Tensor &query, const at::Tensor &key, co
 /// and \p key (chunked, unscaled) and fp32 \p beta, each value as the
 /// fp32 copies' (float(q) queryScale, float(k), float(k) b): those three
 /// [.., c, dk] fp32 tensors are never written. Returns {dxA, dxB, dy}, fp32.
+/// At c 64, dk 128 the blocks below the diagonal run on TF32 tensor cores
+/// (runtime/cuda/PairedScoresMmaKernel.cu; ADAPT_KIMI_SCORES_MMA=0: the
+/// scalar kernel's fp32 products).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> perChannelScoresPairedBackwardBf16Keys(
     const at::Tensor &gradA, const at::Tensor &gradB, const at::Tensor &query, const at::Tensor &key,
     const at::Tensor &beta, const at::Tensor &cum, double queryScale);
