@@ -235,7 +235,21 @@ Trial kimiPairedScoresRowsTrial(const Ctx &c, int64_t B, int64_t H, int64_t n, i
   PairedScoreGradients ours =
       pairedDecayedScoresBackwardFromRows(cotA.to(c.device, torch::kFloat32), cotB.to(c.device, torch::kFloat32),
                                           q.ours, k.ours, beta.ours, cum.ours, scale);
-  return {{"grad xA", ours.xA, xa.grad(), true}, {"grad xB", ours.xB, xb.grad(), true}, {"grad y", ours.y, y.grad(), true}};
+  Trial trial{{"grad xA", ours.xA, xa.grad(), true}, {"grad xB", ours.xB, xb.grad(), true},
+              {"grad y", ours.y, y.grad(), true}};
+  // Every operand holds the tested dtype's values exactly, so the only error
+  // is the arithmetic's: fp32 sums 9.4e-8 (CPU and the scalar kernel), TF32
+  // tensor-core products 9.6e-5 (an H100, session 57). 1e-3 is 10x that, far
+  // inside the bf16 bound, so a kernel that loses part of a tile fails here.
+  constexpr double kArithmeticBound = 1e-3;
+  std::string loose;
+  for (const Item &item : trial) {
+    const double error = measure(item.ours, item.ref).first;
+    if (error > kArithmeticBound)
+      loose += item.name + " " + std::to_string(error) + " > 1e-3; ";
+  }
+  trial.push_back(verdict("arithmetic error within 1e-3", loose));
+  return trial;
 }
 
 } // namespace
