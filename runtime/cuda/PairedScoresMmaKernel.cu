@@ -113,7 +113,9 @@ template <typename F> __device__ __forceinline__ void forEachElement(int m0, int
 /// place; the diagonal blocks per thread, adding dx's lower part (dxA, dxB
 /// final; dy's diagonal part stored); scale the queries to their block's
 /// start; dy's lower blocks by MMA, added to dy (a reduction: one adder per
-/// element after the stores above).
+/// element after the stores above). With \p Wide (ADAPT_KIMI_SCORES_MMA_WIDE=1,
+/// an opt-in not yet run on a GPU) the diagonal pass reads the cotangents'
+/// rows as float4s, four keys a load, with the same sums in the same order.
 template <bool Wide>
 __global__ void __launch_bounds__(kThreads, 1)
     pairedScoresMmaKernel(const float *gradA, const float *gradB, Bf16Keys keys, const float *cum, float *gradXA,
@@ -204,9 +206,9 @@ __global__ void __launch_bounds__(kThreads, 1)
               dy[j] += (ca[j] * xa + cb[j] * xb) * __expf(gq - gr[j]);
         }
       } else {
-      for (int i = a0; i < r0 + R; ++i) { // dx: keys a0 <= i <= r
+        for (int i = a0; i < r0 + R; ++i) { // dx: keys a0 <= i <= r
           const float yi = ys[i * kRow + d], gi = gs[i * kRow + d];
-  #pragma unroll
+#pragma unroll
           for (int j = 0; j < R; ++j)
             if (i <= r0 + j) {
               const float ye = yi * __expf(gr[j] - gi);
@@ -216,7 +218,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
         for (int q = r0; q < end; ++q) { // dy: queries r <= q < end
           const float xa = xas[q * kRow + d], xb = xbs[q * kRow + d], gq = gs[q * kRow + d];
-  #pragma unroll
+#pragma unroll
           for (int j = 0; j < R; ++j)
             if (q >= r0 + j)
               dy[j] += (pa[q * kGradRow + r0 + j] * xa + pb[q * kGradRow + r0 + j] * xb) * __expf(gq - gr[j]);
