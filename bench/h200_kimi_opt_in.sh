@@ -9,6 +9,8 @@
 # Session 55 ran it for ADAPT_KIMI_BF16_OPERANDS=1 and ADAPT_KIMI_VALUE_TERMS=1
 # (both opt-ins then, defaults now): 325 s on a fresh H100, 180 of them the
 # build; session 56 for ADAPT_KIMI_BF16_ROWS=1 (default now): 229 s, build 143 s.
+# Session 57: the defaults beside fla (FLA_BY, fla compiling from scratch)
+# 553 s; ADAPT_KIMI_SCORES_MMA=1 (default now) with fla's cache carried 315 s.
 # With a default-on switch, ON=NAME=0 times the two sides (checks then run off;
 # CHECK_ENV=ADAPT_NONE=1 runs them on the defaults). EXTRA_ONLY=CHECK adds
 # that bf16 op check, SKIP_FP32=1 drops the fp32 one, MEMCHECK_ONLY=CHECK
