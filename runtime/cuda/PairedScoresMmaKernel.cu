@@ -96,6 +96,22 @@ __device__ __forceinline__ void mmaRow(float (&acc)[kTiles][4], const uint32_t (
   }
 }
 
+/// One depth step of 8 of both cotangents' products at a warp's rows m0..
+/// and columns col0..: accA += gA's 16 x 8 tile at (m0, k0) (its transpose's
+/// with \p Transposed) times rows k0.. of \p rowsA, accB alike with gB and
+/// \p rowsB. dx passes two accumulators and one B (the scaled keys), dy one
+/// accumulator (both references to it) and two (the scaled queries).
+template <bool Transposed>
+__device__ __forceinline__ void mmaPairStep(float (&accA)[kTiles][4], float (&accB)[kTiles][4], const float *pa,
+                                            const float *pb, const float *rowsA, const float *rowsB, int m0, int k0,
+                                            int col0, int g, int t) {
+  uint32_t fa[4], fb[4];
+  loadTf32A<Transposed>(fa, pa, kGradRow, m0, k0, g, t);
+  loadTf32A<Transposed>(fb, pb, kGradRow, m0, k0, g, t);
+  mmaRow(accA, fa, rowsA, k0, col0, g, t);
+  mmaRow(accB, fb, rowsB, k0, col0, g, t);
+}
+
 /// Calls \p f(n, e, row, column) for element e of tile n of a warp's
 /// accumulators (rows m0.., columns col0..): the m16n8 C layout.
 template <typename F> __device__ __forceinline__ void forEachElement(int m0, int col0, int g, int t, F f) {
@@ -140,13 +156,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   float lowA[kTiles][4] = {}, lowB[kTiles][4] = {};
   if (blockRow > 0) {
     const float *scaled = yhat + scaledKeysRow(blockRow) * kRow;
-    for (int k0 = 0; k0 < m0; k0 += 8) {
-      uint32_t fa[4], fb[4];
-      loadTf32A<false>(fa, pa, kGradRow, m0, k0, g, t);
-      loadTf32A<false>(fb, pb, kGradRow, m0, k0, g, t);
-      mmaRow(lowA, fa, scaled, k0, col0, g, t);
-      mmaRow(lowB, fb, scaled, k0, col0, g, t);
-    }
+    for (int k0 = 0; k0 < m0; k0 += 8)
+      mmaPairStep<false>(lowA, lowB, pa, pb, scaled, scaled, m0, k0, col0, g, t);
     forEachElement(m0, col0, g, t, [&](int n, int e, int r, int d) {
       const float back = __expf(gs[r * kRow + d] - gs[m0 * kRow + d]);
       lowA[n][e] *= back, lowB[n][e] *= back;
@@ -246,13 +257,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int a = blockRow + 1; a < kBlocks; ++a) {
       const int a0 = a * kSub;
       float pair[kTiles][4] = {};
-      for (int k0 = a0; k0 < a0 + kSub; k0 += 8) {
-        uint32_t fa[4], fb[4];
-        loadTf32A<true>(fa, pa, kGradRow, m0, k0, g, t);
-        loadTf32A<true>(fb, pb, kGradRow, m0, k0, g, t);
-        mmaRow(pair, fa, xas, k0, col0, g, t);
-        mmaRow(pair, fb, xbs, k0, col0, g, t);
-      }
+      for (int k0 = a0; k0 < a0 + kSub; k0 += 8)
+        mmaPairStep<true>(pair, pair, pa, pb, xas, xbs, m0, k0, col0, g, t);
       forEachElement(m0, col0, g, t, [&](int n, int e, int r, int d) {
         dy[n][e] += __expf(gs[a0 * kRow + d] - gs[r * kRow + d]) * pair[n][e];
       });
