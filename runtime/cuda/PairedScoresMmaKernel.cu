@@ -15,7 +15,7 @@
 // tl.dot, TF32 on Hopper). TF32 rounds each factor to 11 significant bits,
 // finer than the bf16 q and k they come from; the fp32 path keeps the
 // scalar kernel. The diagonal blocks keep an exponential per term, as there.
-// On an H100 at 1 x 32 x 8K (session 57): 1.63 -> 1.20 ms, KDA forward +
+// On an H100 at 1 x 32 x 8K (session 57): 1.59 -> 1.20 ms, KDA forward +
 // backward 6.65 -> 6.26 ms; `kimi_scores.paired_backward_rows` 9.6e-5 (the
 // scalar kernel 9.4e-8, the bf16 bound 2.5e-2), Kimi's bf16 checks unchanged.
 //
