@@ -8,8 +8,8 @@
 // and the queries to their own block's first row (dy):
 //   dxA_a += e^{G_r - G_a0} gA [a, < a0] yhat_a   (dxB_a alike with gB),
 //   dy_b  += sum_{a > b} e^{G_a0 - G_r} (gA [a, b]^T xhatA_a + gB [a, b]^T xhatB_a).
-// The scalar kernel spends about half its shared-memory reads and most of
-// its multiply-adds on them (1.59 ms of KDA's 6.69 at 1 x 32 x 8K on an
+// By a count of its loops, the scalar kernel spends about half its
+// shared-memory reads and most of its multiply-adds on them (1.59 ms of KDA's 6.69 at 1 x 32 x 8K on an
 // H100, session 56); here they are TF32 tensor-core tiles (mma.sync m16n8k8,
 // fp32 accumulation; fla's Triton kernels take the same products as
 // tl.dot, TF32 on Hopper). TF32 rounds each factor to 11 significant bits,
