@@ -240,21 +240,6 @@ struct KimiTerms {
   }
 };
 
-#ifdef ADAPT_WITH_CUDA_KERNELS
-/// The paired score gradients (pairedDecayedScoresBackward's) from the bf16
-/// inputs' chunks \p queryRows and \p keyRows, unscaled, with q \p scale, k
-/// and k b formed in the kernel (bf16Rows has checked that it takes them).
-PairedScoreGradients pairedScoresFromRows(const Tensor &gradA, const Tensor &gradB, const Tensor &queryRows,
-                                          const Tensor &keyRows, const Tensor &beta, const Tensor &cum,
-                                          double scale) {
-  TORCH_CHECK(chooseKernel("kimi_scores.paired_backward", keyRows, cuda::pairedScoresBackwardEnabled(),
-                           cuda::pairedScoresBf16KeysTake(queryRows, keyRows, beta, cum)),
-              "pairedScoresFromRows: the bf16-rows kernel was refused after it was chosen");
-  auto [dxA, dxB, dy] = cuda::perChannelScoresPairedBackwardBf16Keys(gradA, gradB, queryRows, keyRows, beta, cum, scale);
-  return {dxA, dxB, dy};
-}
-#endif
-
 struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
   /// Outputs {O [B, H, T, dv] in the query's dtype, S_T fp32}; \p state
   /// [B, H, dk, dv] (zeros when no initial state was given).
@@ -487,13 +472,12 @@ struct KimiDeltaNode : torch::autograd::Function<KimiDeltaNode> {
     // k: the latter's x gradient gives k's row term (times b) and b's term
     // (its dot with k), so the key pairs P_kk themselves (a scores pass) are
     // never rebuilt. Only the sum of the two key-column gradients is needed.
-    PairedScoreGradients scoreGrads;
-#ifdef ADAPT_WITH_CUDA_KERNELS
-    if (bf16Rows)
-      scoreGrads = pairedScoresFromRows(dScores, dSystem, q, k, bt, cum, scale);
-#endif
-    if (!bf16Rows)
-      scoreGrads = pairedDecayedScoresBackward(dScores, q, dSystem, terms.keysBeta, k, cum);
+    // With bf16Rows, q and k are the bf16 rows (q unscaled) and the kernel
+    // forms q scale, k and k b as it reads them (the entry point the
+    // `kimi_scores.paired_backward_rows` op check calls).
+    PairedScoreGradients scoreGrads = // not const: freed after its last reader
+        bf16Rows ? pairedDecayedScoresBackwardFromRows(dScores, dSystem, q, k, bt, cum, scale)
+                 : pairedDecayedScoresBackward(dScores, q, dSystem, terms.keysBeta, k, cum);
     const Tensor &dqScores = scoreGrads.xA, &dKeysBeta = scoreGrads.xB, &dkColumns = scoreGrads.y;
     dScores.reset(), dSystem.reset(), terms.keysBeta.reset();
 

@@ -186,6 +186,24 @@ Trial kimiScoresTrial(const Ctx &c, int64_t B, int64_t H, int64_t n, int64_t chu
   return {{"scores", ours, ref}, {"grad x", dx, x.ref.grad(), true}, {"grad y", dy, y.ref.grad(), true}};
 }
 
+/// Kimi's backward shape in float64 autograd: the scores of \p xa and of
+/// \p xb against \p y under the decays of \p cum [.., c, dk] (leaves with
+/// gradients), a random cotangent for each (the output's on and below the
+/// diagonal, the system's strictly below, rounded to the tested dtype),
+/// backpropagated into the leaves. Returns the cotangents.
+std::pair<Tensor, Tensor> pairedScoresByAutograd(const Ctx &c, const Tensor &xa, const Tensor &xb, const Tensor &y,
+                                                 const Tensor &cum) {
+  const int64_t chunk = cum.size(-2);
+  Tensor later = torch::ones({chunk, chunk}, torch::kBool).triu(1).view({chunk, chunk, 1});
+  Tensor decay = (cum.unsqueeze(4) - cum.unsqueeze(3)).masked_fill(later, -INFINITY).exp(); // [.., t, i, dk]
+  Tensor scoresA = (xa.unsqueeze(4) * y.unsqueeze(3) * decay).sum(-1);
+  Tensor scoresB = (xb.unsqueeze(4) * y.unsqueeze(3) * decay).sum(-1);
+  Tensor cotA = torch::randn(scoresA.sizes(), f64).tril().to(c.dtype).to(f64);
+  Tensor cotB = torch::randn(scoresB.sizes(), f64).tril(-1).to(c.dtype).to(f64);
+  ((scoresA * cotA).sum() + (scoresB * cotB).sum()).backward();
+  return {cotA, cotB};
+}
+
 /// pairedDecayedScoresBackward against autograd through two scores
 /// products sharing y and G in float64: Kimi's backward shape (the output's
 /// cotangent on and below the diagonal, the system's strictly below).
@@ -195,13 +213,7 @@ Trial kimiPairedScoresTrial(const Ctx &c, int64_t B, int64_t H, int64_t n, int64
   Input y = input(c, torch::randn({B, H, n, chunk, dk}, f64), true, torch::kFloat32);
   Input cum = input(c, torch::log_sigmoid(torch::randn({B, H, n, chunk, dk}, f64) + 2.0).cumsum(3), false,
                     torch::kFloat32);
-  Tensor later = torch::ones({chunk, chunk}, torch::kBool).triu(1).view({chunk, chunk, 1});
-  Tensor decay = (cum.ref.unsqueeze(4) - cum.ref.unsqueeze(3)).masked_fill(later, -INFINITY).exp(); // [.., t, i, dk]
-  Tensor scoresA = (xa.ref.unsqueeze(4) * y.ref.unsqueeze(3) * decay).sum(-1);
-  Tensor scoresB = (xb.ref.unsqueeze(4) * y.ref.unsqueeze(3) * decay).sum(-1);
-  Tensor cotA = torch::randn(scoresA.sizes(), f64).tril().to(c.dtype).to(f64);
-  Tensor cotB = torch::randn(scoresB.sizes(), f64).tril(-1).to(c.dtype).to(f64);
-  ((scoresA * cotA).sum() + (scoresB * cotB).sum()).backward();
+  auto [cotA, cotB] = pairedScoresByAutograd(c, xa.ref, xb.ref, y.ref, cum.ref);
   PairedScoreGradients ours = pairedDecayedScoresBackward(cotA.to(c.device, torch::kFloat32), xa.ours.detach(),
                                                           cotB.to(c.device, torch::kFloat32), xb.ours.detach(),
                                                           y.ours.detach(), cum.ours);
@@ -225,13 +237,7 @@ Trial kimiPairedScoresRowsTrial(const Ctx &c, int64_t B, int64_t H, int64_t n, i
                     torch::kFloat32);
   Tensor xa = (q.ref * scale).detach().requires_grad_(true), xb = (k.ref * beta.ref).detach().requires_grad_(true);
   Tensor y = k.ref.detach().requires_grad_(true);
-  Tensor later = torch::ones({chunk, chunk}, torch::kBool).triu(1).view({chunk, chunk, 1});
-  Tensor decay = (cum.ref.unsqueeze(4) - cum.ref.unsqueeze(3)).masked_fill(later, -INFINITY).exp(); // [.., t, i, dk]
-  Tensor scoresA = (xa.unsqueeze(4) * y.unsqueeze(3) * decay).sum(-1);
-  Tensor scoresB = (xb.unsqueeze(4) * y.unsqueeze(3) * decay).sum(-1);
-  Tensor cotA = torch::randn(scoresA.sizes(), f64).tril().to(c.dtype).to(f64);
-  Tensor cotB = torch::randn(scoresB.sizes(), f64).tril(-1).to(c.dtype).to(f64);
-  ((scoresA * cotA).sum() + (scoresB * cotB).sum()).backward();
+  auto [cotA, cotB] = pairedScoresByAutograd(c, xa, xb, y, cum.ref);
   PairedScoreGradients ours =
       pairedDecayedScoresBackwardFromRows(cotA.to(c.device, torch::kFloat32), cotB.to(c.device, torch::kFloat32),
                                           q.ours, k.ours, beta.ours, cum.ours, scale);
