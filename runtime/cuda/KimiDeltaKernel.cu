@@ -10,6 +10,7 @@
 #include "runtime/cuda/DeltaRule.cuh"
 #include "runtime/cuda/DeltaRuleKernel.h"
 #include "runtime/cuda/DeltaRuleState.cuh"
+#include "runtime/cuda/Packed.cuh"
 
 #include <ATen/cuda/CUDAContext.h>
 #include <ATen/ops/empty.h>
@@ -28,7 +29,64 @@ namespace {
 using namespace delta;
 
 constexpr int kSub = 16;                  ///< Tokens per sub-chunk.
+
+/// How the forward kernels sum a sub-chunk's pairs (perChannelPairs).
+enum class PairsForm : int {
+  WarpPerPair,   ///< a warp per pair, four channels a lane (ADAPT_KIMI_PAIRS_PER_THREAD=0)
+  ThreadPerPair, ///< a thread per pair, a channel a step (withinPairsPerThread)
+  Packed,        ///< a thread per pair, eight channels a step, and the decays applied eight at a time
+};
 constexpr int kPairRow = kChunk + 1;       ///< Row of a [64][65] fp32 pair table.
+
+/// sum_d x_d y_d e^{gx_d - gy_d} over the 128 channels of one pair of rows
+/// (bf16 x, y; fp32 gx, gy), eight channels a step: one 16-byte load of each
+/// bf16 row and two of each G row, where the scalar loop of
+/// withinPairsPerThread spends four loads and their address arithmetic on
+/// every channel (session 58's Nsight Compute profile of the output kernel:
+/// the integer pipe its busiest, 62M unfused fp32 instructions against 9M
+/// fused). Lane l starts at group l (mod 16) and takes each G row's two
+/// 16-byte halves in the order (l / 4) % 2, so the eight lanes of a quarter
+/// warp, whatever rows their pairs touch, read eight distinct bank groups.
+__device__ __forceinline__ float decayedRowsDot(const bf16 *x, const bf16 *y, const float *gx, const float *gy,
+                                                int lane) {
+  constexpr int kGroups = kDim / 8;
+  const int swap = (lane >> 2) & 1;
+  float sum = 0.0f;
+#pragma unroll 2
+  for (int s = 0; s < kGroups; ++s) {
+    const int d = 8 * ((s + lane) & (kGroups - 1)), first = d + 4 * swap, second = d + 4 - 4 * swap;
+    const Pack<bf16> xv = Pack<bf16>::load(x + d), yv = Pack<bf16>::load(y + d);
+    const Pack<float> x0 = Pack<float>::load(gx + first), y0 = Pack<float>::load(gy + first);
+    const Pack<float> x1 = Pack<float>::load(gx + second), y1 = Pack<float>::load(gy + second);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float inFirst = x0.v[i] - y0.v[i], inSecond = x1.v[i] - y1.v[i];
+      sum += xv.v[i] * yv.v[i] * __expf(swap ? inSecond : inFirst);
+      sum += xv.v[4 + i] * yv.v[4 + i] * __expf(swap ? inFirst : inSecond);
+    }
+  }
+  return sum;
+}
+
+/// Rows [0, rows) of \p dst = those of \p src (bf16, row stride kRow) times
+/// e^{sign (G_r - ref)} per channel, G's rows [rows][128] and \p ref [128]
+/// fp32: eight channels a thread a step, rounded once to bf16 as the
+/// scalar loops were (the same values). No barrier.
+__device__ __forceinline__ void decayRows(bf16 *dst, const bf16 *src, const float *G, const float *ref, int rows,
+                                          float sign) {
+  for (int i = threadIdx.x; i < rows * kDim / 8; i += blockDim.x) {
+    const int r = i / (kDim / 8), d = 8 * (i % (kDim / 8));
+    Pack<bf16> v = Pack<bf16>::load(src + r * kRow + d);
+    const Pack<float> g0 = Pack<float>::load(G + r * kDim + d), g1 = Pack<float>::load(G + r * kDim + d + 4);
+    const Pack<float> r0 = Pack<float>::load(ref + d), r1 = Pack<float>::load(ref + d + 4);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      v.v[e] *= __expf(sign * (g0.v[e] - r0.v[e]));
+      v.v[4 + e] *= __expf(sign * (g1.v[e] - r1.v[e]));
+    }
+    v.store(dst + r * kRow + d);
+  }
+}
 
 /// The pairs within each sub-chunk of perChannelPairs, a thread per pair of
 /// each 16 x 16 block's lower triangle (the diagonal included; written as 0
@@ -40,7 +98,10 @@ constexpr int kPairRow = kChunk + 1;       ///< Row of a [64][65] fp32 pair tabl
 /// its pairs touch. Above the diagonal within a block: 0.
 /// The default since session 46's checks on an H100 (Kimi forward at 1 x 32 x
 /// 32K: 13.2 -> 11.1 ms); ADAPT_KIMI_PAIRS_PER_THREAD=0 keeps a warp per row.
-__device__ void withinPairsPerThread(float *out, const bf16 *x, const bf16 *y, const float *G, bool inclusive) {
+/// With \p packed (PairsForm::Packed) a pair's channels are summed by
+/// decayedRowsDot, eight a step.
+__device__ void withinPairsPerThread(float *out, const bf16 *x, const bf16 *y, const float *G, bool inclusive,
+                                     bool packed) {
   constexpr int kTriangle = kSub * (kSub + 1) / 2; // pairs c <= r of one block
   const int tid = threadIdx.x, lane = tid % 32;
   for (int p = tid; p < (kChunk / kSub) * kTriangle; p += blockDim.x) {
@@ -53,7 +114,9 @@ __device__ void withinPairsPerThread(float *out, const bf16 *x, const bf16 *y, c
       ++rr;
     const int r = kSub * block + rr, c = kSub * block + (q - rr * (rr + 1) / 2);
     float sum = 0.0f;
-    if (c < r || inclusive) {
+    if ((c < r || inclusive) && packed) {
+      sum = decayedRowsDot(x + r * kRow, y + c * kRow, G + r * kDim, G + c * kDim, lane);
+    } else if (c < r || inclusive) {
       const bf16 *xr = x + r * kRow, *yc = y + c * kRow;
       const float *gr = G + r * kDim, *gc = G + c * kDim;
       for (int k = 0; k < kDim; ++k) {
@@ -79,10 +142,12 @@ __device__ void withinPairsPerThread(float *out, const bf16 *x, const bf16 *y, c
 /// (log decays are <= 0 and t > r_j >= i), one mma product per (query
 /// sub-chunk, j). \p xs [64][kRow] and \p ys [16][kRow] are scratch. With
 /// \p perThread the pairs within a sub-chunk take a thread each instead
-/// (withinPairsPerThread). Every thread of a 256-thread block calls it; it
-/// ends with a barrier.
+/// (withinPairsPerThread); \p form Packed also decays the scratch rows
+/// eight channels at a time (decayRows). Every thread of a 256-thread block
+/// calls it; it ends with a barrier.
 __device__ void perChannelPairs(float *out, const bf16 *x, const bf16 *y, const float *G, bool inclusive, bf16 *xs,
-                                bf16 *ys, bool perThread) {
+                                bf16 *ys, PairsForm form) {
+  const bool perThread = form != PairsForm::WarpPerPair, packed = form == PairsForm::Packed;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   for (int i = tid; i < kChunk * kChunk; i += blockDim.x) { // the blocks above the diagonal
     const int r = i / kChunk, c = i % kChunk;
@@ -90,7 +155,7 @@ __device__ void perChannelPairs(float *out, const bf16 *x, const bf16 *y, const 
       out[r * kPairRow + c] = 0.0f;
   }
   if (perThread)
-    withinPairsPerThread(out, x, y, G, inclusive);
+    withinPairsPerThread(out, x, y, G, inclusive, packed);
   // Within each sub-chunk: pair (r, c) by one warp, four channels per lane.
   for (int pair = warp; !perThread && pair < (kChunk / kSub) * kSub * kSub; pair += blockDim.x / 32) {
     const int block = pair / (kSub * kSub), r = kSub * block + (pair / kSub) % kSub, c = kSub * block + pair % kSub;
@@ -113,11 +178,15 @@ __device__ void perChannelPairs(float *out, const bf16 *x, const bf16 *y, const 
   for (int j = 0; j < kChunk / kSub - 1; ++j) {
     const float *ref = G + (kSub * j + kSub - 1) * kDim;
     const int first = kSub * (j + 1);
-    for (int i = tid; i < (kChunk - first) * kDim; i += blockDim.x) {
+    if (packed) {
+      decayRows(xs + first * kRow, x + first * kRow, G + first * kDim, ref, kChunk - first, 1.0f);
+      decayRows(ys, y + kSub * j * kRow, G + kSub * j * kDim, ref, kSub, -1.0f);
+    }
+    for (int i = tid; !packed && i < (kChunk - first) * kDim; i += blockDim.x) {
       const int r = first + i / kDim, d = i % kDim;
       xs[r * kRow + d] = __float2bfloat16(__bfloat162float(x[r * kRow + d]) * __expf(G[r * kDim + d] - ref[d]));
     }
-    for (int i = tid; i < kSub * kDim; i += blockDim.x) {
+    for (int i = tid; !packed && i < kSub * kDim; i += blockDim.x) {
       const int r = i / kDim, d = i % kDim, key = kSub * j + r;
       ys[r * kRow + d] = __float2bfloat16(__bfloat162float(y[key * kRow + d]) * __expf(ref[d] - G[key * kDim + d]));
     }
@@ -151,7 +220,7 @@ __device__ __forceinline__ void stageDecays(float *G, const float *chunkDecay, i
 __global__ void __launch_bounds__(256)
     kimiTransformKernel(Strided key, Strided value, const float *decay, const float *beta, int64_t tokens, bf16 *w,
                         bf16 *u, bf16 *keysToEnd, float *cumOut, float *lastOut, float *inverseOut, int inverseForm,
-                        bool pairsPerThread, bool stagedDecay) {
+                        PairsForm pairs, bool stagedDecay) {
   extern __shared__ __align__(16) unsigned char shared[];
   bf16 *ks = reinterpret_cast<bf16 *>(shared); // k, then beta k e^G
   bf16 *vs = ks + kChunk * kRow;                // v, then beta v
@@ -199,7 +268,7 @@ __global__ void __launch_bounds__(256)
     lastOut[(bh * chunks + n) * kDim + tid] = run;
   }
   __syncthreads();
-  perChannelPairs(a, ks, ks, G, /*inclusive=*/false, xs, ys, pairsPerThread);
+  perChannelPairs(a, ks, ks, G, /*inclusive=*/false, xs, ys, pairs);
   for (int i = tid; i < kChunk * kChunk; i += blockDim.x) { // A = beta_t (pairs), strictly lower
     const int r = i / kChunk, c = i % kChunk;
     a[r * kPairRow + c] = c < r ? a[r * kPairRow + c] * betas[r] : 0.0f;
@@ -217,7 +286,22 @@ __global__ void __launch_bounds__(256)
       inverseOut[(bh * padded + row0 + r) * kChunk + c] = x;
   }
   const float *last = G + (kChunk - 1) * kDim;
-  for (int i = tid; i < kChunk * kDim; i += blockDim.x) {
+  if (pairs == PairsForm::Packed) // as the loop below, eight channels a step
+    for (int i = tid; i < kChunk * kDim / 8; i += blockDim.x) {
+      const int r = i / (kDim / 8), d = 8 * (i % (kDim / 8));
+      Pack<bf16> k = Pack<bf16>::load(ks + r * kRow + d), v = Pack<bf16>::load(vs + r * kRow + d), toEnd;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const float gre = G[r * kDim + d + e];
+        toEnd.v[e] = k.v[e] * __expf(last[d + e] - gre);
+        k.v[e] = k.v[e] * betas[r] * __expf(gre);
+        v.v[e] *= betas[r];
+      }
+      toEnd.store(keysToEnd + (bh * padded + row0 + r) * kDim + d);
+      k.store(ks + r * kRow + d);
+      v.store(vs + r * kRow + d);
+    }
+  for (int i = tid; pairs != PairsForm::Packed && i < kChunk * kDim; i += blockDim.x) {
     const int r = i / kDim, d = i % kDim;
     const float k = __bfloat162float(ks[r * kRow + d]);
     keysToEnd[(bh * padded + row0 + r) * kDim + d] = __float2bfloat16(k * __expf(last[d] - G[r * kDim + d]));
@@ -254,7 +338,7 @@ __device__ __forceinline__ void loadStateAndNewValues(bf16 *ss, bf16 *vs, const 
 template <bool TwoBlocks>
 __global__ void __launch_bounds__(256, TwoBlocks ? 2 : 1)
     kimiOutputKernel(Strided query, Strided key, const bf16 *states, const bf16 *newValues, const float *cum,
-                     int64_t tokens, float scale, bf16 *out, bf16 *scoresOut, bool pairsPerThread) {
+                     int64_t tokens, float scale, bf16 *out, bf16 *scoresOut, PairsForm pairs) {
   extern __shared__ __align__(16) unsigned char shared[];
   bf16 *qs = reinterpret_cast<bf16 *>(shared); // q, then q scale e^G
   bf16 *ks = qs + kChunk * kRow;
@@ -284,12 +368,20 @@ __global__ void __launch_bounds__(256, TwoBlocks ? 2 : 1)
   for (int i = tid; i < kChunk * kDim / 4; i += blockDim.x)
     reinterpret_cast<float4 *>(G)[i] = reinterpret_cast<const float4 *>(cum + (bh * padded + row0) * kDim)[i];
   __syncthreads();
-  perChannelPairs(a, qs, ks, G, /*inclusive=*/true, xs, ys, pairsPerThread);
+  perChannelPairs(a, qs, ks, G, /*inclusive=*/true, xs, ys, pairs);
   for (int i = tid; i < kChunk * kChunk; i += blockDim.x) {
     const int r = i / kChunk, c = i % kChunk;
     ps[r * kSquareRow + c] = __float2bfloat16(c <= r ? a[r * kPairRow + c] * scale : 0.0f);
   }
-  for (int i = tid; i < kChunk * kDim; i += blockDim.x) {
+  for (int i = tid; pairs == PairsForm::Packed && i < kChunk * kDim / 8; i += blockDim.x) { // eight channels a step
+    const int r = i / (kDim / 8), d = 8 * (i % (kDim / 8));
+    Pack<bf16> q = Pack<bf16>::load(qs + r * kRow + d);
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      q.v[e] = q.v[e] * scale * __expf(G[r * kDim + d + e]);
+    q.store(qs + r * kRow + d);
+  }
+  for (int i = tid; pairs != PairsForm::Packed && i < kChunk * kDim; i += blockDim.x) {
     const int r = i / kDim, d = i % kDim;
     qs[r * kRow + d] = __float2bfloat16(__bfloat162float(qs[r * kRow + d]) * scale * __expf(G[r * kDim + d]));
   }
@@ -326,11 +418,15 @@ bool outputTwoBlocks() {
   return on;
 }
 
-/// Whether the transform and output kernels sum a sub-chunk's pairs a
-/// thread per pair (withinPairsPerThread; ADAPT_KIMI_PAIRS_PER_THREAD=0: off).
-bool pairsPerThread() {
-  static const bool on = !switchedOff("ADAPT_KIMI_PAIRS_PER_THREAD");
-  return on;
+/// How the transform and output kernels sum a sub-chunk's pairs: a thread
+/// per pair (withinPairsPerThread) unless ADAPT_KIMI_PAIRS_PER_THREAD=0,
+/// eight channels a step with ADAPT_KIMI_PACKED_PAIRS=1 (written in session
+/// 58 from the output kernel's Nsight Compute profile).
+PairsForm pairsForm() {
+  static const PairsForm form = switchedOff("ADAPT_KIMI_PAIRS_PER_THREAD") ? PairsForm::WarpPerPair
+                                : switchedOn("ADAPT_KIMI_PACKED_PAIRS")   ? PairsForm::Packed
+                                                                          : PairsForm::ThreadPerPair;
+  return form;
 }
 
 /// Whether the transform kernel stages the chunk's log decays in shared
@@ -415,7 +511,7 @@ at::Tensor kimiDeltaRuleForward(const at::Tensor &query, const at::Tensor &key, 
   kimiTransformKernel<<<dim3(chunks, bh), 256, kTransformBytes, stream>>>(
       stridedRows(key), stridedRows(value), g.data_ptr<float>(), b.data_ptr<float>(), tokens, bf16Data(w),
       bf16Data(u), bf16Data(keysToEnd), cum.data_ptr<float>(), last.data_ptr<float>(),
-      inverse.defined() ? inverse.data_ptr<float>() : nullptr, inverseForm(), pairsPerThread(), staged);
+      inverse.defined() ? inverse.data_ptr<float>() : nullptr, inverseForm(), pairsForm(), staged);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
   // The state kernel's prefetching form (checked with per-channel decays on
@@ -438,7 +534,7 @@ at::Tensor kimiDeltaRuleForward(const at::Tensor &query, const at::Tensor &key, 
   outputKernel<<<dim3(chunks, bh), 256, outputBytes, stream>>>(
       stridedRows(query), stridedRows(key), bf16Data(states), bf16Data(vNew), cum.data_ptr<float>(), tokens,
       static_cast<float>(1.0 / std::sqrt(double(kDim))), bf16Data(out), scores.defined() ? bf16Data(scores) : nullptr,
-      pairsPerThread());
+      pairsForm());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (finalState)
     *finalState = finalOut;

@@ -129,10 +129,7 @@ template <typename F> __device__ __forceinline__ void forEachElement(int m0, int
 /// place; the diagonal blocks per thread, adding dx's lower part (dxA, dxB
 /// final; dy's diagonal part stored); scale the queries to their block's
 /// start; dy's lower blocks by MMA, added to dy (a reduction: one adder per
-/// element after the stores above). With \p Wide (ADAPT_KIMI_SCORES_MMA_WIDE=1,
-/// an opt-in not yet run on a GPU) the diagonal pass reads the cotangents'
-/// rows as float4s, four keys a load, with the same sums in the same order.
-template <bool Wide>
+/// element after the stores above).
 __global__ void __launch_bounds__(kThreads, 1)
     pairedScoresMmaKernel(const float *gradA, const float *gradB, Bf16Keys keys, const float *cum, float *gradXA,
                           float *gradXB, float *gradY) {
@@ -183,57 +180,22 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
       for (int j = 0; j < R; ++j)
         gr[j] = gs[(r0 + j) * kRow + d];
-      if constexpr (Wide) {
-        for (int i0 = a0; i0 < r0 + R; i0 += 4) { // dx: keys a0 <= i <= r, g's rows four keys at a time
-          float ga[R][4], gb[R][4];
+      for (int i = a0; i < r0 + R; ++i) { // dx: keys a0 <= i <= r
+        const float yi = ys[i * kRow + d], gi = gs[i * kRow + d];
 #pragma unroll
-          for (int j = 0; j < R; ++j) {
-            const float4 va = *reinterpret_cast<const float4 *>(pa + (r0 + j) * kGradRow + i0);
-            const float4 vb = *reinterpret_cast<const float4 *>(pb + (r0 + j) * kGradRow + i0);
-            ga[j][0] = va.x, ga[j][1] = va.y, ga[j][2] = va.z, ga[j][3] = va.w;
-            gb[j][0] = vb.x, gb[j][1] = vb.y, gb[j][2] = vb.z, gb[j][3] = vb.w;
+        for (int j = 0; j < R; ++j)
+          if (i <= r0 + j) {
+            const float ye = yi * __expf(gr[j] - gi);
+            dxa[j] += pa[(r0 + j) * kGradRow + i] * ye;
+            dxb[j] += pb[(r0 + j) * kGradRow + i] * ye;
           }
+      }
+      for (int q = r0; q < end; ++q) { // dy: queries r <= q < end
+        const float xa = xas[q * kRow + d], xb = xbs[q * kRow + d], gq = gs[q * kRow + d];
 #pragma unroll
-          for (int u = 0; u < 4; ++u) {
-            const int i = i0 + u;
-            const float yi = ys[i * kRow + d], gi = gs[i * kRow + d];
-#pragma unroll
-            for (int j = 0; j < R; ++j)
-              if (i <= r0 + j) {
-                const float ye = yi * __expf(gr[j] - gi);
-                dxa[j] += ga[j][u] * ye;
-                dxb[j] += gb[j][u] * ye;
-              }
-          }
-        }
-        for (int q = r0; q < end; ++q) { // dy: queries r <= q < end, g's row at r0 .. r0 + 3 at once
-          const float xa = xas[q * kRow + d], xb = xbs[q * kRow + d], gq = gs[q * kRow + d];
-          const float4 va = *reinterpret_cast<const float4 *>(pa + q * kGradRow + r0);
-          const float4 vb = *reinterpret_cast<const float4 *>(pb + q * kGradRow + r0);
-          const float ca[R] = {va.x, va.y, va.z, va.w}, cb[R] = {vb.x, vb.y, vb.z, vb.w};
-#pragma unroll
-          for (int j = 0; j < R; ++j)
-            if (q >= r0 + j)
-              dy[j] += (ca[j] * xa + cb[j] * xb) * __expf(gq - gr[j]);
-        }
-      } else {
-        for (int i = a0; i < r0 + R; ++i) { // dx: keys a0 <= i <= r
-          const float yi = ys[i * kRow + d], gi = gs[i * kRow + d];
-#pragma unroll
-          for (int j = 0; j < R; ++j)
-            if (i <= r0 + j) {
-              const float ye = yi * __expf(gr[j] - gi);
-              dxa[j] += pa[(r0 + j) * kGradRow + i] * ye;
-              dxb[j] += pb[(r0 + j) * kGradRow + i] * ye;
-            }
-        }
-        for (int q = r0; q < end; ++q) { // dy: queries r <= q < end
-          const float xa = xas[q * kRow + d], xb = xbs[q * kRow + d], gq = gs[q * kRow + d];
-#pragma unroll
-          for (int j = 0; j < R; ++j)
-            if (q >= r0 + j)
-              dy[j] += (pa[q * kGradRow + r0 + j] * xa + pb[q * kGradRow + r0 + j] * xb) * __expf(gq - gr[j]);
-        }
+        for (int j = 0; j < R; ++j)
+          if (q >= r0 + j)
+            dy[j] += (pa[q * kGradRow + r0 + j] * xa + pb[q * kGradRow + r0 + j] * xb) * __expf(gq - gr[j]);
       }
 #pragma unroll
       for (int j = 0; j < R; ++j) {
@@ -288,8 +250,7 @@ void pairedScoresMmaBackward(const float *gradA, const float *gradB, const Bf16K
                              int64_t items, float *dxA, float *dxB, float *dy, cudaStream_t stream) {
   constexpr size_t bytes = kSharedFloats * sizeof(float);
   static_assert(bytes <= 227 * 1024, "the paired MMA kernel's tiles exceed an SM's shared memory");
-  static const bool wide = switchedOn("ADAPT_KIMI_SCORES_MMA_WIDE");
-  const auto kernel = wide ? pairedScoresMmaKernel<true> : pairedScoresMmaKernel<false>;
+  const auto kernel = pairedScoresMmaKernel;
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
   kernel<<<static_cast<unsigned>(items), kThreads, bytes, stream>>>(gradA, gradB, keys, cum, dxA, dxB, dy);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
