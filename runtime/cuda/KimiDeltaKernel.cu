@@ -88,6 +88,16 @@ __device__ __forceinline__ void decayRows(bf16 *dst, const bf16 *src, const floa
   }
 }
 
+/// Zeros the entries above the diagonal of each 16 x 16 diagonal block of
+/// \p out [64][kPairRow]. No barrier.
+__device__ __forceinline__ void zeroAboveSubDiagonal(float *out) {
+  for (int i = threadIdx.x; i < (kChunk / kSub) * kSub * kSub; i += blockDim.x) {
+    const int block = i / (kSub * kSub), rr = (i / kSub) % kSub, cc = i % kSub;
+    if (cc > rr)
+      out[(kSub * block + rr) * kPairRow + kSub * block + cc] = 0.0f;
+  }
+}
+
 /// The pairs within each sub-chunk of perChannelPairs, a thread per pair of
 /// each 16 x 16 block's lower triangle (the diagonal included; written as 0
 /// unless \p inclusive), summing its 128 channels in a register: no
@@ -98,10 +108,7 @@ __device__ __forceinline__ void decayRows(bf16 *dst, const bf16 *src, const floa
 /// its pairs touch. Above the diagonal within a block: 0.
 /// The default since session 46's checks on an H100 (Kimi forward at 1 x 32 x
 /// 32K: 13.2 -> 11.1 ms); ADAPT_KIMI_PAIRS_PER_THREAD=0 keeps a warp per row.
-/// With \p packed (PairsForm::Packed) a pair's channels are summed by
-/// decayedRowsDot, eight a step.
-__device__ void withinPairsPerThread(float *out, const bf16 *x, const bf16 *y, const float *G, bool inclusive,
-                                     bool packed) {
+__device__ void withinPairsPerThread(float *out, const bf16 *x, const bf16 *y, const float *G, bool inclusive) {
   constexpr int kTriangle = kSub * (kSub + 1) / 2; // pairs c <= r of one block
   const int tid = threadIdx.x, lane = tid % 32;
   for (int p = tid; p < (kChunk / kSub) * kTriangle; p += blockDim.x) {
@@ -114,9 +121,7 @@ __device__ void withinPairsPerThread(float *out, const bf16 *x, const bf16 *y, c
       ++rr;
     const int r = kSub * block + rr, c = kSub * block + (q - rr * (rr + 1) / 2);
     float sum = 0.0f;
-    if ((c < r || inclusive) && packed) {
-      sum = decayedRowsDot(x + r * kRow, y + c * kRow, G + r * kDim, G + c * kDim, lane);
-    } else if (c < r || inclusive) {
+    if (c < r || inclusive) {
       const bf16 *xr = x + r * kRow, *yc = y + c * kRow;
       const float *gr = G + r * kDim, *gc = G + c * kDim;
       for (int k = 0; k < kDim; ++k) {
@@ -126,11 +131,51 @@ __device__ void withinPairsPerThread(float *out, const bf16 *x, const bf16 *y, c
     }
     out[r * kPairRow + c] = sum;
   }
-  for (int i = tid; i < (kChunk / kSub) * kSub * kSub; i += blockDim.x) {
-    const int block = i / (kSub * kSub), rr = (i / kSub) % kSub, cc = i % kSub;
-    if (cc > rr)
-      out[(kSub * block + rr) * kPairRow + kSub * block + cc] = 0.0f;
+  zeroAboveSubDiagonal(out);
+}
+
+/// sum_d x_d y_d over 128 channels, eight a step from lane-rotated groups
+/// (the diagonal pairs, whose decay factor is e^0 = 1).
+__device__ __forceinline__ float rowsDot(const bf16 *x, const bf16 *y, int lane) {
+  constexpr int kGroups = kDim / 8;
+  float sum = 0.0f;
+#pragma unroll 4
+  for (int s = 0; s < kGroups; ++s) {
+    const int d = 8 * ((s + lane) & (kGroups - 1));
+    const Pack<bf16> xv = Pack<bf16>::load(x + d), yv = Pack<bf16>::load(y + d);
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      sum += xv.v[e] * yv.v[e];
   }
+  return sum;
+}
+
+/// withinPairsPerThread's result, PairsForm::Packed: the 480 pairs strictly
+/// below each block's diagonal a thread each through decayedRowsDot (15
+/// warps' worth, so two rounds of 8 warps where the 544 pairs with the
+/// diagonal took three, the third for one warp), then the 64 diagonal pairs,
+/// x_r . y_r or 0 unless \p inclusive, in the last round's free warp and a
+/// cheap third round (no decays to load or exponentiate).
+__device__ void withinPairsPacked(float *out, const bf16 *x, const bf16 *y, const float *G, bool inclusive) {
+  constexpr int kStrict = kSub * (kSub - 1) / 2, kTasks = (kChunk / kSub) * kStrict;
+  const int lane = threadIdx.x % 32;
+  for (int p = threadIdx.x; p < kTasks + kChunk; p += blockDim.x) {
+    if (p >= kTasks) {
+      const int r = p - kTasks;
+      out[r * kPairRow + r] = inclusive ? rowsDot(x + r * kRow, y + r * kRow, lane) : 0.0f;
+      continue;
+    }
+    const int block = p / kStrict, q = p % kStrict;
+    // Pair q of the strict triangle, row by row: rr (rr - 1) / 2 <= q < rr (rr + 1) / 2.
+    int rr = static_cast<int>((sqrtf(8.0f * static_cast<float>(q) + 1.0f) + 1.0f) * 0.5f);
+    while (rr * (rr - 1) / 2 > q)
+      --rr;
+    while (rr * (rr + 1) / 2 <= q)
+      ++rr;
+    const int r = kSub * block + rr, c = kSub * block + (q - rr * (rr - 1) / 2);
+    out[r * kPairRow + c] = decayedRowsDot(x + r * kRow, y + c * kRow, G + r * kDim, G + c * kDim, lane);
+  }
+  zeroAboveSubDiagonal(out);
 }
 
 /// out[t][i] = sum_d x_td y_id e^{G_td - G_id} for i < t (i <= t when
@@ -154,8 +199,10 @@ __device__ void perChannelPairs(float *out, const bf16 *x, const bf16 *y, const 
     if (c / kSub > r / kSub)
       out[r * kPairRow + c] = 0.0f;
   }
-  if (perThread)
-    withinPairsPerThread(out, x, y, G, inclusive, packed);
+  if (packed)
+    withinPairsPacked(out, x, y, G, inclusive);
+  else if (perThread)
+    withinPairsPerThread(out, x, y, G, inclusive);
   // Within each sub-chunk: pair (r, c) by one warp, four channels per lane.
   for (int pair = warp; !perThread && pair < (kChunk / kSub) * kSub * kSub; pair += blockDim.x / 32) {
     const int block = pair / (kSub * kSub), r = kSub * block + (pair / kSub) % kSub, c = kSub * block + pair % kSub;
