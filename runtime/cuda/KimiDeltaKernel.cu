@@ -38,32 +38,44 @@ enum class PairsForm : int {
 };
 constexpr int kPairRow = kChunk + 1;       ///< Row of a [64][65] fp32 pair table.
 
+/// out[e] = a[e] - b[e] for the eight fp32 at \p a and \p b (32-byte
+/// aligned), each row read as two 16-byte halves in the order (lane / 4) % 2
+/// and put back in order by selects: where a quarter warp's lanes read
+/// 32-byte groups 32 bytes apart (rows of 128 floats, lane-rotated groups),
+/// the halves then fall in its eight distinct bank groups instead of two
+/// lanes to each of four.
+__device__ __forceinline__ void differencesOfEight(float (&out)[8], const float *a, const float *b, int lane) {
+  const int swap = (lane >> 2) & 1, first = 4 * swap, second = 4 - 4 * swap;
+  const Pack<float> a0 = Pack<float>::load(a + first), b0 = Pack<float>::load(b + first);
+  const Pack<float> a1 = Pack<float>::load(a + second), b1 = Pack<float>::load(b + second);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float inFirst = a0.v[i] - b0.v[i], inSecond = a1.v[i] - b1.v[i];
+    out[i] = swap ? inSecond : inFirst;
+    out[4 + i] = swap ? inFirst : inSecond;
+  }
+}
+
 /// sum_d x_d y_d e^{gx_d - gy_d} over the 128 channels of one pair of rows
 /// (bf16 x, y; fp32 gx, gy), eight channels a step: one 16-byte load of each
-/// bf16 row and two of each G row, where the scalar loop of
-/// withinPairsPerThread spends four loads and their address arithmetic on
-/// every channel (session 58's Nsight Compute profile of the output kernel:
-/// the integer pipe its busiest, 62M unfused fp32 instructions against 9M
-/// fused). Lane l starts at group l (mod 16) and takes each G row's two
-/// 16-byte halves in the order (l / 4) % 2, so the eight lanes of a quarter
-/// warp, whatever rows their pairs touch, read eight distinct bank groups.
+/// bf16 row and two of each G row (differencesOfEight), where the scalar
+/// loop of withinPairsPerThread spends four loads and their address
+/// arithmetic on every channel (session 58's Nsight Compute profile of the
+/// output kernel: the integer pipe its busiest, 62M unfused fp32
+/// instructions against 9M fused). Lane l starts at group l (mod 16).
 __device__ __forceinline__ float decayedRowsDot(const bf16 *x, const bf16 *y, const float *gx, const float *gy,
                                                 int lane) {
   constexpr int kGroups = kDim / 8;
-  const int swap = (lane >> 2) & 1;
   float sum = 0.0f;
 #pragma unroll 2
   for (int s = 0; s < kGroups; ++s) {
-    const int d = 8 * ((s + lane) & (kGroups - 1)), first = d + 4 * swap, second = d + 4 - 4 * swap;
+    const int d = 8 * ((s + lane) & (kGroups - 1));
     const Pack<bf16> xv = Pack<bf16>::load(x + d), yv = Pack<bf16>::load(y + d);
-    const Pack<float> x0 = Pack<float>::load(gx + first), y0 = Pack<float>::load(gy + first);
-    const Pack<float> x1 = Pack<float>::load(gx + second), y1 = Pack<float>::load(gy + second);
+    float exponent[8];
+    differencesOfEight(exponent, gx + d, gy + d, lane);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float inFirst = x0.v[i] - y0.v[i], inSecond = x1.v[i] - y1.v[i];
-      sum += xv.v[i] * yv.v[i] * __expf(swap ? inSecond : inFirst);
-      sum += xv.v[4 + i] * yv.v[4 + i] * __expf(swap ? inFirst : inSecond);
-    }
+    for (int e = 0; e < 8; ++e)
+      sum += xv.v[e] * yv.v[e] * __expf(exponent[e]);
   }
   return sum;
 }
@@ -77,13 +89,11 @@ __device__ __forceinline__ void decayRows(bf16 *dst, const bf16 *src, const floa
   for (int i = threadIdx.x; i < rows * kDim / 8; i += blockDim.x) {
     const int r = i / (kDim / 8), d = 8 * (i % (kDim / 8));
     Pack<bf16> v = Pack<bf16>::load(src + r * kRow + d);
-    const Pack<float> g0 = Pack<float>::load(G + r * kDim + d), g1 = Pack<float>::load(G + r * kDim + d + 4);
-    const Pack<float> r0 = Pack<float>::load(ref + d), r1 = Pack<float>::load(ref + d + 4);
+    float exponent[8];
+    differencesOfEight(exponent, G + r * kDim + d, ref + d, threadIdx.x % 32);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      v.v[e] *= __expf(sign * (g0.v[e] - r0.v[e]));
-      v.v[4 + e] *= __expf(sign * (g1.v[e] - r1.v[e]));
-    }
+    for (int e = 0; e < 8; ++e)
+      v.v[e] *= __expf(sign * exponent[e]);
     v.store(dst + r * kRow + d);
   }
 }
@@ -337,11 +347,13 @@ __global__ void __launch_bounds__(256)
     for (int i = tid; i < kChunk * kDim / 8; i += blockDim.x) {
       const int r = i / (kDim / 8), d = 8 * (i % (kDim / 8));
       Pack<bf16> k = Pack<bf16>::load(ks + r * kRow + d), v = Pack<bf16>::load(vs + r * kRow + d), toEnd;
+      const Pack<float> g0 = Pack<float>::load(G + r * kDim + d), g1 = Pack<float>::load(G + r * kDim + d + 4);
+      float toEndExponent[8];
+      differencesOfEight(toEndExponent, last + d, G + r * kDim + d, lane);
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
-        const float gre = G[r * kDim + d + e];
-        toEnd.v[e] = k.v[e] * __expf(last[d + e] - gre);
-        k.v[e] = k.v[e] * betas[r] * __expf(gre);
+        toEnd.v[e] = k.v[e] * __expf(toEndExponent[e]);
+        k.v[e] = k.v[e] * betas[r] * __expf(e < 4 ? g0.v[e] : g1.v[e - 4]);
         v.v[e] *= betas[r];
       }
       toEnd.store(keysToEnd + (bh * padded + row0 + r) * kDim + d);
@@ -423,9 +435,10 @@ __global__ void __launch_bounds__(256, TwoBlocks ? 2 : 1)
   for (int i = tid; pairs == PairsForm::Packed && i < kChunk * kDim / 8; i += blockDim.x) { // eight channels a step
     const int r = i / (kDim / 8), d = 8 * (i % (kDim / 8));
     Pack<bf16> q = Pack<bf16>::load(qs + r * kRow + d);
+    const Pack<float> g0 = Pack<float>::load(G + r * kDim + d), g1 = Pack<float>::load(G + r * kDim + d + 4);
 #pragma unroll
     for (int e = 0; e < 8; ++e)
-      q.v[e] = q.v[e] * scale * __expf(G[r * kDim + d + e]);
+      q.v[e] = q.v[e] * scale * __expf(e < 4 ? g0.v[e] : g1.v[e - 4]);
     q.store(qs + r * kRow + d);
   }
   for (int i = tid; pairs != PairsForm::Packed && i < kChunk * kDim; i += blockDim.x) {
