@@ -263,11 +263,11 @@ constexpr int kCumsumBatch = 8; ///< Rows of staged decays a channel's thread lo
 
 /// Copies the chunk's log decays [valid][128] from global \p chunkDecay into
 /// \p G [64][128], 16 bytes a load from every thread, rows from \p valid on
-/// zero (they then add nothing to the running sums). No barrier.
-__device__ __forceinline__ void stageDecays(float *G, const float *chunkDecay, int valid) {
+/// zero (they then add nothing to the running sums); with \p async as
+/// cp.async copies (awaitCopies before the barrier). No barrier.
+__device__ __forceinline__ void stageDecays(float *G, const float *chunkDecay, int valid, bool async) {
   for (int i = threadIdx.x; i < kChunk * kDim / 4; i += blockDim.x)
-    reinterpret_cast<float4 *>(G)[i] = i / (kDim / 4) < valid ? reinterpret_cast<const float4 *>(chunkDecay)[i]
-                                                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    copy16(G + 4 * i, chunkDecay + 4 * i, i / (kDim / 4) < valid, async);
 }
 
 /// Kernel 1, a block (256 threads) per (chunk, b·h): G per channel (out,
@@ -277,7 +277,7 @@ __device__ __forceinline__ void stageDecays(float *G, const float *chunkDecay, i
 __global__ void __launch_bounds__(256)
     kimiTransformKernel(Strided key, Strided value, const float *decay, const float *beta, int64_t tokens, bf16 *w,
                         bf16 *u, bf16 *keysToEnd, float *cumOut, float *lastOut, float *inverseOut, int inverseForm,
-                        PairsForm pairs, bool stagedDecay) {
+                        PairsForm pairs, bool stagedDecay, bool async) {
   extern __shared__ __align__(16) unsigned char shared[];
   bf16 *ks = reinterpret_cast<bf16 *>(shared); // k, then beta k e^G
   bf16 *vs = ks + kChunk * kRow;                // v, then beta v
@@ -291,12 +291,13 @@ __global__ void __launch_bounds__(256)
   const int64_t bh = blockIdx.y, n = blockIdx.x, row0 = n * kChunk, padded = int64_t(chunks) * kChunk;
   const int valid = static_cast<int>(tokens - row0 < kChunk ? tokens - row0 : kChunk);
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-  loadRows(ks, key, bh, row0, valid);
-  loadRows(vs, value, bh, row0, valid);
+  loadRows(ks, key, bh, row0, valid, async);
+  loadRows(vs, value, bh, row0, valid, async);
   if (tid < kChunk)
     betas[tid] = tid < valid ? beta[bh * tokens + row0 + tid] : 0.0f;
   if (stagedDecay) {
-    stageDecays(G, decay + (bh * tokens + row0) * kDim, valid);
+    stageDecays(G, decay + (bh * tokens + row0) * kDim, valid, async);
+    awaitCopies(async);
     __syncthreads();
   }
   if (tid < kDim) { // G = cumsum(g) down the chunk, a thread per channel
@@ -324,6 +325,7 @@ __global__ void __launch_bounds__(256)
     }
     lastOut[(bh * chunks + n) * kDim + tid] = run;
   }
+  awaitCopies(async && !stagedDecay);
   __syncthreads();
   perChannelPairs(a, ks, ks, G, /*inclusive=*/false, xs, ys, pairs);
   for (int i = tid; i < kChunk * kChunk; i += blockDim.x) { // A = beta_t (pairs), strictly lower
@@ -375,13 +377,15 @@ __global__ void __launch_bounds__(256)
 }
 
 /// Copies S_n [128][128] into \p ss and V_new's chunk rows [64][128] into
-/// \p vs (row stride kRow), 16 bytes a copy. No barrier.
-__device__ __forceinline__ void loadStateAndNewValues(bf16 *ss, bf16 *vs, const bf16 *state, const bf16 *chunkValues) {
+/// \p vs (row stride kRow), 16 bytes a copy; with \p async as cp.async
+/// copies (awaitCopies before the barrier). No barrier.
+__device__ __forceinline__ void loadStateAndNewValues(bf16 *ss, bf16 *vs, const bf16 *state, const bf16 *chunkValues,
+                                                      bool async) {
   for (int i = threadIdx.x; i < kDim * kDim / 8; i += blockDim.x) {
     const int r = i / (kDim / 8), c = (i % (kDim / 8)) * 8;
-    copy16<false>(ss + r * kRow + c, state + r * kDim + c);
+    copy16(ss + r * kRow + c, state + r * kDim + c, true, async);
     if (r < kChunk)
-      copy16<false>(vs + r * kRow + c, chunkValues + r * kDim + c);
+      copy16(vs + r * kRow + c, chunkValues + r * kDim + c, true, async);
   }
 }
 
@@ -397,7 +401,7 @@ __device__ __forceinline__ void loadStateAndNewValues(bf16 *ss, bf16 *vs, const 
 template <bool TwoBlocks>
 __global__ void __launch_bounds__(256, TwoBlocks ? 2 : 1)
     kimiOutputKernel(Strided query, Strided key, const bf16 *states, const bf16 *newValues, const float *cum,
-                     int64_t tokens, float scale, bf16 *out, bf16 *scoresOut, PairsForm pairs) {
+                     int64_t tokens, float scale, bf16 *out, bf16 *scoresOut, PairsForm pairs, bool async) {
   extern __shared__ __align__(16) unsigned char shared[];
   bf16 *qs = reinterpret_cast<bf16 *>(shared); // q, then q scale e^G
   bf16 *ks = qs + kChunk * kRow;
@@ -420,12 +424,13 @@ __global__ void __launch_bounds__(256, TwoBlocks ? 2 : 1)
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const bf16 *state = states + (bh * chunks + blockIdx.x) * kDim * kDim;
   const bf16 *chunkValues = newValues + (bh * padded + row0) * kDim;
-  loadRows(qs, query, bh, row0, valid);
-  loadRows(ks, key, bh, row0, valid);
+  loadRows(qs, query, bh, row0, valid, async);
+  loadRows(ks, key, bh, row0, valid, async);
   if constexpr (!TwoBlocks)
-    loadStateAndNewValues(ss, vs, state, chunkValues);
+    loadStateAndNewValues(ss, vs, state, chunkValues, async);
   for (int i = tid; i < kChunk * kDim / 4; i += blockDim.x)
-    reinterpret_cast<float4 *>(G)[i] = reinterpret_cast<const float4 *>(cum + (bh * padded + row0) * kDim)[i];
+    copy16(G + 4 * i, cum + (bh * padded + row0) * kDim + 4 * i, true, async);
+  awaitCopies(async);
   __syncthreads();
   perChannelPairs(a, qs, ks, G, /*inclusive=*/true, xs, ys, pairs);
   for (int i = tid; i < kChunk * kChunk; i += blockDim.x) {
@@ -447,7 +452,8 @@ __global__ void __launch_bounds__(256, TwoBlocks ? 2 : 1)
   }
   __syncthreads();
   if constexpr (TwoBlocks) { // k, the scratch and A are free now
-    loadStateAndNewValues(ss, vs, state, chunkValues);
+    loadStateAndNewValues(ss, vs, state, chunkValues, async);
+    awaitCopies(async);
     __syncthreads();
   }
   if (scoresOut) // 16 bytes (8 scores) a copy, 8 a row
@@ -478,15 +484,26 @@ bool outputTwoBlocks() {
   return on;
 }
 
-/// How the transform and output kernels sum a sub-chunk's pairs: a thread
-/// per pair (withinPairsPerThread) unless ADAPT_KIMI_PAIRS_PER_THREAD=0,
-/// eight channels a step with ADAPT_KIMI_PACKED_PAIRS=1 (written in session
-/// 58 from the output kernel's Nsight Compute profile).
+/// How the transform and output kernels sum a sub-chunk's pairs: eight
+/// channels a step (PairsForm::Packed; the default since session 58's H100
+/// checks: KDA forward 2.02 -> 1.61 ms at 1 x 32 x 8K), a channel a step
+/// with ADAPT_KIMI_PACKED_PAIRS=0, a warp per pair with
+/// ADAPT_KIMI_PAIRS_PER_THREAD=0.
 PairsForm pairsForm() {
   static const PairsForm form = switchedOff("ADAPT_KIMI_PAIRS_PER_THREAD") ? PairsForm::WarpPerPair
-                                : switchedOn("ADAPT_KIMI_PACKED_PAIRS")   ? PairsForm::Packed
-                                                                          : PairsForm::ThreadPerPair;
+                                : switchedOff("ADAPT_KIMI_PACKED_PAIRS")  ? PairsForm::ThreadPerPair
+                                                                          : PairsForm::Packed;
   return form;
+}
+
+/// Whether the transform and output kernels load their tiles (q, k, v, the
+/// decays, S_n and V_new) as cp.async copies, all of a thread's in flight at
+/// once (ADAPT_KIMI_ASYNC_COPIES=1; written in session 58). Nsight Compute
+/// put 31 % of the output kernel's stall samples (22 % of the transform's)
+/// on its plain 16-byte copies, each load waited out before its store.
+bool asyncCopies() {
+  static const bool on = switchedOn("ADAPT_KIMI_ASYNC_COPIES");
+  return on;
 }
 
 /// Whether the transform kernel stages the chunk's log decays in shared
@@ -571,7 +588,8 @@ at::Tensor kimiDeltaRuleForward(const at::Tensor &query, const at::Tensor &key, 
   kimiTransformKernel<<<dim3(chunks, bh), 256, kTransformBytes, stream>>>(
       stridedRows(key), stridedRows(value), g.data_ptr<float>(), b.data_ptr<float>(), tokens, bf16Data(w),
       bf16Data(u), bf16Data(keysToEnd), cum.data_ptr<float>(), last.data_ptr<float>(),
-      inverse.defined() ? inverse.data_ptr<float>() : nullptr, inverseForm(), pairsForm(), staged);
+      inverse.defined() ? inverse.data_ptr<float>() : nullptr, inverseForm(), pairsForm(), staged,
+      asyncCopies());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 
   // The state kernel's prefetching form (checked with per-channel decays on
@@ -594,7 +612,7 @@ at::Tensor kimiDeltaRuleForward(const at::Tensor &query, const at::Tensor &key, 
   outputKernel<<<dim3(chunks, bh), 256, outputBytes, stream>>>(
       stridedRows(query), stridedRows(key), bf16Data(states), bf16Data(vNew), cum.data_ptr<float>(), tokens,
       static_cast<float>(1.0 / std::sqrt(double(kDim))), bf16Data(out), scores.defined() ? bf16Data(scores) : nullptr,
-      pairsForm());
+      pairsForm(), asyncCopies());
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   if (finalState)
     *finalState = finalOut;
