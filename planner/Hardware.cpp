@@ -72,10 +72,10 @@ const Hardware &h200() {
     // same doc, "The kernels inside the model, measured").
     x.deltaRuleOpSecondsPerToken = 3.14e-3 / 8192.0;
     // Kimi delta attention's op alone at 1 x 32 heads x 8,192 tokens,
-    // forward + backward 6.26 ms on its kernels (session 57, an H100: its
-    // latest figure; the same doc, "Kimi's paired score gradients on tensor
-    // cores"), 2.0x GDN's figure above.
-    x.kimiDeltaOpSecondsPerToken = 6.26e-3 / 8192.0;
+    // forward + backward 5.92 ms on its kernels (session 58, an H100: its
+    // latest figure; the same doc, "Kimi's forward pairs eight channels a
+    // step"), 1.9x GDN's figure above.
+    x.kimiDeltaOpSecondsPerToken = 5.92e-3 / 8192.0;
     // The indexer's quadratic part (bf16 scores per head, the head reduction,
     // top-k; 2026-12-04, docs/performance.md "Sparse MLA: values inside the
     // gathered keys"): ~70 ms of the 475 ms DSA layer at 32,768 tokens, for
