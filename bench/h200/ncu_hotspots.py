@@ -1,15 +1,17 @@
-"""Where a kernel's warps wait, line by line, from Nsight Compute's source page.
+"""Where a kernel's warps wait, instruction by instruction, from Nsight Compute's source page.
 
-Reads the CSV of `ncu --import REPORT --page source --csv --print-source cuda`
-(a report taken with `--set full --import-source yes` of a build with
--lineinfo: bench/h200/build_runtime.sh with LINEINFO=1) and prints, for each
-kernel in it, the share of stall samples by reason and the source lines that
-hold the most samples, each with its text. The columns are found by name
-(Nsight Compute's wording varies by version): the samples column is the
-first whose name has "Warp Stall Sampling (All" or "# Samples", the reasons
-are the columns named "stall_*" (or "... Stall Reason ...") when present.
-When neither is found it prints the header it saw, so that the next reader
-can adapt the names.
+Reads the CSV of `ncu --import REPORT --page source --csv --print-source sass`
+(a report taken with `--set full`) and prints, for each kernel in it, the
+share of stall samples by reason and the instructions that hold the most,
+each with its text. Session 57 wrote it for the `--print-source cuda` page,
+whose export (Nsight Compute 2025 on the H100s) turned out to carry the
+source text alone; the SASS page carries the samples, and
+bench/h200/ncu_lines.py gives the per-line view through the report's own
+Python interface. The columns are found by name (Nsight Compute's wording
+varies by version): the samples column is the first whose name has "Warp
+Stall Sampling (All" or "# Samples", the reasons are the columns named
+"stall_*" (or "... Stall Reason ...") when present. When neither is found it
+prints the header it saw, so that the next reader can adapt the names.
 
 usage: python3 bench/h200/ncu_hotspots.py SOURCE.csv [TOP]
 """
